@@ -1,0 +1,525 @@
+//! One module per database, each holding all of that database's SQL, behind the small [`Driver`]
+//! trait. Everything above this layer is database-agnostic.
+//!
+//! A new database (SQL Server's `UPDATE TOP (n) … WITH (ROWLOCK, UPDLOCK, READPAST)` would be the
+//! next) is a new module implementing [`Driver`] plus a [`Backend`] variant; the contract suite in
+//! `tests/` then proves it.
+
+use std::time::Duration;
+
+use crate::source::{Mapping, TableName};
+use crate::value::IdList;
+use crate::{LockMode, LockWait, Result, Stats, Strategy};
+
+pub(crate) mod mysql;
+pub(crate) mod postgres;
+pub(crate) mod sqlite;
+
+/// The SQL dialect, for quoting identifiers and for messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    Postgres,
+    MySql,
+    Sqlite,
+}
+
+impl Dialect {
+    /// Quotes an identifier that was validated as plain (so it holds no quote characters).
+    pub(crate) fn quote(self, ident: &str) -> String {
+        match self {
+            Dialect::MySql => format!("`{ident}`"),
+            Dialect::Postgres | Dialect::Sqlite => format!("\"{ident}\""),
+        }
+    }
+
+    pub(crate) fn lease_type(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "timestamptz",
+            Dialect::MySql => "DATETIME(6) (holding UTC)",
+            Dialect::Sqlite => "INTEGER (unix epoch milliseconds)",
+        }
+    }
+}
+
+/// What a column can be used for, from its declared type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ColType {
+    Int,
+    Text { max_len: Option<u32> },
+    /// A point in time the dialect's lease arithmetic works with (PostgreSQL `timestamptz`,
+    /// MySQL `DATETIME`/`TIMESTAMP`).
+    Timestamp,
+    Other,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Column {
+    pub name: String,
+    pub sql_type: String,
+    pub ty: ColType,
+}
+
+/// The server behind a connection and what it can do.
+#[derive(Clone, Debug)]
+pub struct ServerInfo {
+    /// `PostgreSQL 15.4`, `MariaDB 10.11.6`, `MySQL 8.0.36`, `SQLite 3.46.0`.
+    pub description: String,
+    pub(crate) kind: ServerKind,
+    pub(crate) version: (u32, u32, u32),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ServerKind {
+    Postgres,
+    MySql,
+    MariaDb,
+    Sqlite,
+}
+
+impl ServerInfo {
+    pub(crate) fn new(kind: ServerKind, version_text: &str) -> ServerInfo {
+        let mut nums = version_text
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse().unwrap_or(0));
+        let version = (
+            nums.next().unwrap_or(0),
+            nums.next().unwrap_or(0),
+            nums.next().unwrap_or(0),
+        );
+        let name = match kind {
+            ServerKind::Postgres => "PostgreSQL",
+            ServerKind::MySql => "MySQL",
+            ServerKind::MariaDb => "MariaDB",
+            ServerKind::Sqlite => "SQLite",
+        };
+        let v = version;
+        ServerInfo {
+            description: format!("{name} {}.{}.{}", v.0, v.1, v.2),
+            kind,
+            version,
+        }
+    }
+
+    /// Whether `SKIP LOCKED` exists here; the error says which version would have it.
+    pub(crate) fn skip_locked(&self) -> std::result::Result<(), String> {
+        let need = match self.kind {
+            ServerKind::Postgres => (9, 5, 0),
+            ServerKind::MySql => (8, 0, 1),
+            ServerKind::MariaDb => (10, 6, 0),
+            ServerKind::Sqlite => {
+                return Err("SQLite has no SKIP LOCKED (it has one writer at a time)".into())
+            }
+        };
+        if self.version >= need {
+            Ok(())
+        } else {
+            Err(format!(
+                "SKIP LOCKED needs {} {}.{}.{} or later, and the server is {}",
+                self.description.split(' ').next().unwrap_or_default(),
+                need.0,
+                need.1,
+                need.2,
+                self.description
+            ))
+        }
+    }
+}
+
+/// A claim's request to a driver.
+pub(crate) struct ClaimArgs<'a> {
+    pub m: &'a Mapping,
+    pub strategy: Strategy,
+    pub batch: u32,
+    pub lease: Duration,
+    pub token: &'a str,
+}
+
+/// What a driver's claim returns.
+pub(crate) struct Claimed {
+    /// Each claimed row as a JSON object of its columns.
+    pub rows: Vec<serde_json::Value>,
+    /// For the transaction strategy: the open transaction holding the rows' locks.
+    pub held: Option<Held>,
+    /// Whether candidates were seen but all were taken by others first (optimistic, lease-table):
+    /// the caller tries again instead of reporting "nothing to claim".
+    pub lost_race: bool,
+}
+
+/// The state a settled row moves to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Done,
+    Failed,
+    Ready,
+}
+
+impl Outcome {
+    pub(crate) fn status(self, m: &Mapping) -> &crate::RowId {
+        match self {
+            Outcome::Done => &m.done,
+            Outcome::Failed => &m.failed,
+            Outcome::Ready => &m.ready,
+        }
+    }
+}
+
+/// Which rows of a token an operation applies to.
+pub(crate) enum Target<'a> {
+    /// All rows the token holds.
+    All,
+    /// These rows; all or nothing.
+    Ids(&'a IdList, usize),
+}
+
+/// An open transaction held by a claim of the transaction strategy, or by locked rows.
+pub(crate) enum Held {
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+    MySql(sqlx::Transaction<'static, sqlx::MySql>),
+    /// SQLite cannot time a lease out on its own, so the deadline (database clock, ms) is checked
+    /// before each write.
+    Sqlite {
+        tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+        deadline_ms: i64,
+    },
+}
+
+impl Held {
+    pub(crate) async fn commit(self) -> Result<()> {
+        match self {
+            Held::Postgres(tx) => tx.commit().await?,
+            Held::MySql(tx) => tx.commit().await?,
+            Held::Sqlite { tx, .. } => tx.commit().await?,
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn rollback(self) -> Result<()> {
+        match self {
+            Held::Postgres(tx) => tx.rollback().await?,
+            Held::MySql(tx) => tx.rollback().await?,
+            Held::Sqlite { tx, .. } => tx.rollback().await?,
+        }
+        Ok(())
+    }
+}
+
+/// What each database implements. All SQL of a database lives in its module.
+pub(crate) trait Driver {
+    /// The server and its version.
+    async fn server(&self) -> Result<ServerInfo>;
+    /// The table's columns; empty when the table does not exist.
+    async fn columns(&self, table: &TableName) -> Result<Vec<Column>>;
+    /// Creates `rowclaim_leases` if it is missing (lease-table strategy).
+    async fn ensure_lease_table(&self) -> Result<()>;
+    /// Takes up to `batch` rows.
+    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed>;
+    /// Moves rows a token holds to `outcome`; returns how many changed. With [`Target::Ids`] it
+    /// changes all of them or none.
+    async fn settle(
+        &self,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        target: Target<'_>,
+        outcome: Outcome,
+    ) -> Result<u64>;
+    /// Pushes the lease of rows a token holds to now + `lease`; returns how many it pushed.
+    async fn extend(
+        &self,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        target: Target<'_>,
+        lease: Duration,
+    ) -> Result<u64>;
+    /// Which of `ids` the token still holds (for naming the lost ones in `LeaseLost`).
+    async fn still_held(
+        &self,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        ids: &IdList,
+    ) -> Result<Vec<crate::RowId>>;
+    /// Within a held transaction: moves `ids` to `outcome` (not yet committed).
+    async fn held_settle(
+        &self,
+        held: &mut Held,
+        m: &Mapping,
+        ids: &IdList,
+        outcome: Outcome,
+    ) -> Result<()>;
+    /// Within a held transaction: pushes its lease (idle timeout or deadline) to now + `lease`.
+    async fn held_extend(&self, held: &mut Held, lease: Duration) -> Result<()>;
+    /// Opens a transaction and takes row locks (seed 001's locking reads).
+    async fn lock_rows(
+        &self,
+        m: &Mapping,
+        ids: Option<&IdList>,
+        limit: Option<u32>,
+        mode: LockMode,
+        wait: LockWait,
+    ) -> Result<(Held, Vec<serde_json::Value>)>;
+    /// Increments a named counter atomically and returns its new value (1 the first time).
+    async fn counter_next(&self, name: &str) -> Result<i64>;
+    /// Counts by status, claims by owner, expired leases.
+    async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<Stats>;
+}
+
+/// One of the three databases.
+#[derive(Clone, Debug)]
+pub(crate) enum Backend {
+    Postgres(postgres::Pg),
+    MySql(mysql::My),
+    Sqlite(sqlite::Lite),
+}
+
+/// Calls the same method on whichever driver this is.
+macro_rules! dispatch {
+    ($self:expr, $d:ident => $call:expr) => {
+        match $self {
+            Backend::Postgres($d) => $call,
+            Backend::MySql($d) => $call,
+            Backend::Sqlite($d) => $call,
+        }
+    };
+}
+
+impl Backend {
+    pub(crate) fn dialect(&self) -> Dialect {
+        match self {
+            Backend::Postgres(_) => Dialect::Postgres,
+            Backend::MySql(_) => Dialect::MySql,
+            Backend::Sqlite(_) => Dialect::Sqlite,
+        }
+    }
+
+    pub(crate) async fn server(&self) -> Result<ServerInfo> {
+        dispatch!(self, d => d.server().await)
+    }
+    pub(crate) async fn columns(&self, t: &TableName) -> Result<Vec<Column>> {
+        dispatch!(self, d => d.columns(t).await)
+    }
+    pub(crate) async fn ensure_lease_table(&self) -> Result<()> {
+        dispatch!(self, d => d.ensure_lease_table().await)
+    }
+    pub(crate) async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed> {
+        dispatch!(self, d => d.claim(a).await)
+    }
+    pub(crate) async fn settle(
+        &self,
+        m: &Mapping,
+        s: Strategy,
+        token: &str,
+        target: Target<'_>,
+        outcome: Outcome,
+    ) -> Result<u64> {
+        dispatch!(self, d => d.settle(m, s, token, target, outcome).await)
+    }
+    pub(crate) async fn extend(
+        &self,
+        m: &Mapping,
+        s: Strategy,
+        token: &str,
+        target: Target<'_>,
+        lease: Duration,
+    ) -> Result<u64> {
+        dispatch!(self, d => d.extend(m, s, token, target, lease).await)
+    }
+    pub(crate) async fn still_held(
+        &self,
+        m: &Mapping,
+        s: Strategy,
+        token: &str,
+        ids: &IdList,
+    ) -> Result<Vec<crate::RowId>> {
+        dispatch!(self, d => d.still_held(m, s, token, ids).await)
+    }
+    pub(crate) async fn held_settle(
+        &self,
+        held: &mut Held,
+        m: &Mapping,
+        ids: &IdList,
+        outcome: Outcome,
+    ) -> Result<()> {
+        dispatch!(self, d => d.held_settle(held, m, ids, outcome).await)
+    }
+    pub(crate) async fn held_extend(&self, held: &mut Held, lease: Duration) -> Result<()> {
+        dispatch!(self, d => d.held_extend(held, lease).await)
+    }
+    pub(crate) async fn lock_rows(
+        &self,
+        m: &Mapping,
+        ids: Option<&IdList>,
+        limit: Option<u32>,
+        mode: LockMode,
+        wait: LockWait,
+    ) -> Result<(Held, Vec<serde_json::Value>)> {
+        dispatch!(self, d => d.lock_rows(m, ids, limit, mode, wait).await)
+    }
+    pub(crate) async fn counter_next(&self, name: &str) -> Result<i64> {
+        dispatch!(self, d => d.counter_next(name).await)
+    }
+    pub(crate) async fn stats(&self, m: &Mapping, s: Strategy) -> Result<Stats> {
+        dispatch!(self, d => d.stats(m, s).await)
+    }
+}
+
+/// Runs `$op` again while it fails with a transient error (deadlock, lock-wait timeout,
+/// serialization failure, SQLite busy), with a short growing pause; gives up after a while.
+macro_rules! retry_transient {
+    ($op:expr) => {{
+        let mut attempt: u32 = 0;
+        loop {
+            match $op {
+                Err(e) if attempt < $crate::backend::MAX_RETRIES && $crate::backend::is_transient(&e) => {
+                    attempt += 1;
+                    ::tracing::debug!(error = %e, attempt, "transient error, retrying");
+                    $crate::backend::pause(attempt).await;
+                }
+                other => break other,
+            }
+        }
+    }};
+}
+pub(crate) use retry_transient;
+
+pub(crate) const MAX_RETRIES: u32 = 30;
+
+pub(crate) async fn pause(attempt: u32) {
+    // 1, 2, 4 … ms capped at 100 ms, with jitter so that colliding claimers spread out.
+    let base = 1u64 << attempt.min(7);
+    let jitter = u64::from(uuid::Uuid::now_v7().as_bytes()[15]) % (base + 1);
+    tokio::time::sleep(Duration::from_millis((base + jitter).min(100))).await;
+}
+
+/// Deadlock, lock-wait timeout, serialization failure, SQLite busy: worth running again.
+pub(crate) fn is_transient(e: &crate::Error) -> bool {
+    let crate::Error::Database(sqlx::Error::Database(db)) = e else {
+        return false;
+    };
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        // 1213 deadlock (also a Galera certification failure), 1205 lock wait timeout.
+        return matches!(my.number(), 1213 | 1205);
+    }
+    if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        return matches!(pg.code(), "40001" | "40P01");
+    }
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
+        let code: i64 = db.code().and_then(|c| c.parse().ok()).unwrap_or(0);
+        return matches!(code & 0xff, 5 | 6);
+    }
+    false
+}
+
+/// Whether a query error means the lock was taken by another transaction (NOWAIT).
+pub(crate) fn is_lock_conflict(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = e else {
+        return false;
+    };
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        // MySQL 3572 ER_LOCK_NOWAIT; MariaDB reports NOWAIT as 1205.
+        return matches!(my.number(), 3572 | 1205);
+    }
+    if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        return pg.code() == "55P03";
+    }
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        let code: i64 = db.code().and_then(|c| c.parse().ok()).unwrap_or(0);
+        return matches!(code & 0xff, 5 | 6);
+    }
+    false
+}
+
+/// Converts a lease to whole milliseconds (at least 1).
+pub(crate) fn lease_ms(lease: Duration) -> i64 {
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX).max(1)
+}
+
+/// Parses a row's JSON text (MySQL and SQLite build it with `JSON_OBJECT`).
+pub(crate) fn parse_row(text: &str) -> Result<serde_json::Value> {
+    serde_json::from_str(text)
+        .map_err(|e| crate::Error::InvalidInput(format!("row is not valid JSON ({e}): {text}")))
+}
+
+/// Collects bound values for one statement and hands out their placeholders (`$n` on
+/// PostgreSQL, `?` elsewhere) in the order the SQL text uses them. Nothing but placeholders and
+/// validated, quoted identifiers ever goes into SQL text.
+pub(crate) struct Binder<DB: sqlx::Database> {
+    args: DB::Arguments,
+    error: Option<sqlx::error::BoxDynError>,
+}
+
+impl<DB: sqlx::Database> Binder<DB>
+where
+    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    pub(crate) fn new() -> Self {
+        Binder {
+            args: Default::default(),
+            error: None,
+        }
+    }
+
+    /// Binds a value; returns its placeholder.
+    pub(crate) fn bind<T>(&mut self, value: T) -> String
+    where
+        T: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    {
+        use sqlx::Arguments;
+        if let Err(e) = self.args.add(value) {
+            self.error.get_or_insert(e);
+        }
+        let mut placeholder = String::new();
+        // Writing to a String cannot fail.
+        let _ = self.args.format_placeholder(&mut placeholder);
+        placeholder
+    }
+
+    /// Binds a status value or id as the integer or text it is.
+    pub(crate) fn value(&mut self, v: &crate::RowId) -> String {
+        match v {
+            crate::RowId::Int(i) => self.bind(*i),
+            crate::RowId::Text(s) => self.bind(s.clone()),
+        }
+    }
+
+    /// A comma-separated placeholder list for `IN (…)`.
+    pub(crate) fn list(&mut self, ids: &IdList) -> String {
+        let parts: Vec<String> = match ids {
+            IdList::Int(v) => v.iter().map(|i| self.bind(*i)).collect(),
+            IdList::Text(v) => v.iter().map(|s| self.bind(s.clone())).collect(),
+        };
+        parts.join(", ")
+    }
+
+    pub(crate) fn query<'q>(
+        self,
+        sql: String,
+    ) -> Result<sqlx::query::Query<'q, DB, DB::Arguments>> {
+        Ok(sqlx::query_with(sqlx::AssertSqlSafe(sql), self.finish()?))
+    }
+
+    pub(crate) fn scalar<'q, O>(
+        self,
+        sql: String,
+    ) -> Result<sqlx::query::QueryScalar<'q, DB, O, DB::Arguments>>
+    where
+        (O,): for<'r> sqlx::FromRow<'r, DB::Row>,
+    {
+        Ok(sqlx::query_scalar_with(
+            sqlx::AssertSqlSafe(sql),
+            self.finish()?,
+        ))
+    }
+
+    fn finish(self) -> Result<DB::Arguments> {
+        match self.error {
+            Some(e) => Err(crate::Error::Database(sqlx::Error::Encode(e))),
+            None => Ok(self.args),
+        }
+    }
+}

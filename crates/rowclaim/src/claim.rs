@@ -1,0 +1,560 @@
+//! [`Claimer`] takes claims on one source; a [`Claim`] is a token, its rows and the fenced
+//! operations on them.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+use crate::backend::{
+    is_lock_conflict, retry_transient, ClaimArgs, Held, Outcome, ServerInfo, Target,
+};
+use crate::source::Mapping;
+use crate::value::IdList;
+use crate::{Db, Error, Result, RowId, Strategy};
+
+/// The name of one claim: a fresh UUID v7. Every later change to the claim's rows is conditional
+/// on it (fencing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Token(uuid::Uuid);
+
+impl Token {
+    pub(crate) fn new() -> Token {
+        Token(uuid::Uuid::now_v7())
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.hyphenated().fmt(f)
+    }
+}
+
+impl FromStr for Token {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Token> {
+        uuid::Uuid::parse_str(s.trim())
+            .map(Token)
+            .map_err(|_| Error::InvalidInput(format!("token {s:?} is not a UUID")))
+    }
+}
+
+/// One claimed row: its id and all its columns as a JSON object (as they are after the claim).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClaimedRow {
+    /// The row's id.
+    pub id: RowId,
+    /// The row as a JSON object, column name → value.
+    pub data: serde_json::Value,
+}
+
+/// Row counts of a source, as `rowclaim stats` shows them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Rows per status value (all rows of the table that pass the source's filter).
+    pub by_status: BTreeMap<String, u64>,
+    /// Claimed rows per owner token.
+    pub claimed_by_owner: BTreeMap<String, u64>,
+    /// Claimed rows whose lease has expired (claimable again).
+    pub expired_leases: u64,
+}
+
+/// How a locking read locks rows (seed 001).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockMode {
+    /// `FOR SHARE` (`LOCK IN SHARE MODE` on MariaDB): others may read, not change.
+    Share,
+    /// `FOR UPDATE`: as if the rows were being updated.
+    Update,
+}
+
+/// What a locking read does about rows another transaction has locked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockWait {
+    /// Wait for them.
+    Wait,
+    /// Fail at once with [`Error::Locked`].
+    NoWait,
+    /// Leave them out of the result.
+    SkipLocked,
+}
+
+/// Takes claims on one source with one strategy. Cheap to clone; share it between tasks.
+#[derive(Clone, Debug)]
+pub struct Claimer {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    db: Db,
+    m: Mapping,
+    strategy: Strategy,
+    server: ServerInfo,
+}
+
+/// A fenced change to rows a token holds.
+#[derive(Clone, Copy)]
+enum Change {
+    Settle(Outcome),
+    Extend(Duration),
+}
+
+impl Change {
+    fn verb(self) -> &'static str {
+        match self {
+            Change::Settle(Outcome::Done) => "complete",
+            Change::Settle(Outcome::Failed) => "fail",
+            Change::Settle(Outcome::Ready) => "release",
+            Change::Extend(_) => "extend",
+        }
+    }
+}
+
+/// How often a claim that lost every candidate to other claimers is tried again before it
+/// reports "nothing claimed".
+const LOST_RACE_RETRIES: u32 = 50;
+
+impl Claimer {
+    pub(crate) fn new(db: Db, m: Mapping, strategy: Strategy, server: ServerInfo) -> Claimer {
+        Claimer {
+            inner: Arc::new(Inner {
+                db,
+                m,
+                strategy,
+                server,
+            }),
+        }
+    }
+
+    /// The strategy in use (what `auto` resolved to).
+    pub fn strategy(&self) -> Strategy {
+        self.inner.strategy
+    }
+
+    /// The server this claimer works on.
+    pub fn server(&self) -> &ServerInfo {
+        &self.inner.server
+    }
+
+    /// The source's table, as it was named.
+    pub fn table(&self) -> &str {
+        &self.inner.m.table_display
+    }
+
+    /// Parses an id given as text (e.g. on the command line) for this source's id column.
+    pub fn parse_id(&self, text: &str) -> Result<RowId> {
+        self.inner.m.id_kind.parse(text, "row id")
+    }
+
+    /// Claims up to `batch` rows for `lease`, in the source's order. An empty claim means nothing
+    /// was claimable.
+    ///
+    /// Rows whose lease has expired are claimable again (and their attempts column, if mapped,
+    /// counts up). Transient database errors are retried here, as are rounds in which other
+    /// claimers took every candidate first.
+    pub async fn claim(&self, batch: u32, lease: Duration) -> Result<Claim> {
+        if batch == 0 {
+            return Err(Error::InvalidInput("batch must be at least 1".into()));
+        }
+        check_lease(lease)?;
+        let i = &self.inner;
+        let mut rounds = 0;
+        loop {
+            let token = Token::new();
+            let token_text = token.to_string();
+            let args = ClaimArgs {
+                m: &i.m,
+                strategy: i.strategy,
+                batch,
+                lease,
+                token: &token_text,
+            };
+            let claimed = retry_transient!(i.db.backend.claim(&args).await)?;
+            if claimed.rows.is_empty() && claimed.lost_race && rounds < LOST_RACE_RETRIES {
+                rounds += 1;
+                crate::backend::pause(rounds.min(6)).await;
+                continue;
+            }
+            let rows = self.rows_from_json(claimed.rows)?;
+            metrics_claimed(rows.len());
+            return Ok(Claim {
+                claimer: self.clone(),
+                token,
+                open: StdMutex::new(rows.iter().map(|r| r.id.clone()).collect()),
+                rows,
+                held: Mutex::new(claimed.held),
+                lease,
+                claimed_at: Instant::now(),
+            });
+        }
+    }
+
+    fn rows_from_json(&self, rows: Vec<serde_json::Value>) -> Result<Vec<ClaimedRow>> {
+        let m = &self.inner.m;
+        rows.into_iter()
+            .map(|data| {
+                let id = data
+                    .get(&m.id_name)
+                    .and_then(|v| m.id_kind.from_json(v))
+                    .ok_or_else(|| {
+                        Error::InvalidInput(format!(
+                            "claimed row has no usable {} in {data}",
+                            m.id_name
+                        ))
+                    })?;
+                Ok(ClaimedRow { id, data })
+            })
+            .collect()
+    }
+
+    /// Marks rows `token` holds as done. `ids` empty means all rows the token holds.
+    /// Returns how many rows changed; [`Error::LeaseLost`] (and no change) if the token no longer
+    /// holds one of them.
+    pub async fn complete(&self, token: &Token, ids: &[RowId]) -> Result<u64> {
+        self.settle(token, ids, Outcome::Done).await
+    }
+
+    /// Marks rows `token` holds as failed. See [`Claimer::complete`].
+    pub async fn fail(&self, token: &Token, ids: &[RowId]) -> Result<u64> {
+        self.settle(token, ids, Outcome::Failed).await
+    }
+
+    /// Gives rows `token` holds back: ready to be claimed again. See [`Claimer::complete`].
+    pub async fn release(&self, token: &Token, ids: &[RowId]) -> Result<u64> {
+        self.settle(token, ids, Outcome::Ready).await
+    }
+
+    /// Pushes the lease of rows `token` holds to now + `lease` (database clock).
+    pub async fn extend(&self, token: &Token, ids: &[RowId], lease: Duration) -> Result<u64> {
+        check_lease(lease)?;
+        let i = &self.inner;
+        if i.strategy != Strategy::LeaseTable && i.m.lease.is_none() {
+            return Err(Error::Unsupported(format!(
+                "{} has no lease column mapped, so its claims do not expire and cannot be extended",
+                i.m.table_display
+            )));
+        }
+        self.fenced(token, ids, Change::Extend(lease)).await
+    }
+
+    async fn settle(&self, token: &Token, ids: &[RowId], outcome: Outcome) -> Result<u64> {
+        self.fenced(token, ids, Change::Settle(outcome)).await
+    }
+
+    /// Runs a fenced change; a short count becomes `LeaseLost` naming the rows the token lost.
+    async fn fenced(&self, token: &Token, ids: &[RowId], change: Change) -> Result<u64> {
+        self.check_by_token(change.verb())?;
+        let i = &self.inner;
+        let (b, t) = (&i.db.backend, token.to_string());
+        let lost = |ids: Vec<RowId>| Error::LeaseLost {
+            token: t.clone(),
+            ids,
+        };
+        let list = if ids.is_empty() {
+            None
+        } else {
+            Some(IdList::new(i.m.id_kind, ids)?)
+        };
+        let target = || match &list {
+            None => Target::All,
+            Some(l) => Target::Ids(l, ids.len()),
+        };
+        let n = retry_transient!(match change {
+            Change::Settle(o) => b.settle(&i.m, i.strategy, &t, target(), o).await,
+            Change::Extend(lease) => b.extend(&i.m, i.strategy, &t, target(), lease).await,
+        })?;
+        match &list {
+            None if n == 0 => Err(lost(vec![])),
+            Some(l) if n as usize != ids.len() => {
+                let held = b.still_held(&i.m, i.strategy, &t, l).await?;
+                Err(lost(ids.iter().filter(|id| !held.contains(id)).cloned().collect()))
+            }
+            _ => Ok(n),
+        }
+    }
+
+    fn check_by_token(&self, op: &str) -> Result<()> {
+        let i = &self.inner;
+        if i.strategy == Strategy::Transaction {
+            return Err(Error::Unsupported(format!(
+                "the transaction strategy keeps its rows in the claiming process's open \
+                 transaction, so a token cannot {op} them from elsewhere; use the Claim itself \
+                 (rowclaim work), or another strategy"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Opens a transaction and locks rows of the source with a locking read (seed 001):
+    /// the rows `ids` (or, with `ids` = `None`, the first `limit` rows in the source's order that
+    /// pass its filter). Locks last until [`LockedRows::commit`] or [`LockedRows::rollback`].
+    ///
+    /// With [`LockWait::NoWait`] a locked row fails the read with [`Error::Locked`]; with
+    /// [`LockWait::SkipLocked`] locked rows are left out. On SQLite, whose locks cover the whole
+    /// database, [`LockMode::Update`] takes the write lock (`BEGIN IMMEDIATE`) and
+    /// [`LockWait::SkipLocked`] is not available.
+    pub async fn lock(
+        &self,
+        ids: Option<&[RowId]>,
+        limit: Option<u32>,
+        mode: LockMode,
+        wait: LockWait,
+    ) -> Result<LockedRows> {
+        let i = &self.inner;
+        let list = ids.map(|ids| IdList::new(i.m.id_kind, ids)).transpose()?;
+        let (held, rows) = i
+            .db
+            .backend
+            .lock_rows(&i.m, list.as_ref(), limit, mode, wait)
+            .await
+            .map_err(|e| match e {
+                Error::Database(d) if wait == LockWait::NoWait && is_lock_conflict(&d) => {
+                    Error::Locked
+                }
+                other => other,
+            })?;
+        Ok(LockedRows {
+            rows: self.rows_from_json(rows)?,
+            held: Some(held),
+        })
+    }
+
+    /// Row counts by status, claims by owner and expired leases.
+    pub async fn stats(&self) -> Result<Stats> {
+        let i = &self.inner;
+        i.db.backend.stats(&i.m, i.strategy).await
+    }
+}
+
+fn check_lease(lease: Duration) -> Result<()> {
+    if lease.is_zero() {
+        return Err(Error::InvalidInput(
+            "lease must be longer than zero (e.g. 30s)".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn metrics_claimed(n: usize) {
+    tracing::trace!(rows = n, "claimed");
+}
+
+/// Rows claimed under one token. Settle each row with [`Claim::complete`], [`Claim::fail`] or
+/// [`Claim::release`]; the methods take `&self`, so one claim's rows can be worked on
+/// concurrently (wrap it in an `Arc`).
+///
+/// Rows left unsettled stay claimed until their lease expires, then others claim them again;
+/// with the transaction strategy, dropping the claim rolls back at once.
+#[derive(Debug)]
+pub struct Claim {
+    claimer: Claimer,
+    token: Token,
+    rows: Vec<ClaimedRow>,
+    open: StdMutex<HashSet<RowId>>,
+    held: Mutex<Option<Held>>,
+    lease: Duration,
+    claimed_at: Instant,
+}
+
+impl fmt::Debug for Held {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Held(open transaction)")
+    }
+}
+
+impl Claim {
+    /// The claim's token.
+    pub fn token(&self) -> &Token {
+        &self.token
+    }
+
+    /// The claimed rows.
+    pub fn rows(&self) -> &[ClaimedRow] {
+        &self.rows
+    }
+
+    /// Whether nothing was claimed.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// How many rows were claimed.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// The lease the claim was taken (or last extended) with.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// When the claim was taken, by this process's monotonic clock (for scheduling heartbeats;
+    /// the authoritative deadline is kept by the database).
+    pub fn claimed_at(&self) -> Instant {
+        self.claimed_at
+    }
+
+    /// Rows not yet completed, failed or released.
+    pub fn open_rows(&self) -> Vec<RowId> {
+        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        self.rows
+            .iter()
+            .filter(|r| open.contains(&r.id))
+            .map(|r| r.id.clone())
+            .collect()
+    }
+
+    /// Marks a row done. [`Error::LeaseLost`] if this claim no longer holds it.
+    pub async fn complete(&self, id: &RowId) -> Result<()> {
+        self.settle(id, Outcome::Done).await
+    }
+
+    /// Marks a row failed.
+    pub async fn fail(&self, id: &RowId) -> Result<()> {
+        self.settle(id, Outcome::Failed).await
+    }
+
+    /// Gives a row back, ready to be claimed again.
+    pub async fn release(&self, id: &RowId) -> Result<()> {
+        self.settle(id, Outcome::Ready).await
+    }
+
+    /// Gives back every row not yet settled.
+    pub async fn release_open(&self) -> Result<()> {
+        for id in self.open_rows() {
+            self.release(&id).await?;
+        }
+        Ok(())
+    }
+
+    /// Pushes the lease of the rows not yet settled to now + `lease` (database clock).
+    pub async fn extend(&self, lease: Duration) -> Result<()> {
+        check_lease(lease)?;
+        let mut held = self.held.lock().await;
+        if let Some(h) = held.as_mut() {
+            let b = &self.claimer.inner.db.backend;
+            return b.held_extend(h, lease).await.map_err(|e| self.lost_if_gone(e));
+        }
+        drop(held);
+        let open = self.open_rows();
+        if open.is_empty() {
+            return Ok(());
+        }
+        self.claimer.extend(&self.token, &open, lease).await.map(|_| ())
+    }
+
+    async fn settle(&self, id: &RowId, outcome: Outcome) -> Result<()> {
+        let lost = || Error::LeaseLost {
+            token: self.token.to_string(),
+            ids: vec![id.clone()],
+        };
+        if !self.is_open(id) {
+            return Err(lost());
+        }
+        let mut held = self.held.lock().await;
+        match held.as_mut() {
+            None => {
+                drop(held);
+                self.claimer
+                    .settle(&self.token, std::slice::from_ref(id), outcome)
+                    .await?;
+            }
+            Some(h) => {
+                let c = &self.claimer.inner;
+                let list = IdList::new(c.m.id_kind, std::slice::from_ref(id))?;
+                if let Err(e) = c.db.backend.held_settle(h, &c.m, &list, outcome).await {
+                    *held = None; // a failed statement poisons the transaction: give it all up
+                    return Err(self.lost_if_gone(e));
+                }
+                // The transaction commits once every row is settled.
+                let last = self.open.lock().map(|o| o.len() == 1).unwrap_or(false);
+                if last {
+                    if let Some(h) = held.take() {
+                        h.commit().await.map_err(|e| self.lost_if_gone(e))?;
+                    }
+                }
+            }
+        }
+        self.open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        Ok(())
+    }
+
+    fn is_open(&self, id: &RowId) -> bool {
+        self.open
+            .lock()
+            .map(|o| o.contains(id))
+            .unwrap_or(false)
+    }
+
+    /// A held transaction whose connection died (idle timeout = lease expiry) lost its rows.
+    fn lost_if_gone(&self, e: Error) -> Error {
+        match e {
+            Error::Database(ref d) if connection_gone(d) => Error::LeaseLost {
+                token: self.token.to_string(),
+                ids: self.open_rows(),
+            },
+            other => other,
+        }
+    }
+}
+
+/// Whether an error means the server closed the session (so its transaction rolled back).
+fn connection_gone(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed => true,
+        sqlx::Error::Database(db) => {
+            if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                // idle_in_transaction_session_timeout, admin shutdown
+                return matches!(pg.code(), "25P03" | "57P01" | "57P05");
+            }
+            if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                // server gone / lost connection / disconnected for inactivity
+                return matches!(my.number(), 2006 | 2013 | 4031);
+            }
+            false
+        }
+        _ => false,
+    }
+}
+
+/// Rows locked by a locking read, with the transaction that holds the locks.
+#[derive(Debug)]
+pub struct LockedRows {
+    rows: Vec<ClaimedRow>,
+    held: Option<Held>,
+}
+
+impl LockedRows {
+    /// The locked rows.
+    pub fn rows(&self) -> &[ClaimedRow] {
+        &self.rows
+    }
+
+    /// Commits the transaction, releasing the locks.
+    pub async fn commit(mut self) -> Result<()> {
+        match self.held.take() {
+            Some(h) => h.commit().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Rolls the transaction back, releasing the locks.
+    pub async fn rollback(mut self) -> Result<()> {
+        match self.held.take() {
+            Some(h) => h.rollback().await,
+            None => Ok(()),
+        }
+    }
+}

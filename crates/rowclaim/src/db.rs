@@ -1,0 +1,189 @@
+//! [`Db`]: a connection pool to one of the three databases, the entry point of the library.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+
+use crate::backend::{mysql::My, postgres::Pg, sqlite::Lite, Backend, ServerInfo};
+use crate::source::TableName;
+use crate::{Claimer, Error, Result, Source, Strategy};
+
+/// A pool of connections to PostgreSQL, MySQL/MariaDB or SQLite.
+///
+/// Cheap to clone. Build one with [`Db::connect`], or wrap the sqlx pool your application already
+/// has with `Db::from(pool)`.
+///
+/// ```no_run
+/// # async fn demo() -> rowclaim::Result<()> {
+/// use rowclaim::{Db, Source, Strategy};
+/// use std::time::Duration;
+///
+/// let db = Db::connect("sqlite://work.db").await?;
+/// let claimer = db.claimer(Source::new("emails"), Strategy::Auto).await?;
+/// let mut claim = claimer.claim(10, Duration::from_secs(30)).await?;
+/// for row in claim.rows().to_vec() {
+///     println!("sending {}", row.data["address"]);
+///     claim.complete(&row.id).await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Db {
+    pub(crate) backend: Backend,
+}
+
+/// How [`Db::connect_with`] opens its pool.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ConnectOptions {
+    /// The most connections the pool opens. Default 10.
+    pub max_connections: u32,
+    /// How long SQLite waits for another writer before reporting busy. Default 10 s.
+    pub sqlite_busy_timeout: Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            max_connections: 10,
+            sqlite_busy_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ConnectOptions {
+    /// Sets [`ConnectOptions::max_connections`].
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+}
+
+impl Db {
+    /// Connects to `postgres://…`, `mysql://…` (also MariaDB; `mariadb://` works too) or
+    /// `sqlite://path` (created if missing, in WAL mode).
+    pub async fn connect(url: &str) -> Result<Db> {
+        Db::connect_with(url, ConnectOptions::default()).await
+    }
+
+    /// [`Db::connect`] with pool settings.
+    pub async fn connect_with(url: &str, opts: ConnectOptions) -> Result<Db> {
+        let scheme = url.split(':').next().unwrap_or_default();
+        let backend = match scheme {
+            "postgres" | "postgresql" => Backend::Postgres(Pg::new(
+                PgPoolOptions::new()
+                    .max_connections(opts.max_connections)
+                    .connect(url)
+                    .await?,
+            )),
+            "mysql" | "mariadb" => {
+                let url = url.replacen("mariadb:", "mysql:", 1);
+                Backend::MySql(My::new(
+                    MySqlPoolOptions::new()
+                        .max_connections(opts.max_connections)
+                        .connect(&url)
+                        .await?,
+                ))
+            }
+            "sqlite" => {
+                let options = SqliteConnectOptions::from_str(url)?
+                    .create_if_missing(true)
+                    // WAL lets readers run beside the one writer; NORMAL sync is durable in WAL.
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
+                    .busy_timeout(opts.sqlite_busy_timeout);
+                Backend::Sqlite(Lite::new(
+                    SqlitePoolOptions::new()
+                        .max_connections(opts.max_connections)
+                        .connect_with(options)
+                        .await?,
+                ))
+            }
+            _ => return Err(Error::InvalidUrl(redact(url))),
+        };
+        Ok(Db { backend })
+    }
+
+    /// The server behind the pool and its version.
+    pub async fn server(&self) -> Result<ServerInfo> {
+        self.backend.server().await
+    }
+
+    /// Checks `source` against the live table (names, columns, types) and the strategy against the
+    /// server and the mapping, and returns a claimer for it. `Strategy::Auto` picks the best one;
+    /// [`Claimer::strategy`] says which. Nothing is written, except that the lease-table strategy
+    /// creates `rowclaim_leases` if it is missing.
+    pub async fn claimer(&self, source: Source, strategy: Strategy) -> Result<Claimer> {
+        source.validate()?;
+        let table = TableName::parse(source.table_name())?;
+        let columns = self.backend.columns(&table).await?;
+        let mapping = source.check(self.backend.dialect(), &columns)?;
+        let server = self.backend.server().await?;
+        let chosen = strategy.resolve(&server, &mapping)?;
+        if chosen == Strategy::LeaseTable {
+            self.backend.ensure_lease_table().await?;
+        }
+        Ok(Claimer::new(self.clone(), mapping, chosen, server))
+    }
+
+    /// Increments the counter `name` atomically and returns its new value: 1 the first time.
+    ///
+    /// Counters live in `rowclaim_counters` (created when first used). On PostgreSQL and SQLite it
+    /// is one `INSERT … ON CONFLICT DO UPDATE … RETURNING`; on MySQL/MariaDB one
+    /// `INSERT … ON DUPLICATE KEY UPDATE value = LAST_INSERT_ID(value + 1)`.
+    pub async fn next_counter_value(&self, name: &str) -> Result<i64> {
+        crate::backend::retry_transient!(self.backend.counter_next(name).await)
+    }
+}
+
+impl From<PgPool> for Db {
+    fn from(pool: PgPool) -> Db {
+        Db {
+            backend: Backend::Postgres(Pg::new(pool)),
+        }
+    }
+}
+
+impl From<MySqlPool> for Db {
+    fn from(pool: MySqlPool) -> Db {
+        Db {
+            backend: Backend::MySql(My::new(pool)),
+        }
+    }
+}
+
+impl From<SqlitePool> for Db {
+    /// Note: for several claimers on one SQLite file, open it in WAL mode with a busy timeout, as
+    /// [`Db::connect`] does.
+    fn from(pool: SqlitePool) -> Db {
+        Db {
+            backend: Backend::Sqlite(Lite::new(pool)),
+        }
+    }
+}
+
+/// Hides a password in a URL before it goes into a message.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(super::redact("x://u:secret@h/db"), "x://u:***@h/db");
+        assert_eq!(super::redact("x://u@h/db"), "x://u@h/db");
+    }
+}

@@ -1,0 +1,482 @@
+//! A source: a user's table and how its columns map to rowclaim's ideas (id, status, owner, lease,
+//! attempts), plus the checked form of that mapping that the backends build their SQL from.
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{ColType, Column, Dialect};
+use crate::value::Kind;
+use crate::{Error, Result, RowId};
+
+/// A table of work and its column mapping.
+///
+/// Only a table name is required; the rest has defaults (`id`, `status`, and the status values
+/// `ready`, `claimed`, `done`, `failed`). Mapping an owner and a lease column unlocks the
+/// `skip-locked` and `token` strategies, crash recovery by lease expiry and fencing by token;
+/// an attempts column counts claims.
+///
+/// ```
+/// use rowclaim::Source;
+/// let source = Source::new("emails")
+///     .status_column("state")
+///     .status_values("new", "sending", "sent", "bounced")
+///     .owner_column("owner")
+///     .lease_column("lease_until")
+///     .order_by("priority desc, id");
+/// assert_eq!(source.table_name(), "emails");
+/// ```
+///
+/// It also reads from a TOML or JSON table with the same keys as the command-line flags
+/// (`table`, `id-column`, `status-column`, `ready`, `claimed`, `done`, `failed`, `owner-column`,
+/// `lease-column`, `attempts-column`, `order-by`, `where`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Source {
+    table: String,
+    #[serde(default = "defaults::id")]
+    id_column: String,
+    #[serde(default = "defaults::status")]
+    status_column: String,
+    #[serde(default = "defaults::ready")]
+    ready: String,
+    #[serde(default = "defaults::claimed")]
+    claimed: String,
+    #[serde(default = "defaults::done")]
+    done: String,
+    #[serde(default = "defaults::failed")]
+    failed: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    owner_column: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_column: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    attempts_column: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    order_by: Option<String>,
+    #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
+    filter: Option<String>,
+}
+
+mod defaults {
+    pub fn id() -> String {
+        "id".into()
+    }
+    pub fn status() -> String {
+        "status".into()
+    }
+    pub fn ready() -> String {
+        "ready".into()
+    }
+    pub fn claimed() -> String {
+        "claimed".into()
+    }
+    pub fn done() -> String {
+        "done".into()
+    }
+    pub fn failed() -> String {
+        "failed".into()
+    }
+}
+
+impl Source {
+    /// A source over `table` (optionally `schema.table`) with the default mapping.
+    pub fn new(table: impl Into<String>) -> Source {
+        Source {
+            table: table.into(),
+            id_column: defaults::id(),
+            status_column: defaults::status(),
+            ready: defaults::ready(),
+            claimed: defaults::claimed(),
+            done: defaults::done(),
+            failed: defaults::failed(),
+            owner_column: None,
+            lease_column: None,
+            attempts_column: None,
+            order_by: None,
+            filter: None,
+        }
+    }
+
+    /// The table as given.
+    pub fn table_name(&self) -> &str {
+        &self.table
+    }
+
+    /// The column holding each row's unique id (integer or text). Default `id`.
+    pub fn id_column(mut self, column: impl Into<String>) -> Self {
+        self.id_column = column.into();
+        self
+    }
+
+    /// The column holding each row's status (integer or text). Default `status`.
+    pub fn status_column(mut self, column: impl Into<String>) -> Self {
+        self.status_column = column.into();
+        self
+    }
+
+    /// The four status values: ready to claim, claimed, done and failed.
+    /// Integers when the status column holds integers.
+    pub fn status_values(
+        mut self,
+        ready: impl Into<String>,
+        claimed: impl Into<String>,
+        done: impl Into<String>,
+        failed: impl Into<String>,
+    ) -> Self {
+        self.ready = ready.into();
+        self.claimed = claimed.into();
+        self.done = done.into();
+        self.failed = failed.into();
+        self
+    }
+
+    /// A text column (36 characters or more) that holds the token of the claim that owns a row.
+    pub fn owner_column(mut self, column: impl Into<String>) -> Self {
+        self.owner_column = Some(column.into());
+        self
+    }
+
+    /// A column holding when a claim's lease ends: `timestamptz` on PostgreSQL, `DATETIME(6)` in
+    /// UTC on MySQL/MariaDB, `INTEGER` unix epoch milliseconds on SQLite.
+    pub fn lease_column(mut self, column: impl Into<String>) -> Self {
+        self.lease_column = Some(column.into());
+        self
+    }
+
+    /// An integer column counting how often a row was claimed.
+    pub fn attempts_column(mut self, column: impl Into<String>) -> Self {
+        self.attempts_column = Some(column.into());
+        self
+    }
+
+    /// The order rows are claimed in: `"col [asc|desc], …"`. Default: the id column, ascending.
+    pub fn order_by(mut self, order: impl Into<String>) -> Self {
+        self.order_by = Some(order.into());
+        self
+    }
+
+    /// An extra SQL condition rows must meet to be claimed, e.g. `"queue = 'mail'"`.
+    ///
+    /// **Trusted input**: it is pasted into the SQL as written, so it must come from the operator,
+    /// never from a user of your application. It must be one expression (no `;`).
+    pub fn filter(mut self, condition: impl Into<String>) -> Self {
+        self.filter = Some(condition.into());
+        self
+    }
+
+    /// Checks every name and value that can be checked without a database.
+    pub fn validate(&self) -> Result<()> {
+        self.parts().map(|_| ())
+    }
+
+    fn parts(&self) -> Result<Parts> {
+        let table = TableName::parse(&self.table)?;
+        let id = ident(&self.id_column, "id column")?;
+        let status = ident(&self.status_column, "status column")?;
+        let owner = self
+            .owner_column
+            .as_deref()
+            .map(|c| ident(c, "owner column"))
+            .transpose()?;
+        let lease = self
+            .lease_column
+            .as_deref()
+            .map(|c| ident(c, "lease column"))
+            .transpose()?;
+        let attempts = self
+            .attempts_column
+            .as_deref()
+            .map(|c| ident(c, "attempts column"))
+            .transpose()?;
+        let mut order = parse_order_by(self.order_by.as_deref().unwrap_or(""))?;
+        if !order.iter().any(|(c, _)| c.eq_ignore_ascii_case(&id)) {
+            // The id breaks ties, so that the claim order is total and repeatable.
+            order.push((id.clone(), "ASC"));
+        }
+        let filter = match self.filter.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(f) if f.contains(';') => {
+                return Err(Error::InvalidInput(format!(
+                    "--where {f:?} must be one SQL condition, without ';'"
+                )))
+            }
+            Some(f) => Some(f.to_owned()),
+        };
+        let statuses = [&self.ready, &self.claimed, &self.done, &self.failed];
+        for (i, a) in statuses.iter().enumerate() {
+            if statuses[i + 1..].contains(a) {
+                return Err(Error::InvalidInput(format!(
+                    "status value {a:?} is used for two states; ready, claimed, done and failed must differ"
+                )));
+            }
+        }
+        Ok(Parts {
+            table,
+            id,
+            status,
+            owner,
+            lease,
+            attempts,
+            order,
+            filter,
+        })
+    }
+
+    /// Checks the mapping against the table's live columns and builds the quoted SQL pieces.
+    pub(crate) fn check(&self, dialect: Dialect, columns: &[Column]) -> Result<Mapping> {
+        let p = self.parts()?;
+        let table = p.table.display.clone();
+        if columns.is_empty() {
+            return Err(Error::MissingTable { table });
+        }
+        let find = |name: &str, what: &'static str| -> Result<&Column> {
+            columns
+                .iter()
+                .find(|c| c.name.eq_ignore_ascii_case(name))
+                .ok_or_else(|| Error::MissingColumn {
+                    table: table.clone(),
+                    column: name.to_owned(),
+                    what,
+                })
+        };
+        let wrong = |c: &Column, what: &'static str, expected: &'static str| Error::WrongColumnType {
+            table: table.clone(),
+            column: c.name.clone(),
+            what,
+            expected,
+            found: c.sql_type.clone(),
+        };
+        let key_kind = |c: &Column, what: &'static str| match c.ty {
+            ColType::Int => Ok(Kind::Int),
+            ColType::Text { .. } => Ok(Kind::Text),
+            _ => Err(wrong(c, what, "an integer or text type")),
+        };
+
+        // Quote the catalog's spelling: a row's JSON keys are the catalog's names too.
+        let id_col = find(&p.id, "id column")?;
+        let id_kind = key_kind(id_col, "id column")?;
+        let status_col = find(&p.status, "status column")?;
+        let status_kind = key_kind(status_col, "status column")?;
+        let status = |v: &str, what: &str| status_kind.parse(v, what);
+
+        let owner = match &p.owner {
+            None => None,
+            Some(o) => {
+                let c = find(o, "owner column")?;
+                match c.ty {
+                    ColType::Text { max_len } if max_len.is_none_or(|n| n >= 36) => {}
+                    _ => return Err(wrong(c, "owner column", "text that holds 36 characters")),
+                }
+                Some(dialect.quote(&c.name))
+            }
+        };
+        let lease = match &p.lease {
+            None => None,
+            Some(l) => {
+                let c = find(l, "lease column")?;
+                let ok = match dialect {
+                    Dialect::Postgres | Dialect::MySql => c.ty == ColType::Timestamp,
+                    Dialect::Sqlite => c.ty == ColType::Int,
+                };
+                if !ok {
+                    return Err(wrong(c, "lease column", dialect.lease_type()));
+                }
+                Some(dialect.quote(&c.name))
+            }
+        };
+        let attempts = match &p.attempts {
+            None => None,
+            Some(a) => {
+                let c = find(a, "attempts column")?;
+                if c.ty != ColType::Int {
+                    return Err(wrong(c, "attempts column", "an integer type"));
+                }
+                Some(dialect.quote(&c.name))
+            }
+        };
+        let mut order = Vec::new();
+        for (col, dir) in &p.order {
+            let c = find(col, "order-by column")?;
+            order.push(format!("{} {dir}", dialect.quote(&c.name)));
+        }
+        Ok(Mapping {
+            table: p.table.quoted(dialect),
+            table_display: table,
+            id: dialect.quote(&id_col.name),
+            id_name: id_col.name.clone(),
+            id_kind,
+            status: dialect.quote(&status_col.name),
+            ready: status(&self.ready, "ready value")?,
+            claimed: status(&self.claimed, "claimed value")?,
+            done: status(&self.done, "done value")?,
+            failed: status(&self.failed, "failed value")?,
+            owner,
+            lease,
+            attempts,
+            order_by: order.join(", "),
+            filter: p.filter.map(|f| format!(" AND ({f})")).unwrap_or_default(),
+            // Only plainly named columns go into a row's JSON: their names are safe as literals.
+            columns: columns
+                .iter()
+                .filter(|c| is_ident(&c.name))
+                .map(|c| c.name.clone())
+                .collect(),
+        })
+    }
+}
+
+struct Parts {
+    table: TableName,
+    id: String,
+    status: String,
+    owner: Option<String>,
+    lease: Option<String>,
+    attempts: Option<String>,
+    order: Vec<(String, &'static str)>,
+    filter: Option<String>,
+}
+
+/// A checked source: every identifier validated and quoted for one dialect, status values parsed
+/// to the status column's kind. The backends build all their SQL from this.
+#[derive(Clone, Debug)]
+pub(crate) struct Mapping {
+    /// Quoted, possibly schema-qualified.
+    pub table: String,
+    /// As the user wrote it: names the source in messages and in the lease table.
+    pub table_display: String,
+    pub id: String,
+    pub id_name: String,
+    pub id_kind: Kind,
+    pub status: String,
+    pub ready: RowId,
+    pub claimed: RowId,
+    pub done: RowId,
+    pub failed: RowId,
+    pub owner: Option<String>,
+    pub lease: Option<String>,
+    pub attempts: Option<String>,
+    /// `"col" ASC, "id" ASC`
+    pub order_by: String,
+    /// `" AND (<operator's condition>)"` or empty.
+    pub filter: String,
+    /// Every column with a plain name, unquoted, for building a row's JSON.
+    pub columns: Vec<String>,
+}
+
+/// A table name, optionally qualified by a schema (PostgreSQL) or database (MySQL).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TableName {
+    pub schema: Option<String>,
+    pub name: String,
+    pub display: String,
+}
+
+impl TableName {
+    pub(crate) fn parse(text: &str) -> Result<TableName> {
+        let (schema, name) = match text.split_once('.') {
+            Some((s, n)) => (Some(ident(s, "table schema")?), ident(n, "table")?),
+            None => (None, ident(text, "table")?),
+        };
+        Ok(TableName {
+            schema,
+            name,
+            display: text.to_owned(),
+        })
+    }
+
+    pub(crate) fn quoted(&self, d: Dialect) -> String {
+        match &self.schema {
+            Some(s) => format!("{}.{}", d.quote(s), d.quote(&self.name)),
+            None => d.quote(&self.name),
+        }
+    }
+}
+
+fn is_ident(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && s.len() <= 63
+}
+
+/// Validates a plain identifier; the error names the setting it came from.
+pub(crate) fn ident(s: &str, what: &'static str) -> Result<String> {
+    if is_ident(s) {
+        Ok(s.to_owned())
+    } else {
+        Err(Error::InvalidIdentifier {
+            what,
+            value: s.to_owned(),
+        })
+    }
+}
+
+fn parse_order_by(text: &str) -> Result<Vec<(String, &'static str)>> {
+    let mut out = Vec::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let mut words = item.split_whitespace();
+        let col = ident(words.next().unwrap_or_default(), "order-by column")?;
+        let dir = match words.next().map(str::to_ascii_lowercase).as_deref() {
+            None | Some("asc") => "ASC",
+            Some("desc") => "DESC",
+            Some(other) => {
+                return Err(Error::InvalidInput(format!(
+                    "order-by {item:?}: expected asc or desc after {col}, found {other:?}"
+                )))
+            }
+        };
+        if let Some(extra) = words.next() {
+            return Err(Error::InvalidInput(format!(
+                "order-by {item:?}: unexpected {extra:?} (write \"column [asc|desc], …\")"
+            )));
+        }
+        out.push((col, dir));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_validated() {
+        assert!(ident("status_2", "x").is_ok());
+        let err = ident("x; drop table y", "status column").unwrap_err();
+        assert!(err.to_string().contains("status column"), "{err}");
+        assert!(ident("2x", "x").is_err());
+        assert!(ident("a\"b", "x").is_err());
+        assert!(ident("", "x").is_err());
+    }
+
+    #[test]
+    fn order_by_parses_and_rejects() {
+        let o = parse_order_by("prio desc, created_at").unwrap();
+        assert_eq!(o, vec![("prio".into(), "DESC"), ("created_at".into(), "ASC")]);
+        assert!(parse_order_by("prio sideways").is_err());
+        assert!(parse_order_by("prio; drop").is_err());
+    }
+
+    #[test]
+    fn filter_with_semicolon_is_rejected() {
+        let err = Source::new("t").filter("1=1; drop table t").validate().unwrap_err();
+        assert!(err.to_string().contains("without ';'"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_status_values_are_rejected() {
+        let err = Source::new("t")
+            .status_values("a", "b", "a", "c")
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("\"a\""), "{err}");
+    }
+
+    #[test]
+    fn reads_from_toml_like_keys() {
+        let s: Source = serde_json::from_str(
+            r#"{"table":"jobs","owner-column":"owner","where":"kind = 'a'"}"#,
+        )
+        .unwrap();
+        assert_eq!(s, Source::new("jobs").owner_column("owner").filter("kind = 'a'"));
+    }
+}

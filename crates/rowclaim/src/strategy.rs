@@ -1,0 +1,146 @@
+//! How a claim is taken, what each way needs, and how `auto` chooses.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::ServerInfo;
+use crate::source::Mapping;
+use crate::{Error, Result};
+
+/// How rows are claimed. See the crate docs for the SQL of each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Strategy {
+    /// The best strategy the table and the server allow; [`crate::Claimer::strategy`] says which.
+    Auto,
+    /// One locking read that skips rows other claimers hold (`FOR UPDATE SKIP LOCKED`), then the
+    /// claim is written to the owner and lease columns. PostgreSQL ≥ 9.5, MySQL ≥ 8.0.1,
+    /// MariaDB ≥ 10.6. Needs owner and lease columns.
+    SkipLocked,
+    /// `UPDATE … SET owner = token … LIMIT n`, then read the rows that carry the token. Works
+    /// everywhere; needs an owner column (and a lease column for crash recovery).
+    Token,
+    /// Read candidates without locks, then `UPDATE … WHERE id = ? AND status = ready`: whoever
+    /// changes the row wins. Needs only the status column; uses owner/lease columns when mapped
+    /// (without them, a crashed claimer's rows stay claimed and fencing is by status only).
+    Optimistic,
+    /// Leases live in a side table, `rowclaim_leases`, keyed by (source, row id); inserting the key
+    /// is the claim and a key conflict means taken. Needs only the status column: the source
+    /// table's schema is untouched.
+    LeaseTable,
+    /// `SELECT … FOR UPDATE SKIP LOCKED` in a transaction that stays open while the rows are
+    /// processed; completing commits it. A crash frees the rows at once (the locks die with the
+    /// session). The lease is the longest the session may stay idle. Only within one process:
+    /// there is no token to complete from elsewhere. On SQLite one claimer holds the database's
+    /// write lock at a time.
+    Transaction,
+}
+
+impl Strategy {
+    /// Every strategy, `auto` first.
+    pub const ALL: [Strategy; 6] = [
+        Strategy::Auto,
+        Strategy::SkipLocked,
+        Strategy::Token,
+        Strategy::Optimistic,
+        Strategy::LeaseTable,
+        Strategy::Transaction,
+    ];
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Auto => "auto",
+            Strategy::SkipLocked => "skip-locked",
+            Strategy::Token => "token",
+            Strategy::Optimistic => "optimistic",
+            Strategy::LeaseTable => "lease-table",
+            Strategy::Transaction => "transaction",
+        }
+    }
+
+    /// Resolves `auto` and checks that the strategy can run on this server with this mapping.
+    pub(crate) fn resolve(self, server: &ServerInfo, m: &Mapping) -> Result<Strategy> {
+        let unsupported = |reason: String| Error::UnsupportedStrategy {
+            strategy: self,
+            reason,
+        };
+        match self {
+            Strategy::Auto => Ok(if m.owner.is_some() && m.lease.is_some() {
+                if server.skip_locked().is_ok() {
+                    Strategy::SkipLocked
+                } else {
+                    Strategy::Token
+                }
+            } else {
+                // Without owner and lease columns only a side table gives both crash recovery and
+                // a token that works across processes.
+                Strategy::LeaseTable
+            }),
+            Strategy::SkipLocked => {
+                server.skip_locked().map_err(|why| {
+                    unsupported(format!(
+                        "{why}; use token (needs an owner column), lease-table or optimistic"
+                    ))
+                })?;
+                if m.owner.is_none() || m.lease.is_none() {
+                    return Err(unsupported(format!(
+                        "it needs an owner column and a lease column on {}; map them with \
+                         --owner-column and --lease-column, or use lease-table or transaction, \
+                         which need only the status column",
+                        m.table_display
+                    )));
+                }
+                Ok(self)
+            }
+            Strategy::Token => {
+                if m.owner.is_none() {
+                    return Err(unsupported(format!(
+                        "it needs an owner column on {} (text, 36 characters or more) to write \
+                         the token into; map one with --owner-column, or use lease-table",
+                        m.table_display
+                    )));
+                }
+                Ok(self)
+            }
+            Strategy::Optimistic | Strategy::LeaseTable | Strategy::Transaction => Ok(self),
+        }
+    }
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Strategy {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Strategy> {
+        Strategy::ALL
+            .into_iter()
+            .find(|st| st.name() == s)
+            .ok_or_else(|| {
+                Error::InvalidInput(format!(
+                    "unknown strategy {s:?}: use one of auto, skip-locked, token, optimistic, lease-table, transaction"
+                ))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for s in Strategy::ALL {
+            assert_eq!(s.name().parse::<Strategy>().unwrap(), s);
+        }
+        assert!("fastest".parse::<Strategy>().is_err());
+    }
+}

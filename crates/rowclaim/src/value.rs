@@ -1,0 +1,110 @@
+//! Row ids and the scalar values rowclaim binds (status values, ids).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The id of one row: an integer or a text key, as the id column holds it.
+///
+/// Serialized as a JSON number or string.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RowId {
+    /// An integer id (`INTEGER`, `BIGINT`, …).
+    Int(i64),
+    /// A text id (`TEXT`, `VARCHAR`, …).
+    Text(String),
+}
+
+impl fmt::Display for RowId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RowId::Int(i) => write!(f, "{i}"),
+            RowId::Text(s) => f.write_str(s),
+        }
+    }
+}
+
+impl From<i64> for RowId {
+    fn from(v: i64) -> Self {
+        RowId::Int(v)
+    }
+}
+
+impl From<&str> for RowId {
+    fn from(v: &str) -> Self {
+        RowId::Text(v.to_owned())
+    }
+}
+
+impl From<String> for RowId {
+    fn from(v: String) -> Self {
+        RowId::Text(v)
+    }
+}
+
+/// Whether a column holds integers or text: decides how ids and status values are bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Int,
+    Text,
+}
+
+impl Kind {
+    /// Parses `text` (from the command line or a config file) as a value of this kind.
+    pub(crate) fn parse(self, text: &str, what: &str) -> crate::Result<RowId> {
+        match self {
+            Kind::Text => Ok(RowId::Text(text.to_owned())),
+            Kind::Int => text.trim().parse::<i64>().map(RowId::Int).map_err(|_| {
+                crate::Error::InvalidInput(format!(
+                    "{what} {text:?} is not an integer, but its column holds integers"
+                ))
+            }),
+        }
+    }
+
+    /// Reads an id out of a row's JSON form.
+    pub(crate) fn from_json(self, v: &serde_json::Value) -> Option<RowId> {
+        match (self, v) {
+            (Kind::Int, serde_json::Value::Number(n)) => n.as_i64().map(RowId::Int),
+            (Kind::Int, serde_json::Value::String(s)) => s.parse().ok().map(RowId::Int),
+            (Kind::Text, serde_json::Value::String(s)) => Some(RowId::Text(s.clone())),
+            (Kind::Text, serde_json::Value::Number(n)) => Some(RowId::Text(n.to_string())),
+            _ => None,
+        }
+    }
+}
+
+/// Ids split by kind, ready to bind as one array or list.
+pub(crate) enum IdList {
+    Int(Vec<i64>),
+    Text(Vec<String>),
+}
+
+impl IdList {
+    pub(crate) fn new(kind: Kind, ids: &[RowId]) -> crate::Result<IdList> {
+        match kind {
+            Kind::Int => ids
+                .iter()
+                .map(|id| match id {
+                    RowId::Int(i) => Ok(*i),
+                    RowId::Text(t) => t.parse().map_err(|_| {
+                        crate::Error::InvalidInput(format!(
+                            "row id {t:?} is not an integer, but the id column holds integers"
+                        ))
+                    }),
+                })
+                .collect::<crate::Result<_>>()
+                .map(IdList::Int),
+            Kind::Text => Ok(IdList::Text(ids.iter().map(ToString::to_string).collect())),
+        }
+    }
+
+    /// The ids as a JSON array, for SQLite's `json_each(?)`.
+    pub(crate) fn to_json(&self) -> String {
+        match self {
+            IdList::Int(v) => serde_json::Value::from(v.clone()).to_string(),
+            IdList::Text(v) => serde_json::Value::from(v.clone()).to_string(),
+        }
+    }
+}
