@@ -276,7 +276,12 @@ impl Claimer {
             None if n == 0 => Err(lost(vec![])),
             Some(l) if n as usize != ids.len() => {
                 let held = b.still_held(&i.m, i.strategy, &t, l).await?;
-                Err(lost(ids.iter().filter(|id| !held.contains(id)).cloned().collect()))
+                Err(lost(
+                    ids.iter()
+                        .filter(|id| !held.contains(id))
+                        .cloned()
+                        .collect(),
+                ))
             }
             _ => Ok(n),
         }
@@ -311,17 +316,16 @@ impl Claimer {
     ) -> Result<LockedRows> {
         let i = &self.inner;
         let list = ids.map(|ids| IdList::new(i.m.id_kind, ids)).transpose()?;
-        let (held, rows) = i
-            .db
-            .backend
-            .lock_rows(&i.m, list.as_ref(), limit, mode, wait)
-            .await
-            .map_err(|e| match e {
-                Error::Database(d) if wait == LockWait::NoWait && is_lock_conflict(&d) => {
-                    Error::Locked
-                }
-                other => other,
-            })?;
+        let (held, rows) =
+            i.db.backend
+                .lock_rows(&i.m, list.as_ref(), limit, mode, wait)
+                .await
+                .map_err(|e| match e {
+                    Error::Database(d) if wait == LockWait::NoWait && is_lock_conflict(&d) => {
+                        Error::Locked
+                    }
+                    other => other,
+                })?;
         Ok(LockedRows {
             rows: self.rows_from_json(rows)?,
             held: Some(held),
@@ -442,14 +446,20 @@ impl Claim {
         let mut held = self.held.lock().await;
         if let Some(h) = held.as_mut() {
             let b = &self.claimer.inner.db.backend;
-            return b.held_extend(h, lease).await.map_err(|e| self.lost_if_gone(e));
+            return b
+                .held_extend(h, lease)
+                .await
+                .map_err(|e| self.lost_if_gone(e));
         }
         drop(held);
         let open = self.open_rows();
         if open.is_empty() {
             return Ok(());
         }
-        self.claimer.extend(&self.token, &open, lease).await.map(|_| ())
+        self.claimer
+            .extend(&self.token, &open, lease)
+            .await
+            .map(|_| ())
     }
 
     async fn settle(&self, id: &RowId, outcome: Outcome) -> Result<()> {
@@ -492,10 +502,7 @@ impl Claim {
     }
 
     fn is_open(&self, id: &RowId) -> bool {
-        self.open
-            .lock()
-            .map(|o| o.contains(id))
-            .unwrap_or(false)
+        self.open.lock().map(|o| o.contains(id)).unwrap_or(false)
     }
 
     /// A held transaction whose connection died (idle timeout = lease expiry) lost its rows.

@@ -86,7 +86,9 @@ pub enum Error {
     Locked,
 
     /// The database URL is not one rowclaim understands.
-    #[error("unsupported database URL {0:?}: use postgres://, mysql:// (also MariaDB) or sqlite://")]
+    #[error(
+        "unsupported database URL {0:?}: use postgres://, mysql:// (also MariaDB) or sqlite://"
+    )]
     InvalidUrl(String),
 
     /// An error from the database driver that rowclaim did not handle (after retrying transient

@@ -238,13 +238,14 @@ impl Source {
                     what,
                 })
         };
-        let wrong = |c: &Column, what: &'static str, expected: &'static str| Error::WrongColumnType {
-            table: table.clone(),
-            column: c.name.clone(),
-            what,
-            expected,
-            found: c.sql_type.clone(),
-        };
+        let wrong =
+            |c: &Column, what: &'static str, expected: &'static str| Error::WrongColumnType {
+                table: table.clone(),
+                column: c.name.clone(),
+                what,
+                expected,
+                found: c.sql_type.clone(),
+            };
         let key_kind = |c: &Column, what: &'static str| match c.ty {
             ColType::Int => Ok(Kind::Int),
             ColType::Text { .. } => Ok(Kind::Text),
@@ -451,14 +452,20 @@ mod tests {
     #[test]
     fn order_by_parses_and_rejects() {
         let o = parse_order_by("prio desc, created_at").unwrap();
-        assert_eq!(o, vec![("prio".into(), "DESC"), ("created_at".into(), "ASC")]);
+        assert_eq!(
+            o,
+            vec![("prio".into(), "DESC"), ("created_at".into(), "ASC")]
+        );
         assert!(parse_order_by("prio sideways").is_err());
         assert!(parse_order_by("prio; drop").is_err());
     }
 
     #[test]
     fn filter_with_semicolon_is_rejected() {
-        let err = Source::new("t").filter("1=1; drop table t").validate().unwrap_err();
+        let err = Source::new("t")
+            .filter("1=1; drop table t")
+            .validate()
+            .unwrap_err();
         assert!(err.to_string().contains("without ';'"), "{err}");
     }
 
@@ -473,10 +480,14 @@ mod tests {
 
     #[test]
     fn reads_from_toml_like_keys() {
-        let s: Source = serde_json::from_str(
-            r#"{"table":"jobs","owner-column":"owner","where":"kind = 'a'"}"#,
-        )
-        .unwrap();
-        assert_eq!(s, Source::new("jobs").owner_column("owner").filter("kind = 'a'"));
+        let s: Source =
+            serde_json::from_str(r#"{"table":"jobs","owner-column":"owner","where":"kind = 'a'"}"#)
+                .unwrap();
+        assert_eq!(
+            s,
+            Source::new("jobs")
+                .owner_column("owner")
+                .filter("kind = 'a'")
+        );
     }
 }

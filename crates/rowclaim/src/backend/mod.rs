@@ -45,7 +45,9 @@ impl Dialect {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ColType {
     Int,
-    Text { max_len: Option<u32> },
+    Text {
+        max_len: Option<u32>,
+    },
     /// A point in time the dialect's lease arithmetic works with (PostgreSQL `timestamptz`,
     /// MySQL `DATETIME`/`TIMESTAMP`).
     Timestamp,

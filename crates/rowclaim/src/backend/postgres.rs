@@ -30,7 +30,10 @@ impl Pg {
 
 /// `now() + lease`, by the server's clock.
 fn lease_until(b: &mut B, lease: Duration) -> String {
-    format!("now() + make_interval(secs => {})", b.bind(lease.as_secs_f64()))
+    format!(
+        "now() + make_interval(secs => {})",
+        b.bind(lease.as_secs_f64())
+    )
 }
 
 fn ids(b: &mut B, list: &IdList) -> String {
@@ -268,7 +271,8 @@ impl Driver for Pg {
                 let cond = claimable(m, &mut b);
                 let limit = b.bind(batch);
                 let sql = format!(
-                    "SELECT {id}::text FROM {t} WHERE {cond}{filter} ORDER BY {order} LIMIT {limit}"
+                    "SELECT {id}::text AS rowclaim_id FROM {t} WHERE {cond}{filter} \
+                     ORDER BY {order} LIMIT {limit}"
                 );
                 let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
                 if found.is_empty() {
@@ -302,7 +306,7 @@ impl Driver for Pg {
                 let source = b.bind(m.table_display.clone());
                 let limit = b.bind(batch);
                 let sql = format!(
-                    "SELECT t.{id}::text FROM {t} AS t WHERE ({st} = {ready} OR {st} = {claimed}){filter} \
+                    "SELECT t.{id}::text AS rowclaim_id FROM {t} AS t WHERE ({st} = {ready} OR {st} = {claimed}){filter} \
                      AND NOT EXISTS (SELECT 1 FROM rowclaim_leases l WHERE l.source = {source} \
                      AND l.row_id = t.{id}::text AND l.lease_until >= now()) \
                      ORDER BY {order} LIMIT {limit}"
@@ -388,7 +392,9 @@ impl Driver for Pg {
             let tok = b.bind(token.to_owned());
             let only = match &target {
                 Target::All => String::new(),
-                Target::Ids(list, _) => format!(" AND row_id = ANY({}::text[])", text_ids(&mut b, list)),
+                Target::Ids(list, _) => {
+                    format!(" AND row_id = ANY({}::text[])", text_ids(&mut b, list))
+                }
             };
             let set = outcome_set(m, &mut b, outcome);
             let gone_id = row_id_as_id(m, "gone.row_id");
@@ -423,7 +429,9 @@ impl Driver for Pg {
             let tok = b.bind(token.to_owned());
             let only = match &target {
                 Target::All => String::new(),
-                Target::Ids(list, _) => format!(" AND row_id = ANY({}::text[])", text_ids(&mut b, list)),
+                Target::Ids(list, _) => {
+                    format!(" AND row_id = ANY({}::text[])", text_ids(&mut b, list))
+                }
             };
             format!(
                 "UPDATE rowclaim_leases SET lease_until = {until} \
@@ -471,7 +479,9 @@ impl Driver for Pg {
         outcome: Outcome,
     ) -> Result<()> {
         let Held::Postgres(tx) = held else {
-            return Err(Error::InvalidInput("transaction of another database".into()));
+            return Err(Error::InvalidInput(
+                "transaction of another database".into(),
+            ));
         };
         if outcome == Outcome::Ready {
             return Ok(()); // still ready in the table; the lock goes at commit
@@ -479,14 +489,19 @@ impl Driver for Pg {
         let mut b = B::new();
         let st = b.value(outcome.status(m));
         let any = ids(&mut b, list);
-        let sql = format!("UPDATE {} SET {} = {st} WHERE {} = ANY({any})", m.table, m.status, m.id);
+        let sql = format!(
+            "UPDATE {} SET {} = {st} WHERE {} = ANY({any})",
+            m.table, m.status, m.id
+        );
         b.query(sql)?.execute(&mut **tx).await?;
         Ok(())
     }
 
     async fn held_extend(&self, held: &mut Held, lease: Duration) -> Result<()> {
         let Held::Postgres(tx) = held else {
-            return Err(Error::InvalidInput("transaction of another database".into()));
+            return Err(Error::InvalidInput(
+                "transaction of another database".into(),
+            ));
         };
         sqlx::query("SELECT set_config('idle_in_transaction_session_timeout', $1, true)")
             .bind(lease_ms(lease).to_string())
@@ -554,7 +569,10 @@ impl Driver for Pg {
         let (t, st, filter) = (&m.table, &m.status, &m.filter);
         let mut stats = Stats::default();
         let sql = format!("SELECT {st}::text, count(*) FROM {t} WHERE true{filter} GROUP BY 1");
-        for r in sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(&self.pool).await? {
+        for r in sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await?
+        {
             let status: Option<String> = r.try_get(0)?;
             let n: i64 = r.try_get(1)?;
             stats
@@ -572,7 +590,9 @@ impl Driver for Pg {
             let c = b.value(&m.claimed);
             let owner = m.owner.as_deref().unwrap_or("NULL");
             (
-                format!("SELECT {owner}::text, count(*) FROM {t} WHERE {st} = {c}{filter} GROUP BY 1"),
+                format!(
+                    "SELECT {owner}::text, count(*) FROM {t} WHERE {st} = {c}{filter} GROUP BY 1"
+                ),
                 m.lease.as_ref().map(|le| {
                     format!("SELECT count(*) FROM {t} WHERE {st} = $1 AND {le} < now(){filter}")
                 }),

@@ -1,0 +1,264 @@
+//! Test databases: a fresh database (PostgreSQL, MariaDB/MySQL) or file (SQLite) per test,
+//! dropped afterwards, even when the test panics.
+//!
+//! Servers come from `ROWCLAIM_TEST_POSTGRES` and `ROWCLAIM_TEST_MYSQL` (admin URLs; `scripts/test`
+//! sets them and starts the servers when they are missing).
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::sync::Arc;
+
+use sqlx::{MySqlPool, PgPool, Row, SqlitePool};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    MySql,
+    Sqlite,
+}
+
+pub struct TestDb {
+    pub backend: Backend,
+    /// URL of this test's own database.
+    pub url: String,
+    name: String,
+    admin: Option<String>,
+    _dir: Option<tempfile::TempDir>,
+    raw: Raw,
+}
+
+enum Raw {
+    Pg(PgPool),
+    My(MySqlPool),
+    Lite(SqlitePool),
+}
+
+fn pg_admin() -> String {
+    std::env::var("ROWCLAIM_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+fn my_admin() -> String {
+    std::env::var("ROWCLAIM_TEST_MYSQL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+/// `scheme://auth@host:port/db?query` with `db` replaced.
+fn with_database(admin: &str, db: &str) -> String {
+    let (base, query) = match admin.split_once('?') {
+        Some((b, q)) => (b, format!("?{q}")),
+        None => (admin, String::new()),
+    };
+    let scheme_end = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let root = match base[scheme_end..].find('/') {
+        Some(i) => &base[..scheme_end + i],
+        None => base,
+    };
+    format!("{root}/{db}{query}")
+}
+
+impl TestDb {
+    pub async fn new(backend: Backend) -> TestDb {
+        let name = format!("rowclaim_t_{}", uuid::Uuid::now_v7().simple());
+        match backend {
+            Backend::Postgres => {
+                let admin = pg_admin();
+                let a = PgPool::connect(&admin)
+                    .await
+                    .expect("connect to PostgreSQL (see scripts/test)");
+                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                    .execute(&a)
+                    .await
+                    .expect("create test database");
+                a.close().await;
+                let url = with_database(&admin, &name);
+                let raw = Raw::Pg(PgPool::connect(&url).await.expect("connect test db"));
+                TestDb {
+                    backend,
+                    url,
+                    name,
+                    admin: Some(admin),
+                    _dir: None,
+                    raw,
+                }
+            }
+            Backend::MySql => {
+                let admin = my_admin();
+                let a = MySqlPool::connect(&admin)
+                    .await
+                    .expect("connect to MariaDB/MySQL (see scripts/test)");
+                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                    .execute(&a)
+                    .await
+                    .expect("create test database");
+                a.close().await;
+                let url = with_database(&admin, &name);
+                let raw = Raw::My(MySqlPool::connect(&url).await.expect("connect test db"));
+                TestDb {
+                    backend,
+                    url,
+                    name,
+                    admin: Some(admin),
+                    _dir: None,
+                    raw,
+                }
+            }
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let url = format!("sqlite://{}", dir.path().join("test.db").display());
+                let db = rowclaim::Db::connect(&url).await.expect("create sqlite db");
+                drop(db);
+                let raw = Raw::Lite(SqlitePool::connect(&url).await.expect("open sqlite db"));
+                TestDb {
+                    backend,
+                    url,
+                    name,
+                    admin: None,
+                    _dir: Some(dir),
+                    raw,
+                }
+            }
+        }
+    }
+
+    /// A new pool of its own (separate connections), as another process would have.
+    pub async fn db(&self) -> rowclaim::Db {
+        let opts = rowclaim::ConnectOptions::default().max_connections(3);
+        rowclaim::Db::connect_with(&self.url, opts)
+            .await
+            .expect("connect")
+    }
+
+    /// Runs raw SQL (test setup only).
+    pub async fn exec(&self, sql: &str) {
+        let q = sqlx::AssertSqlSafe(sql.to_owned());
+        match &self.raw {
+            Raw::Pg(p) => sqlx::raw_sql(q).execute(p).await.map(|_| ()),
+            Raw::My(p) => sqlx::raw_sql(q).execute(p).await.map(|_| ()),
+            Raw::Lite(p) => sqlx::raw_sql(q).execute(p).await.map(|_| ()),
+        }
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// The first column of every row, as text (cast it in the SQL where needed).
+    pub async fn strings(&self, sql: &str) -> Vec<Option<String>> {
+        let q = sqlx::AssertSqlSafe(sql.to_owned());
+        let r: Result<Vec<Option<String>>, sqlx::Error> = match &self.raw {
+            Raw::Pg(p) => sqlx::query(q)
+                .fetch_all(p)
+                .await
+                .and_then(|rows| rows.iter().map(|r| r.try_get(0)).collect()),
+            Raw::My(p) => sqlx::query(q)
+                .fetch_all(p)
+                .await
+                .and_then(|rows| rows.iter().map(|r| r.try_get(0)).collect()),
+            Raw::Lite(p) => sqlx::query(q)
+                .fetch_all(p)
+                .await
+                .and_then(|rows| rows.iter().map(|r| r.try_get(0)).collect()),
+        };
+        r.unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    pub async fn count(&self, sql: &str) -> i64 {
+        let q = sqlx::AssertSqlSafe(sql.to_owned());
+        match &self.raw {
+            Raw::Pg(p) => sqlx::query_scalar::<_, i64>(q).fetch_one(p).await,
+            Raw::My(p) => sqlx::query_scalar::<_, i64>(q).fetch_one(p).await,
+            Raw::Lite(p) => sqlx::query_scalar::<_, i64>(q).fetch_one(p).await,
+        }
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// The SQL type of a lease column on this backend.
+    pub fn lease_type(&self) -> &'static str {
+        match self.backend {
+            Backend::Postgres => "timestamptz",
+            Backend::MySql => "DATETIME(6)",
+            Backend::Sqlite => "INTEGER",
+        }
+    }
+
+    /// Creates `jobs` with every optional column and `n` ready rows (id 1..=n).
+    pub async fn jobs(&self, n: i64) {
+        self.exec(&format!(
+            "CREATE TABLE jobs (
+                id BIGINT PRIMARY KEY,
+                status VARCHAR(20) NOT NULL,
+                owner VARCHAR(64) NULL,
+                lease_until {} NULL,
+                attempts INTEGER NOT NULL DEFAULT 0,
+                priority INTEGER NOT NULL DEFAULT 0,
+                payload TEXT NULL)",
+            self.lease_type()
+        ))
+        .await;
+        self.exec("CREATE INDEX jobs_status ON jobs (status)").await;
+        self.insert_jobs(1, n).await;
+    }
+
+    pub async fn insert_jobs(&self, from: i64, to: i64) {
+        let mut id = from;
+        while id <= to {
+            let end = (id + 499).min(to);
+            let values: Vec<String> = (id..=end)
+                .map(|i| format!("({i}, 'ready', {}, 'job {i}')", (i * 7919) % 13))
+                .collect();
+            self.exec(&format!(
+                "INSERT INTO jobs (id, status, priority, payload) VALUES {}",
+                values.join(", ")
+            ))
+            .await;
+            id = end + 1;
+        }
+    }
+
+    async fn cleanup(&self) {
+        match &self.raw {
+            Raw::Pg(p) => p.close().await,
+            Raw::My(p) => p.close().await,
+            Raw::Lite(p) => p.close().await,
+        }
+        let Some(admin) = &self.admin else { return };
+        let sql = match self.backend {
+            Backend::Postgres => format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+            _ => format!("DROP DATABASE IF EXISTS {}", self.name),
+        };
+        let result = match self.backend {
+            Backend::Postgres => match PgPool::connect(admin).await {
+                Ok(a) => sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .execute(&a)
+                    .await
+                    .map(|_| ()),
+                Err(e) => Err(e),
+            },
+            _ => match MySqlPool::connect(admin).await {
+                Ok(a) => sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .execute(&a)
+                    .await
+                    .map(|_| ()),
+                Err(e) => Err(e),
+            },
+        };
+        if let Err(e) = result {
+            eprintln!("could not drop test database {}: {e}", self.name);
+        }
+    }
+}
+
+/// Runs `test` on a fresh database of `backend`, then drops the database (also after a panic).
+pub async fn with_db<F, Fut>(backend: Backend, test: F)
+where
+    F: FnOnce(Arc<TestDb>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let t = Arc::new(TestDb::new(backend).await);
+    let outcome = tokio::spawn(test(t.clone())).await;
+    t.cleanup().await;
+    if let Err(e) = outcome {
+        match e.try_into_panic() {
+            Ok(p) => std::panic::resume_unwind(p),
+            Err(e) => panic!("test task failed: {e}"),
+        }
+    }
+}
