@@ -505,9 +505,14 @@ impl Claim {
         self.open.lock().map(|o| o.contains(id)).unwrap_or(false)
     }
 
-    /// A held transaction whose connection died (idle timeout = lease expiry) lost its rows.
+    /// A held transaction whose connection died (idle timeout = lease expiry) or whose deadline
+    /// passed (SQLite) lost its rows.
     fn lost_if_gone(&self, e: Error) -> Error {
         match e {
+            Error::LeaseLost { .. } => Error::LeaseLost {
+                token: self.token.to_string(),
+                ids: self.open_rows(),
+            },
             Error::Database(ref d) if connection_gone(d) => Error::LeaseLost {
                 token: self.token.to_string(),
                 ids: self.open_rows(),

@@ -434,6 +434,15 @@ pub(crate) fn is_lock_conflict(e: &sqlx::Error) -> bool {
     false
 }
 
+/// A token cannot name its rows when there is no owner column to find them by.
+pub(crate) fn no_owner(m: &Mapping) -> crate::Error {
+    crate::Error::Unsupported(format!(
+        "{} has no owner column, so a token does not say which rows it holds: name the rows \
+         (--id), or map an owner column",
+        m.table_display
+    ))
+}
+
 /// Converts a lease to whole milliseconds (at least 1).
 pub(crate) fn lease_ms(lease: Duration) -> i64 {
     i64::try_from(lease.as_millis()).unwrap_or(i64::MAX).max(1)

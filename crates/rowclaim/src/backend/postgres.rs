@@ -86,21 +86,13 @@ fn held_by(m: &Mapping, b: &mut B, token: &str, target: &Target<'_>) -> Result<S
     let mut cond = format!("{} = {}", m.status, b.value(&m.claimed));
     match &m.owner {
         Some(ow) => cond.push_str(&format!(" AND {ow} = {}", b.bind(token.to_owned()))),
-        None if matches!(target, Target::All) => return Err(no_owner(m)),
+        None if matches!(target, Target::All) => return Err(super::no_owner(m)),
         None => {}
     }
     if let Target::Ids(list, _) = target {
         cond.push_str(&format!(" AND {} = ANY({})", m.id, ids(b, list)));
     }
     Ok(cond)
-}
-
-pub(super) fn no_owner(m: &Mapping) -> Error {
-    Error::Unsupported(format!(
-        "{} has no owner column, so a token does not say which rows it holds: name the rows \
-         (--id), or map an owner column",
-        m.table_display
-    ))
 }
 
 /// Casts a lease table's text `row_id` back to the id column's type.

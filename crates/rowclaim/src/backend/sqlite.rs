@@ -1,90 +1,661 @@
-//! placeholder
-use super::*;
-use crate::source::{Mapping, TableName};
-use crate::value::IdList;
-use crate::{Error, LockMode, LockWait, Result, RowId, Stats, Strategy};
+//! SQLite: all of rowclaim's SQL for SQLite.
+//!
+//! SQLite has one writer at a time and no row locks, so a claim that takes the write lock
+//! (`BEGIN IMMEDIATE`) is alone: no `SKIP LOCKED` is needed, and none exists. Leases are `INTEGER`
+//! unix epoch milliseconds from `unixepoch('subsec')`; rows come back as `json_object(…)`; id lists
+//! are bound as one JSON array (`IN (SELECT value FROM json_each(?))`), so statement texts are stable.
+//! Placeholders are positional `?`: every statement binds in the order its text uses them.
+
 use std::time::Duration;
+
+use sqlx::{Row, Sqlite, SqlitePool};
+
+use super::{
+    lease_ms, parse_row, Binder, ClaimArgs, Claimed, ColType, Column, Driver, Held, Outcome,
+    ServerInfo, ServerKind, Target,
+};
+use crate::source::{Mapping, TableName};
+use crate::value::{IdList, Kind};
+use crate::{Error, LockMode, LockWait, Result, RowId, Stats, Strategy};
+
+type B = Binder<Sqlite>;
+
+/// Now, in unix epoch milliseconds, by SQLite's clock.
+const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
 #[derive(Clone, Debug)]
 pub(crate) struct Lite {
-    pool: sqlx::SqlitePool,
+    pool: SqlitePool,
 }
+
 impl Lite {
-    pub(crate) fn new(pool: sqlx::SqlitePool) -> Self {
+    pub(crate) fn new(pool: SqlitePool) -> Lite {
         Lite { pool }
     }
 }
-fn no() -> Error {
-    Error::Unsupported("not yet".into())
+
+/// A row as a JSON object; only plainly named columns, so their names are safe as literals.
+fn row_json(m: &Mapping) -> String {
+    let pairs: Vec<String> = m
+        .columns
+        .iter()
+        .map(|c| format!("'{c}', \"{c}\""))
+        .collect();
+    format!("json_object({})", pairs.join(", "))
 }
+
+fn lease_until(b: &mut B, lease: Duration) -> String {
+    format!("{NOW} + {}", b.bind(lease_ms(lease)))
+}
+
+/// `IN (…)` over a bound JSON array of ids.
+fn in_ids(b: &mut B, list: &IdList) -> String {
+    format!(
+        "IN (SELECT value FROM json_each({}))",
+        b.bind(list.to_json())
+    )
+}
+
+/// The ids as a JSON array of text, to match the lease table's `row_id`.
+fn in_text_ids(b: &mut B, list: &IdList) -> String {
+    let texts: Vec<String> = match list {
+        IdList::Int(v) => v.iter().map(ToString::to_string).collect(),
+        IdList::Text(v) => v.clone(),
+    };
+    in_ids(b, &IdList::Text(texts))
+}
+
+fn claimable(m: &Mapping, b: &mut B) -> String {
+    let st = &m.status;
+    let ready = b.value(&m.ready);
+    match &m.lease {
+        Some(le) => format!(
+            "({st} = {ready} OR ({st} = {} AND {le} < {NOW}))",
+            b.value(&m.claimed)
+        ),
+        None => format!("{st} = {ready}"),
+    }
+}
+
+fn claim_set(m: &Mapping, b: &mut B, token: &str, lease: Duration) -> String {
+    let mut set = vec![format!("{} = {}", m.status, b.value(&m.claimed))];
+    if let Some(ow) = &m.owner {
+        set.push(format!("{ow} = {}", b.bind(token.to_owned())));
+    }
+    if let Some(le) = &m.lease {
+        set.push(format!("{le} = {}", lease_until(b, lease)));
+    }
+    if let Some(at) = &m.attempts {
+        set.push(format!("{at} = COALESCE({at}, 0) + 1"));
+    }
+    set.join(", ")
+}
+
+fn outcome_set(m: &Mapping, b: &mut B, outcome: Outcome) -> String {
+    let mut set = vec![format!("{} = {}", m.status, b.value(outcome.status(m)))];
+    if outcome == Outcome::Ready {
+        set.extend(m.owner.iter().map(|ow| format!("{ow} = NULL")));
+        set.extend(m.lease.iter().map(|le| format!("{le} = NULL")));
+    }
+    set.join(", ")
+}
+
+fn held_by(m: &Mapping, b: &mut B, token: &str, target: &Target<'_>) -> Result<String> {
+    let mut cond = format!("{} = {}", m.status, b.value(&m.claimed));
+    match &m.owner {
+        Some(ow) => cond.push_str(&format!(" AND {ow} = {}", b.bind(token.to_owned()))),
+        None if matches!(target, Target::All) => return Err(super::no_owner(m)),
+        None => {}
+    }
+    if let Target::Ids(list, _) = target {
+        cond.push_str(&format!(" AND {} {}", m.id, in_ids(b, list)));
+    }
+    Ok(cond)
+}
+
+fn row_id_as_id(m: &Mapping, expr: &str) -> String {
+    match m.id_kind {
+        Kind::Int => format!("CAST({expr} AS INTEGER)"),
+        Kind::Text => expr.to_owned(),
+    }
+}
+
+fn parse_ids(m: &Mapping, texts: Vec<String>) -> Result<Vec<RowId>> {
+    texts.iter().map(|t| m.id_kind.parse(t, "row id")).collect()
+}
+
+fn parse_rows(texts: Vec<String>) -> Result<Vec<serde_json::Value>> {
+    texts.iter().map(|t| parse_row(t)).collect()
+}
+
+/// The error a held transaction reports once its deadline has passed; the facade fills in the
+/// token and rows.
+fn expired() -> Error {
+    Error::LeaseLost {
+        token: String::new(),
+        ids: vec![],
+    }
+}
+
+const CREATE_LEASES: &str = "CREATE TABLE IF NOT EXISTS rowclaim_leases (
+    source TEXT NOT NULL,
+    row_id TEXT NOT NULL,
+    token TEXT NOT NULL,
+    lease_until INTEGER NOT NULL,
+    PRIMARY KEY (source, row_id)) WITHOUT ROWID";
+const CREATE_LEASES_TOKEN: &str =
+    "CREATE INDEX IF NOT EXISTS rowclaim_leases_token ON rowclaim_leases (token)";
+const CREATE_COUNTERS: &str = "CREATE TABLE IF NOT EXISTS rowclaim_counters (
+    name TEXT PRIMARY KEY,
+    value INTEGER NOT NULL)";
+
+impl Lite {
+    /// A write transaction: takes the write lock at once (waiting up to the busy timeout), so a
+    /// read inside it can never be outdated by another writer.
+    async fn write(&self) -> Result<sqlx::Transaction<'static, Sqlite>> {
+        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    async fn claimable_exists(&self, m: &Mapping) -> Result<bool> {
+        let mut b = B::new();
+        let sql = format!(
+            "SELECT EXISTS (SELECT 1 FROM {} WHERE {}{})",
+            m.table,
+            claimable(m, &mut b),
+            m.filter
+        );
+        Ok(b.scalar::<bool>(sql)?.fetch_one(&self.pool).await?)
+    }
+
+    /// Runs one changing statement in a write transaction; with several named rows it commits
+    /// only if all of them changed.
+    async fn change_all_or_nothing(&self, sql: String, b: B, target: &Target<'_>) -> Result<u64> {
+        let mut tx = self.write().await?;
+        let changed = b.query(sql)?.execute(&mut *tx).await?.rows_affected();
+        match target {
+            Target::Ids(_, n) if changed != *n as u64 => tx.rollback().await?,
+            _ => tx.commit().await?,
+        }
+        Ok(changed)
+    }
+
+    async fn deadline_passed(
+        tx: &mut sqlx::Transaction<'static, Sqlite>,
+        deadline_ms: i64,
+    ) -> Result<bool> {
+        let sql = format!("SELECT {NOW} > ?");
+        Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(deadline_ms)
+            .fetch_one(&mut **tx)
+            .await?)
+    }
+}
+
 impl Driver for Lite {
     async fn server(&self) -> Result<ServerInfo> {
-        let _ = &self.pool;
-        Err(no())
+        let v: String = sqlx::query_scalar("SELECT sqlite_version()")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(ServerInfo::new(ServerKind::Sqlite, &v))
     }
-    async fn columns(&self, _t: &TableName) -> Result<Vec<Column>> {
-        Err(no())
+
+    async fn columns(&self, table: &TableName) -> Result<Vec<Column>> {
+        let rows = sqlx::query("SELECT name, type FROM pragma_table_info(?, ?)")
+            .bind(table.name.clone())
+            .bind(table.schema.clone().unwrap_or_else(|| "main".into()))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let sql_type: String = r.try_get(1)?;
+                // SQLite's type affinity rules.
+                let upper = sql_type.to_ascii_uppercase();
+                let ty = if upper.contains("INT") {
+                    ColType::Int
+                } else if ["CHAR", "CLOB", "TEXT"].iter().any(|t| upper.contains(t)) {
+                    ColType::Text { max_len: None }
+                } else {
+                    ColType::Other
+                };
+                Ok(Column {
+                    name: r.try_get(0)?,
+                    sql_type,
+                    ty,
+                })
+            })
+            .collect()
     }
+
     async fn ensure_lease_table(&self) -> Result<()> {
-        Err(no())
+        for sql in [CREATE_LEASES, CREATE_LEASES_TOKEN] {
+            sqlx::query(sql).execute(&self.pool).await?;
+        }
+        Ok(())
     }
-    async fn claim(&self, _a: &ClaimArgs<'_>) -> Result<Claimed> {
-        Err(no())
+
+    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed> {
+        let (m, t, id, order, filter) = (a.m, &a.m.table, &a.m.id, &a.m.order_by, &a.m.filter);
+        let json = row_json(m);
+        let batch = i64::from(a.batch);
+        let mut b = B::new();
+        match a.strategy {
+            Strategy::SkipLocked => Err(Error::UnsupportedStrategy {
+                strategy: Strategy::SkipLocked,
+                reason: "SQLite has no SKIP LOCKED (it has one writer at a time)".into(),
+            }),
+            // One statement under the write lock: nobody else can take the same rows.
+            Strategy::Token => {
+                let set = claim_set(m, &mut b, a.token, a.lease);
+                let cond = claimable(m, &mut b);
+                let limit = b.bind(batch);
+                let sql = format!(
+                    "UPDATE {t} SET {set} WHERE {id} IN (SELECT {id} FROM {t} \
+                     WHERE {cond}{filter} ORDER BY {order} LIMIT {limit}) RETURNING {json}"
+                );
+                let rows = parse_rows(b.scalar(sql)?.fetch_all(&self.pool).await?)?;
+                Ok(Claimed {
+                    rows,
+                    held: None,
+                    lost_race: false,
+                })
+            }
+            // Candidates read without the write lock; the update wins only rows still claimable.
+            Strategy::Optimistic => {
+                let cond = claimable(m, &mut b);
+                let limit = b.bind(batch);
+                let sql = format!(
+                    "SELECT CAST({id} AS TEXT) AS rowclaim_id FROM {t} WHERE {cond}{filter} \
+                     ORDER BY {order} LIMIT {limit}"
+                );
+                let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+                if found.is_empty() {
+                    return Ok(Claimed {
+                        rows: vec![],
+                        held: None,
+                        lost_race: false,
+                    });
+                }
+                let list = IdList::new(m.id_kind, &parse_ids(m, found)?)?;
+                let mut b = B::new();
+                let set = claim_set(m, &mut b, a.token, a.lease);
+                let ids = in_ids(&mut b, &list);
+                let cond = claimable(m, &mut b);
+                let sql = format!(
+                    "UPDATE {t} SET {set} WHERE {id} {ids} AND {cond}{filter} RETURNING {json}"
+                );
+                let rows = parse_rows(b.scalar(sql)?.fetch_all(&self.pool).await?)?;
+                let lost_race = rows.is_empty() && self.claimable_exists(m).await?;
+                Ok(Claimed {
+                    rows,
+                    held: None,
+                    lost_race,
+                })
+            }
+            // Under the write lock: rows without a live lease, insert their lease keys (taking
+            // over expired ones), mark the rows.
+            Strategy::LeaseTable => {
+                let mut tx = self.write().await?;
+                let st = &m.status;
+                let (ready, claimed) = (b.value(&m.ready), b.value(&m.claimed));
+                let source = b.bind(m.table_display.clone());
+                let limit = b.bind(batch);
+                let sql = format!(
+                    "SELECT CAST(t.{id} AS TEXT) AS rowclaim_id FROM {t} AS t \
+                     WHERE ({st} = {ready} OR {st} = {claimed}){filter} \
+                     AND NOT EXISTS (SELECT 1 FROM rowclaim_leases l WHERE l.source = {source} \
+                     AND l.row_id = CAST(t.{id} AS TEXT) AND l.lease_until >= {NOW}) \
+                     ORDER BY {order} LIMIT {limit}"
+                );
+                let found: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
+                if found.is_empty() {
+                    tx.rollback().await?;
+                    return Ok(Claimed {
+                        rows: vec![],
+                        held: None,
+                        lost_race: false,
+                    });
+                }
+                let mut b = B::new();
+                let source = b.bind(m.table_display.clone());
+                let token = b.bind(a.token.to_owned());
+                let until = lease_until(&mut b, a.lease);
+                let keys = b.bind(IdList::Text(found).to_json());
+                let sql = format!(
+                    "INSERT INTO rowclaim_leases (source, row_id, token, lease_until) \
+                     SELECT {source}, value, {token}, {until} FROM json_each({keys}) WHERE true \
+                     ON CONFLICT (source, row_id) DO UPDATE \
+                     SET token = excluded.token, lease_until = excluded.lease_until \
+                     WHERE rowclaim_leases.lease_until < {NOW} RETURNING row_id"
+                );
+                let won: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
+                let won = IdList::new(m.id_kind, &parse_ids(m, won)?)?;
+                let mut b = B::new();
+                let set = claim_set(m, &mut b, a.token, a.lease);
+                let ids = in_ids(&mut b, &won);
+                let (ready, claimed) = (b.value(&m.ready), b.value(&m.claimed));
+                let sql = format!(
+                    "UPDATE {t} SET {set} WHERE {id} {ids} AND ({st} = {ready} OR {st} = {claimed}) \
+                     RETURNING {json}"
+                );
+                let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
+                tx.commit().await?;
+                Ok(Claimed {
+                    rows,
+                    held: None,
+                    lost_race: false,
+                })
+            }
+            // Hold the write lock while the rows are processed; SQLite cannot end the session on
+            // its own, so the deadline is checked before each later write.
+            Strategy::Transaction => {
+                let mut tx = self.write().await?;
+                let sql = format!("SELECT {NOW} + ?");
+                let deadline_ms: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                    .bind(lease_ms(a.lease))
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let ready = b.value(&m.ready);
+                let limit = b.bind(batch);
+                let sql = format!(
+                    "SELECT {json} FROM {t} WHERE {} = {ready}{filter} ORDER BY {order} LIMIT {limit}",
+                    m.status
+                );
+                let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
+                let held = if rows.is_empty() {
+                    tx.rollback().await?;
+                    None
+                } else {
+                    Some(Held::Sqlite { tx, deadline_ms })
+                };
+                Ok(Claimed {
+                    rows,
+                    held,
+                    lost_race: false,
+                })
+            }
+            Strategy::Auto => Err(Error::InvalidInput("strategy auto was not resolved".into())),
+        }
     }
+
     async fn settle(
         &self,
-        _m: &Mapping,
-        _s: Strategy,
-        _t: &str,
-        _g: Target<'_>,
-        _o: Outcome,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        target: Target<'_>,
+        outcome: Outcome,
     ) -> Result<u64> {
-        Err(no())
+        if strategy != Strategy::LeaseTable {
+            let mut b = B::new();
+            let set = outcome_set(m, &mut b, outcome);
+            let cond = held_by(m, &mut b, token, &target)?;
+            let sql = format!("UPDATE {} SET {set} WHERE {cond}", m.table);
+            return self.change_all_or_nothing(sql, b, &target).await;
+        }
+        let mut tx = self.write().await?;
+        let mut b = B::new();
+        let source = b.bind(m.table_display.clone());
+        let tok = b.bind(token.to_owned());
+        let only = match &target {
+            Target::All => String::new(),
+            Target::Ids(list, _) => format!(" AND row_id {}", in_text_ids(&mut b, list)),
+        };
+        let sql = format!(
+            "DELETE FROM rowclaim_leases WHERE source = {source} AND token = {tok}{only} RETURNING row_id"
+        );
+        let gone: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
+        let mut b = B::new();
+        let set = outcome_set(m, &mut b, outcome);
+        let gone = b.bind(IdList::Text(gone).to_json());
+        let sql = format!(
+            "UPDATE {} SET {set} WHERE {} IN (SELECT {} FROM json_each({gone}))",
+            m.table,
+            m.id,
+            row_id_as_id(m, "value"),
+        );
+        let changed = b.query(sql)?.execute(&mut *tx).await?.rows_affected();
+        match target {
+            Target::Ids(_, n) if changed != n as u64 => tx.rollback().await?,
+            _ => tx.commit().await?,
+        }
+        Ok(changed)
     }
+
     async fn extend(
         &self,
-        _m: &Mapping,
-        _s: Strategy,
-        _t: &str,
-        _g: Target<'_>,
-        _l: Duration,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        target: Target<'_>,
+        lease: Duration,
     ) -> Result<u64> {
-        Err(no())
+        let mut b = B::new();
+        let sql = if strategy == Strategy::LeaseTable {
+            let until = lease_until(&mut b, lease);
+            let source = b.bind(m.table_display.clone());
+            let tok = b.bind(token.to_owned());
+            let only = match &target {
+                Target::All => String::new(),
+                Target::Ids(list, _) => format!(" AND row_id {}", in_text_ids(&mut b, list)),
+            };
+            format!(
+                "UPDATE rowclaim_leases SET lease_until = {until} \
+                 WHERE source = {source} AND token = {tok}{only}"
+            )
+        } else {
+            let le = m.lease.as_deref().unwrap_or_default();
+            let until = lease_until(&mut b, lease);
+            let cond = held_by(m, &mut b, token, &target)?;
+            format!("UPDATE {} SET {le} = {until} WHERE {cond}", m.table)
+        };
+        self.change_all_or_nothing(sql, b, &target).await
     }
+
     async fn still_held(
         &self,
-        _m: &Mapping,
-        _s: Strategy,
-        _t: &str,
-        _i: &IdList,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        list: &IdList,
     ) -> Result<Vec<RowId>> {
-        Err(no())
+        let mut b = B::new();
+        let sql = if strategy == Strategy::LeaseTable {
+            let source = b.bind(m.table_display.clone());
+            let tok = b.bind(token.to_owned());
+            let keys = in_text_ids(&mut b, list);
+            format!(
+                "SELECT row_id FROM rowclaim_leases WHERE source = {source} AND token = {tok} \
+                 AND row_id {keys}"
+            )
+        } else {
+            let cond = held_by(m, &mut b, token, &Target::Ids(list, 0))?;
+            format!(
+                "SELECT CAST({} AS TEXT) AS rowclaim_id FROM {} WHERE {cond}",
+                m.id, m.table
+            )
+        };
+        let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+        parse_ids(m, found)
     }
+
     async fn held_settle(
         &self,
-        _h: &mut Held,
-        _m: &Mapping,
-        _i: &IdList,
-        _o: Outcome,
+        held: &mut Held,
+        m: &Mapping,
+        list: &IdList,
+        outcome: Outcome,
     ) -> Result<()> {
-        Err(no())
+        let Held::Sqlite { tx, deadline_ms } = held else {
+            return Err(Error::InvalidInput(
+                "transaction of another database".into(),
+            ));
+        };
+        if Lite::deadline_passed(tx, *deadline_ms).await? {
+            return Err(expired());
+        }
+        if outcome == Outcome::Ready {
+            return Ok(());
+        }
+        let mut b = B::new();
+        let st = b.value(outcome.status(m));
+        let ids = in_ids(&mut b, list);
+        let sql = format!(
+            "UPDATE {} SET {} = {st} WHERE {} {ids}",
+            m.table, m.status, m.id
+        );
+        b.query(sql)?.execute(&mut **tx).await?;
+        Ok(())
     }
-    async fn held_extend(&self, _h: &mut Held, _l: Duration) -> Result<()> {
-        Err(no())
+
+    async fn held_extend(&self, held: &mut Held, lease: Duration) -> Result<()> {
+        let Held::Sqlite { tx, deadline_ms } = held else {
+            return Err(Error::InvalidInput(
+                "transaction of another database".into(),
+            ));
+        };
+        if Lite::deadline_passed(tx, *deadline_ms).await? {
+            return Err(expired());
+        }
+        let sql = format!("SELECT {NOW} + ?");
+        *deadline_ms = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(lease_ms(lease))
+            .fetch_one(&mut **tx)
+            .await?;
+        Ok(())
     }
+
     async fn lock_rows(
         &self,
-        _m: &Mapping,
-        _i: Option<&IdList>,
-        _l: Option<u32>,
-        _mo: LockMode,
-        _w: LockWait,
+        m: &Mapping,
+        list: Option<&IdList>,
+        limit: Option<u32>,
+        mode: LockMode,
+        wait: LockWait,
     ) -> Result<(Held, Vec<serde_json::Value>)> {
-        Err(no())
+        if wait == LockWait::SkipLocked {
+            return Err(Error::Unsupported(
+                "SQLite has no SKIP LOCKED: its locks cover the whole database, one writer at a time"
+                    .into(),
+            ));
+        }
+        // SQLite locks the database, not rows: an update lock is the write lock.
+        let mut tx = match (mode, wait) {
+            (LockMode::Share, _) => self.pool.begin().await?,
+            (LockMode::Update, LockWait::Wait) => self.write().await?,
+            (LockMode::Update, _) => {
+                // NOWAIT: ask for the write lock with no busy wait, then restore the timeout.
+                let mut tx = self.pool.begin().await?;
+                let timeout: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+                    .fetch_one(&mut *tx)
+                    .await?;
+                sqlx::query("PRAGMA busy_timeout = 0")
+                    .execute(&mut *tx)
+                    .await?;
+                // A write statement takes the write lock even when it changes nothing.
+                let sql = format!("UPDATE {} SET {} = {} WHERE 0", m.table, m.id, m.id);
+                let locked = sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .execute(&mut *tx)
+                    .await;
+                let restore = format!("PRAGMA busy_timeout = {timeout}");
+                sqlx::query(sqlx::AssertSqlSafe(restore))
+                    .execute(&mut *tx)
+                    .await?;
+                locked?;
+                tx
+            }
+        };
+        let mut b = B::new();
+        let which = match list {
+            Some(l) => format!("{} {}", m.id, in_ids(&mut b, l)),
+            None => "1".to_owned(),
+        };
+        let limit = limit
+            .map(|n| format!(" LIMIT {}", b.bind(i64::from(n))))
+            .unwrap_or_default();
+        let sql = format!(
+            "SELECT {} FROM {} WHERE {which}{} ORDER BY {}{limit}",
+            row_json(m),
+            m.table,
+            m.filter,
+            m.order_by
+        );
+        let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
+        Ok((
+            Held::Sqlite {
+                tx,
+                deadline_ms: i64::MAX,
+            },
+            rows,
+        ))
     }
-    async fn counter_next(&self, _n: &str) -> Result<i64> {
-        Err(no())
+
+    async fn counter_next(&self, name: &str) -> Result<i64> {
+        let next = || {
+            sqlx::query_scalar(
+                "INSERT INTO rowclaim_counters (name, value) VALUES (?, 1) \
+                 ON CONFLICT (name) DO UPDATE SET value = value + 1 RETURNING value",
+            )
+            .bind(name.to_owned())
+        };
+        match next().fetch_one(&self.pool).await {
+            Err(sqlx::Error::Database(e)) if e.message().contains("no such table") => {
+                sqlx::query(CREATE_COUNTERS).execute(&self.pool).await?;
+                Ok(next().fetch_one(&self.pool).await?)
+            }
+            other => Ok(other?),
+        }
     }
-    async fn stats(&self, _m: &Mapping, _s: Strategy) -> Result<Stats> {
-        Err(no())
+
+    async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<Stats> {
+        let (t, st, filter) = (&m.table, &m.status, &m.filter);
+        let mut stats = Stats::default();
+        let sql =
+            format!("SELECT CAST({st} AS TEXT), COUNT(*) FROM {t} WHERE 1{filter} GROUP BY 1");
+        for r in sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await?
+        {
+            let status: Option<String> = r.try_get(0)?;
+            let n: i64 = r.try_get(1)?;
+            stats
+                .by_status
+                .insert(status.unwrap_or_else(|| "(null)".into()), n as u64);
+        }
+        let mut b = B::new();
+        let owners = if strategy == Strategy::LeaseTable {
+            let s = b.bind(m.table_display.clone());
+            format!(
+                "SELECT token, COUNT(*) FROM rowclaim_leases WHERE source = {s} \
+                 AND lease_until >= {NOW} GROUP BY 1"
+            )
+        } else {
+            let owner = m.owner.as_deref().unwrap_or("NULL");
+            let c = b.value(&m.claimed);
+            format!("SELECT CAST({owner} AS TEXT), COUNT(*) FROM {t} WHERE {st} = {c}{filter} GROUP BY 1")
+        };
+        for r in b.query(owners)?.fetch_all(&self.pool).await? {
+            let owner: Option<String> = r.try_get(0)?;
+            let n: i64 = r.try_get(1)?;
+            stats
+                .claimed_by_owner
+                .insert(owner.unwrap_or_else(|| "(no owner)".into()), n as u64);
+        }
+        let mut b = B::new();
+        let expired = if strategy == Strategy::LeaseTable {
+            let s = b.bind(m.table_display.clone());
+            Some(format!(
+                "SELECT COUNT(*) FROM rowclaim_leases WHERE source = {s} AND lease_until < {NOW}"
+            ))
+        } else {
+            m.lease.as_ref().map(|le| {
+                let c = b.value(&m.claimed);
+                format!("SELECT COUNT(*) FROM {t} WHERE {st} = {c} AND {le} < {NOW}{filter}")
+            })
+        };
+        if let Some(sql) = expired {
+            let n: i64 = b.scalar(sql)?.fetch_one(&self.pool).await?;
+            stats.expired_leases = n as u64;
+        }
+        Ok(stats)
     }
 }
