@@ -1,1 +1,364 @@
-fn main() {}
+//! The `rowclaim` command: a thin layer of clap commands over the `rowclaim` library.
+
+mod demo;
+mod source_args;
+mod work;
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use rowclaim::{Claimer, Db, Error, RowId, Token};
+use source_args::SourceArgs;
+
+/// Exit codes, as documented in `rowclaim --help`.
+pub mod exit {
+    /// Success.
+    pub const OK: i32 = 0;
+    /// `claim` found nothing to claim.
+    pub const NOTHING_CLAIMED: i32 = 1;
+    /// Bad input: usage, a name that is not an identifier, a missing table or column, a strategy
+    /// the server or table cannot do, a zero lease, an unreadable config file.
+    pub const BAD_INPUT: i32 = 2;
+    /// The token no longer holds the rows (their lease expired and another claimer took them, or
+    /// they were settled already). Nothing was changed.
+    pub const LEASE_LOST: i32 = 3;
+    /// The database failed (connection, query), or the work COMMAND could not be started.
+    pub const FAILURE: i32 = 4;
+}
+
+const AFTER_HELP: &str = "\
+Exit codes:
+  0  success
+  1  claim: nothing was claimable
+  2  bad input: usage, an invalid identifier, a missing table or column, a strategy this server
+     or table cannot do, a zero lease, a bad config file
+  3  lease lost: the token no longer holds the rows (nothing was changed)
+  4  failure: database error, or the work COMMAND could not be started
+
+The database comes from --database, else $DATABASE_URL, else sqlite://rowclaim.db here.";
+
+/// Share the rows of one SQL table between many workers: each row is processed by exactly one of
+/// them at a time, and rows of a worker that dies come back when its lease expires.
+///
+/// Works on PostgreSQL, MySQL 8 / MariaDB 10.6+ and SQLite, on a table you already have: an id
+/// column and a status column are all it needs; owner, lease and attempts columns unlock more.
+#[derive(Parser, Debug)]
+#[command(name = "rowclaim", version, after_help = AFTER_HELP, max_term_width = 100)]
+struct Cli {
+    /// Database URL: postgres://user@host/db, mysql://user@host/db (also MariaDB),
+    /// sqlite://path/to/file.db.
+    #[arg(
+        long,
+        global = true,
+        env = "DATABASE_URL",
+        default_value = "sqlite://rowclaim.db",
+        hide_env_values = true
+    )]
+    database: String,
+    /// Log more on stderr (-v: what rowclaim decides, -vv: every retry).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Claim rows and run COMMAND once per row: the row as a JSON object on its stdin, its id in
+    /// $ROWCLAIM_ID (and the claim token in $ROWCLAIM_TOKEN). Exit 0 marks the row done, any other
+    /// exit marks it failed. COMMAND's stdout and stderr go to this terminal.
+    ///
+    /// While a command runs its lease is extended, so a slow command keeps its row. On SIGINT or
+    /// SIGTERM the worker stops claiming, lets running commands finish and gives back rows it had
+    /// claimed but not started; a second signal exits at once.
+    #[command(after_help = AFTER_HELP)]
+    Work(WorkArgs),
+    /// Claim rows and print them as JSON lines, each with its token: {"token":…,"id":…,"row":{…}}.
+    /// Settle them later with complete, fail or release --token. Exits 1 when nothing was claimable.
+    #[command(after_help = AFTER_HELP)]
+    Claim(ClaimArgs),
+    /// Mark rows a token holds as done.
+    #[command(after_help = AFTER_HELP)]
+    Complete(TokenArgs),
+    /// Mark rows a token holds as failed.
+    #[command(after_help = AFTER_HELP)]
+    Fail(TokenArgs),
+    /// Give rows a token holds back: ready to be claimed again.
+    #[command(after_help = AFTER_HELP)]
+    Release(TokenArgs),
+    /// Push the lease of rows a token holds to now + --lease (by the database's clock).
+    #[command(after_help = AFTER_HELP)]
+    Extend(ExtendArgs),
+    /// Show rows per status, claimed rows per owner, and expired leases.
+    #[command(after_help = AFTER_HELP)]
+    Stats(StatsArgs),
+    /// Create a SQLite table of jobs and let several workers drain it: shows how many rows each
+    /// worker took and checks that no row was processed twice. Needs no server.
+    Demo(demo::DemoArgs),
+}
+
+#[derive(Args, Debug)]
+struct WorkArgs {
+    #[command(flatten)]
+    source: SourceArgs,
+    /// Rows claimed at once (default: --concurrency). Rows beyond the free slots wait, claimed.
+    #[arg(long, value_name = "N")]
+    batch: Option<u32>,
+    /// How long a claim holds its rows without a heartbeat, e.g. 30s, 5m.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    lease: Duration,
+    /// Commands run at once.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    concurrency: usize,
+    /// Exit 0 once no row is left to work on (none ready, none claimed by a worker that might
+    /// still die and give it back). Without it, keep polling for new rows.
+    #[arg(long)]
+    until_empty: bool,
+    /// How long to wait before looking again when nothing was claimable.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
+    poll: Duration,
+    /// The command to run per row, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND [ARGS]")]
+    command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+struct ClaimArgs {
+    #[command(flatten)]
+    source: SourceArgs,
+    /// Rows to claim at most.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    batch: u32,
+    /// How long the claim holds the rows, e.g. 30s, 5m.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    lease: Duration,
+}
+
+#[derive(Args, Debug)]
+struct TokenArgs {
+    #[command(flatten)]
+    source: SourceArgs,
+    /// The claim's token, as `claim` printed it.
+    #[arg(long, value_name = "T")]
+    token: String,
+    /// Only these rows (repeat the flag, or separate with commas); default: all rows of the token.
+    /// Named rows change all together or not at all.
+    #[arg(long = "id", value_name = "ID", value_delimiter = ',')]
+    ids: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+struct ExtendArgs {
+    #[command(flatten)]
+    token: TokenArgs,
+    /// The new lease, from now.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    lease: Duration,
+}
+
+#[derive(Args, Debug)]
+struct StatsArgs {
+    #[command(flatten)]
+    source: SourceArgs,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let level = match cli.verbose {
+        0 => "warn",
+        1 => "info,rowclaim=debug",
+        _ => "debug,rowclaim=trace",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("ROWCLAIM_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("rowclaim: cannot start: {e}");
+            std::process::exit(exit::FAILURE);
+        }
+    };
+    let code = match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("rowclaim: {e:#}");
+            exit_code(&e)
+        }
+    };
+    // Do not wait for tasks still parked on the runtime (a released signal handler, say).
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    std::process::exit(code);
+}
+
+fn exit_code(e: &anyhow::Error) -> i32 {
+    match e.chain().find_map(|c| c.downcast_ref::<Error>()) {
+        Some(Error::LeaseLost { .. }) => exit::LEASE_LOST,
+        Some(Error::Database(_)) => exit::FAILURE,
+        Some(_) => exit::BAD_INPUT,
+        None if e
+            .chain()
+            .any(|c| c.is::<std::io::Error>() || c.is::<toml::de::Error>()) =>
+        {
+            exit::BAD_INPUT
+        }
+        None => exit::FAILURE,
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<i32> {
+    let url = cli.database.as_str();
+    match cli.command {
+        Command::Demo(args) => demo::run(args).await,
+        Command::Work(a) => {
+            let claimer = claimer(url, &a.source, a.concurrency as u32 + 1).await?;
+            let opts = work::WorkOptions {
+                batch: a.batch.unwrap_or(a.concurrency.max(1) as u32),
+                lease: a.lease,
+                concurrency: a.concurrency.max(1),
+                until_empty: a.until_empty,
+                poll: a.poll,
+                command: a.command,
+            };
+            let (stop_tx, _) = tokio::sync::watch::channel(false);
+            tokio::spawn(stop_on_signal(stop_tx.clone()));
+            let tally = work::run(claimer, opts, stop_tx).await?;
+            eprintln!("rowclaim: {}", tally.line());
+            Ok(exit::OK)
+        }
+        Command::Claim(a) => {
+            let claimer = claimer(url, &a.source, 2).await?;
+            let claim = claimer.claim(a.batch, a.lease).await?;
+            if claim.is_empty() {
+                eprintln!("rowclaim: nothing to claim in {}", claimer.table());
+                return Ok(exit::NOTHING_CLAIMED);
+            }
+            let mut out = std::io::stdout().lock();
+            for row in claim.rows() {
+                let line = serde_json::json!({
+                    "token": claim.token().to_string(),
+                    "id": row.id,
+                    "row": row.data,
+                });
+                writeln!(out, "{line}")?;
+            }
+            Ok(exit::OK)
+        }
+        Command::Complete(a) => {
+            settle(url, &a, "completed", |c, t, ids| async move {
+                c.complete(&t, &ids).await
+            })
+            .await
+        }
+        Command::Fail(a) => {
+            settle(url, &a, "failed", |c, t, ids| async move {
+                c.fail(&t, &ids).await
+            })
+            .await
+        }
+        Command::Release(a) => {
+            settle(url, &a, "released", |c, t, ids| async move {
+                c.release(&t, &ids).await
+            })
+            .await
+        }
+        Command::Extend(a) => {
+            let lease = a.lease;
+            settle(url, &a.token, "extended", move |c, t, ids| async move {
+                c.extend(&t, &ids, lease).await
+            })
+            .await
+        }
+        Command::Stats(a) => {
+            let claimer = claimer(url, &a.source, 2).await?;
+            let stats = claimer.stats().await?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&stats)?);
+                return Ok(exit::OK);
+            }
+            println!(
+                "{} on {} (strategy {})",
+                claimer.table(),
+                claimer.server().description,
+                claimer.strategy()
+            );
+            println!("\n  {:<24} {:>10}", "status", "rows");
+            for (status, n) in &stats.by_status {
+                println!("  {status:<24} {n:>10}");
+            }
+            if !stats.claimed_by_owner.is_empty() {
+                println!("\n  {:<40} {:>10}", "claimed by (token)", "rows");
+                for (owner, n) in &stats.claimed_by_owner {
+                    println!("  {owner:<40} {n:>10}");
+                }
+            }
+            println!("\n  expired leases: {}", stats.expired_leases);
+            Ok(exit::OK)
+        }
+    }
+}
+
+/// Connects, checks the source against the live table, and says which strategy `auto` chose.
+async fn claimer(url: &str, source: &SourceArgs, connections: u32) -> anyhow::Result<Claimer> {
+    let opts = rowclaim::ConnectOptions::default().max_connections(connections.max(2));
+    let db = Db::connect_with(url, opts).await.with_context(|| {
+        let scheme = url.split(':').next().unwrap_or_default();
+        format!("connecting to the {scheme} database")
+    })?;
+    let claimer = db.claimer(source.to_source()?, source.strategy).await?;
+    if source.strategy == rowclaim::Strategy::Auto {
+        tracing::info!(
+            "strategy auto chose {} for {} on {}",
+            claimer.strategy(),
+            claimer.table(),
+            claimer.server().description
+        );
+    }
+    Ok(claimer)
+}
+
+async fn settle<F, Fut>(url: &str, a: &TokenArgs, verb: &str, op: F) -> anyhow::Result<i32>
+where
+    F: FnOnce(Claimer, Token, Vec<RowId>) -> Fut,
+    Fut: std::future::Future<Output = rowclaim::Result<u64>>,
+{
+    let claimer = claimer(url, &a.source, 2).await?;
+    let token: Token = a.token.parse()?;
+    let ids = a
+        .ids
+        .iter()
+        .map(|id| claimer.parse_id(id))
+        .collect::<rowclaim::Result<Vec<_>>>()?;
+    let n = op(claimer, token, ids).await?;
+    eprintln!("rowclaim: {verb} {n} row(s)");
+    Ok(exit::OK)
+}
+
+/// First SIGINT/SIGTERM: stop gracefully. Second: exit at once.
+async fn stop_on_signal(stop: tokio::sync::watch::Sender<bool>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot listen for signals; stop with SIGKILL");
+        return;
+    };
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    eprintln!("rowclaim: stopping: no new claims; running commands finish, waiting rows are released (signal again to exit now)");
+    let _ = stop.send(true);
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    eprintln!(
+        "rowclaim: second signal: exiting now; unfinished rows come back when their lease expires"
+    );
+    std::process::exit(130);
+}

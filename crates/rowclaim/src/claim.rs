@@ -65,6 +65,27 @@ pub struct Stats {
     pub expired_leases: u64,
 }
 
+/// Work left in a source, from [`Claimer::backlog`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Backlog {
+    /// Rows in the ready state.
+    pub ready: u64,
+    /// Rows claimed now.
+    pub claimed: u64,
+    /// Whether claimed rows come back when their claimer dies (a lease column is mapped, or the
+    /// strategy is lease-table). Without that, a claimed row stays claimed until someone settles it.
+    pub claims_expire: bool,
+}
+
+impl Backlog {
+    /// Whether any row may still need a worker: ready rows, or claimed rows that come back if their
+    /// claimer dies.
+    pub fn has_work(&self) -> bool {
+        self.ready > 0 || (self.claims_expire && self.claimed > 0)
+    }
+}
+
 /// How a locking read locks rows (seed 001).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -336,6 +357,18 @@ impl Claimer {
     pub async fn stats(&self) -> Result<Stats> {
         let i = &self.inner;
         i.db.backend.stats(&i.m, i.strategy).await
+    }
+
+    /// How much work is left: ready rows and claimed rows.
+    pub async fn backlog(&self) -> Result<Backlog> {
+        let i = &self.inner;
+        let s = self.stats().await?;
+        let count = |v: &RowId| s.by_status.get(&v.to_string()).copied().unwrap_or(0);
+        Ok(Backlog {
+            ready: count(&i.m.ready),
+            claimed: count(&i.m.claimed),
+            claims_expire: i.strategy == Strategy::LeaseTable || i.m.lease.is_some(),
+        })
     }
 }
 

@@ -61,7 +61,9 @@ mod strategy;
 mod value;
 
 pub use backend::ServerInfo;
-pub use claim::{Claim, ClaimedRow, Claimer, LockMode, LockWait, LockedRows, Stats, Token};
+pub use claim::{
+    Backlog, Claim, ClaimedRow, Claimer, LockMode, LockWait, LockedRows, Stats, Token,
+};
 pub use db::{ConnectOptions, Db};
 pub use error::{Error, Result};
 pub use source::Source;

@@ -1,0 +1,234 @@
+//! `rowclaim work`: claim rows and run a command once per row.
+//!
+//! Rows are claimed a batch at a time whenever a slot is free, and each row runs in its own
+//! process, at most `concurrency` at once. Exit 0 completes the row; any other exit fails it.
+//! While commands run, a heartbeat extends their claim's lease, so a long command does not lose
+//! its row. On SIGINT/SIGTERM the worker stops claiming, lets running commands finish, and
+//! releases the rows it claimed but had not started.
+
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context};
+use rowclaim::{Claim, ClaimedRow, Claimer, Error};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+
+pub struct WorkOptions {
+    pub batch: u32,
+    pub lease: Duration,
+    pub concurrency: usize,
+    pub until_empty: bool,
+    pub poll: Duration,
+    pub command: Vec<String>,
+}
+
+/// What a worker did, printed when it stops.
+#[derive(Default)]
+pub struct Tally {
+    pub done: AtomicU64,
+    pub failed: AtomicU64,
+    pub released: AtomicU64,
+    pub lost: AtomicU64,
+}
+
+impl Tally {
+    pub fn line(&self) -> String {
+        format!(
+            "{} done, {} failed, {} released, {} lost to another worker",
+            self.done.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+            self.released.load(Ordering::Relaxed),
+            self.lost.load(Ordering::Relaxed)
+        )
+    }
+}
+
+struct Shared {
+    opts: WorkOptions,
+    tally: Arc<Tally>,
+    slots: Semaphore,
+    stop: watch::Receiver<bool>,
+    /// Set when the command cannot be started at all: the worker stops and reports it.
+    fatal: std::sync::Mutex<Option<String>>,
+    stop_now: watch::Sender<bool>,
+}
+
+/// Runs until `--until-empty` finds no work left, or until `stop` turns true (a signal).
+pub async fn run(
+    claimer: Claimer,
+    opts: WorkOptions,
+    stop_tx: watch::Sender<bool>,
+) -> anyhow::Result<Arc<Tally>> {
+    let stop = stop_tx.subscribe();
+    let shared = Arc::new(Shared {
+        slots: Semaphore::new(opts.concurrency),
+        opts,
+        tally: Arc::default(),
+        stop: stop.clone(),
+        fatal: std::sync::Mutex::new(None),
+        stop_now: stop_tx,
+    });
+    let mut tasks: JoinSet<()> = JoinSet::new();
+    let mut stop = stop;
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        // Claim only while a slot is free; otherwise wait for a row to finish.
+        if shared.slots.available_permits() == 0 {
+            tokio::select! {
+                _ = tasks.join_next() => {}
+                _ = stop.changed() => {}
+            }
+            continue;
+        }
+        let claim = match claimer.claim(shared.opts.batch, shared.opts.lease).await {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = shared.stop_now.send(true);
+                while tasks.join_next().await.is_some() {}
+                return Err(e).context("claiming rows");
+            }
+        };
+        if claim.is_empty() {
+            if shared.opts.until_empty {
+                if !tasks.is_empty() {
+                    // Rows in flight may still fail or be released; look again when one ends.
+                    tokio::select! {
+                        _ = tasks.join_next() => {}
+                        _ = stop.changed() => {}
+                    }
+                    continue;
+                }
+                if !claimer
+                    .backlog()
+                    .await
+                    .context("counting rows left")?
+                    .has_work()
+                {
+                    break;
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(shared.opts.poll) => {}
+                _ = stop.changed() => {}
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+            continue;
+        }
+        let claim = Arc::new(claim);
+        tasks.spawn(heartbeat(claim.clone(), shared.clone()));
+        for row in claim.rows() {
+            tasks.spawn(process(claim.clone(), row.clone(), shared.clone()));
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+    if let Some(why) = shared.fatal.lock().map(|f| f.clone()).unwrap_or(None) {
+        return Err(anyhow!(why));
+    }
+    Ok(shared.tally.clone())
+}
+
+/// Extends the claim's lease every third of it while any of its rows is unsettled.
+async fn heartbeat(claim: Arc<Claim>, shared: Arc<Shared>) {
+    let every = shared.opts.lease / 3;
+    loop {
+        tokio::time::sleep(every).await;
+        if claim.open_rows().is_empty() {
+            return;
+        }
+        if let Err(e) = claim.extend(shared.opts.lease).await {
+            if !matches!(e, Error::LeaseLost { .. }) {
+                tracing::warn!("extending the lease of claim {}: {e}", claim.token());
+            }
+            return;
+        }
+    }
+}
+
+/// Waits for a slot, runs the command for one row, and settles the row by its exit status.
+async fn process(claim: Arc<Claim>, row: ClaimedRow, shared: Arc<Shared>) {
+    let mut stop = shared.stop.clone();
+    let permit = tokio::select! {
+        p = shared.slots.acquire() => p.ok(),
+        _ = async { while !*stop.borrow_and_update() { if stop.changed().await.is_err() { break } } } => None,
+    };
+    let Some(_permit) = permit else {
+        // Stopping before this row started: give it back.
+        match claim.release(&row.id).await {
+            Ok(()) => shared.tally.released.fetch_add(1, Ordering::Relaxed),
+            Err(e) => {
+                eprintln!("rowclaim: releasing row {}: {e}", row.id);
+                0
+            }
+        };
+        return;
+    };
+    let outcome = run_command(&claim, &row, &shared.opts.command).await;
+    let settled = match outcome {
+        Ok(true) => claim.complete(&row.id).await.map(|()| &shared.tally.done),
+        Ok(false) => claim.fail(&row.id).await.map(|()| &shared.tally.failed),
+        Err(why) => {
+            if let Ok(mut f) = shared.fatal.lock() {
+                f.get_or_insert(why);
+            }
+            let _ = shared.stop_now.send(true);
+            claim
+                .release(&row.id)
+                .await
+                .map(|()| &shared.tally.released)
+        }
+    };
+    match settled {
+        Ok(counter) => {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(Error::LeaseLost { .. }) => {
+            shared.tally.lost.fetch_add(1, Ordering::Relaxed);
+            eprintln!(
+                "rowclaim: row {}: lease lost (another worker took the row over); its result is discarded",
+                row.id
+            );
+        }
+        Err(e) => eprintln!("rowclaim: settling row {}: {e}", row.id),
+    }
+}
+
+/// Runs the command with the row as JSON on stdin. `Ok(true)` on exit status 0; `Err` when the
+/// command could not be started at all.
+async fn run_command(claim: &Claim, row: &ClaimedRow, command: &[String]) -> Result<bool, String> {
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| "no COMMAND given after --".to_string())?;
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .env("ROWCLAIM_ID", row.id.to_string())
+        .env("ROWCLAIM_TOKEN", claim.token().to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("cannot run {program:?}: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let mut line = row.data.to_string();
+        line.push('\n');
+        // A command that does not read its input closes the pipe early; that is fine.
+        let _ = stdin.write_all(line.as_bytes()).await;
+    }
+    match child.wait().await {
+        Ok(status) => {
+            if !status.success() {
+                eprintln!("rowclaim: row {}: {program} exited with {status}", row.id);
+            }
+            Ok(status.success())
+        }
+        Err(e) => {
+            eprintln!("rowclaim: row {}: waiting for {program}: {e}", row.id);
+            Ok(false)
+        }
+    }
+}
