@@ -200,18 +200,26 @@ fn main() {
     std::process::exit(code);
 }
 
+/// Input the user must fix (a config file, a missing flag): exits with [`exit::BAD_INPUT`].
+#[derive(Debug)]
+pub struct BadInput(pub String);
+
+impl std::fmt::Display for BadInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadInput {}
+
 fn exit_code(e: &anyhow::Error) -> i32 {
+    if e.chain().any(|c| c.is::<BadInput>()) {
+        return exit::BAD_INPUT;
+    }
     match e.chain().find_map(|c| c.downcast_ref::<Error>()) {
         Some(Error::LeaseLost { .. }) => exit::LEASE_LOST,
-        Some(Error::Database(_)) => exit::FAILURE,
+        Some(Error::Database(_)) | None => exit::FAILURE,
         Some(_) => exit::BAD_INPUT,
-        None if e
-            .chain()
-            .any(|c| c.is::<std::io::Error>() || c.is::<toml::de::Error>()) =>
-        {
-            exit::BAD_INPUT
-        }
-        None => exit::FAILURE,
     }
 }
 

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
+use crate::BadInput;
 use clap::Args;
 use rowclaim::{Source, Strategy};
 
@@ -80,23 +80,21 @@ struct ConfigFile {
 impl SourceArgs {
     pub fn to_source(&self) -> anyhow::Result<Source> {
         if let Some(name) = &self.source {
-            let text = std::fs::read_to_string(&self.config).with_context(|| {
-                format!("--source {name}: cannot read {}", self.config.display())
-            })?;
-            let mut file: ConfigFile = toml::from_str(&text).with_context(|| {
-                format!("{} is not a valid rowclaim config", self.config.display())
-            })?;
+            let path = self.config.display();
+            let text = std::fs::read_to_string(&self.config)
+                .map_err(|e| BadInput(format!("--source {name}: cannot read {path}: {e}")))?;
+            let mut file: ConfigFile = toml::from_str(&text)
+                .map_err(|e| BadInput(format!("{path} is not a valid rowclaim config: {e}")))?;
             let Some(source) = file.source.remove(name) else {
                 let known: Vec<&String> = file.source.keys().collect();
-                bail!(
-                    "{} has no [source.{name}] (it has: {known:?})",
-                    self.config.display()
-                );
+                let why = format!("{path} has no [source.{name}] (it has: {known:?})");
+                return Err(BadInput(why).into());
             };
             return Ok(source);
         }
         let Some(table) = &self.table else {
-            bail!("name the table with --table, or a configured source with --source");
+            let why = "name the table with --table, or a configured source with --source";
+            return Err(BadInput(why.into()).into());
         };
         let mut s = Source::new(table)
             .id_column(&self.id_column)

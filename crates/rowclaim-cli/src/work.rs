@@ -51,6 +51,7 @@ struct Shared {
     opts: WorkOptions,
     tally: Arc<Tally>,
     slots: Semaphore,
+    in_flight: std::sync::atomic::AtomicU32,
     stop: watch::Receiver<bool>,
     /// Set when the command cannot be started at all: the worker stops and reports it.
     fatal: std::sync::Mutex<Option<String>>,
@@ -66,6 +67,7 @@ pub async fn run(
     let stop = stop_tx.subscribe();
     let shared = Arc::new(Shared {
         slots: Semaphore::new(opts.concurrency),
+        in_flight: Default::default(),
         opts,
         tally: Arc::default(),
         stop: stop.clone(),
@@ -74,19 +76,24 @@ pub async fn run(
     });
     let mut tasks: JoinSet<()> = JoinSet::new();
     let mut stop = stop;
+    // Rows claimed and not yet settled: at most max(batch, concurrency), so that --batch above
+    // --concurrency prefetches and the default (batch = concurrency) never holds rows idle.
+    let most = shared.opts.batch.max(shared.opts.concurrency as u32);
     loop {
         if *stop.borrow() {
             break;
         }
+        let in_flight = shared.in_flight.load(Ordering::SeqCst);
         // Claim only while a slot is free; otherwise wait for a row to finish.
-        if shared.slots.available_permits() == 0 {
+        if in_flight >= shared.opts.concurrency as u32 {
             tokio::select! {
                 _ = tasks.join_next() => {}
                 _ = stop.changed() => {}
             }
             continue;
         }
-        let claim = match claimer.claim(shared.opts.batch, shared.opts.lease).await {
+        let want = shared.opts.batch.min(most - in_flight).max(1);
+        let claim = match claimer.claim(want, shared.opts.lease).await {
             Ok(c) => c,
             Err(e) => {
                 let _ = shared.stop_now.send(true);
@@ -123,6 +130,7 @@ pub async fn run(
         let claim = Arc::new(claim);
         tasks.spawn(heartbeat(claim.clone(), shared.clone()));
         for row in claim.rows() {
+            shared.in_flight.fetch_add(1, Ordering::SeqCst);
             tasks.spawn(process(claim.clone(), row.clone(), shared.clone()));
         }
     }
@@ -152,6 +160,11 @@ async fn heartbeat(claim: Arc<Claim>, shared: Arc<Shared>) {
 
 /// Waits for a slot, runs the command for one row, and settles the row by its exit status.
 async fn process(claim: Arc<Claim>, row: ClaimedRow, shared: Arc<Shared>) {
+    settle_row(&claim, &row, &shared).await;
+    shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+}
+
+async fn settle_row(claim: &Claim, row: &ClaimedRow, shared: &Shared) {
     let mut stop = shared.stop.clone();
     let permit = tokio::select! {
         p = shared.slots.acquire() => p.ok(),
@@ -168,7 +181,7 @@ async fn process(claim: Arc<Claim>, row: ClaimedRow, shared: Arc<Shared>) {
         };
         return;
     };
-    let outcome = run_command(&claim, &row, &shared.opts.command).await;
+    let outcome = run_command(claim, row, &shared.opts.command).await;
     let settled = match outcome {
         Ok(true) => claim.complete(&row.id).await.map(|()| &shared.tally.done),
         Ok(false) => claim.fail(&row.id).await.map(|()| &shared.tally.failed),

@@ -1,90 +1,864 @@
-//! placeholder
-use super::*;
+//! MySQL 8 and MariaDB 10.6+: all of rowclaim's SQL for them.
+//!
+//! Leases are `DATETIME(6)` holding UTC, computed from `UTC_TIMESTAMP(6)`; rows come back as
+//! `CAST(JSON_OBJECT(…) AS CHAR)`; id lists are `IN (?, ?, …)`. Neither server has
+//! `UPDATE … RETURNING`, so a claim marks rows and then reads them back (by token, or by id inside
+//! the claiming transaction). Placeholders are positional, so every statement binds its values in
+//! the order its text uses them.
+//!
+//! Where MySQL 8 and MariaDB differ (only `FOR SHARE` so far), the code branches on
+//! [`ServerKind`], detected once per pool from `SELECT VERSION()`.
+//!
+//! Every transaction opened here runs at READ COMMITTED, as PostgreSQL's do: a locking read then
+//! keeps locks on the rows it returns only, with no gap locks, so a claim held open (transaction
+//! strategy, locking reads) does not block inserts or the claims and settles of other rows.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::mysql::MySqlDatabaseError;
+use sqlx::{MySql, MySqlPool, Row};
+use tokio::sync::OnceCell;
+
+use super::{
+    Binder, ClaimArgs, Claimed, ColType, Column, Driver, Held, Outcome, ServerInfo, ServerKind,
+    Target,
+};
 use crate::source::{Mapping, TableName};
 use crate::value::IdList;
 use crate::{Error, LockMode, LockWait, Result, RowId, Stats, Strategy};
-use std::time::Duration;
+
+type B = Binder<MySql>;
+
 #[derive(Clone, Debug)]
 pub(crate) struct My {
-    pool: sqlx::MySqlPool,
+    pool: MySqlPool,
+    /// The server, asked once and shared by the clones of this driver.
+    server: Arc<OnceCell<ServerInfo>>,
 }
+
 impl My {
-    pub(crate) fn new(pool: sqlx::MySqlPool) -> Self {
-        My { pool }
+    pub(crate) fn new(pool: MySqlPool) -> My {
+        My {
+            pool,
+            server: Arc::new(OnceCell::new()),
+        }
     }
 }
-fn no() -> Error {
-    Error::Unsupported("not yet".into())
+
+/// Starts every transaction of this driver (see the module docs). `SET TRANSACTION` without
+/// `SESSION` applies to the next transaction only, so the pooled connection keeps its defaults.
+const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+
+/// A lease in whole microseconds (at least 1), for `INTERVAL ? MICROSECOND`.
+fn lease_us(lease: Duration) -> i64 {
+    i64::try_from(lease.as_micros()).unwrap_or(i64::MAX).max(1)
 }
+
+/// A lease in whole seconds, rounded up (at least 1): the unit of `wait_timeout`.
+fn lease_secs(lease: Duration) -> i64 {
+    let secs = lease
+        .as_secs()
+        .saturating_add(u64::from(lease.subsec_nanos() > 0));
+    i64::try_from(secs).unwrap_or(i64::MAX).max(1)
+}
+
+/// `UTC_TIMESTAMP(6) + lease`, by the server's clock.
+fn lease_until(b: &mut B, lease: Duration) -> String {
+    format!(
+        "UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND",
+        b.bind(lease_us(lease))
+    )
+}
+
+fn is_empty(list: &IdList) -> bool {
+    match list {
+        IdList::Int(v) => v.is_empty(),
+        IdList::Text(v) => v.is_empty(),
+    }
+}
+
+/// `expr IN (?, ?, …)` over the ids as the id column's type (`FALSE` for no ids: `IN ()` is not
+/// SQL).
+fn in_ids(b: &mut B, expr: &str, list: &IdList) -> String {
+    if is_empty(list) {
+        return "FALSE".to_owned();
+    }
+    format!("{expr} IN ({})", b.list(list))
+}
+
+/// `expr IN (?, ?, …)` over the ids as text, to match the lease table's `row_id`.
+fn in_texts(b: &mut B, expr: &str, list: &IdList) -> String {
+    let texts: Vec<String> = match list {
+        IdList::Int(v) => v.iter().map(ToString::to_string).collect(),
+        IdList::Text(v) => v.clone(),
+    };
+    if texts.is_empty() {
+        return "FALSE".to_owned();
+    }
+    let marks: Vec<String> = texts.into_iter().map(|t| b.bind(t)).collect();
+    format!("{expr} IN ({})", marks.join(", "))
+}
+
+/// A row as JSON text: `CAST(JSON_OBJECT('col', t.`col`, …) AS CHAR)`. The table must be aliased
+/// `t`. Only plainly named columns are listed, so their names are safe as string literals.
+fn row_json(m: &Mapping) -> String {
+    let pairs: Vec<String> = m
+        .columns
+        .iter()
+        .map(|c| format!("'{c}', t.{}", super::Dialect::MySql.quote(c)))
+        .collect();
+    format!("CAST(JSON_OBJECT({}) AS CHAR)", pairs.join(", "))
+}
+
+fn parse_rows(texts: Vec<String>) -> Result<Vec<serde_json::Value>> {
+    texts.iter().map(|t| super::parse_row(t)).collect()
+}
+
+/// Rows a claim may take: ready, or claimed with an expired lease.
+fn claimable(m: &Mapping, b: &mut B) -> String {
+    let st = &m.status;
+    let ready = b.value(&m.ready);
+    match &m.lease {
+        Some(le) => format!(
+            "({st} = {ready} OR ({st} = {} AND {le} < UTC_TIMESTAMP(6)))",
+            b.value(&m.claimed)
+        ),
+        None => format!("{st} = {ready}"),
+    }
+}
+
+/// The SET list that marks rows claimed by `token`.
+fn claim_set(m: &Mapping, b: &mut B, token: &str, lease: Duration) -> String {
+    let mut set = vec![format!("{} = {}", m.status, b.value(&m.claimed))];
+    if let Some(ow) = &m.owner {
+        set.push(format!("{ow} = {}", b.bind(token.to_owned())));
+    }
+    if let Some(le) = &m.lease {
+        set.push(format!("{le} = {}", lease_until(b, lease)));
+    }
+    if let Some(at) = &m.attempts {
+        set.push(format!("{at} = COALESCE({at}, 0) + 1"));
+    }
+    set.join(", ")
+}
+
+/// The SET list that settles rows; a released row loses its owner and lease.
+fn outcome_set(m: &Mapping, b: &mut B, outcome: Outcome) -> String {
+    let mut set = vec![format!("{} = {}", m.status, b.value(outcome.status(m)))];
+    if outcome == Outcome::Ready {
+        set.extend(m.owner.iter().map(|ow| format!("{ow} = NULL")));
+        set.extend(m.lease.iter().map(|le| format!("{le} = NULL")));
+    }
+    set.join(", ")
+}
+
+/// The condition "`token` holds this row" for strategies that mark rows in the table itself.
+fn held_by(m: &Mapping, b: &mut B, token: &str, target: &Target<'_>) -> Result<String> {
+    let mut cond = format!("{} = {}", m.status, b.value(&m.claimed));
+    match &m.owner {
+        Some(ow) => cond.push_str(&format!(" AND {ow} = {}", b.bind(token.to_owned()))),
+        None if matches!(target, Target::All) => return Err(super::no_owner(m)),
+        None => {}
+    }
+    if let Target::Ids(list, _) = target {
+        cond.push_str(&format!(" AND {}", in_ids(b, &m.id, list)));
+    }
+    Ok(cond)
+}
+
+/// The id column as text, aliased so that an `ORDER BY` on the id column still sorts by the
+/// column and not by its text.
+fn id_text(m: &Mapping) -> String {
+    format!("CAST(t.{} AS CHAR) AS rowclaim_id", m.id)
+}
+
+fn parse_ids(m: &Mapping, texts: &[String]) -> Result<Vec<RowId>> {
+    texts.iter().map(|t| m.id_kind.parse(t, "row id")).collect()
+}
+
+fn id_list(m: &Mapping, texts: &[String]) -> Result<IdList> {
+    IdList::new(m.id_kind, &parse_ids(m, texts)?)
+}
+
+/// The lease table's condition "these leases belong to `token`" (all of them, or those of `ids`).
+fn leases_of(m: &Mapping, b: &mut B, token: &str, target: &Target<'_>) -> String {
+    let source = b.bind(m.table_display.clone());
+    let tok = b.bind(token.to_owned());
+    let only = match target {
+        Target::All => String::new(),
+        Target::Ids(list, _) => format!(" AND {}", in_texts(b, "row_id", list)),
+    };
+    format!("source = {source} AND token = {tok}{only}")
+}
+
+fn other_database() -> Error {
+    Error::InvalidInput("transaction of another database".into())
+}
+
+/// MySQL's error number, if `e` is a MySQL/MariaDB error.
+fn error_number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .map(MySqlDatabaseError::number),
+        _ => None,
+    }
+}
+
+/// 1146: the table does not exist.
+const NO_SUCH_TABLE: u16 = 1146;
+
+const CREATE_LEASES: &str = "CREATE TABLE IF NOT EXISTS rowclaim_leases (
+    source VARCHAR(255) NOT NULL,
+    row_id VARCHAR(255) NOT NULL,
+    token CHAR(36) NOT NULL,
+    lease_until DATETIME(6) NOT NULL,
+    PRIMARY KEY (source, row_id),
+    KEY rowclaim_leases_token (token)
+) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
+const CREATE_COUNTERS: &str = "CREATE TABLE IF NOT EXISTS rowclaim_counters (
+    name VARCHAR(255) NOT NULL PRIMARY KEY,
+    value BIGINT NOT NULL
+) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
+
+impl My {
+    async fn begin(&self) -> Result<sqlx::Transaction<'static, MySql>> {
+        Ok(self.pool.begin_with(BEGIN).await?)
+    }
+
+    /// Runs a statement that changes rows; with several named rows it commits only if all of them
+    /// changed (all or nothing). The count is of rows matched: sqlx connects with
+    /// `CLIENT_FOUND_ROWS`.
+    async fn change_all_or_nothing(&self, sql: String, b: B, target: &Target<'_>) -> Result<u64> {
+        match target {
+            Target::Ids(_, n) if *n > 1 => {
+                let mut tx = self.begin().await?;
+                let changed = b.query(sql)?.execute(&mut *tx).await?.rows_affected();
+                if changed == *n as u64 {
+                    tx.commit().await?;
+                } else {
+                    tx.rollback().await?;
+                }
+                Ok(changed)
+            }
+            _ => Ok(b.query(sql)?.execute(&self.pool).await?.rows_affected()),
+        }
+    }
+
+    async fn claimable_exists(&self, m: &Mapping) -> Result<bool> {
+        let mut b = B::new();
+        let sql = format!(
+            "SELECT EXISTS (SELECT 1 FROM {} WHERE {}{})",
+            m.table,
+            claimable(m, &mut b),
+            m.filter
+        );
+        Ok(b.scalar::<bool>(sql)?.fetch_one(&self.pool).await?)
+    }
+
+    /// The rows `token` marked in the table, as JSON, in the source's order.
+    async fn rows_of_owner(&self, m: &Mapping, token: &str) -> Result<Vec<serde_json::Value>> {
+        let Some(ow) = &m.owner else {
+            return Ok(vec![]);
+        };
+        let mut b = B::new();
+        let tok = b.bind(token.to_owned());
+        let claimed = b.value(&m.claimed);
+        let sql = format!(
+            "SELECT {} FROM {} AS t WHERE t.{ow} = {tok} AND t.{} = {claimed} ORDER BY {}",
+            row_json(m),
+            m.table,
+            m.status,
+            m.order_by
+        );
+        parse_rows(b.scalar(sql)?.fetch_all(&self.pool).await?)
+    }
+}
+
+/// The claimed rows `list` as JSON, in the source's order.
+fn rows_sql(m: &Mapping, b: &mut B, list: &IdList) -> String {
+    let which = in_ids(b, &format!("t.{}", m.id), list);
+    let claimed = b.value(&m.claimed);
+    format!(
+        "SELECT {} FROM {} AS t WHERE {which} AND t.{} = {claimed} ORDER BY {}",
+        row_json(m),
+        m.table,
+        m.status,
+        m.order_by
+    )
+}
+
+fn nothing() -> Claimed {
+    Claimed {
+        rows: vec![],
+        held: None,
+        lost_race: false,
+    }
+}
+
 impl Driver for My {
     async fn server(&self) -> Result<ServerInfo> {
-        let _ = &self.pool;
-        Err(no())
+        let info = self
+            .server
+            .get_or_try_init(|| async {
+                let v: String = sqlx::query_scalar("SELECT CAST(VERSION() AS CHAR)")
+                    .fetch_one(&self.pool)
+                    .await?;
+                // `10.11.6-MariaDB-0+deb12u1` or `8.0.36`.
+                let kind = if v.contains("MariaDB") {
+                    ServerKind::MariaDb
+                } else {
+                    ServerKind::MySql
+                };
+                Ok::<_, Error>(ServerInfo::new(kind, &v))
+            })
+            .await?;
+        Ok(info.clone())
     }
-    async fn columns(&self, _t: &TableName) -> Result<Vec<Column>> {
-        Err(no())
+
+    async fn columns(&self, table: &TableName) -> Result<Vec<Column>> {
+        // MariaDB returns some information_schema columns as binary strings: cast them to text.
+        let rows = sqlx::query(
+            "SELECT CAST(COLUMN_NAME AS CHAR), CAST(COLUMN_TYPE AS CHAR), CAST(DATA_TYPE AS CHAR),
+                    CAST(CHARACTER_MAXIMUM_LENGTH AS SIGNED)
+             FROM information_schema.COLUMNS
+             WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?
+             ORDER BY ORDINAL_POSITION",
+        )
+        .bind(table.schema.clone())
+        .bind(table.name.clone())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let data_type: String = r.try_get(2)?;
+                let len: Option<i64> = r.try_get(3)?;
+                let ty = match data_type.to_ascii_lowercase().as_str() {
+                    "tinyint" | "smallint" | "mediumint" | "int" | "bigint" => ColType::Int,
+                    "char" | "varchar" | "text" | "tinytext" | "mediumtext" | "longtext" => {
+                        ColType::Text {
+                            max_len: len.and_then(|l| u32::try_from(l).ok()),
+                        }
+                    }
+                    "datetime" | "timestamp" => ColType::Timestamp,
+                    _ => ColType::Other,
+                };
+                Ok(Column {
+                    name: r.try_get(0)?,
+                    sql_type: r.try_get(1)?,
+                    ty,
+                })
+            })
+            .collect()
     }
+
     async fn ensure_lease_table(&self) -> Result<()> {
-        Err(no())
+        if let Err(e) = sqlx::query(CREATE_LEASES).execute(&self.pool).await {
+            // Two processes creating it at once: one of them may fail, and the table is there
+            // all the same.
+            let exists: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'rowclaim_leases'",
+            )
+            .fetch_one(&self.pool)
+            .await?;
+            if exists == 0 {
+                return Err(e.into());
+            }
+        }
+        Ok(())
     }
-    async fn claim(&self, _a: &ClaimArgs<'_>) -> Result<Claimed> {
-        Err(no())
+
+    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed> {
+        let (m, t, id, order, filter) = (a.m, &a.m.table, &a.m.id, &a.m.order_by, &a.m.filter);
+        let mut b = B::new();
+        let batch = i64::from(a.batch);
+        match a.strategy {
+            // One transaction: lock the first unlocked candidates, mark them ours, read them back.
+            Strategy::SkipLocked => {
+                let cond = claimable(m, &mut b);
+                let limit = b.bind(batch);
+                let sql = format!(
+                    "SELECT {} FROM {t} AS t WHERE {cond}{filter} ORDER BY {order} \
+                     LIMIT {limit} FOR UPDATE SKIP LOCKED",
+                    id_text(m)
+                );
+                let mut tx = self.begin().await?;
+                let found: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
+                if found.is_empty() {
+                    tx.rollback().await?;
+                    return Ok(nothing());
+                }
+                let list = id_list(m, &found)?;
+                let mut b = B::new();
+                let set = claim_set(m, &mut b, a.token, a.lease);
+                let which = in_ids(&mut b, id, &list);
+                let sql = format!("UPDATE {t} SET {set} WHERE {which}");
+                b.query(sql)?.execute(&mut *tx).await?;
+                let mut b = B::new();
+                let sql = rows_sql(m, &mut b, &list);
+                let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
+                tx.commit().await?;
+                Ok(Claimed {
+                    rows,
+                    held: None,
+                    lost_race: false,
+                })
+            }
+            // Mark the first candidates with the token (MySQL's single-table UPDATE takes ORDER BY
+            // and LIMIT), then read the rows that carry it. The condition is checked again after
+            // waiting for another claimer's row lock, so a row is never taken twice; a claimer
+            // that lost every row to others gets none and tries again.
+            Strategy::Token => {
+                let set = claim_set(m, &mut b, a.token, a.lease);
+                let cond = claimable(m, &mut b);
+                let limit = b.bind(batch);
+                let sql = format!(
+                    "UPDATE {t} SET {set} WHERE {cond}{filter} ORDER BY {order} LIMIT {limit}"
+                );
+                let changed = b.query(sql)?.execute(&self.pool).await?.rows_affected();
+                if changed == 0 {
+                    return Ok(Claimed {
+                        rows: vec![],
+                        held: None,
+                        lost_race: self.claimable_exists(m).await?,
+                    });
+                }
+                Ok(Claimed {
+                    rows: self.rows_of_owner(m, a.token).await?,
+                    held: None,
+                    lost_race: false,
+                })
+            }
+            // Read candidates without locks; the update wins only the rows still claimable.
+            Strategy::Optimistic => {
+                let cond = claimable(m, &mut b);
+                let limit = b.bind(batch);
+                let sql = format!(
+                    "SELECT {} FROM {t} AS t WHERE {cond}{filter} ORDER BY {order} LIMIT {limit}",
+                    id_text(m)
+                );
+                let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+                if found.is_empty() {
+                    return Ok(nothing());
+                }
+                let rows = if m.owner.is_some() {
+                    // One statement for all candidates; the token tells which it won.
+                    let list = id_list(m, &found)?;
+                    let mut b = B::new();
+                    let set = claim_set(m, &mut b, a.token, a.lease);
+                    let which = in_ids(&mut b, id, &list);
+                    let cond = claimable(m, &mut b);
+                    let sql = format!("UPDATE {t} SET {set} WHERE {which} AND {cond}{filter}");
+                    b.query(sql)?.execute(&self.pool).await?;
+                    self.rows_of_owner(m, a.token).await?
+                } else {
+                    // Without an owner column only the affected-row count tells who won: one
+                    // statement per candidate.
+                    let mut won = Vec::new();
+                    for row in parse_ids(m, &found)? {
+                        let mut b = B::new();
+                        let set = claim_set(m, &mut b, a.token, a.lease);
+                        let key = b.value(&row);
+                        let cond = claimable(m, &mut b);
+                        let sql =
+                            format!("UPDATE {t} SET {set} WHERE {id} = {key} AND {cond}{filter}");
+                        if b.query(sql)?.execute(&self.pool).await?.rows_affected() == 1 {
+                            won.push(row);
+                        }
+                    }
+                    if won.is_empty() {
+                        vec![]
+                    } else {
+                        let list = IdList::new(m.id_kind, &won)?;
+                        let mut b = B::new();
+                        let sql = rows_sql(m, &mut b, &list);
+                        parse_rows(b.scalar(sql)?.fetch_all(&self.pool).await?)?
+                    }
+                };
+                Ok(Claimed {
+                    lost_race: rows.is_empty(),
+                    rows,
+                    held: None,
+                })
+            }
+            // Candidates are rows without a live lease; inserting the lease key is the claim (an
+            // expired lease is taken over in the same statement), then the rows are marked, all in
+            // one transaction.
+            Strategy::LeaseTable => {
+                let st = &m.status;
+                let (ready, claimed) = (b.value(&m.ready), b.value(&m.claimed));
+                let source = b.bind(m.table_display.clone());
+                let limit = b.bind(batch);
+                let sql = format!(
+                    "SELECT {} FROM {t} AS t WHERE ({st} = {ready} OR {st} = {claimed}){filter} \
+                     AND NOT EXISTS (SELECT 1 FROM rowclaim_leases l WHERE l.source = {source} \
+                     AND l.row_id = CAST(t.{id} AS CHAR) AND l.lease_until >= UTC_TIMESTAMP(6)) \
+                     ORDER BY {order} LIMIT {limit}",
+                    id_text(m)
+                );
+                let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+                if found.is_empty() {
+                    return Ok(nothing());
+                }
+                // On a duplicate key the assignments run left to right, so the second one sees
+                // the token the first one wrote: an expired lease changes hands, a live one stays.
+                // (`VALUES(col)` is deprecated from MySQL 8.0.20 in favour of a row alias, which
+                // MariaDB lacks; both still accept it.)
+                let mut b = B::new();
+                let mut values = Vec::with_capacity(found.len());
+                for key in &found {
+                    let source = b.bind(m.table_display.clone());
+                    let key = b.bind(key.clone());
+                    let token = b.bind(a.token.to_owned());
+                    let until = lease_until(&mut b, a.lease);
+                    values.push(format!("({source}, {key}, {token}, {until})"));
+                }
+                let sql = format!(
+                    "INSERT INTO rowclaim_leases (source, row_id, token, lease_until) VALUES {} \
+                     ON DUPLICATE KEY UPDATE \
+                     token = IF(lease_until < UTC_TIMESTAMP(6), VALUES(token), token), \
+                     lease_until = IF(token = VALUES(token), VALUES(lease_until), lease_until)",
+                    values.join(", ")
+                );
+                let mut tx = self.begin().await?;
+                b.query(sql)?.execute(&mut *tx).await?;
+                let mut b = B::new();
+                let source = b.bind(m.table_display.clone());
+                let token = b.bind(a.token.to_owned());
+                let sql = format!(
+                    "SELECT row_id FROM rowclaim_leases WHERE source = {source} AND token = {token}"
+                );
+                let won: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
+                if won.is_empty() {
+                    tx.rollback().await?;
+                    return Ok(Claimed {
+                        rows: vec![],
+                        held: None,
+                        lost_race: true,
+                    });
+                }
+                let list = id_list(m, &won)?;
+                // A lease won for a row that was finished meanwhile stays until it expires; it
+                // blocks nothing, since only ready and claimed rows are candidates.
+                let mut b = B::new();
+                let set = claim_set(m, &mut b, a.token, a.lease);
+                let which = in_ids(&mut b, id, &list);
+                let (ready, claimed) = (b.value(&m.ready), b.value(&m.claimed));
+                let sql = format!(
+                    "UPDATE {t} SET {set} WHERE {which} AND ({st} = {ready} OR {st} = {claimed})"
+                );
+                b.query(sql)?.execute(&mut *tx).await?;
+                let mut b = B::new();
+                let sql = rows_sql(m, &mut b, &list);
+                let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
+                tx.commit().await?;
+                Ok(Claimed {
+                    lost_race: rows.is_empty(),
+                    rows,
+                    held: None,
+                })
+            }
+            // Lock the rows in a transaction that stays open; the session's idle timeout
+            // (`wait_timeout`, whole seconds) is the lease: past it the server closes the
+            // connection, the transaction rolls back and the rows are free again.
+            Strategy::Transaction => {
+                let ready = b.value(&m.ready);
+                let limit = b.bind(batch);
+                let sql = format!(
+                    "SELECT {} FROM {t} AS t WHERE {} = {ready}{filter} \
+                     ORDER BY {order} LIMIT {limit} FOR UPDATE SKIP LOCKED",
+                    row_json(m),
+                    m.status
+                );
+                let mut tx = self.begin().await?;
+                let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
+                if rows.is_empty() {
+                    tx.rollback().await?;
+                    return Ok(nothing());
+                }
+                // The lease starts now. `@rowclaim_open` counts the rows still to settle, so that
+                // the last settle gives the pooled connection its usual timeout back.
+                sqlx::query("SET SESSION wait_timeout = ?, @rowclaim_open = ?")
+                    .bind(lease_secs(a.lease))
+                    .bind(rows.len() as i64)
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(Claimed {
+                    rows,
+                    held: Some(Held::MySql(tx)),
+                    lost_race: false,
+                })
+            }
+            Strategy::Auto => Err(Error::InvalidInput("strategy auto was not resolved".into())),
+        }
     }
+
     async fn settle(
         &self,
-        _m: &Mapping,
-        _s: Strategy,
-        _t: &str,
-        _g: Target<'_>,
-        _o: Outcome,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        target: Target<'_>,
+        outcome: Outcome,
     ) -> Result<u64> {
-        Err(no())
+        let t = &m.table;
+        if strategy != Strategy::LeaseTable {
+            let mut b = B::new();
+            let set = outcome_set(m, &mut b, outcome);
+            let cond = held_by(m, &mut b, token, &target)?;
+            let sql = format!("UPDATE {t} SET {set} WHERE {cond}");
+            return self.change_all_or_nothing(sql, b, &target).await;
+        }
+        // Lock and delete the token's leases, then settle their rows. (MariaDB could do the first
+        // two in one `DELETE … RETURNING`; MySQL 8 cannot, so both servers take two statements.)
+        let mut tx = self.begin().await?;
+        let mut b = B::new();
+        let mine = leases_of(m, &mut b, token, &target);
+        let sql = format!("SELECT row_id FROM rowclaim_leases WHERE {mine} FOR UPDATE");
+        let gone: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
+        if gone.is_empty() {
+            tx.rollback().await?;
+            return Ok(0);
+        }
+        let mut b = B::new();
+        let mine = leases_of(m, &mut b, token, &target);
+        b.query(format!("DELETE FROM rowclaim_leases WHERE {mine}"))?
+            .execute(&mut *tx)
+            .await?;
+        let list = id_list(m, &gone)?;
+        let mut b = B::new();
+        let set = outcome_set(m, &mut b, outcome);
+        let which = in_ids(&mut b, &m.id, &list);
+        let claimed = b.value(&m.claimed);
+        let sql = format!(
+            "UPDATE {t} SET {set} WHERE {which} AND {} = {claimed}",
+            m.status
+        );
+        let changed = b.query(sql)?.execute(&mut *tx).await?.rows_affected();
+        match target {
+            Target::Ids(_, n) if changed != n as u64 => tx.rollback().await?,
+            _ => tx.commit().await?,
+        }
+        Ok(changed)
     }
+
     async fn extend(
         &self,
-        _m: &Mapping,
-        _s: Strategy,
-        _t: &str,
-        _g: Target<'_>,
-        _l: Duration,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        target: Target<'_>,
+        lease: Duration,
     ) -> Result<u64> {
-        Err(no())
+        let mut b = B::new();
+        let sql = if strategy == Strategy::LeaseTable {
+            let until = lease_until(&mut b, lease);
+            let mine = leases_of(m, &mut b, token, &target);
+            format!("UPDATE rowclaim_leases SET lease_until = {until} WHERE {mine}")
+        } else {
+            let Some(le) = &m.lease else {
+                return Err(Error::Unsupported(format!(
+                    "{} has no lease column mapped, so its claims cannot be extended",
+                    m.table_display
+                )));
+            };
+            let until = lease_until(&mut b, lease);
+            let cond = held_by(m, &mut b, token, &target)?;
+            format!("UPDATE {} SET {le} = {until} WHERE {cond}", m.table)
+        };
+        self.change_all_or_nothing(sql, b, &target).await
     }
+
     async fn still_held(
         &self,
-        _m: &Mapping,
-        _s: Strategy,
-        _t: &str,
-        _i: &IdList,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        list: &IdList,
     ) -> Result<Vec<RowId>> {
-        Err(no())
+        let mut b = B::new();
+        let target = Target::Ids(list, 0);
+        let sql = if strategy == Strategy::LeaseTable {
+            let mine = leases_of(m, &mut b, token, &target);
+            format!("SELECT row_id FROM rowclaim_leases WHERE {mine}")
+        } else {
+            let cond = held_by(m, &mut b, token, &target)?;
+            format!("SELECT {} FROM {} AS t WHERE {cond}", id_text(m), m.table)
+        };
+        let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+        parse_ids(m, &found)
     }
+
     async fn held_settle(
         &self,
-        _h: &mut Held,
-        _m: &Mapping,
-        _i: &IdList,
-        _o: Outcome,
+        held: &mut Held,
+        m: &Mapping,
+        list: &IdList,
+        outcome: Outcome,
     ) -> Result<()> {
-        Err(no())
+        let Held::MySql(tx) = held else {
+            return Err(other_database());
+        };
+        if outcome != Outcome::Ready {
+            // A released row is still ready in the table; its lock goes at commit.
+            let mut b = B::new();
+            let st = b.value(outcome.status(m));
+            let which = in_ids(&mut b, &m.id, list);
+            let sql = format!("UPDATE {} SET {} = {st} WHERE {which}", m.table, m.status);
+            b.query(sql)?.execute(&mut **tx).await?;
+        }
+        // After the last row the facade commits and the connection goes back to the pool: give
+        // it the server's idle timeout again. Both expressions read the variables' old values
+        // (whichever order the server evaluates them in), so this is one round trip.
+        let n = match list {
+            IdList::Int(v) => v.len(),
+            IdList::Text(v) => v.len(),
+        } as i64;
+        sqlx::query(
+            "SET SESSION wait_timeout = IF(@rowclaim_open <= ?, @@GLOBAL.wait_timeout, \
+             @@SESSION.wait_timeout), @rowclaim_open = @rowclaim_open - ?",
+        )
+        .bind(n)
+        .bind(n)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
     }
-    async fn held_extend(&self, _h: &mut Held, _l: Duration) -> Result<()> {
-        Err(no())
+
+    async fn held_extend(&self, held: &mut Held, lease: Duration) -> Result<()> {
+        let Held::MySql(tx) = held else {
+            return Err(other_database());
+        };
+        sqlx::query("SET SESSION wait_timeout = ?")
+            .bind(lease_secs(lease))
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
     }
+
     async fn lock_rows(
         &self,
-        _m: &Mapping,
-        _i: Option<&IdList>,
-        _l: Option<u32>,
-        _mo: LockMode,
-        _w: LockWait,
+        m: &Mapping,
+        list: Option<&IdList>,
+        limit: Option<u32>,
+        mode: LockMode,
+        wait: LockWait,
     ) -> Result<(Held, Vec<serde_json::Value>)> {
-        Err(no())
+        let kind = self.server().await?.kind;
+        let mut b = B::new();
+        let which = match list {
+            Some(l) => in_ids(&mut b, &format!("t.{}", m.id), l),
+            None => "TRUE".to_owned(),
+        };
+        let limit = limit
+            .map(|n| format!(" LIMIT {}", b.bind(i64::from(n))))
+            .unwrap_or_default();
+        let lock = match (mode, kind) {
+            (LockMode::Update, _) => "FOR UPDATE",
+            // MariaDB has no FOR SHARE; MySQL 8 has both and takes NOWAIT / SKIP LOCKED after
+            // either, MariaDB after LOCK IN SHARE MODE.
+            (LockMode::Share, ServerKind::MariaDb) => "LOCK IN SHARE MODE",
+            (LockMode::Share, _) => "FOR SHARE",
+        };
+        let wait = match wait {
+            LockWait::Wait => "",
+            LockWait::NoWait => " NOWAIT",
+            LockWait::SkipLocked => " SKIP LOCKED",
+        };
+        let sql = format!(
+            "SELECT {} FROM {} AS t WHERE {which}{} ORDER BY {}{limit} {lock}{wait}",
+            row_json(m),
+            m.table,
+            m.filter,
+            m.order_by
+        );
+        let mut tx = self.begin().await?;
+        let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
+        Ok((Held::MySql(tx), rows))
     }
-    async fn counter_next(&self, _n: &str) -> Result<i64> {
-        Err(no())
+
+    async fn counter_next(&self, name: &str) -> Result<i64> {
+        // `LAST_INSERT_ID(expr)` makes the statement report the new value as its insert id, for
+        // a new counter and an existing one alike: no second round trip to read it.
+        let next = || {
+            sqlx::query(
+                "INSERT INTO rowclaim_counters (name, value) VALUES (?, LAST_INSERT_ID(1)) \
+                 ON DUPLICATE KEY UPDATE value = LAST_INSERT_ID(value + 1)",
+            )
+            .bind(name.to_owned())
+        };
+        let done = match next().execute(&self.pool).await {
+            Err(e) if error_number(&e) == Some(NO_SUCH_TABLE) => {
+                if let Err(e) = sqlx::query(CREATE_COUNTERS).execute(&self.pool).await {
+                    tracing::debug!(error = %e, "creating rowclaim_counters raced");
+                }
+                next().execute(&self.pool).await?
+            }
+            other => other?,
+        };
+        i64::try_from(done.last_insert_id())
+            .map_err(|_| Error::InvalidInput(format!("counter {name} is out of range")))
     }
-    async fn stats(&self, _m: &Mapping, _s: Strategy) -> Result<Stats> {
-        Err(no())
+
+    async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<Stats> {
+        let (t, st, filter) = (&m.table, &m.status, &m.filter);
+        let mut stats = Stats::default();
+        let sql = format!(
+            "SELECT CAST({st} AS CHAR), COUNT(*) FROM {t} WHERE TRUE{filter} GROUP BY {st}"
+        );
+        for r in sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await?
+        {
+            let status: Option<String> = r.try_get(0)?;
+            let n: i64 = r.try_get(1)?;
+            stats
+                .by_status
+                .insert(status.unwrap_or_else(|| "(null)".into()), n as u64);
+        }
+        let mut b = B::new();
+        let owners = if strategy == Strategy::LeaseTable {
+            let s = b.bind(m.table_display.clone());
+            format!(
+                "SELECT CAST(token AS CHAR), COUNT(*) FROM rowclaim_leases \
+                 WHERE source = {s} AND lease_until >= UTC_TIMESTAMP(6) GROUP BY token"
+            )
+        } else {
+            let c = b.value(&m.claimed);
+            let owner = m.owner.as_deref().unwrap_or("NULL");
+            format!(
+                "SELECT CAST({owner} AS CHAR), COUNT(*) FROM {t} WHERE {st} = {c}{filter} \
+                 GROUP BY 1"
+            )
+        };
+        for r in b.query(owners)?.fetch_all(&self.pool).await? {
+            let owner: Option<String> = r.try_get(0)?;
+            let n: i64 = r.try_get(1)?;
+            stats
+                .claimed_by_owner
+                .insert(owner.unwrap_or_else(|| "(no owner)".into()), n as u64);
+        }
+        let mut b = B::new();
+        let expired = if strategy == Strategy::LeaseTable {
+            let s = b.bind(m.table_display.clone());
+            Some(format!(
+                "SELECT COUNT(*) FROM rowclaim_leases \
+                 WHERE source = {s} AND lease_until < UTC_TIMESTAMP(6)"
+            ))
+        } else {
+            m.lease.as_ref().map(|le| {
+                let c = b.value(&m.claimed);
+                format!(
+                    "SELECT COUNT(*) FROM {t} WHERE {st} = {c} AND {le} < UTC_TIMESTAMP(6){filter}"
+                )
+            })
+        };
+        if let Some(sql) = expired {
+            let n: i64 = b.scalar(sql)?.fetch_one(&self.pool).await?;
+            stats.expired_leases = n as u64;
+        }
+        Ok(stats)
     }
 }

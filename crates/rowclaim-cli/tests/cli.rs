@@ -1,0 +1,417 @@
+//! The `rowclaim` binary on real databases: several `work` processes on a table the user made,
+//! a worker SIGKILLed mid-run whose rows are finished by a later worker, graceful shutdown,
+//! the claim/complete round trip and its exit codes.
+
+#[path = "../../rowclaim/tests/common/mod.rs"]
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{with_db, Backend, TestDb};
+
+const BIN: &str = env!("CARGO_BIN_EXE_rowclaim");
+
+/// The source flags for the `jobs` table of the test harness.
+const FULL: [&str; 8] = [
+    "--table",
+    "jobs",
+    "--owner-column",
+    "owner",
+    "--lease-column",
+    "lease_until",
+    "--attempts-column",
+    "attempts",
+];
+
+fn rowclaim(t: &TestDb, args: &[&str]) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(BIN);
+    c.arg("--database").arg(&t.url).args(args);
+    c.env_remove("DATABASE_URL")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    c
+}
+
+async fn output(t: &TestDb, args: &[&str]) -> Output {
+    rowclaim(t, args).output().await.expect("run rowclaim")
+}
+
+/// How often each id appears in a log of `$ROWCLAIM_ID` lines.
+fn id_counts(log: &Path) -> HashMap<String, usize> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut counts = HashMap::new();
+    for id in text.lines() {
+        *counts.entry(id.to_owned()).or_default() += 1;
+    }
+    counts
+}
+
+/// A table the user created, four `rowclaim work` processes started at once: every row is run
+/// exactly once and ends done.
+async fn several_workers(t: Arc<TestDb>) {
+    const ROWS: usize = 300;
+    t.jobs(ROWS as i64).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("ran.log");
+    let script = format!("cat >/dev/null; echo \"$ROWCLAIM_ID\" >> {}", log.display());
+    let mut workers = Vec::new();
+    for i in 0..4 {
+        let concurrency = if i % 2 == 0 { "1" } else { "3" };
+        let mut args: Vec<&str> = FULL.to_vec();
+        args.extend([
+            "--until-empty",
+            "--concurrency",
+            concurrency,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ]);
+        let mut cmd = rowclaim(&t, &["work"]);
+        cmd.args(&args).stderr(Stdio::piped());
+        workers.push(cmd.spawn().expect("start worker"));
+    }
+    for w in workers {
+        let out = w.wait_with_output().await.unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "worker failed: {err}");
+        assert!(err.contains("done"), "summary on stderr: {err}");
+    }
+    let counts = id_counts(&log);
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "rows run more than once: {twice:?}");
+    assert_eq!(counts.len(), ROWS, "every row was run");
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE status = 'done'")
+            .await,
+        ROWS as i64
+    );
+}
+
+/// A worker is SIGKILLed while its commands run; a worker started later finishes its rows once
+/// their lease has expired.
+async fn killed_worker(t: Arc<TestDb>) {
+    t.jobs(12).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (started, finished) = (
+        dir.path().join("started.log"),
+        dir.path().join("finished.log"),
+    );
+    let slow = format!("echo \"$ROWCLAIM_ID\" >> {}; sleep 30", started.display());
+    let mut args: Vec<&str> = FULL.to_vec();
+    args.extend([
+        "--lease",
+        "2s",
+        "--concurrency",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        &slow,
+    ]);
+    let mut doomed = rowclaim(&t, &["work"]);
+    doomed.args(&args).process_group(0);
+    let mut doomed = doomed.spawn().expect("start worker");
+    // Wait until it runs three rows.
+    for _ in 0..200 {
+        if id_counts(&started).len() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let held: Vec<String> = id_counts(&started).into_keys().collect();
+    assert_eq!(held.len(), 3, "the first worker started three rows");
+    // SIGKILL the worker and its commands: no cleanup happens.
+    let pgid = doomed.id().expect("pid") as i32;
+    let killed = std::process::Command::new("kill")
+        .args(["-s", "KILL", "--", &format!("-{pgid}")])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let _ = doomed.wait().await;
+    let claimed = t
+        .count("SELECT COUNT(*) FROM jobs WHERE status = 'claimed'")
+        .await;
+    assert_eq!(claimed, 3, "the dead worker's rows are still claimed");
+
+    let quick = format!(
+        "cat >/dev/null; echo \"$ROWCLAIM_ID\" >> {}",
+        finished.display()
+    );
+    let mut args: Vec<&str> = FULL.to_vec();
+    args.extend(["--until-empty", "--poll", "200ms", "--", "sh", "-c", &quick]);
+    let out = output(&t, &[&["work"], args.as_slice()].concat()).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let finished = id_counts(&finished);
+    assert_eq!(finished.len(), 12, "the later worker finished every row");
+    for id in &held {
+        assert_eq!(
+            finished.get(id),
+            Some(&1),
+            "row {id} of the killed worker was finished"
+        );
+    }
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE status = 'done'")
+            .await,
+        12
+    );
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE attempts = 2")
+            .await,
+        3,
+        "re-claims count"
+    );
+}
+
+/// SIGTERM: the running command finishes and its row is done; rows claimed but not started are
+/// given back.
+async fn graceful_shutdown(t: Arc<TestDb>) {
+    t.jobs(5).await;
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started.log");
+    let script = format!("echo \"$ROWCLAIM_ID\" >> {}; sleep 1", started.display());
+    let mut args: Vec<&str> = FULL.to_vec();
+    args.extend([
+        "--batch",
+        "5",
+        "--concurrency",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let mut cmd = rowclaim(&t, &["work"]);
+    cmd.args(&args).stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    for _ in 0..200 {
+        if !id_counts(&started).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let pid = child.id().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().await.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("1 done") && err.contains("4 released"),
+        "{err}"
+    );
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE status = 'done'")
+            .await,
+        1
+    );
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE status = 'ready' AND owner IS NULL")
+            .await,
+        4
+    );
+}
+
+/// claim prints JSON lines with a token; complete by token; stale and empty cases exit 3 and 1;
+/// a failing command marks its row failed.
+async fn claim_round_trip(t: Arc<TestDb>) {
+    t.jobs(3).await;
+    let claim = [&["claim", "--batch", "2"], FULL.as_slice()].concat();
+    let out = output(&t, &claim).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["id"], 1);
+    assert_eq!(lines[0]["row"]["payload"], "job 1");
+    let token = lines[0]["token"].as_str().unwrap().to_owned();
+    assert_eq!(lines[1]["token"], token.as_str());
+
+    let complete = [
+        &["complete", "--token", &token, "--id", "1"],
+        FULL.as_slice(),
+    ]
+    .concat();
+    let out = output(&t, &complete).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Again: the token no longer holds row 1.
+    let out = output(&t, &complete).await;
+    assert_eq!(out.status.code(), Some(3), "lease lost exit code");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lease lost"));
+
+    let release = [&["release", "--token", &token], FULL.as_slice()].concat();
+    assert!(output(&t, &release).await.status.success());
+
+    // A failing command fails its row.
+    let work = [
+        FULL.as_slice(),
+        &["--until-empty", "--", "sh", "-c", "exit 7"],
+    ]
+    .concat();
+    let out = output(&t, &[&["work"], work.as_slice()].concat()).await;
+    assert!(out.status.success());
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE status = 'failed'")
+            .await,
+        2
+    );
+
+    let out = output(&t, &claim).await;
+    assert_eq!(out.status.code(), Some(1), "nothing to claim");
+
+    let stats = [&["stats", "--json"], FULL.as_slice()].concat();
+    let out = output(&t, &stats).await;
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["by_status"]["failed"], 2);
+    assert_eq!(s["by_status"]["done"], 1);
+}
+
+/// Bad input exits 2 with a message naming the culprit, and writes nothing.
+async fn bad_input(t: Arc<TestDb>) {
+    t.jobs(2).await;
+    let out = output(&t, &["claim", "--table", "jobs; drop table jobs"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("\"jobs; drop table jobs\" is not a plain SQL identifier"));
+
+    let out = output(
+        &t,
+        &["claim", "--table", "jobs", "--lease-column", "ends_at"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no column ends_at"));
+
+    let out = output(&t, &[&["claim", "--lease", "0s"], FULL.as_slice()].concat()).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lease must be longer than zero"));
+
+    let out = output(
+        &t,
+        &["claim", "--table", "jobs", "--strategy", "skip-locked"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    if t.backend == Backend::Sqlite {
+        assert!(err.contains("SQLite has no SKIP LOCKED"), "{err}");
+    } else {
+        assert!(err.contains("owner column"), "{err}");
+    }
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE status = 'ready' AND owner IS NULL")
+            .await,
+        2
+    );
+}
+
+/// --source reads the mapping from rowclaim.toml.
+async fn config_file(t: Arc<TestDb>) {
+    t.jobs(2).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("rowclaim.toml"),
+        "[source.mail]\ntable = \"jobs\"\nowner-column = \"owner\"\nlease-column = \"lease_until\"\norder-by = \"id desc\"\n",
+    )
+    .unwrap();
+    let out = rowclaim(&t, &["claim", "--source", "mail"])
+        .current_dir(dir.path())
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(row["id"], 2, "order-by from the file");
+    let out = rowclaim(&t, &["claim", "--source", "nope"])
+        .current_dir(dir.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("[source.nope]"));
+}
+
+macro_rules! cli_cases {
+    ($backend:expr) => {
+        use super::*;
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn several_work_processes_never_run_a_row_twice() {
+            with_db($backend, several_workers).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn sigkilled_worker_rows_are_finished_by_a_later_worker() {
+            with_db($backend, killed_worker).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn sigterm_finishes_running_and_releases_waiting_rows() {
+            with_db($backend, graceful_shutdown).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn claim_complete_round_trip_and_exit_codes() {
+            with_db($backend, claim_round_trip).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn bad_input_exits_2_and_names_it() {
+            with_db($backend, bad_input).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn source_from_config_file() {
+            with_db($backend, config_file).await
+        }
+    };
+}
+
+mod postgres {
+    cli_cases!(Backend::Postgres);
+}
+mod mysql {
+    cli_cases!(Backend::MySql);
+}
+mod sqlite {
+    cli_cases!(Backend::Sqlite);
+}
+
+#[test]
+fn demo_drains_a_table_exactly_once() {
+    let out = std::process::Command::new(BIN)
+        .args(["demo", "--rows", "500", "--workers", "3"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("0 processed twice, 0 left over, 500 done"),
+        "{text}"
+    );
+    assert_eq!(text.matches("worker ").count(), 3, "{text}");
+}
