@@ -247,7 +247,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             let claimer = claimer(url, &a.source, 2).await?;
             let claim = claimer.claim(a.batch, a.lease).await?;
             if claim.is_empty() {
-                eprintln!("rowclaim: nothing to claim in {}", claimer.table());
+                eprintln!("rowclaim: nothing to claim in {}", claimer.table_name());
                 return Ok(exit::NOTHING_CLAIMED);
             }
             let mut out = std::io::stdout().lock();
@@ -295,7 +295,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             println!(
                 "{} on {} (strategy {})",
-                claimer.table(),
+                claimer.table_name(),
                 claimer.server().description,
                 claimer.strategy()
             );
@@ -327,7 +327,7 @@ async fn claimer(url: &str, source: &SourceArgs, connections: u32) -> anyhow::Re
         tracing::info!(
             "strategy auto chose {} for {} on {}",
             claimer.strategy(),
-            claimer.table(),
+            claimer.table_name(),
             claimer.server().description
         );
     }

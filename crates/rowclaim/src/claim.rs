@@ -167,7 +167,7 @@ impl Claimer {
     }
 
     /// The source's table, as it was named.
-    pub fn table(&self) -> &str {
+    pub fn table_name(&self) -> &str {
         &self.inner.m.table_display
     }
 
@@ -225,7 +225,7 @@ impl Claimer {
             .map(|data| {
                 let id = data
                     .get(&m.id_name)
-                    .and_then(|v| m.id_kind.from_json(v))
+                    .and_then(|v| m.id_kind.id_from_json(v))
                     .ok_or_else(|| {
                         Error::InvalidInput(format!(
                             "claimed row has no usable {} in {data}",

@@ -64,7 +64,7 @@ impl Kind {
     }
 
     /// Reads an id out of a row's JSON form.
-    pub(crate) fn from_json(self, v: &serde_json::Value) -> Option<RowId> {
+    pub(crate) fn id_from_json(self, v: &serde_json::Value) -> Option<RowId> {
         match (self, v) {
             (Kind::Int, serde_json::Value::Number(n)) => n.as_i64().map(RowId::Int),
             (Kind::Int, serde_json::Value::String(s)) => s.parse().ok().map(RowId::Int),

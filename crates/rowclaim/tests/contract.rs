@@ -123,7 +123,7 @@ async fn expired_lease(t: Arc<TestDb>, strategy: Strategy) {
         "late complete: {err}"
     );
     if strategy != Strategy::Transaction {
-        let err = a.complete(first.token(), &[id.clone()]).await.unwrap_err();
+        let err = a.complete(first.token(), std::slice::from_ref(&id)).await.unwrap_err();
         match err {
             Error::LeaseLost { ids, .. } => assert_eq!(ids, vec![id.clone()]),
             other => panic!("expected LeaseLost, got {other}"),

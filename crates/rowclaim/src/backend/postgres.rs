@@ -572,23 +572,16 @@ impl Driver for Pg {
                 .insert(status.unwrap_or_else(|| "(null)".into()), n as u64);
         }
         let mut b = B::new();
-        let (owners, expired) = if strategy == Strategy::LeaseTable {
+        let owners = if strategy == Strategy::LeaseTable {
             let s = b.bind(m.table_display.clone());
-            (
-                format!("SELECT token, count(*) FROM rowclaim_leases WHERE source = {s} AND lease_until >= now() GROUP BY 1"),
-                Some(format!("SELECT count(*) FROM rowclaim_leases WHERE source = $1 AND lease_until < now()")),
+            format!(
+                "SELECT token, count(*) FROM rowclaim_leases WHERE source = {s} \
+                 AND lease_until >= now() GROUP BY 1"
             )
         } else {
-            let c = b.value(&m.claimed);
             let owner = m.owner.as_deref().unwrap_or("NULL");
-            (
-                format!(
-                    "SELECT {owner}::text, count(*) FROM {t} WHERE {st} = {c}{filter} GROUP BY 1"
-                ),
-                m.lease.as_ref().map(|le| {
-                    format!("SELECT count(*) FROM {t} WHERE {st} = $1 AND {le} < now(){filter}")
-                }),
-            )
+            let c = b.value(&m.claimed);
+            format!("SELECT {owner}::text, count(*) FROM {t} WHERE {st} = {c}{filter} GROUP BY 1")
         };
         for r in b.query(owners)?.fetch_all(&self.pool).await? {
             let owner: Option<String> = r.try_get(0)?;
@@ -597,13 +590,19 @@ impl Driver for Pg {
                 .claimed_by_owner
                 .insert(owner.unwrap_or_else(|| "(no owner)".into()), n as u64);
         }
+        let mut b = B::new();
+        let expired = if strategy == Strategy::LeaseTable {
+            let s = b.bind(m.table_display.clone());
+            Some(format!(
+                "SELECT count(*) FROM rowclaim_leases WHERE source = {s} AND lease_until < now()"
+            ))
+        } else {
+            m.lease.as_ref().map(|le| {
+                let c = b.value(&m.claimed);
+                format!("SELECT count(*) FROM {t} WHERE {st} = {c} AND {le} < now(){filter}")
+            })
+        };
         if let Some(sql) = expired {
-            let mut b = B::new();
-            if strategy == Strategy::LeaseTable {
-                b.bind(m.table_display.clone());
-            } else {
-                b.value(&m.claimed);
-            }
             let n: i64 = b.scalar(sql)?.fetch_one(&self.pool).await?;
             stats.expired_leases = n as u64;
         }
