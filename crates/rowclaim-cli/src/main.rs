@@ -180,6 +180,7 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
@@ -229,6 +230,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Demo(args) => demo::run(args).await,
         Command::Work(a) => {
             let claimer = claimer(url, &a.source, a.concurrency as u32 + 1).await?;
+            say_strategy(&claimer, a.source.strategy);
             let opts = work::WorkOptions {
                 batch: a.batch.unwrap_or(a.concurrency.max(1) as u32),
                 lease: a.lease,
@@ -245,6 +247,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Claim(a) => {
             let claimer = claimer(url, &a.source, 2).await?;
+            say_strategy(&claimer, a.source.strategy);
             let claim = claimer.claim(a.batch, a.lease).await?;
             if claim.is_empty() {
                 eprintln!("rowclaim: nothing to claim in {}", claimer.table_name());
@@ -315,7 +318,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     }
 }
 
-/// Connects, checks the source against the live table, and says which strategy `auto` chose.
+/// Connects and checks the source against the live table.
 async fn claimer(url: &str, source: &SourceArgs, connections: u32) -> anyhow::Result<Claimer> {
     let opts = rowclaim::ConnectOptions::default().max_connections(connections.max(2));
     let db = Db::connect_with(url, opts).await.with_context(|| {
@@ -323,15 +326,19 @@ async fn claimer(url: &str, source: &SourceArgs, connections: u32) -> anyhow::Re
         format!("connecting to the {scheme} database")
     })?;
     let claimer = db.claimer(source.to_source()?, source.strategy).await?;
-    if source.strategy == rowclaim::Strategy::Auto {
-        tracing::info!(
-            "strategy auto chose {} for {} on {}",
+    Ok(claimer)
+}
+
+/// Says on stderr which strategy `auto` chose, for the commands that claim.
+fn say_strategy(claimer: &Claimer, asked: rowclaim::Strategy) {
+    if asked == rowclaim::Strategy::Auto {
+        eprintln!(
+            "rowclaim: strategy auto chose {} for {} on {}",
             claimer.strategy(),
             claimer.table_name(),
             claimer.server().description
         );
     }
-    Ok(claimer)
 }
 
 async fn settle<F, Fut>(url: &str, a: &TokenArgs, verb: &str, op: F) -> anyhow::Result<i32>

@@ -123,7 +123,10 @@ async fn expired_lease(t: Arc<TestDb>, strategy: Strategy) {
         "late complete: {err}"
     );
     if strategy != Strategy::Transaction {
-        let err = a.complete(first.token(), std::slice::from_ref(&id)).await.unwrap_err();
+        let err = a
+            .complete(first.token(), std::slice::from_ref(&id))
+            .await
+            .unwrap_err();
         match err {
             Error::LeaseLost { ids, .. } => assert_eq!(ids, vec![id.clone()]),
             other => panic!("expected LeaseLost, got {other}"),
@@ -220,6 +223,59 @@ async fn order(t: Arc<TestDb>, strategy: Strategy) {
         .collect();
     want.sort();
     assert_eq!(got, want);
+}
+
+/// Extending a lease keeps the rows past the original lease; by token too.
+async fn extend(t: Arc<TestDb>, strategy: Strategy) {
+    t.jobs(4).await;
+    let (db_a, db_b) = (t.db().await, t.db().await);
+    let a = db_a.claimer(full_source(), strategy).await.unwrap();
+    let b = db_b.claimer(full_source(), strategy).await.unwrap();
+    let claim = a.claim(2, Duration::from_secs(1)).await.unwrap();
+    claim.extend(Duration::from_secs(30)).await.unwrap();
+    if strategy != Strategy::Transaction {
+        let n = a
+            .extend(claim.token(), &[], Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert_eq!(n, 2, "extend by token covers the claim's rows");
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    if !(t.backend == Backend::Sqlite && strategy == Strategy::Transaction) {
+        // Past the first lease, the rows are still held: another claimer gets the other two.
+        let other = b.claim(4, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(other.len(), 2, "extended rows are not re-claimed");
+        for r in other.rows() {
+            assert!(!claim.rows().iter().any(|c| c.id == r.id));
+            other.complete(&r.id).await.unwrap();
+        }
+    }
+    for r in claim.rows() {
+        claim.complete(&r.id).await.unwrap();
+    }
+}
+
+/// Naming rows the token does not all hold changes none of them.
+async fn all_or_nothing(t: Arc<TestDb>, strategy: Strategy) {
+    t.jobs(4).await;
+    let db = t.db().await;
+    let c = db.claimer(full_source(), strategy).await.unwrap();
+    let claim = c.claim(2, Duration::from_secs(30)).await.unwrap();
+    let held = claim.rows()[0].id.clone();
+    let err = c
+        .complete(claim.token(), &[held.clone(), RowId::Int(4)])
+        .await
+        .unwrap_err();
+    match err {
+        Error::LeaseLost { ids, .. } => assert_eq!(ids, vec![RowId::Int(4)]),
+        other => panic!("expected LeaseLost naming row 4, got {other}"),
+    }
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE status = 'done'")
+            .await,
+        0
+    );
+    assert_eq!(c.complete(claim.token(), &[held]).await.unwrap(), 1);
 }
 
 /// Claimed rows carry their columns as JSON.
@@ -550,6 +606,19 @@ macro_rules! strategy_cases {
         async fn rows_come_as_json() {
             with_db($backend, |t| row_data(t, $strategy)).await
         }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn extend_keeps_rows_past_the_lease() {
+            with_db($backend, |t| extend(t, $strategy)).await
+        }
+    };
+}
+
+macro_rules! token_cases {
+    ($backend:expr, $strategy:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn complete_of_partly_held_rows_changes_nothing() {
+            with_db($backend, |t| all_or_nothing(t, $strategy)).await
+        }
     };
 }
 
@@ -603,15 +672,19 @@ mod postgres {
     }
     mod skip_locked {
         strategy_cases!(super::B, Strategy::SkipLocked);
+        token_cases!(super::B, Strategy::SkipLocked);
     }
     mod token {
         strategy_cases!(super::B, Strategy::Token);
+        token_cases!(super::B, Strategy::Token);
     }
     mod optimistic {
         strategy_cases!(super::B, Strategy::Optimistic);
+        token_cases!(super::B, Strategy::Optimistic);
     }
     mod lease_table {
         strategy_cases!(super::B, Strategy::LeaseTable);
+        token_cases!(super::B, Strategy::LeaseTable);
     }
     mod transaction {
         strategy_cases!(super::B, Strategy::Transaction);
@@ -626,15 +699,19 @@ mod mysql {
     }
     mod skip_locked {
         strategy_cases!(super::B, Strategy::SkipLocked);
+        token_cases!(super::B, Strategy::SkipLocked);
     }
     mod token {
         strategy_cases!(super::B, Strategy::Token);
+        token_cases!(super::B, Strategy::Token);
     }
     mod optimistic {
         strategy_cases!(super::B, Strategy::Optimistic);
+        token_cases!(super::B, Strategy::Optimistic);
     }
     mod lease_table {
         strategy_cases!(super::B, Strategy::LeaseTable);
+        token_cases!(super::B, Strategy::LeaseTable);
     }
     mod transaction {
         strategy_cases!(super::B, Strategy::Transaction);
@@ -649,12 +726,15 @@ mod sqlite {
     }
     mod token {
         strategy_cases!(super::B, Strategy::Token);
+        token_cases!(super::B, Strategy::Token);
     }
     mod optimistic {
         strategy_cases!(super::B, Strategy::Optimistic);
+        token_cases!(super::B, Strategy::Optimistic);
     }
     mod lease_table {
         strategy_cases!(super::B, Strategy::LeaseTable);
+        token_cases!(super::B, Strategy::LeaseTable);
     }
     mod transaction {
         strategy_cases!(super::B, Strategy::Transaction);

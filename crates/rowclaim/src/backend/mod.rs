@@ -80,7 +80,9 @@ pub(crate) enum ServerKind {
 
 impl ServerInfo {
     pub(crate) fn new(kind: ServerKind, version_text: &str) -> ServerInfo {
-        let mut nums = version_text
+        // "15.4 (Debian 15.4-1)", "10.11.6-MariaDB-0+deb12u1", "8.0.36": the first word counts.
+        let first = version_text.split_whitespace().next().unwrap_or_default();
+        let mut nums = first
             .split(|c: char| !c.is_ascii_digit())
             .filter(|s| !s.is_empty())
             .map(|s| s.parse().unwrap_or(0));
@@ -125,6 +127,34 @@ impl ServerInfo {
                 self.description
             ))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_and_skip_locked() {
+        let pg = ServerInfo::new(ServerKind::Postgres, "15.20 (Debian 15.20-0+deb12u1)");
+        assert_eq!(pg.description, "PostgreSQL 15.20.0");
+        assert!(pg.skip_locked().is_ok());
+        let old = ServerInfo::new(ServerKind::MariaDb, "10.5.23-MariaDB-0+deb11u1");
+        let why = old.skip_locked().unwrap_err();
+        assert!(why.contains("MariaDB 10.6.0 or later"), "{why}");
+        assert!(why.contains("10.5.23"), "{why}");
+        assert!(ServerInfo::new(ServerKind::MariaDb, "10.11.6-MariaDB")
+            .skip_locked()
+            .is_ok());
+        assert!(ServerInfo::new(ServerKind::MySql, "8.0.0")
+            .skip_locked()
+            .is_err());
+        assert!(ServerInfo::new(ServerKind::MySql, "8.0.36")
+            .skip_locked()
+            .is_ok());
+        assert!(ServerInfo::new(ServerKind::Sqlite, "3.51.3")
+            .skip_locked()
+            .is_err());
     }
 }
 
