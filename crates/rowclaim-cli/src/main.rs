@@ -246,6 +246,11 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(exit::OK)
         }
         Command::Claim(a) => {
+            if a.source.strategy == rowclaim::Strategy::Transaction {
+                let why = "the transaction strategy holds rows only while the claiming process \
+                           runs, and claim exits at once; use it with `rowclaim work`";
+                return Err(BadInput(why.into()).into());
+            }
             let claimer = claimer(url, &a.source, 2).await?;
             say_strategy(&claimer, a.source.strategy);
             let claim = claimer.claim(a.batch, a.lease).await?;

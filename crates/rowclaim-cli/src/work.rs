@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Context};
 use rowclaim::{Claim, ClaimedRow, Claimer, Error};
 use tokio::io::AsyncWriteExt;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, Notify, Semaphore};
 use tokio::task::JoinSet;
 
 pub struct WorkOptions {
@@ -127,11 +127,14 @@ pub async fn run(
             }
             continue;
         }
-        let claim = Arc::new(claim);
-        tasks.spawn(heartbeat(claim.clone(), shared.clone()));
-        for row in claim.rows() {
+        let run = Arc::new(Running {
+            claim,
+            settled: Notify::new(),
+        });
+        tasks.spawn(heartbeat(run.clone(), shared.clone()));
+        for row in run.claim.rows() {
             shared.in_flight.fetch_add(1, Ordering::SeqCst);
-            tasks.spawn(process(claim.clone(), row.clone(), shared.clone()));
+            tasks.spawn(process(run.clone(), row.clone(), shared.clone()));
         }
     }
     while tasks.join_next().await.is_some() {}
@@ -141,27 +144,39 @@ pub async fn run(
     Ok(shared.tally.clone())
 }
 
-/// Extends the claim's lease every third of it while any of its rows is unsettled.
-async fn heartbeat(claim: Arc<Claim>, shared: Arc<Shared>) {
-    let every = shared.opts.lease / 3;
+/// One claim being worked on: its rows, and a signal for its heartbeat once all are settled.
+struct Running {
+    claim: Claim,
+    settled: Notify,
+}
+
+/// Extends the claim's lease every third of it while any of its rows is unsettled. A failed
+/// extension is tried again at the next beat; only a lost lease ends it.
+async fn heartbeat(run: Arc<Running>, shared: Arc<Shared>) {
+    let every = (shared.opts.lease / 3).max(Duration::from_millis(100));
     loop {
-        tokio::time::sleep(every).await;
-        if claim.open_rows().is_empty() {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = run.settled.notified() => return,
+        }
+        if run.claim.open_rows().is_empty() {
             return;
         }
-        if let Err(e) = claim.extend(shared.opts.lease).await {
-            if !matches!(e, Error::LeaseLost { .. }) {
-                tracing::warn!("extending the lease of claim {}: {e}", claim.token());
-            }
-            return;
+        match run.claim.extend(shared.opts.lease).await {
+            Ok(()) => {}
+            Err(Error::LeaseLost { .. }) => return,
+            Err(e) => tracing::warn!("extending the lease of claim {}: {e}", run.claim.token()),
         }
     }
 }
 
 /// Waits for a slot, runs the command for one row, and settles the row by its exit status.
-async fn process(claim: Arc<Claim>, row: ClaimedRow, shared: Arc<Shared>) {
-    settle_row(&claim, &row, &shared).await;
+async fn process(run: Arc<Running>, row: ClaimedRow, shared: Arc<Shared>) {
+    settle_row(&run.claim, &row, &shared).await;
     shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+    if run.claim.open_rows().is_empty() {
+        run.settled.notify_one();
+    }
 }
 
 async fn settle_row(claim: &Claim, row: &ClaimedRow, shared: &Shared) {

@@ -123,18 +123,19 @@ struct Inner {
 }
 
 /// A fenced change to rows a token holds.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Change {
     Settle(Outcome),
     Extend(Duration),
 }
 
 impl Change {
-    fn verb(self) -> &'static str {
+    fn verb(&self) -> &'static str {
         match self {
             Change::Settle(Outcome::Done) => "complete",
-            Change::Settle(Outcome::Failed) => "fail",
+            Change::Settle(Outcome::Failed(_)) => "fail",
             Change::Settle(Outcome::Ready) => "release",
+            Change::Settle(Outcome::Retry { .. }) => "retry",
             Change::Extend(_) => "extend",
         }
     }
@@ -246,7 +247,7 @@ impl Claimer {
 
     /// Marks rows `token` holds as failed. See [`Claimer::complete`].
     pub async fn fail(&self, token: &Token, ids: &[RowId]) -> Result<u64> {
-        self.settle(token, ids, Outcome::Failed).await
+        self.settle(token, ids, Outcome::Failed(None)).await
     }
 
     /// Gives rows `token` holds back: ready to be claimed again. See [`Claimer::complete`].
@@ -280,6 +281,13 @@ impl Claimer {
             token: t.clone(),
             ids,
         };
+        let mut unique: Vec<RowId> = Vec::with_capacity(ids.len());
+        for id in ids {
+            if !unique.contains(id) {
+                unique.push(id.clone());
+            }
+        }
+        let ids = unique.as_slice();
         let list = if ids.is_empty() {
             None
         } else {
@@ -289,9 +297,9 @@ impl Claimer {
             None => Target::All,
             Some(l) => Target::Ids(l, ids.len()),
         };
-        let n = retry_transient!(match change {
-            Change::Settle(o) => b.settle(&i.m, i.strategy, &t, target(), o).await,
-            Change::Extend(lease) => b.extend(&i.m, i.strategy, &t, target(), lease).await,
+        let n = retry_transient!(match &change {
+            Change::Settle(o) => b.settle(&i.m, i.strategy, &t, target(), o.clone()).await,
+            Change::Extend(lease) => b.extend(&i.m, i.strategy, &t, target(), *lease).await,
         })?;
         match &list {
             None if n == 0 => Err(lost(vec![])),
@@ -326,8 +334,8 @@ impl Claimer {
     ///
     /// With [`LockWait::NoWait`] a locked row fails the read with [`Error::Locked`]; with
     /// [`LockWait::SkipLocked`] locked rows are left out. On SQLite, whose locks cover the whole
-    /// database, [`LockMode::Update`] takes the write lock (`BEGIN IMMEDIATE`) and
-    /// [`LockWait::SkipLocked`] is not available.
+    /// database and whose readers never block writers, both modes take the write lock
+    /// (`BEGIN IMMEDIATE`), and [`LockWait::SkipLocked`] is not available.
     pub async fn lock(
         &self,
         ids: Option<&[RowId]>,
@@ -457,7 +465,7 @@ impl Claim {
 
     /// Marks a row failed.
     pub async fn fail(&self, id: &RowId) -> Result<()> {
-        self.settle(id, Outcome::Failed).await
+        self.settle(id, Outcome::Failed(None)).await
     }
 
     /// Gives a row back, ready to be claimed again.
@@ -476,62 +484,83 @@ impl Claim {
     /// Pushes the lease of the rows not yet settled to now + `lease` (database clock).
     pub async fn extend(&self, lease: Duration) -> Result<()> {
         check_lease(lease)?;
-        let mut held = self.held.lock().await;
-        if let Some(h) = held.as_mut() {
+        if self.open_rows().is_empty() {
+            return Ok(());
+        }
+        if self.claimer.strategy() == Strategy::Transaction {
+            let mut held = self.held.lock().await;
+            let Some(h) = held.as_mut() else {
+                return Err(self.lost(self.forget_all()));
+            };
             let b = &self.claimer.inner.db.backend;
             return b
                 .held_extend(h, lease)
                 .await
                 .map_err(|e| self.lost_if_gone(e));
         }
-        drop(held);
-        let open = self.open_rows();
-        if open.is_empty() {
-            return Ok(());
-        }
+        // Every row the token still holds: one row lost to another claimer does not stop the
+        // others from being extended.
         self.claimer
-            .extend(&self.token, &open, lease)
+            .extend(&self.token, &[], lease)
             .await
             .map(|_| ())
     }
 
+    #[allow(dead_code)] // the managed queue's retries use it (next commit)
+    pub(crate) async fn settle_as(&self, id: &RowId, outcome: Outcome) -> Result<()> {
+        self.settle(id, outcome).await
+    }
+
     async fn settle(&self, id: &RowId, outcome: Outcome) -> Result<()> {
-        let lost = || Error::LeaseLost {
-            token: self.token.to_string(),
-            ids: vec![id.clone()],
-        };
         if !self.is_open(id) {
-            return Err(lost());
+            return Err(self.lost(vec![id.clone()]));
         }
-        let mut held = self.held.lock().await;
-        match held.as_mut() {
-            None => {
-                drop(held);
-                self.claimer
-                    .settle(&self.token, std::slice::from_ref(id), outcome)
-                    .await?;
+        let result = if self.claimer.strategy() == Strategy::Transaction {
+            let mut held = self.held.lock().await;
+            let Some(h) = held.as_mut() else {
+                // The transaction is gone, and with it the rows (they went back at rollback).
+                return Err(self.lost(self.forget_all()));
+            };
+            let c = &self.claimer.inner;
+            let list = IdList::new(c.m.id_kind, std::slice::from_ref(id))?;
+            if let Err(e) = c.db.backend.held_settle(h, &c.m, &list, outcome).await {
+                // A failed statement poisons the transaction: every row of it is given up.
+                *held = None;
+                return Err(self.lost_if_gone(e));
             }
-            Some(h) => {
-                let c = &self.claimer.inner;
-                let list = IdList::new(c.m.id_kind, std::slice::from_ref(id))?;
-                if let Err(e) = c.db.backend.held_settle(h, &c.m, &list, outcome).await {
-                    *held = None; // a failed statement poisons the transaction: give it all up
-                    return Err(self.lost_if_gone(e));
-                }
-                // The transaction commits once every row is settled.
-                let last = self.open.lock().map(|o| o.len() == 1).unwrap_or(false);
-                if last {
-                    if let Some(h) = held.take() {
-                        h.commit().await.map_err(|e| self.lost_if_gone(e))?;
-                    }
-                }
+            // The transaction commits once every row is settled.
+            let last = self.open.lock().map(|o| o.len() == 1).unwrap_or(false);
+            match held.take_if(|_| last) {
+                Some(h) => h.commit().await.map_err(|e| self.lost_if_gone(e)),
+                None => Ok(()),
             }
-        }
+        } else {
+            self.claimer
+                .settle(&self.token, std::slice::from_ref(id), outcome)
+                .await
+                .map(|_| ())
+        };
+        // Settled or not, this claim no longer looks after the row: if the settle failed and the
+        // row is still claimed, it comes back when its lease expires (no heartbeat keeps it).
         self.open
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
-        Ok(())
+        result
+    }
+
+    fn lost(&self, ids: Vec<RowId>) -> Error {
+        Error::LeaseLost {
+            token: self.token.to_string(),
+            ids,
+        }
+    }
+
+    /// Gives up every open row; returns them.
+    fn forget_all(&self) -> Vec<RowId> {
+        let ids = self.open_rows();
+        self.open.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        ids
     }
 
     fn is_open(&self, id: &RowId) -> bool {
@@ -542,14 +571,8 @@ impl Claim {
     /// passed (SQLite) lost its rows.
     fn lost_if_gone(&self, e: Error) -> Error {
         match e {
-            Error::LeaseLost { .. } => Error::LeaseLost {
-                token: self.token.to_string(),
-                ids: self.open_rows(),
-            },
-            Error::Database(ref d) if connection_gone(d) => Error::LeaseLost {
-                token: self.token.to_string(),
-                ids: self.open_rows(),
-            },
+            Error::LeaseLost { .. } => self.lost(self.forget_all()),
+            Error::Database(ref d) if connection_gone(d) => self.lost(self.forget_all()),
             other => other,
         }
     }

@@ -120,7 +120,13 @@ impl Db {
         source.validate()?;
         let table = TableName::parse(source.table_name())?;
         let columns = self.backend.columns(&table).await?;
-        let mapping = source.check(self.backend.dialect(), &columns)?;
+        if columns.is_empty() {
+            return Err(Error::MissingTable {
+                table: table.display,
+            });
+        }
+        let key = self.backend.table_key(&table).await?;
+        let mapping = source.check(self.backend.dialect(), &columns, key)?;
         let server = self.backend.server().await?;
         let chosen = strategy.resolve(&server, &mapping)?;
         if chosen == Strategy::LeaseTable {

@@ -54,6 +54,15 @@ pub struct Source {
     order_by: Option<String>,
     #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
     filter: Option<String>,
+    /// Set only for the managed queue, whose mapping rowclaim owns.
+    #[serde(skip)]
+    managed: Option<Managed>,
+}
+
+/// The managed queue's extra columns and the queues a claimer takes jobs from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Managed {
+    pub queues: Vec<String>,
 }
 
 mod defaults {
@@ -93,7 +102,21 @@ impl Source {
             attempts_column: None,
             order_by: None,
             filter: None,
+            managed: None,
         }
+    }
+
+    /// The managed queue's source: `rowclaim_jobs`, jobs of `queues` whose run-at has come.
+    #[allow(dead_code)] // the managed queue uses it (next commit)
+    pub(crate) fn managed(queues: Vec<String>) -> Source {
+        let mut s = Source::new("rowclaim_jobs")
+            .status_values("ready", "running", "completed", "dead")
+            .owner_column("owner")
+            .lease_column("lease_until")
+            .attempts_column("attempts")
+            .order_by("priority desc, run_at, id");
+        s.managed = Some(Managed { queues });
+        s
     }
 
     /// The table as given.
@@ -222,7 +245,12 @@ impl Source {
     }
 
     /// Checks the mapping against the table's live columns and builds the quoted SQL pieces.
-    pub(crate) fn check(&self, dialect: Dialect, columns: &[Column]) -> Result<Mapping> {
+    pub(crate) fn check(
+        &self,
+        dialect: Dialect,
+        columns: &[Column],
+        source_key: String,
+    ) -> Result<Mapping> {
         let p = self.parts()?;
         let table = p.table.display.clone();
         if columns.is_empty() {
@@ -302,6 +330,7 @@ impl Source {
         Ok(Mapping {
             table: p.table.quoted(dialect),
             table_display: table,
+            source_key,
             id: dialect.quote(&id_col.name),
             id_name: id_col.name.clone(),
             id_kind,
@@ -315,6 +344,13 @@ impl Source {
             attempts,
             order_by: order.join(", "),
             filter: p.filter.map(|f| format!(" AND ({f})")).unwrap_or_default(),
+            run_at: self.managed.as_ref().map(|_| dialect.quote("run_at")),
+            queues: self
+                .managed
+                .as_ref()
+                .map(|q| (dialect.quote("queue"), q.queues.clone())),
+            error_column: self.managed.as_ref().map(|_| dialect.quote("last_error")),
+            finished_column: self.managed.as_ref().map(|_| dialect.quote("finished_at")),
             // Only plainly named columns go into a row's JSON: their names are safe as literals.
             columns: columns
                 .iter()
@@ -342,8 +378,10 @@ struct Parts {
 pub(crate) struct Mapping {
     /// Quoted, possibly schema-qualified.
     pub table: String,
-    /// As the user wrote it: names the source in messages and in the lease table.
+    /// As the user wrote it, for messages.
     pub table_display: String,
+    /// The catalog's `schema.table`: keys the source's rows in the lease table.
+    pub source_key: String,
     pub id: String,
     pub id_name: String,
     pub id_kind: Kind,
@@ -361,6 +399,14 @@ pub(crate) struct Mapping {
     pub filter: String,
     /// Every column with a plain name, unquoted, for building a row's JSON.
     pub columns: Vec<String>,
+    /// Managed queue: rows are claimable once their run-at has come.
+    pub run_at: Option<String>,
+    /// Managed queue: the queue column and the queue names to claim from (bound, never pasted).
+    pub queues: Option<(String, Vec<String>)>,
+    /// Managed queue: where a failure's error goes.
+    pub error_column: Option<String>,
+    /// Managed queue: when a job completed or died.
+    pub finished_column: Option<String>,
 }
 
 /// A table name, optionally qualified by a schema (PostgreSQL) or database (MySQL).

@@ -106,6 +106,14 @@ impl Strategy {
                 }
                 Ok(self)
             }
+            Strategy::Optimistic if m.lease.is_some() && m.owner.is_none() => {
+                Err(unsupported(format!(
+                    "with a lease column it needs an owner column on {} too: without one, a \
+                     claimer whose lease expired cannot be told from the one that took the row \
+                     over; map --owner-column, or drop --lease-column",
+                    m.table_display
+                )))
+            }
             Strategy::Optimistic | Strategy::LeaseTable | Strategy::Transaction => Ok(self),
         }
     }

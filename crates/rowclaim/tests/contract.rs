@@ -459,6 +459,13 @@ async fn bad_input(t: Arc<TestDb>) {
         );
     }
 
+    let lease_no_owner = Source::new("jobs").lease_column("lease_until");
+    let err = db
+        .claimer(lease_no_owner, Strategy::Optimistic)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("owner column"), "{err}");
+
     let c = db.claimer(full_source(), Strategy::Auto).await.unwrap();
     let err = c.claim(5, Duration::ZERO).await.unwrap_err();
     assert!(
@@ -481,6 +488,54 @@ async fn bad_input(t: Arc<TestDb>) {
             .await
     };
     assert_eq!(snapshot, after, "bad input left the table untouched");
+}
+
+/// Review findings: spellings of one table share leases; a settle never touches a finished row;
+/// repeated ids count once.
+async fn lease_table_edges(t: Arc<TestDb>) {
+    t.jobs(3).await;
+    let other_spelling = match t.backend {
+        Backend::Postgres => "public.jobs".to_owned(),
+        Backend::MySql => format!("{}.jobs", t.name),
+        Backend::Sqlite => "main.jobs".to_owned(),
+    };
+    let (db_a, db_b) = (t.db().await, t.db().await);
+    let a = db_a
+        .claimer(Source::new("jobs"), Strategy::LeaseTable)
+        .await
+        .unwrap();
+    let b = db_b
+        .claimer(Source::new(other_spelling.as_str()), Strategy::LeaseTable)
+        .await
+        .unwrap();
+    let claim = a.claim(3, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(claim.len(), 3);
+    let again = b.claim(3, Duration::from_secs(30)).await.unwrap();
+    assert!(
+        again.is_empty(),
+        "{other_spelling} is the same table: its rows are taken"
+    );
+
+    // Row 1 is finished behind the claim's back: releasing it must not bring it back.
+    t.exec("UPDATE jobs SET status = 'done' WHERE id = 1").await;
+    let err = a
+        .release(claim.token(), &[RowId::Int(1)])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err}");
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE status = 'done'")
+            .await,
+        1
+    );
+
+    let two = RowId::Int(2);
+    assert_eq!(
+        a.complete(claim.token(), &[two.clone(), two])
+            .await
+            .unwrap(),
+        1
+    );
 }
 
 /// `auto` picks skip-locked where it can, token on SQLite, lease-table without owner/lease.
@@ -632,6 +687,10 @@ macro_rules! backend_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn bad_input_is_refused_and_changes_nothing() {
             with_db($backend, bad_input).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn lease_table_keys_settles_and_repeated_ids() {
+            with_db($backend, lease_table_edges).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn auto_picks_a_strategy() {

@@ -179,20 +179,78 @@ pub(crate) struct Claimed {
 }
 
 /// The state a settled row moves to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
     Done,
-    Failed,
+    /// Failed for good (the managed queue's `dead`), with the error if there is a column for it.
+    Failed(Option<String>),
+    /// Given back, ready at once.
     Ready,
+    /// Given back, ready again after a delay (needs a run-at column), keeping the error.
+    #[allow(dead_code)] // the managed queue's retries use it (next commit)
+    Retry {
+        after: Duration,
+        error: Option<String>,
+    },
 }
 
 impl Outcome {
-    pub(crate) fn status(self, m: &Mapping) -> &crate::RowId {
+    pub(crate) fn status<'m>(&self, m: &'m Mapping) -> &'m crate::RowId {
         match self {
             Outcome::Done => &m.done,
-            Outcome::Failed => &m.failed,
-            Outcome::Ready => &m.ready,
+            Outcome::Failed(_) => &m.failed,
+            Outcome::Ready | Outcome::Retry { .. } => &m.ready,
         }
+    }
+}
+
+/// The SET list that settles rows. A row given back loses its owner and lease; a retried row
+/// runs again `after` from now; errors and finishing times go where the mapping has columns.
+/// `now` and `later` are the dialect's clock expressions.
+pub(crate) fn outcome_set<DB: sqlx::Database>(
+    m: &Mapping,
+    b: &mut Binder<DB>,
+    outcome: &Outcome,
+    now: &str,
+    later: fn(&mut Binder<DB>, Duration) -> String,
+) -> String
+where
+    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    let mut set = vec![format!("{} = {}", m.status, b.value(outcome.status(m)))];
+    if matches!(outcome, Outcome::Ready | Outcome::Retry { .. }) {
+        set.extend(m.owner.iter().map(|ow| format!("{ow} = NULL")));
+        set.extend(m.lease.iter().map(|le| format!("{le} = NULL")));
+    }
+    if let (Outcome::Retry { after, .. }, Some(run_at)) = (outcome, &m.run_at) {
+        set.push(format!("{run_at} = {}", later(b, *after)));
+    }
+    if let (Outcome::Failed(Some(e)) | Outcome::Retry { error: Some(e), .. }, Some(col)) =
+        (outcome, &m.error_column)
+    {
+        set.push(format!("{col} = {}", b.bind(e.clone())));
+    }
+    if let (Outcome::Done | Outcome::Failed(_), Some(col)) = (outcome, &m.finished_column) {
+        set.push(format!("{col} = {now}"));
+    }
+    set.join(", ")
+}
+
+/// For the managed queue: ` AND queue IN (…)` with the queue names bound; empty otherwise.
+pub(crate) fn queue_condition<DB: sqlx::Database>(m: &Mapping, b: &mut Binder<DB>) -> String
+where
+    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    match &m.queues {
+        Some((col, names)) if !names.is_empty() => {
+            let list: Vec<String> = names.iter().map(|n| b.bind(n.clone())).collect();
+            format!(" AND {col} IN ({})", list.join(", "))
+        }
+        _ => String::new(),
     }
 }
 
@@ -242,6 +300,9 @@ pub(crate) trait Driver {
     async fn server(&self) -> Result<ServerInfo>;
     /// The table's columns; empty when the table does not exist.
     async fn columns(&self, table: &TableName) -> Result<Vec<Column>>;
+    /// The table's name as the catalog resolves it (`schema.table`), so that every spelling of one
+    /// table (`jobs`, `public.jobs`, `JOBS`) keys the same leases.
+    async fn table_key(&self, table: &TableName) -> Result<String>;
     /// Creates `rowclaim_leases` if it is missing (lease-table strategy).
     async fn ensure_lease_table(&self) -> Result<()>;
     /// Takes up to `batch` rows.
@@ -331,6 +392,9 @@ impl Backend {
     }
     pub(crate) async fn columns(&self, t: &TableName) -> Result<Vec<Column>> {
         dispatch!(self, d => d.columns(t).await)
+    }
+    pub(crate) async fn table_key(&self, t: &TableName) -> Result<String> {
+        dispatch!(self, d => d.table_key(t).await)
     }
     pub(crate) async fn ensure_lease_table(&self) -> Result<()> {
         dispatch!(self, d => d.ensure_lease_table().await)

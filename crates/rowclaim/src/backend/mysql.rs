@@ -119,13 +119,21 @@ fn parse_rows(texts: Vec<String>) -> Result<Vec<serde_json::Value>> {
 fn claimable(m: &Mapping, b: &mut B) -> String {
     let st = &m.status;
     let ready = b.value(&m.ready);
-    match &m.lease {
+    // A scheduled row is ready once its run-at has come.
+    let due = m
+        .run_at
+        .as_ref()
+        .map(|r| format!(" AND {r} <= UTC_TIMESTAMP(6)"))
+        .unwrap_or_default();
+    let mut cond = match &m.lease {
         Some(le) => format!(
-            "({st} = {ready} OR ({st} = {} AND {le} < UTC_TIMESTAMP(6)))",
+            "(({st} = {ready}{due}) OR ({st} = {} AND {le} < UTC_TIMESTAMP(6)))",
             b.value(&m.claimed)
         ),
-        None => format!("{st} = {ready}"),
-    }
+        None => format!("({st} = {ready}{due})"),
+    };
+    cond.push_str(&super::queue_condition(m, b));
+    cond
 }
 
 /// The SET list that marks rows claimed by `token`.
@@ -139,16 +147,6 @@ fn claim_set(m: &Mapping, b: &mut B, token: &str, lease: Duration) -> String {
     }
     if let Some(at) = &m.attempts {
         set.push(format!("{at} = COALESCE({at}, 0) + 1"));
-    }
-    set.join(", ")
-}
-
-/// The SET list that settles rows; a released row loses its owner and lease.
-fn outcome_set(m: &Mapping, b: &mut B, outcome: Outcome) -> String {
-    let mut set = vec![format!("{} = {}", m.status, b.value(outcome.status(m)))];
-    if outcome == Outcome::Ready {
-        set.extend(m.owner.iter().map(|ow| format!("{ow} = NULL")));
-        set.extend(m.lease.iter().map(|le| format!("{le} = NULL")));
     }
     set.join(", ")
 }
@@ -183,7 +181,7 @@ fn id_list(m: &Mapping, texts: &[String]) -> Result<IdList> {
 
 /// The lease table's condition "these leases belong to `token`" (all of them, or those of `ids`).
 fn leases_of(m: &Mapping, b: &mut B, token: &str, target: &Target<'_>) -> String {
-    let source = b.bind(m.table_display.clone());
+    let source = b.bind(m.source_key.clone());
     let tok = b.bind(token.to_owned());
     let only = match target {
         Target::All => String::new(),
@@ -353,6 +351,20 @@ impl Driver for My {
             .collect()
     }
 
+    async fn table_key(&self, table: &TableName) -> Result<String> {
+        let key: Option<String> = sqlx::query_scalar(
+            "SELECT CAST(CONCAT(TABLE_SCHEMA, '.', TABLE_NAME) AS CHAR) FROM information_schema.TABLES \
+             WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?",
+        )
+        .bind(table.schema.clone())
+        .bind(table.name.clone())
+        .fetch_optional(&self.pool)
+        .await?;
+        key.ok_or_else(|| Error::MissingTable {
+            table: table.display.clone(),
+        })
+    }
+
     async fn ensure_lease_table(&self) -> Result<()> {
         if let Err(e) = sqlx::query(CREATE_LEASES).execute(&self.pool).await {
             // Two processes creating it at once: one of them may fail, and the table is there
@@ -489,7 +501,7 @@ impl Driver for My {
             Strategy::LeaseTable => {
                 let st = &m.status;
                 let (ready, claimed) = (b.value(&m.ready), b.value(&m.claimed));
-                let source = b.bind(m.table_display.clone());
+                let source = b.bind(m.source_key.clone());
                 let limit = b.bind(batch);
                 let sql = format!(
                     "SELECT {} FROM {t} AS t WHERE ({st} = {ready} OR {st} = {claimed}){filter} \
@@ -509,7 +521,7 @@ impl Driver for My {
                 let mut b = B::new();
                 let mut values = Vec::with_capacity(found.len());
                 for key in &found {
-                    let source = b.bind(m.table_display.clone());
+                    let source = b.bind(m.source_key.clone());
                     let key = b.bind(key.clone());
                     let token = b.bind(a.token.to_owned());
                     let until = lease_until(&mut b, a.lease);
@@ -525,7 +537,7 @@ impl Driver for My {
                 let mut tx = self.begin().await?;
                 b.query(sql)?.execute(&mut *tx).await?;
                 let mut b = B::new();
-                let source = b.bind(m.table_display.clone());
+                let source = b.bind(m.source_key.clone());
                 let token = b.bind(a.token.to_owned());
                 let sql = format!(
                     "SELECT row_id FROM rowclaim_leases WHERE source = {source} AND token = {token}"
@@ -606,7 +618,7 @@ impl Driver for My {
         let t = &m.table;
         if strategy != Strategy::LeaseTable {
             let mut b = B::new();
-            let set = outcome_set(m, &mut b, outcome);
+            let set = super::outcome_set(m, &mut b, &outcome, "UTC_TIMESTAMP(6)", lease_until);
             let cond = held_by(m, &mut b, token, &target)?;
             let sql = format!("UPDATE {t} SET {set} WHERE {cond}");
             return self.change_all_or_nothing(sql, b, &target).await;
@@ -629,7 +641,7 @@ impl Driver for My {
             .await?;
         let list = id_list(m, &gone)?;
         let mut b = B::new();
-        let set = outcome_set(m, &mut b, outcome);
+        let set = super::outcome_set(m, &mut b, &outcome, "UTC_TIMESTAMP(6)", lease_until);
         let which = in_ids(&mut b, &m.id, &list);
         let claimed = b.value(&m.claimed);
         let sql = format!(
@@ -701,7 +713,7 @@ impl Driver for My {
         let Held::MySql(tx) = held else {
             return Err(other_database());
         };
-        if outcome != Outcome::Ready {
+        if !matches!(outcome, Outcome::Ready) {
             // A released row is still ready in the table; its lock goes at commit.
             let mut b = B::new();
             let st = b.value(outcome.status(m));
@@ -820,7 +832,7 @@ impl Driver for My {
         }
         let mut b = B::new();
         let owners = if strategy == Strategy::LeaseTable {
-            let s = b.bind(m.table_display.clone());
+            let s = b.bind(m.source_key.clone());
             format!(
                 "SELECT CAST(token AS CHAR), COUNT(*) FROM rowclaim_leases \
                  WHERE source = {s} AND lease_until >= UTC_TIMESTAMP(6) GROUP BY token"
@@ -842,7 +854,7 @@ impl Driver for My {
         }
         let mut b = B::new();
         let expired = if strategy == Strategy::LeaseTable {
-            let s = b.bind(m.table_display.clone());
+            let s = b.bind(m.source_key.clone());
             Some(format!(
                 "SELECT COUNT(*) FROM rowclaim_leases \
                  WHERE source = {s} AND lease_until < UTC_TIMESTAMP(6)"

@@ -47,13 +47,21 @@ fn ids(b: &mut B, list: &IdList) -> String {
 fn claimable(m: &Mapping, b: &mut B) -> String {
     let st = &m.status;
     let ready = b.value(&m.ready);
-    match &m.lease {
+    // A scheduled row is ready once its run-at has come.
+    let due = m
+        .run_at
+        .as_ref()
+        .map(|r| format!(" AND {r} <= now()"))
+        .unwrap_or_default();
+    let mut cond = match &m.lease {
         Some(le) => format!(
-            "({st} = {ready} OR ({st} = {} AND {le} < now()))",
+            "(({st} = {ready}{due}) OR ({st} = {} AND {le} < now()))",
             b.value(&m.claimed)
         ),
-        None => format!("{st} = {ready}"),
-    }
+        None => format!("({st} = {ready}{due})"),
+    };
+    cond.push_str(&super::queue_condition(m, b));
+    cond
 }
 
 /// The SET list that marks rows claimed by `token`.
@@ -67,16 +75,6 @@ fn claim_set(m: &Mapping, b: &mut B, token: &str, lease: Duration) -> String {
     }
     if let Some(at) = &m.attempts {
         set.push(format!("{at} = COALESCE({at}, 0) + 1"));
-    }
-    set.join(", ")
-}
-
-/// The SET list that settles rows; a released row loses its owner and lease.
-fn outcome_set(m: &Mapping, b: &mut B, outcome: Outcome) -> String {
-    let mut set = vec![format!("{} = {}", m.status, b.value(outcome.status(m)))];
-    if outcome == Outcome::Ready {
-        set.extend(m.owner.iter().map(|ow| format!("{ow} = NULL")));
-        set.extend(m.lease.iter().map(|le| format!("{le} = NULL")));
     }
     set.join(", ")
 }
@@ -195,6 +193,19 @@ impl Driver for Pg {
             .collect()
     }
 
+    async fn table_key(&self, table: &TableName) -> Result<String> {
+        let key: Option<String> = sqlx::query_scalar(
+            "SELECT n.nspname || '.' || c.relname FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)",
+        )
+        .bind(table.quoted(super::Dialect::Postgres))
+        .fetch_optional(&self.pool)
+        .await?;
+        key.ok_or_else(|| Error::MissingTable {
+            table: table.display.clone(),
+        })
+    }
+
     async fn ensure_lease_table(&self) -> Result<()> {
         for sql in [CREATE_LEASES, CREATE_LEASES_TOKEN] {
             if let Err(e) = sqlx::query(sql).execute(&self.pool).await {
@@ -295,7 +306,7 @@ impl Driver for Pg {
             Strategy::LeaseTable => {
                 let st = &m.status;
                 let (ready, claimed) = (b.value(&m.ready), b.value(&m.claimed));
-                let source = b.bind(m.table_display.clone());
+                let source = b.bind(m.source_key.clone());
                 let limit = b.bind(batch);
                 let sql = format!(
                     "SELECT t.{id}::text AS rowclaim_id FROM {t} AS t WHERE ({st} = {ready} OR {st} = {claimed}){filter} \
@@ -311,26 +322,49 @@ impl Driver for Pg {
                         lost_race: false,
                     });
                 }
+                // One transaction: win the lease keys (taking over expired ones), mark the rows,
+                // and drop leases won on rows that were finished meanwhile.
+                let mut tx = self.pool.begin().await?;
                 let mut b = B::new();
-                let source = b.bind(m.table_display.clone());
+                let source = b.bind(m.source_key.clone());
                 let token = b.bind(a.token.to_owned());
                 let until = lease_until(&mut b, a.lease);
                 let keys = b.bind(found);
-                let set = claim_set(m, &mut b, a.token, a.lease);
-                let (ready, claimed) = (b.value(&m.ready), b.value(&m.claimed));
-                let won_id = row_id_as_id(m, "won.row_id");
-                // A lease won for a row that was finished meanwhile stays until it expires; it
-                // blocks nothing, since only ready and claimed rows are candidates.
                 let sql = format!(
-                    "WITH won AS (INSERT INTO rowclaim_leases AS l (source, row_id, token, lease_until) \
+                    "INSERT INTO rowclaim_leases AS l (source, row_id, token, lease_until) \
                      SELECT {source}, k, {token}, {until} FROM unnest({keys}::text[]) AS k \
                      ON CONFLICT (source, row_id) DO UPDATE \
                      SET token = EXCLUDED.token, lease_until = EXCLUDED.lease_until \
-                     WHERE l.lease_until < now() RETURNING row_id) \
-                     UPDATE {t} AS t SET {set} FROM won WHERE t.{id} = {won_id} \
+                     WHERE l.lease_until < now() RETURNING row_id"
+                );
+                let won: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
+                let mut b = B::new();
+                let set = claim_set(m, &mut b, a.token, a.lease);
+                let keys = b.bind(won.clone());
+                let (ready, claimed) = (b.value(&m.ready), b.value(&m.claimed));
+                let key_id = row_id_as_id(m, "k");
+                let sql = format!(
+                    "UPDATE {t} AS t SET {set} WHERE t.{id} IN (SELECT {key_id} FROM unnest({keys}::text[]) AS k) \
                      AND ({st} = {ready} OR {st} = {claimed}) RETURNING to_jsonb(t)"
                 );
-                let rows = json_rows(b.scalar(sql)?.fetch_all(&self.pool).await?);
+                let rows = json_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?);
+                if rows.len() < won.len() {
+                    sqlx::query(
+                        "DELETE FROM rowclaim_leases WHERE source = $1 AND token = $2 \
+                         AND row_id = ANY($3) AND row_id <> ALL($4)",
+                    )
+                    .bind(m.source_key.clone())
+                    .bind(a.token.to_owned())
+                    .bind(won)
+                    .bind(
+                        rows.iter()
+                            .filter_map(|r| r.get(&m.id_name).map(json_key))
+                            .collect::<Vec<_>>(),
+                    )
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
                 Ok(Claimed {
                     lost_race: rows.is_empty(),
                     rows,
@@ -380,7 +414,7 @@ impl Driver for Pg {
         let t = &m.table;
         let mut b = B::new();
         let sql = if strategy == Strategy::LeaseTable {
-            let source = b.bind(m.table_display.clone());
+            let source = b.bind(m.source_key.clone());
             let tok = b.bind(token.to_owned());
             let only = match &target {
                 Target::All => String::new(),
@@ -388,15 +422,17 @@ impl Driver for Pg {
                     format!(" AND row_id = ANY({}::text[])", text_ids(&mut b, list))
                 }
             };
-            let set = outcome_set(m, &mut b, outcome);
+            let set = super::outcome_set(m, &mut b, &outcome, "now()", lease_until);
+            let claimed = b.value(&m.claimed);
             let gone_id = row_id_as_id(m, "gone.row_id");
             format!(
                 "WITH gone AS (DELETE FROM rowclaim_leases WHERE source = {source} AND token = {tok}{only} \
-                 RETURNING row_id) UPDATE {t} AS t SET {set} FROM gone WHERE t.{} = {gone_id}",
-                m.id
+                 RETURNING row_id) UPDATE {t} AS t SET {set} FROM gone WHERE t.{} = {gone_id} \
+                 AND t.{} = {claimed}",
+                m.id, m.status
             )
         } else {
-            let set = outcome_set(m, &mut b, outcome);
+            let set = super::outcome_set(m, &mut b, &outcome, "now()", lease_until);
             let cond = held_by(m, &mut b, token, &target)?;
             format!("UPDATE {t} SET {set} WHERE {cond}")
         };
@@ -417,7 +453,7 @@ impl Driver for Pg {
         let mut b = B::new();
         let sql = if strategy == Strategy::LeaseTable {
             let until = lease_until(&mut b, lease);
-            let source = b.bind(m.table_display.clone());
+            let source = b.bind(m.source_key.clone());
             let tok = b.bind(token.to_owned());
             let only = match &target {
                 Target::All => String::new(),
@@ -448,7 +484,7 @@ impl Driver for Pg {
         let mut b = B::new();
         let target = Target::Ids(list, 0);
         let sql = if strategy == Strategy::LeaseTable {
-            let source = b.bind(m.table_display.clone());
+            let source = b.bind(m.source_key.clone());
             let tok = b.bind(token.to_owned());
             let keys = text_ids(&mut b, list);
             format!(
@@ -475,7 +511,7 @@ impl Driver for Pg {
                 "transaction of another database".into(),
             ));
         };
-        if outcome == Outcome::Ready {
+        if matches!(outcome, Outcome::Ready) {
             return Ok(()); // still ready in the table; the lock goes at commit
         }
         let mut b = B::new();
@@ -573,7 +609,7 @@ impl Driver for Pg {
         }
         let mut b = B::new();
         let owners = if strategy == Strategy::LeaseTable {
-            let s = b.bind(m.table_display.clone());
+            let s = b.bind(m.source_key.clone());
             format!(
                 "SELECT token, count(*) FROM rowclaim_leases WHERE source = {s} \
                  AND lease_until >= now() GROUP BY 1"
@@ -592,7 +628,7 @@ impl Driver for Pg {
         }
         let mut b = B::new();
         let expired = if strategy == Strategy::LeaseTable {
-            let s = b.bind(m.table_display.clone());
+            let s = b.bind(m.source_key.clone());
             Some(format!(
                 "SELECT count(*) FROM rowclaim_leases WHERE source = {s} AND lease_until < now()"
             ))
@@ -607,6 +643,14 @@ impl Driver for Pg {
             stats.expired_leases = n as u64;
         }
         Ok(stats)
+    }
+}
+
+/// A row id from a row's JSON, as the lease table's text `row_id`.
+fn json_key(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
     }
 }
 

@@ -68,13 +68,21 @@ fn in_text_ids(b: &mut B, list: &IdList) -> String {
 fn claimable(m: &Mapping, b: &mut B) -> String {
     let st = &m.status;
     let ready = b.value(&m.ready);
-    match &m.lease {
+    // A scheduled row is ready once its run-at has come.
+    let due = m
+        .run_at
+        .as_ref()
+        .map(|r| format!(" AND {r} <= {NOW}"))
+        .unwrap_or_default();
+    let mut cond = match &m.lease {
         Some(le) => format!(
-            "({st} = {ready} OR ({st} = {} AND {le} < {NOW}))",
+            "(({st} = {ready}{due}) OR ({st} = {} AND {le} < {NOW}))",
             b.value(&m.claimed)
         ),
-        None => format!("{st} = {ready}"),
-    }
+        None => format!("({st} = {ready}{due})"),
+    };
+    cond.push_str(&super::queue_condition(m, b));
+    cond
 }
 
 fn claim_set(m: &Mapping, b: &mut B, token: &str, lease: Duration) -> String {
@@ -87,15 +95,6 @@ fn claim_set(m: &Mapping, b: &mut B, token: &str, lease: Duration) -> String {
     }
     if let Some(at) = &m.attempts {
         set.push(format!("{at} = COALESCE({at}, 0) + 1"));
-    }
-    set.join(", ")
-}
-
-fn outcome_set(m: &Mapping, b: &mut B, outcome: Outcome) -> String {
-    let mut set = vec![format!("{} = {}", m.status, b.value(outcome.status(m)))];
-    if outcome == Outcome::Ready {
-        set.extend(m.owner.iter().map(|ow| format!("{ow} = NULL")));
-        set.extend(m.lease.iter().map(|le| format!("{le} = NULL")));
     }
     set.join(", ")
 }
@@ -226,6 +225,21 @@ impl Driver for Lite {
             .collect()
     }
 
+    async fn table_key(&self, table: &TableName) -> Result<String> {
+        let schema = table.schema.clone().unwrap_or_else(|| "main".into());
+        let key: Option<String> = sqlx::query_scalar(
+            "SELECT schema || '.' || name FROM pragma_table_list \
+             WHERE schema = ? COLLATE NOCASE AND name = ? COLLATE NOCASE",
+        )
+        .bind(schema)
+        .bind(table.name.clone())
+        .fetch_optional(&self.pool)
+        .await?;
+        key.ok_or_else(|| Error::MissingTable {
+            table: table.display.clone(),
+        })
+    }
+
     async fn ensure_lease_table(&self) -> Result<()> {
         for sql in [CREATE_LEASES, CREATE_LEASES_TOKEN] {
             sqlx::query(sql).execute(&self.pool).await?;
@@ -297,7 +311,7 @@ impl Driver for Lite {
                 let mut tx = self.write().await?;
                 let st = &m.status;
                 let (ready, claimed) = (b.value(&m.ready), b.value(&m.claimed));
-                let source = b.bind(m.table_display.clone());
+                let source = b.bind(m.source_key.clone());
                 let limit = b.bind(batch);
                 let sql = format!(
                     "SELECT CAST(t.{id} AS TEXT) AS rowclaim_id FROM {t} AS t \
@@ -316,7 +330,7 @@ impl Driver for Lite {
                     });
                 }
                 let mut b = B::new();
-                let source = b.bind(m.table_display.clone());
+                let source = b.bind(m.source_key.clone());
                 let token = b.bind(a.token.to_owned());
                 let until = lease_until(&mut b, a.lease);
                 let keys = b.bind(IdList::Text(found).to_json());
@@ -387,14 +401,14 @@ impl Driver for Lite {
     ) -> Result<u64> {
         if strategy != Strategy::LeaseTable {
             let mut b = B::new();
-            let set = outcome_set(m, &mut b, outcome);
+            let set = super::outcome_set(m, &mut b, &outcome, NOW, lease_until);
             let cond = held_by(m, &mut b, token, &target)?;
             let sql = format!("UPDATE {} SET {set} WHERE {cond}", m.table);
             return self.change_all_or_nothing(sql, b, &target).await;
         }
         let mut tx = self.write().await?;
         let mut b = B::new();
-        let source = b.bind(m.table_display.clone());
+        let source = b.bind(m.source_key.clone());
         let tok = b.bind(token.to_owned());
         let only = match &target {
             Target::All => String::new(),
@@ -405,13 +419,15 @@ impl Driver for Lite {
         );
         let gone: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
         let mut b = B::new();
-        let set = outcome_set(m, &mut b, outcome);
+        let set = super::outcome_set(m, &mut b, &outcome, NOW, lease_until);
         let gone = b.bind(IdList::Text(gone).to_json());
+        let claimed = b.value(&m.claimed);
         let sql = format!(
-            "UPDATE {} SET {set} WHERE {} IN (SELECT {} FROM json_each({gone}))",
+            "UPDATE {} SET {set} WHERE {} IN (SELECT {} FROM json_each({gone})) AND {} = {claimed}",
             m.table,
             m.id,
             row_id_as_id(m, "value"),
+            m.status,
         );
         let changed = b.query(sql)?.execute(&mut *tx).await?.rows_affected();
         match target {
@@ -432,7 +448,7 @@ impl Driver for Lite {
         let mut b = B::new();
         let sql = if strategy == Strategy::LeaseTable {
             let until = lease_until(&mut b, lease);
-            let source = b.bind(m.table_display.clone());
+            let source = b.bind(m.source_key.clone());
             let tok = b.bind(token.to_owned());
             let only = match &target {
                 Target::All => String::new(),
@@ -460,7 +476,7 @@ impl Driver for Lite {
     ) -> Result<Vec<RowId>> {
         let mut b = B::new();
         let sql = if strategy == Strategy::LeaseTable {
-            let source = b.bind(m.table_display.clone());
+            let source = b.bind(m.source_key.clone());
             let tok = b.bind(token.to_owned());
             let keys = in_text_ids(&mut b, list);
             format!(
@@ -493,7 +509,7 @@ impl Driver for Lite {
         if Lite::deadline_passed(tx, *deadline_ms).await? {
             return Err(expired());
         }
-        if outcome == Outcome::Ready {
+        if matches!(outcome, Outcome::Ready) {
             return Ok(());
         }
         let mut b = B::new();
@@ -538,11 +554,12 @@ impl Driver for Lite {
                     .into(),
             ));
         }
-        // SQLite locks the database, not rows: an update lock is the write lock.
-        let mut tx = match (mode, wait) {
-            (LockMode::Share, _) => self.pool.begin().await?,
-            (LockMode::Update, LockWait::Wait) => self.write().await?,
-            (LockMode::Update, _) => {
+        // SQLite locks the database, not rows, and in WAL mode readers never block writers: the
+        // only lock that keeps others from changing the rows is the write lock, for both modes.
+        let _ = mode;
+        let mut tx = match wait {
+            LockWait::Wait => self.write().await?,
+            _ => {
                 // NOWAIT: ask for the write lock with no busy wait, then restore the timeout.
                 let mut tx = self.pool.begin().await?;
                 let timeout: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
@@ -623,7 +640,7 @@ impl Driver for Lite {
         }
         let mut b = B::new();
         let owners = if strategy == Strategy::LeaseTable {
-            let s = b.bind(m.table_display.clone());
+            let s = b.bind(m.source_key.clone());
             format!(
                 "SELECT token, COUNT(*) FROM rowclaim_leases WHERE source = {s} \
                  AND lease_until >= {NOW} GROUP BY 1"
@@ -642,7 +659,7 @@ impl Driver for Lite {
         }
         let mut b = B::new();
         let expired = if strategy == Strategy::LeaseTable {
-            let s = b.bind(m.table_display.clone());
+            let s = b.bind(m.source_key.clone());
             Some(format!(
                 "SELECT COUNT(*) FROM rowclaim_leases WHERE source = {s} AND lease_until < {NOW}"
             ))

@@ -21,7 +21,8 @@ pub struct TestDb {
     pub backend: Backend,
     /// URL of this test's own database.
     pub url: String,
-    name: String,
+    /// The test database's name (PostgreSQL, MySQL).
+    pub name: String,
     admin: Option<String>,
     _dir: Option<tempfile::TempDir>,
     raw: Raw,
