@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use rowclaim::{Claimer, Db, Error, RowId, Token};
-use source_args::SourceArgs;
+use source_args::{SourceArgs, Target};
 
 /// Exit codes, as documented in `rowclaim --help`.
 pub mod exit {
@@ -91,9 +91,19 @@ enum Command {
     /// Push the lease of rows a token holds to now + --lease (by the database's clock).
     #[command(after_help = AFTER_HELP)]
     Extend(ExtendArgs),
-    /// Show rows per status, claimed rows per owner, and expired leases.
+    /// Show rows per status, claimed rows per owner, and expired leases; without a table, the
+    /// managed queue's jobs per queue and status, the oldest ready job's wait and the jobs
+    /// completed in the last minute.
     #[command(after_help = AFTER_HELP)]
     Stats(StatsArgs),
+    /// Create or migrate the managed job queue (table rowclaim_jobs). Idempotent; safe to run
+    /// from several processes at once.
+    #[command(after_help = AFTER_HELP)]
+    Init,
+    /// Add jobs to the managed queue: one JSON payload as the argument, or JSON lines on stdin
+    /// (all or nothing: one malformed line adds none, and the error names its line).
+    #[command(after_help = AFTER_HELP)]
+    Enqueue(EnqueueArgs),
     /// Create a SQLite table of jobs and let several workers drain it: shows how many rows each
     /// worker took and checks that no row was processed twice. Needs no server.
     Demo(demo::DemoArgs),
@@ -156,6 +166,39 @@ struct ExtendArgs {
     /// The new lease, from now.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     lease: Duration,
+}
+
+#[derive(Args, Debug)]
+struct EnqueueArgs {
+    /// The queue.
+    #[arg(long, value_name = "Q", default_value = "default")]
+    queue: String,
+    /// The job's kind, for routing to a handler.
+    #[arg(long, value_name = "K", default_value = "")]
+    kind: String,
+    /// Higher runs first.
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    priority: i32,
+    /// Run no earlier than this long from now, e.g. 10s, 5m.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, conflicts_with = "run_at")]
+    delay: Option<Duration>,
+    /// Run no earlier than this time, e.g. 2026-12-01T08:00:00Z.
+    #[arg(long, value_name = "RFC3339", value_parser = humantime::parse_rfc3339_weak)]
+    run_at: Option<std::time::SystemTime>,
+    /// Runs before the job is dead.
+    #[arg(long, value_name = "N", default_value_t = rowclaim::DEFAULT_MAX_ATTEMPTS)]
+    max_attempts: i32,
+    /// While a job with this key is ready or running, return it instead of adding another.
+    #[arg(long, value_name = "K")]
+    unique_key: Option<String>,
+    /// The payload; without it, one payload per line is read from stdin.
+    #[arg(value_name = "JSON")]
+    json: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -238,6 +281,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 until_empty: a.until_empty,
                 poll: a.poll,
                 command: a.command,
+                managed: !a.source.queues.is_empty(),
             };
             let (stop_tx, _) = tokio::sync::watch::channel(false);
             tokio::spawn(stop_on_signal(stop_tx.clone()));
@@ -294,6 +338,48 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             })
             .await
         }
+        Command::Init => {
+            let db = Db::connect(url)
+                .await
+                .context("connecting to the database")?;
+            db.queue().init().await?;
+            eprintln!(
+                "rowclaim: the managed queue is ready on {}",
+                db.server().await?.description
+            );
+            Ok(exit::OK)
+        }
+        Command::Enqueue(a) => enqueue(url, a).await,
+        Command::Stats(a) if !a.source.given() || !a.source.queues.is_empty() => {
+            let db = Db::connect(url)
+                .await
+                .context("connecting to the database")?;
+            let only = (a.source.queues.len() == 1).then(|| a.source.queues[0].as_str());
+            let mut stats = db.queue().stats(only).await?;
+            if a.source.queues.len() > 1 {
+                stats.by_queue.retain(|q, _| a.source.queues.contains(q));
+            }
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&stats)?);
+                return Ok(exit::OK);
+            }
+            println!("{:<20} {:<12} {:>10}", "queue", "status", "jobs");
+            for (queue, by_status) in &stats.by_queue {
+                for (status, n) in by_status {
+                    println!("{queue:<20} {status:<12} {n:>10}");
+                }
+            }
+            println!();
+            for (queue, by_status) in &stats.by_queue {
+                let oldest = stats.oldest_ready_secs.get(queue).copied().unwrap_or(0.0);
+                let done = stats.completed_last_minute.get(queue).copied().unwrap_or(0);
+                let ready = by_status.get("ready").copied().unwrap_or(0);
+                println!(
+                    "{queue}: {ready} ready, oldest due waits {oldest:.1}s, {done} completed in the last minute"
+                );
+            }
+            Ok(exit::OK)
+        }
         Command::Stats(a) => {
             let claimer = claimer(url, &a.source, 2).await?;
             let stats = claimer.stats().await?;
@@ -323,6 +409,75 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     }
 }
 
+/// `rowclaim enqueue`: one job from the argument, or JSON lines from stdin, all or nothing.
+async fn enqueue(url: &str, a: EnqueueArgs) -> anyhow::Result<i32> {
+    let template = |payload: serde_json::Value| {
+        let mut job = rowclaim::NewJob::new(payload)
+            .queue(&a.queue)
+            .kind(&a.kind)
+            .priority(a.priority)
+            .max_attempts(a.max_attempts);
+        if let Some(d) = a.delay {
+            job = job.delay(d);
+        }
+        if let Some(t) = a.run_at {
+            job = job.run_at(t);
+        }
+        if let Some(k) = &a.unique_key {
+            job = job.unique_key(k);
+        }
+        job
+    };
+    let db = Db::connect(url)
+        .await
+        .context("connecting to the database")?;
+    let queue = db.queue();
+    if let Some(text) = &a.json {
+        let payload: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| BadInput(format!("the JSON argument is not valid JSON: {e}")))?;
+        let done = queue.enqueue(&template(payload)).await?;
+        println!("{}", serde_json::to_string(&done)?);
+        if done.existing {
+            eprintln!(
+                "rowclaim: job {} with that unique key is pending already",
+                done.id
+            );
+        }
+        return Ok(exit::OK);
+    }
+    if a.unique_key.is_some() {
+        let why = "--unique-key goes with one job given as an argument, not with JSON lines";
+        return Err(BadInput(why.into()).into());
+    }
+    let progress = indicatif::ProgressBar::new_spinner();
+    progress.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    let mut jobs = Vec::new();
+    let stdin = std::io::stdin();
+    for (i, line) in std::io::BufRead::lines(stdin.lock()).enumerate() {
+        let line = line.context("reading stdin")?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let payload: serde_json::Value = serde_json::from_str(&line).map_err(|e| {
+            BadInput(format!(
+                "line {}: not valid JSON ({e}); nothing was enqueued",
+                i + 1
+            ))
+        })?;
+        jobs.push(template(payload));
+        if jobs.len() % 10_000 == 0 {
+            progress.set_message(format!("read {} jobs", jobs.len()));
+            progress.tick();
+        }
+    }
+    progress.set_message(format!("enqueueing {} jobs", jobs.len()));
+    progress.enable_steady_tick(Duration::from_millis(200));
+    let added = queue.enqueue_many(&jobs).await?;
+    progress.finish_and_clear();
+    eprintln!("rowclaim: enqueued {added} jobs on queue {}", a.queue);
+    Ok(exit::OK)
+}
+
 /// Connects and checks the source against the live table.
 async fn claimer(url: &str, source: &SourceArgs, connections: u32) -> anyhow::Result<Claimer> {
     let opts = rowclaim::ConnectOptions::default().max_connections(connections.max(2));
@@ -330,7 +485,10 @@ async fn claimer(url: &str, source: &SourceArgs, connections: u32) -> anyhow::Re
         let scheme = url.split(':').next().unwrap_or_default();
         format!("connecting to the {scheme} database")
     })?;
-    let claimer = db.claimer(source.to_source()?, source.strategy).await?;
+    let claimer = match source.target()? {
+        Target::Table(table) => db.claimer(*table, source.strategy).await?,
+        Target::Queues(queues) => db.queue().claimer(&queues).await?,
+    };
     Ok(claimer)
 }
 

@@ -13,13 +13,11 @@ use rowclaim::{Source, Strategy};
 #[command(next_help_heading = "Source (the table and its columns)")]
 pub struct SourceArgs {
     /// The table (optionally schema.table). Identifiers must be plain names: letters, digits, _.
-    #[arg(
-        long,
-        value_name = "NAME",
-        conflicts_with = "source",
-        required_unless_present = "source"
-    )]
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["source", "queues"])]
     pub table: Option<String>,
+    /// Use the managed job queue (see `rowclaim init`): jobs of queue Q. Repeat for several.
+    #[arg(long = "queue", value_name = "Q", conflicts_with = "source")]
+    pub queues: Vec<String>,
     /// Column holding each row's unique id (integer or text).
     #[arg(long, value_name = "C", default_value = "id")]
     pub id_column: String,
@@ -77,8 +75,30 @@ struct ConfigFile {
     source: BTreeMap<String, Source>,
 }
 
+/// What a command works on: a table (given or configured) or the managed queue.
+pub enum Target {
+    Table(Box<Source>),
+    Queues(Vec<String>),
+}
+
 impl SourceArgs {
-    pub fn to_source(&self) -> anyhow::Result<Source> {
+    /// Whether any of --table, --source, --queue was given.
+    pub fn given(&self) -> bool {
+        self.table.is_some() || self.source.is_some() || !self.queues.is_empty()
+    }
+
+    pub fn target(&self) -> anyhow::Result<Target> {
+        if !self.queues.is_empty() {
+            if self.strategy != Strategy::Auto {
+                let why = "the managed queue chooses its strategy itself: drop --strategy";
+                return Err(BadInput(why.into()).into());
+            }
+            return Ok(Target::Queues(self.queues.clone()));
+        }
+        self.to_source().map(|s| Target::Table(Box::new(s)))
+    }
+
+    fn to_source(&self) -> anyhow::Result<Source> {
         if let Some(name) = &self.source {
             let path = self.config.display();
             let text = std::fs::read_to_string(&self.config)
@@ -93,7 +113,8 @@ impl SourceArgs {
             return Ok(source);
         }
         let Some(table) = &self.table else {
-            let why = "name the table with --table, or a configured source with --source";
+            let why = "name the table with --table, a configured source with --source, or the \
+                       managed queue with --queue";
             return Err(BadInput(why.into()).into());
         };
         let mut s = Source::new(table)

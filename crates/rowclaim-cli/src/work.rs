@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
-use rowclaim::{Claim, ClaimedRow, Claimer, Error};
+use rowclaim::{Claim, ClaimedRow, Claimer, Error, Job};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{watch, Notify, Semaphore};
 use tokio::task::JoinSet;
@@ -24,6 +24,9 @@ pub struct WorkOptions {
     pub until_empty: bool,
     pub poll: Duration,
     pub command: Vec<String>,
+    /// Rows are jobs of the managed queue: the payload goes to stdin, and a failure is retried
+    /// with backoff until the job's last attempt, then the job is dead.
+    pub managed: bool,
 }
 
 /// What a worker did, printed when it stops.
@@ -31,6 +34,7 @@ pub struct WorkOptions {
 pub struct Tally {
     pub done: AtomicU64,
     pub failed: AtomicU64,
+    pub retried: AtomicU64,
     pub released: AtomicU64,
     pub lost: AtomicU64,
 }
@@ -38,9 +42,10 @@ pub struct Tally {
 impl Tally {
     pub fn line(&self) -> String {
         format!(
-            "{} done, {} failed, {} released, {} lost to another worker",
+            "{} done, {} failed, {} to retry, {} released, {} lost to another worker",
             self.done.load(Ordering::Relaxed),
             self.failed.load(Ordering::Relaxed),
+            self.retried.load(Ordering::Relaxed),
             self.released.load(Ordering::Relaxed),
             self.lost.load(Ordering::Relaxed)
         )
@@ -196,11 +201,40 @@ async fn settle_row(claim: &Claim, row: &ClaimedRow, shared: &Shared) {
         };
         return;
     };
-    let outcome = run_command(claim, row, &shared.opts.command).await;
-    let settled = match outcome {
-        Ok(true) => claim.complete(&row.id).await.map(|()| &shared.tally.done),
-        Ok(false) => claim.fail(&row.id).await.map(|()| &shared.tally.failed),
-        Err(why) => {
+    let job = if shared.opts.managed {
+        match Job::from_row(row) {
+            Ok(job) => Some(job),
+            Err(e) => {
+                eprintln!("rowclaim: row {}: not a job ({e}); giving it back", row.id);
+                let _ = claim.release(&row.id).await;
+                return;
+            }
+        }
+    } else {
+        None
+    };
+    // A job whose lease ran out on its last attempt (its worker died) has no attempts left.
+    if let Some(job) = job.as_ref().filter(|j| j.attempt > j.max_attempts) {
+        let why = format!("no attempts left after {} runs", job.max_attempts);
+        if claim.fail_with(&row.id, why).await.is_ok() {
+            shared.tally.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        return;
+    }
+    let input = job.as_ref().map_or(&row.data, |j| &j.payload);
+    let outcome = run_command(claim, row, input, &shared.opts.command).await;
+    let settled = match (outcome, &job) {
+        (Ok(None), _) => claim.complete(&row.id).await.map(|()| &shared.tally.done),
+        (Ok(Some(error)), Some(job)) if job.attempt < job.max_attempts => claim
+            .retry(&row.id, rowclaim::backoff(job.attempt), error)
+            .await
+            .map(|()| &shared.tally.retried),
+        (Ok(Some(error)), Some(_)) => claim
+            .fail_with(&row.id, error)
+            .await
+            .map(|()| &shared.tally.failed),
+        (Ok(Some(_)), None) => claim.fail(&row.id).await.map(|()| &shared.tally.failed),
+        (Err(why), _) => {
             if let Ok(mut f) = shared.fatal.lock() {
                 f.get_or_insert(why);
             }
@@ -226,9 +260,14 @@ async fn settle_row(claim: &Claim, row: &ClaimedRow, shared: &Shared) {
     }
 }
 
-/// Runs the command with the row as JSON on stdin. `Ok(true)` on exit status 0; `Err` when the
-/// command could not be started at all.
-async fn run_command(claim: &Claim, row: &ClaimedRow, command: &[String]) -> Result<bool, String> {
+/// Runs the command with `input` as one JSON line on stdin. `Ok(None)` on exit status 0,
+/// `Ok(Some(what went wrong))` otherwise; `Err` when the command could not be started at all.
+async fn run_command(
+    claim: &Claim,
+    row: &ClaimedRow,
+    input: &serde_json::Value,
+    command: &[String],
+) -> Result<Option<String>, String> {
     let (program, args) = command
         .split_first()
         .ok_or_else(|| "no COMMAND given after --".to_string())?;
@@ -242,21 +281,16 @@ async fn run_command(claim: &Claim, row: &ClaimedRow, command: &[String]) -> Res
         .spawn()
         .map_err(|e| format!("cannot run {program:?}: {e}"))?;
     if let Some(mut stdin) = child.stdin.take() {
-        let mut line = row.data.to_string();
+        let mut line = input.to_string();
         line.push('\n');
         // A command that does not read its input closes the pipe early; that is fine.
         let _ = stdin.write_all(line.as_bytes()).await;
     }
-    match child.wait().await {
-        Ok(status) => {
-            if !status.success() {
-                eprintln!("rowclaim: row {}: {program} exited with {status}", row.id);
-            }
-            Ok(status.success())
-        }
-        Err(e) => {
-            eprintln!("rowclaim: row {}: waiting for {program}: {e}", row.id);
-            Ok(false)
-        }
-    }
+    let failure = match child.wait().await {
+        Ok(status) if status.success() => return Ok(None),
+        Ok(status) => format!("{program} exited with {status}"),
+        Err(e) => format!("waiting for {program}: {e}"),
+    };
+    eprintln!("rowclaim: row {}: {failure}", row.id);
+    Ok(Some(failure))
 }

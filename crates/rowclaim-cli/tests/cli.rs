@@ -415,3 +415,222 @@ fn demo_drains_a_table_exactly_once() {
     );
     assert_eq!(text.matches("worker ").count(), 3, "{text}");
 }
+
+/// Which ids each worker process started: `started.<worker pid>` files written by the command.
+fn starts_by_worker(dir: &Path) -> HashMap<String, Vec<String>> {
+    let mut by = HashMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if let Some(pid) = name.strip_prefix("started.") {
+            let ids = std::fs::read_to_string(&path).unwrap();
+            by.insert(pid.to_owned(), ids.lines().map(str::to_owned).collect());
+        }
+    }
+    by
+}
+
+/// The managed queue: 5,000 jobs, three `work --queue` processes, one SIGKILLed mid-run and two
+/// more started later. Every job ends completed, and only jobs the killed worker held ran twice.
+async fn queue_crash_recovery(t: Arc<TestDb>) {
+    const JOBS: usize = 5000;
+    assert!(output(&t, &["init"]).await.status.success());
+    let lines: String = (0..JOBS).map(|i| format!("{{\"n\":{i}}}\n")).collect();
+    let mut enqueue = rowclaim(&t, &["enqueue", "--queue", "q"]);
+    enqueue
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = enqueue.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, lines.as_bytes())
+        .await
+        .unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        "echo \"$ROWCLAIM_ID\" >> {}/started.$PPID; cat >/dev/null; sleep 0.02",
+        dir.path().display()
+    );
+    let worker = |group: bool| {
+        let mut c = rowclaim(
+            &t,
+            &["work", "--queue", "q", "--until-empty", "--lease", "2s"],
+        );
+        c.args([
+            "--concurrency",
+            "4",
+            "--poll",
+            "200ms",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ]);
+        c.stderr(Stdio::piped());
+        if group {
+            c.process_group(0);
+        }
+        c.spawn().expect("start worker")
+    };
+    let doomed = worker(true);
+    let doomed_pid = doomed.id().unwrap().to_string();
+    let mut survivors = vec![worker(false), worker(false)];
+    // Let the doomed worker get going, then kill it and its commands without warning.
+    for _ in 0..400 {
+        let started = starts_by_worker(dir.path());
+        if started.get(&doomed_pid).map_or(0, Vec::len) >= 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    std::process::Command::new("kill")
+        .args(["-s", "KILL", "--", &format!("-{doomed_pid}")])
+        .status()
+        .unwrap();
+    survivors.push(worker(false));
+    survivors.push(worker(false));
+    for w in survivors {
+        let out = w.wait_with_output().await.unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'completed'")
+            .await,
+        JOBS as i64
+    );
+    let by_worker = starts_by_worker(dir.path());
+    let killed: std::collections::HashSet<&String> = by_worker
+        .get(&doomed_pid)
+        .map(|v| v.iter().collect())
+        .unwrap_or_default();
+    assert!(!killed.is_empty(), "the killed worker ran jobs");
+    let mut runs: HashMap<&String, usize> = HashMap::new();
+    for ids in by_worker.values() {
+        for id in ids {
+            *runs.entry(id).or_default() += 1;
+        }
+    }
+    assert_eq!(runs.len(), JOBS, "every job ran");
+    let again: Vec<_> = runs
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, _)| *id)
+        .collect();
+    assert!(
+        !again.is_empty(),
+        "the killed worker's running jobs ran again"
+    );
+    for id in &again {
+        assert!(
+            killed.contains(id),
+            "job {id} ran twice but the killed worker never held it"
+        );
+        assert_eq!(runs[id], 2, "job {id} ran more than twice");
+    }
+}
+
+/// enqueue reads JSON lines all or nothing, naming the bad line; work --queue retries a failing
+/// job with backoff, then it is dead with its error kept.
+async fn queue_cli(t: Arc<TestDb>) {
+    let out = output(&t, &["enqueue", "{}"]).await;
+    assert_eq!(out.status.code(), Some(2), "before init");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("rowclaim init"));
+    assert!(output(&t, &["init"]).await.status.success());
+
+    let mut enqueue = rowclaim(&t, &["enqueue", "--queue", "q"]);
+    enqueue.stdin(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = enqueue.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, b"{\"a\":1}\n{\"a\":2}\n{\"a\": oops}\n")
+        .await
+        .unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().await.unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("line 3"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_jobs").await,
+        0,
+        "nothing was enqueued"
+    );
+
+    let out = output(
+        &t,
+        &[
+            "enqueue",
+            "--queue",
+            "q",
+            "--max-attempts",
+            "2",
+            "{\"x\":1}",
+        ],
+    )
+    .await;
+    assert!(out.status.success());
+    let work = [
+        "work",
+        "--queue",
+        "q",
+        "--until-empty",
+        "--poll",
+        "100ms",
+        "--",
+        "sh",
+        "-c",
+        "exit 3",
+    ];
+    let out = output(&t, &work).await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("1 failed, 1 to retry"), "{err}");
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'dead' AND attempts = 2 AND last_error LIKE '%exit status: 3%'").await,
+        1
+    );
+    let out = output(&t, &["stats", "--json"]).await;
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["by_queue"]["q"]["dead"], 1);
+}
+
+macro_rules! queue_cli_cases {
+    ($backend:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn queue_workers_survive_a_sigkill() {
+            with_db($backend, queue_crash_recovery).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn queue_enqueue_and_retries() {
+            with_db($backend, queue_cli).await
+        }
+    };
+}
+
+mod queue_postgres {
+    use super::*;
+    queue_cli_cases!(Backend::Postgres);
+}
+mod queue_mysql {
+    use super::*;
+    queue_cli_cases!(Backend::MySql);
+}
+mod queue_sqlite {
+    use super::*;
+    queue_cli_cases!(Backend::Sqlite);
+}

@@ -367,14 +367,14 @@ impl Claimer {
         i.db.backend.stats(&i.m, i.strategy).await
     }
 
-    /// How much work is left: ready rows and claimed rows.
+    /// How much work is left: ready rows (for the managed queue: due, or awaiting a retry) and
+    /// claimed rows, within the source's queues and filter.
     pub async fn backlog(&self) -> Result<Backlog> {
         let i = &self.inner;
-        let s = self.stats().await?;
-        let count = |v: &RowId| s.by_status.get(&v.to_string()).copied().unwrap_or(0);
+        let (ready, claimed) = i.db.backend.backlog(&i.m).await?;
         Ok(Backlog {
-            ready: count(&i.m.ready),
-            claimed: count(&i.m.claimed),
+            ready,
+            claimed,
             claims_expire: i.strategy == Strategy::LeaseTable || i.m.lease.is_some(),
         })
     }
@@ -506,7 +506,6 @@ impl Claim {
             .map(|_| ())
     }
 
-    #[allow(dead_code)] // the managed queue's retries use it (next commit)
     pub(crate) async fn settle_as(&self, id: &RowId, outcome: Outcome) -> Result<()> {
         self.settle(id, outcome).await
     }

@@ -56,6 +56,7 @@ mod backend;
 mod claim;
 mod db;
 mod error;
+mod queue;
 mod source;
 mod strategy;
 mod value;
@@ -66,6 +67,7 @@ pub use claim::{
 };
 pub use db::{ConnectOptions, Db};
 pub use error::{Error, Result};
+pub use queue::{backoff, Enqueued, Job, NewJob, Queue, QueueStats, DEFAULT_MAX_ATTEMPTS};
 pub use source::Source;
 pub use strategy::Strategy;
 pub use value::RowId;

@@ -107,7 +107,6 @@ impl Source {
     }
 
     /// The managed queue's source: `rowclaim_jobs`, jobs of `queues` whose run-at has come.
-    #[allow(dead_code)] // the managed queue uses it (next commit)
     pub(crate) fn managed(queues: Vec<String>) -> Source {
         let mut s = Source::new("rowclaim_jobs")
             .status_values("ready", "running", "completed", "dead")

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::queue::{Admin, Enqueued, NewJob, QueueStats};
 use crate::source::{Mapping, TableName};
 use crate::value::IdList;
 use crate::{LockMode, LockWait, Result, Stats, Strategy};
@@ -187,7 +188,6 @@ pub(crate) enum Outcome {
     /// Given back, ready at once.
     Ready,
     /// Given back, ready again after a delay (needs a run-at column), keeping the error.
-    #[allow(dead_code)] // the managed queue's retries use it (next commit)
     Retry {
         after: Duration,
         error: Option<String>,
@@ -236,6 +236,37 @@ where
         set.push(format!("{col} = {now}"));
     }
     set.join(", ")
+}
+
+/// The two counts of [`Driver::backlog`]: ready rows that are due or await a retry (a row
+/// scheduled for later that never ran is not work yet), and claimed rows; both within the
+/// source's queues and filter.
+pub(crate) fn backlog_sql<DB: sqlx::Database>(
+    m: &Mapping,
+    claimed: bool,
+    b: &mut Binder<DB>,
+    now: &str,
+) -> String
+where
+    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    let cond = if claimed {
+        format!("{} = {}", m.status, b.value(&m.claimed))
+    } else {
+        let due = match (&m.run_at, &m.attempts) {
+            (Some(r), Some(a)) => format!(" AND ({r} <= {now} OR {a} > 0)"),
+            (Some(r), None) => format!(" AND {r} <= {now}"),
+            _ => String::new(),
+        };
+        format!("{} = {}{due}", m.status, b.value(&m.ready))
+    };
+    let queues = queue_condition(m, b);
+    format!(
+        "SELECT COUNT(*) FROM {} WHERE {cond}{queues}{}",
+        m.table, m.filter
+    )
 }
 
 /// For the managed queue: ` AND queue IN (…)` with the queue names bound; empty otherwise.
@@ -357,6 +388,17 @@ pub(crate) trait Driver {
     async fn counter_next(&self, name: &str) -> Result<i64>;
     /// Counts by status, claims by owner, expired leases.
     async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<Stats>;
+
+    /// Rows that still need a worker: (ready and due or awaiting a retry, claimed).
+    async fn backlog(&self, m: &Mapping) -> Result<(u64, u64)>;
+    /// Creates or migrates the managed queue's tables (versioned; concurrent runs take turns).
+    async fn queue_init(&self) -> Result<()>;
+    /// Enqueues jobs in one transaction, all or none.
+    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>>;
+    /// Cancels, retries or prunes jobs; returns how many changed.
+    async fn queue_admin(&self, op: Admin) -> Result<u64>;
+    /// Jobs per queue and status, oldest due ready job, recent throughput.
+    async fn queue_stats(&self, queue: Option<&str>) -> Result<QueueStats>;
 }
 
 /// One of the three databases.
@@ -458,6 +500,21 @@ impl Backend {
     }
     pub(crate) async fn stats(&self, m: &Mapping, s: Strategy) -> Result<Stats> {
         dispatch!(self, d => d.stats(m, s).await)
+    }
+    pub(crate) async fn backlog(&self, m: &Mapping) -> Result<(u64, u64)> {
+        dispatch!(self, d => d.backlog(m).await)
+    }
+    pub(crate) async fn queue_init(&self) -> Result<()> {
+        dispatch!(self, d => d.queue_init().await)
+    }
+    pub(crate) async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
+        dispatch!(self, d => d.enqueue(jobs).await)
+    }
+    pub(crate) async fn queue_admin(&self, op: Admin) -> Result<u64> {
+        dispatch!(self, d => d.queue_admin(op).await)
+    }
+    pub(crate) async fn queue_stats(&self, queue: Option<&str>) -> Result<QueueStats> {
+        dispatch!(self, d => d.queue_stats(queue).await)
     }
 }
 

@@ -1,0 +1,416 @@
+//! The managed job queue: `rowclaim_jobs`, a table whose mapping rowclaim owns.
+//!
+//! Jobs carry a queue name, a kind, a JSON payload, a priority, a time to run at, a most-attempts
+//! count and an optional unique key. Their states: `ready` → `running` → `completed`, or back to
+//! `ready` with a later run-at after a failure, or `dead` after the last attempt; `cancelled` by
+//! hand. Claiming, fencing and lease expiry are the same as for any source.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{retry_transient, Outcome};
+use crate::{Claim, Claimer, Db, Error, Result, RowId, Source, Strategy};
+
+/// A job to enqueue.
+///
+/// ```
+/// use rowclaim::NewJob;
+/// use std::time::Duration;
+/// let job = NewJob::new(serde_json::json!({"to": "ada@example.com"}))
+///     .queue("mail")
+///     .kind("welcome")
+///     .priority(10)
+///     .delay(Duration::from_secs(60))
+///     .unique_key("welcome:ada");
+/// assert_eq!(job.queue_name(), "mail");
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NewJob {
+    queue: String,
+    kind: String,
+    payload: serde_json::Value,
+    priority: i32,
+    delay: Duration,
+    run_at_ms: Option<i64>,
+    max_attempts: i32,
+    unique_key: Option<String>,
+}
+
+/// The attempts a job gets unless told otherwise.
+pub const DEFAULT_MAX_ATTEMPTS: i32 = 25;
+
+impl NewJob {
+    /// A job with this payload on queue `default`, kind `""`, priority 0, to run now, with
+    /// [`DEFAULT_MAX_ATTEMPTS`] attempts.
+    pub fn new(payload: serde_json::Value) -> NewJob {
+        NewJob {
+            queue: "default".into(),
+            kind: String::new(),
+            payload,
+            priority: 0,
+            delay: Duration::ZERO,
+            run_at_ms: None,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            unique_key: None,
+        }
+    }
+
+    /// The queue it goes to.
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+
+    /// The queue's name.
+    pub fn queue_name(&self) -> &str {
+        &self.queue
+    }
+
+    /// Its kind, for routing to a handler.
+    pub fn kind(mut self, kind: impl Into<String>) -> Self {
+        self.kind = kind.into();
+        self
+    }
+
+    /// Higher runs first. Default 0.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Run no earlier than `delay` from now (the database's now).
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self.run_at_ms = None;
+        self
+    }
+
+    /// Run no earlier than `at`.
+    pub fn run_at(mut self, at: SystemTime) -> Self {
+        let ms = match at.duration_since(UNIX_EPOCH) {
+            Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+            Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
+        };
+        self.run_at_ms = Some(ms);
+        self
+    }
+
+    /// How many times it may run before it is dead. Default [`DEFAULT_MAX_ATTEMPTS`].
+    pub fn max_attempts(mut self, n: i32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// While a job with this key is ready or running, enqueueing another returns that job.
+    pub fn unique_key(mut self, key: impl Into<String>) -> Self {
+        self.unique_key = Some(key.into());
+        self
+    }
+
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.queue.is_empty() || self.queue.len() > 255 {
+            return Err(Error::InvalidInput(
+                "queue name must have 1 to 255 characters".into(),
+            ));
+        }
+        if self.max_attempts < 1 {
+            return Err(Error::InvalidInput(format!(
+                "max attempts must be at least 1, not {}",
+                self.max_attempts
+            )));
+        }
+        if self.unique_key.as_ref().is_some_and(|k| k.len() > 255) {
+            return Err(Error::InvalidInput(
+                "unique key is longer than 255 characters".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn parts(&self) -> JobParts<'_> {
+        JobParts {
+            queue: &self.queue,
+            kind: &self.kind,
+            payload: self.payload.to_string(),
+            priority: self.priority,
+            delay_ms: crate::backend::lease_ms(self.delay).min(i64::MAX / 1000)
+                * i64::from(!self.delay.is_zero()),
+            run_at_ms: self.run_at_ms,
+            max_attempts: self.max_attempts,
+            unique_key: self.unique_key.as_deref(),
+        }
+    }
+}
+
+/// A job's columns as the drivers bind them.
+pub(crate) struct JobParts<'a> {
+    pub queue: &'a str,
+    pub kind: &'a str,
+    pub payload: String,
+    pub priority: i32,
+    pub delay_ms: i64,
+    pub run_at_ms: Option<i64>,
+    pub max_attempts: i32,
+    pub unique_key: Option<&'a str>,
+}
+
+/// What enqueueing one job did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Enqueued {
+    /// The job's id.
+    pub id: i64,
+    /// True when a job with the same unique key was pending already: `id` is that job's.
+    pub existing: bool,
+}
+
+/// Counts of the managed queue, per queue and status.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct QueueStats {
+    /// queue → status → jobs.
+    pub by_queue: BTreeMap<String, BTreeMap<String, u64>>,
+    /// How long the oldest due ready job has waited, in seconds, per queue.
+    pub oldest_ready_secs: BTreeMap<String, f64>,
+    /// Jobs completed in the last minute, per queue.
+    pub completed_last_minute: BTreeMap<String, u64>,
+}
+
+/// The managed job queue of a database. Get one with [`Db::queue`].
+#[derive(Clone, Debug)]
+pub struct Queue {
+    db: Db,
+}
+
+impl Db {
+    /// The managed job queue in this database (create it with [`Queue::init`]).
+    pub fn queue(&self) -> Queue {
+        Queue { db: self.clone() }
+    }
+}
+
+impl Queue {
+    /// Creates or migrates `rowclaim_jobs` and its indexes. Versioned and idempotent; safe when
+    /// several processes run it at once (they take turns on a lock).
+    pub async fn init(&self) -> Result<()> {
+        self.db.backend.queue_init().await
+    }
+
+    /// Enqueues one job. With a unique key that is pending already, returns that job instead.
+    pub async fn enqueue(&self, job: &NewJob) -> Result<Enqueued> {
+        job.check()?;
+        let mut got = retry_transient!(self.db.backend.enqueue(std::slice::from_ref(job)).await)
+            .map_err(not_initialised)?;
+        got.pop()
+            .ok_or_else(|| Error::InvalidInput("enqueue returned nothing".into()))
+    }
+
+    /// Enqueues many jobs in one transaction: all of them or, on any error, none. Returns how many
+    /// new jobs were added (jobs whose unique key was pending already are not added).
+    pub async fn enqueue_many(&self, jobs: &[NewJob]) -> Result<u64> {
+        for (i, job) in jobs.iter().enumerate() {
+            job.check()
+                .map_err(|e| Error::InvalidInput(format!("job {}: {e}", i + 1)))?;
+        }
+        let got = retry_transient!(self.db.backend.enqueue(jobs).await).map_err(not_initialised)?;
+        Ok(got.iter().filter(|e| !e.existing).count() as u64)
+    }
+
+    /// Enqueues a job inside the caller's PostgreSQL transaction: it exists only if that
+    /// transaction commits. Pass `&mut tx`.
+    pub async fn enqueue_postgres(conn: &mut sqlx::PgConnection, job: &NewJob) -> Result<Enqueued> {
+        job.check()?;
+        crate::backend::postgres::enqueue_one(conn, &job.parts()).await
+    }
+
+    /// Enqueues a job inside the caller's MySQL/MariaDB transaction. Pass `&mut tx`.
+    pub async fn enqueue_mysql(conn: &mut sqlx::MySqlConnection, job: &NewJob) -> Result<Enqueued> {
+        job.check()?;
+        crate::backend::mysql::enqueue_one(conn, &job.parts()).await
+    }
+
+    /// Enqueues a job inside the caller's SQLite transaction. Pass `&mut tx`.
+    pub async fn enqueue_sqlite(
+        conn: &mut sqlx::SqliteConnection,
+        job: &NewJob,
+    ) -> Result<Enqueued> {
+        job.check()?;
+        crate::backend::sqlite::enqueue_one(conn, &job.parts()).await
+    }
+
+    /// A claimer of due jobs from `queues` (all queues when empty), highest priority first, then
+    /// oldest run-at. It uses skip-locked where the server has it, token elsewhere.
+    pub async fn claimer(&self, queues: &[String]) -> Result<Claimer> {
+        for q in queues {
+            if q.is_empty() {
+                return Err(Error::InvalidInput("queue name must not be empty".into()));
+            }
+        }
+        self.db
+            .claimer(Source::managed(queues.to_vec()), Strategy::Auto)
+            .await
+            .map_err(not_initialised)
+    }
+
+    /// Cancels a ready or running job (a running one's result is then refused by fencing).
+    /// Returns whether a job was cancelled.
+    pub async fn cancel(&self, id: i64) -> Result<bool> {
+        Ok(retry_transient!(self.db.backend.queue_admin(Admin::Cancel(id)).await)? > 0)
+    }
+
+    /// Makes a dead or cancelled job ready again, with its attempts reset. Returns whether one was.
+    pub async fn retry(&self, id: i64) -> Result<bool> {
+        Ok(retry_transient!(self.db.backend.queue_admin(Admin::Retry(id)).await)? > 0)
+    }
+
+    /// Deletes completed, dead and cancelled jobs that finished longer than `age` ago.
+    pub async fn prune(&self, age: Duration) -> Result<u64> {
+        retry_transient!(self.db.backend.queue_admin(Admin::Prune(age)).await)
+    }
+
+    /// Jobs per queue and status, the oldest due ready job's wait, and recent throughput.
+    pub async fn stats(&self, queue: Option<&str>) -> Result<QueueStats> {
+        retry_transient!(self.db.backend.queue_stats(queue).await).map_err(not_initialised)
+    }
+}
+
+/// Says what to do when the managed queue's table is missing.
+fn not_initialised(e: Error) -> Error {
+    let missing = match &e {
+        Error::MissingTable { .. } => true,
+        Error::Database(sqlx::Error::Database(d)) => {
+            // PostgreSQL 42P01, MySQL 1146 (SQLSTATE 42S02), SQLite "no such table".
+            matches!(d.code().as_deref(), Some("42P01" | "42S02"))
+                || d.message().contains("no such table")
+        }
+        _ => false,
+    };
+    if missing {
+        Error::InvalidInput(
+            "the managed queue does not exist here yet: run `rowclaim init` first".into(),
+        )
+    } else {
+        e
+    }
+}
+
+/// Administrative changes to jobs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Admin {
+    Cancel(i64),
+    Retry(i64),
+    Prune(Duration),
+}
+
+/// A claimed job, read from its row.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct Job {
+    /// The job's id.
+    pub id: i64,
+    /// Its queue.
+    pub queue: String,
+    /// Its kind.
+    pub kind: String,
+    /// Its payload.
+    pub payload: serde_json::Value,
+    /// This run's number: 1 on the first run.
+    pub attempt: i64,
+    /// Runs it may have in all.
+    pub max_attempts: i64,
+}
+
+impl Job {
+    /// Reads a job out of a claimed row of `rowclaim_jobs`.
+    pub fn from_row(row: &crate::ClaimedRow) -> Result<Job> {
+        let d = &row.data;
+        let id = match &row.id {
+            RowId::Int(i) => *i,
+            RowId::Text(t) => t
+                .parse()
+                .map_err(|_| Error::InvalidInput(format!("job id {t:?} is not an integer")))?,
+        };
+        let text = |k: &str| {
+            d.get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let int = |k: &str| d.get(k).and_then(serde_json::Value::as_i64).unwrap_or(0);
+        // MySQL and SQLite store the payload as text; PostgreSQL as jsonb.
+        let payload = match d.get("payload") {
+            Some(serde_json::Value::String(s)) => {
+                serde_json::from_str(s).unwrap_or_else(|_| serde_json::Value::String(s.clone()))
+            }
+            Some(v) => v.clone(),
+            None => serde_json::Value::Null,
+        };
+        Ok(Job {
+            id,
+            queue: text("queue"),
+            kind: text("kind"),
+            payload,
+            attempt: int("attempts"),
+            max_attempts: int("max_attempts"),
+        })
+    }
+}
+
+/// How long a failed job waits before its next run: exponential in the attempt (1 s, 2 s, 4 s …,
+/// at most an hour), with ±25% jitter so that jobs that failed together do not retry together.
+pub fn backoff(attempt: i64) -> Duration {
+    let base = 2f64.powi(attempt.clamp(1, 30) as i32 - 1).min(3600.0);
+    let jitter = f64::from(uuid::Uuid::now_v7().as_bytes()[15]) / 255.0; // 0..=1
+    Duration::from_secs_f64(base * (0.75 + 0.5 * jitter))
+}
+
+impl Claim {
+    /// Gives a row back to run again after `after`, keeping `error` (where the source has a
+    /// run-at and an error column, as the managed queue does; elsewhere it is ready at once).
+    pub async fn retry(&self, id: &RowId, after: Duration, error: impl Into<String>) -> Result<()> {
+        self.settle_as(
+            id,
+            Outcome::Retry {
+                after,
+                error: Some(error.into()),
+            },
+        )
+        .await
+    }
+
+    /// Marks a row failed for good (`dead` in the managed queue), keeping `error` where the source
+    /// has a column for it.
+    pub async fn fail_with(&self, id: &RowId, error: impl Into<String>) -> Result<()> {
+        self.settle_as(id, Outcome::Failed(Some(error.into())))
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let first = backoff(1).as_secs_f64();
+        assert!((0.75..=1.25).contains(&first), "{first}");
+        let tenth = backoff(10).as_secs_f64();
+        assert!((384.0..=640.0).contains(&tenth), "{tenth}");
+        assert!(backoff(50).as_secs_f64() <= 4500.0);
+    }
+
+    #[test]
+    fn bad_jobs_are_refused() {
+        assert!(NewJob::new(serde_json::json!({}))
+            .queue("")
+            .check()
+            .is_err());
+        let err = NewJob::new(serde_json::json!({}))
+            .max_attempts(0)
+            .check()
+            .unwrap_err();
+        assert!(err.to_string().contains("max attempts"), "{err}");
+    }
+}

@@ -1,0 +1,287 @@
+//! The managed queue on every backend: init, enqueue (bulk, unique keys, inside a caller's
+//! transaction), claiming due jobs by queue and priority, retries and dead jobs, admin, stats.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use common::{with_db, Backend, TestDb};
+use rowclaim::{Db, Job, NewJob, Queue};
+use serde_json::json;
+
+async fn ready_queue(t: &TestDb) -> (Db, Queue) {
+    let db = t.db().await;
+    let q = db.queue();
+    q.init().await.expect("init");
+    (db, q)
+}
+
+/// Init is idempotent and safe when several processes run it at once.
+async fn init_concurrently(t: Arc<TestDb>) {
+    let mut inits = Vec::new();
+    for _ in 0..3 {
+        let db = t.db().await;
+        inits.push(tokio::spawn(async move { db.queue().init().await }));
+    }
+    for i in inits {
+        i.await.unwrap().expect("concurrent init");
+    }
+    t.db().await.queue().init().await.expect("init again");
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_schema WHERE component = 'jobs' AND version = 1")
+            .await,
+        1
+    );
+}
+
+/// Jobs come out by queue, when due, highest priority first, with their payload.
+async fn claim_due_jobs(t: Arc<TestDb>) {
+    let (_db, q) = ready_queue(&t).await;
+    q.enqueue(&NewJob::new(json!({"n": 1})).queue("mail"))
+        .await
+        .unwrap();
+    q.enqueue(&NewJob::new(json!({"n": 2})).queue("mail").priority(5))
+        .await
+        .unwrap();
+    q.enqueue(&NewJob::new(json!({"n": 3})).queue("other"))
+        .await
+        .unwrap();
+    q.enqueue(
+        &NewJob::new(json!({"n": 4}))
+            .queue("mail")
+            .delay(Duration::from_secs(3600)),
+    )
+    .await
+    .unwrap();
+    let later = SystemTime::now() + Duration::from_secs(3600);
+    q.enqueue(&NewJob::new(json!({"n": 5})).queue("mail").run_at(later))
+        .await
+        .unwrap();
+
+    let c = q.claimer(&["mail".to_owned()]).await.unwrap();
+    let first = c.claim(1, Duration::from_secs(30)).await.unwrap();
+    let job = Job::from_row(&first.rows()[0]).unwrap();
+    assert_eq!(job.payload, json!({"n": 2}), "highest priority first");
+    assert_eq!(
+        (job.queue.as_str(), job.attempt, job.max_attempts),
+        ("mail", 1, 25)
+    );
+    first.complete(&first.rows()[0].id).await.unwrap();
+    let rest = c.claim(10, Duration::from_secs(30)).await.unwrap();
+    let payloads: Vec<_> = rest
+        .rows()
+        .iter()
+        .map(|r| Job::from_row(r).unwrap().payload)
+        .collect();
+    assert_eq!(
+        payloads,
+        vec![json!({"n": 1})],
+        "other queues and future jobs stay"
+    );
+    assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'completed' AND finished_at IS NOT NULL").await, 1);
+}
+
+/// A failed job runs again after its delay, keeping the error; after the last attempt it is dead.
+async fn retries_and_dead(t: Arc<TestDb>) {
+    let (_db, q) = ready_queue(&t).await;
+    let job = q
+        .enqueue(&NewJob::new(json!({})).max_attempts(2))
+        .await
+        .unwrap();
+    let c = q.claimer(&[]).await.unwrap();
+    let claim = c.claim(1, Duration::from_secs(30)).await.unwrap();
+    let id = claim.rows()[0].id.clone();
+    claim
+        .retry(&id, Duration::from_millis(300), "boom 1")
+        .await
+        .unwrap();
+    assert!(
+        c.claim(1, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_empty(),
+        "not due yet"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let again = c.claim(1, Duration::from_secs(30)).await.unwrap();
+    let run = Job::from_row(&again.rows()[0]).unwrap();
+    assert_eq!((run.id, run.attempt), (job.id, 2));
+    assert_eq!(again.rows()[0].data["last_error"], "boom 1");
+    again.fail_with(&id, "boom 2").await.unwrap();
+    assert_eq!(
+        t.count(
+            "SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'dead' AND last_error = 'boom 2'"
+        )
+        .await,
+        1
+    );
+
+    assert!(q.retry(job.id).await.unwrap(), "a dead job can be retried");
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'ready' AND attempts = 0")
+            .await,
+        1
+    );
+    assert!(q.cancel(job.id).await.unwrap());
+    assert!(!q.cancel(job.id).await.unwrap(), "cancelled already");
+    assert!(c
+        .claim(1, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        q.prune(Duration::from_secs(3600)).await.unwrap(),
+        0,
+        "too recent"
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(q.prune(Duration::from_millis(1)).await.unwrap(), 1);
+}
+
+/// Eight concurrent enqueues of one unique key make one job.
+async fn unique_keys(t: Arc<TestDb>) {
+    let (_db, q) = ready_queue(&t).await;
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let db = t.db().await;
+        tasks.push(tokio::spawn(async move {
+            let job = NewJob::new(json!({"try": i})).unique_key("report:2026-11");
+            db.queue().enqueue(&job).await.expect("enqueue")
+        }));
+    }
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.unwrap());
+    }
+    assert_eq!(
+        results.iter().filter(|e| !e.existing).count(),
+        1,
+        "{results:?}"
+    );
+    assert!(results.iter().all(|e| e.id == results[0].id), "{results:?}");
+    // Once the job is finished, the key is free again.
+    let c = q.claimer(&[]).await.unwrap();
+    let claim = c.claim(1, Duration::from_secs(30)).await.unwrap();
+    claim.complete(&claim.rows()[0].id).await.unwrap();
+    let next = q
+        .enqueue(&NewJob::new(json!({})).unique_key("report:2026-11"))
+        .await
+        .unwrap();
+    assert!(!next.existing);
+    assert_ne!(next.id, results[0].id);
+}
+
+/// Bulk enqueue is all or nothing.
+async fn bulk(t: Arc<TestDb>) {
+    let (_db, q) = ready_queue(&t).await;
+    let jobs: Vec<NewJob> = (0..1200)
+        .map(|i| NewJob::new(json!({ "i": i })).queue("bulk"))
+        .collect();
+    assert_eq!(q.enqueue_many(&jobs).await.unwrap(), 1200);
+    let mut bad = jobs[..10].to_vec();
+    bad.push(NewJob::new(json!({})).max_attempts(0));
+    let err = q.enqueue_many(&bad).await.unwrap_err();
+    assert!(err.to_string().contains("job 11"), "{err}");
+    assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_jobs").await, 1200);
+    let stats = q.stats(Some("bulk")).await.unwrap();
+    assert_eq!(stats.by_queue["bulk"]["ready"], 1200);
+    assert!(stats.oldest_ready_secs["bulk"] >= 0.0);
+}
+
+/// A job enqueued in the caller's transaction exists only if it commits.
+async fn in_transaction(t: Arc<TestDb>) {
+    let (_db, _q) = ready_queue(&t).await;
+    let job = NewJob::new(json!({"order": 7}));
+    for commit in [false, true] {
+        match t.backend {
+            Backend::Postgres => {
+                let pool = sqlx::PgPool::connect(&t.url).await.unwrap();
+                let mut tx = pool.begin().await.unwrap();
+                Queue::enqueue_postgres(&mut tx, &job).await.unwrap();
+                if commit {
+                    tx.commit().await.unwrap()
+                } else {
+                    tx.rollback().await.unwrap()
+                }
+            }
+            Backend::MySql => {
+                let pool = sqlx::MySqlPool::connect(&t.url).await.unwrap();
+                let mut tx = pool.begin().await.unwrap();
+                Queue::enqueue_mysql(&mut tx, &job).await.unwrap();
+                if commit {
+                    tx.commit().await.unwrap()
+                } else {
+                    tx.rollback().await.unwrap()
+                }
+            }
+            Backend::Sqlite => {
+                let pool = sqlx::SqlitePool::connect(&t.url).await.unwrap();
+                let mut tx = pool.begin().await.unwrap();
+                Queue::enqueue_sqlite(&mut tx, &job).await.unwrap();
+                if commit {
+                    tx.commit().await.unwrap()
+                } else {
+                    tx.rollback().await.unwrap()
+                }
+            }
+        }
+        let expected = i64::from(commit);
+        assert_eq!(
+            t.count("SELECT COUNT(*) FROM rowclaim_jobs").await,
+            expected,
+            "commit = {commit}"
+        );
+    }
+}
+
+/// Without init, the queue says what to do.
+async fn not_initialised(t: Arc<TestDb>) {
+    let db = t.db().await;
+    let err = db.queue().claimer(&[]).await.unwrap_err();
+    assert!(err.to_string().contains("rowclaim init"), "{err}");
+}
+
+macro_rules! queue_cases {
+    ($backend:expr) => {
+        use super::*;
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn init_is_idempotent_and_concurrent() {
+            with_db($backend, init_concurrently).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn due_jobs_by_queue_and_priority() {
+            with_db($backend, claim_due_jobs).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn retries_then_dead_then_admin() {
+            with_db($backend, retries_and_dead).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn unique_key_under_concurrent_enqueue() {
+            with_db($backend, unique_keys).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn bulk_enqueue_all_or_nothing() {
+            with_db($backend, bulk).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn enqueue_in_callers_transaction() {
+            with_db($backend, in_transaction).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn claim_before_init_says_init() {
+            with_db($backend, not_initialised).await
+        }
+    };
+}
+
+mod postgres {
+    queue_cases!(Backend::Postgres);
+}
+mod sqlite {
+    queue_cases!(Backend::Sqlite);
+}
+mod mysql {
+    queue_cases!(Backend::MySql);
+}
