@@ -16,7 +16,7 @@ use source_args::{SourceArgs, Target};
 pub mod exit {
     /// Success.
     pub const OK: i32 = 0;
-    /// `claim` found nothing to claim.
+    /// `claim` found nothing to claim; `jobs` changed no job.
     pub const NOTHING_CLAIMED: i32 = 1;
     /// Bad input: usage, a name that is not an identifier, a missing table or column, a strategy
     /// the server or table cannot do, a zero lease, an unreadable config file.
@@ -31,7 +31,7 @@ pub mod exit {
 const AFTER_HELP: &str = "\
 Exit codes:
   0  success
-  1  claim: nothing was claimable
+  1  claim: nothing was claimable; jobs: no job was changed
   2  bad input: usage, an invalid identifier, a missing table or column, a strategy this server
      or table cannot do, a zero lease, a bad config file
   3  lease lost: the token no longer holds the rows (nothing was changed)
@@ -100,6 +100,10 @@ enum Command {
     /// from several processes at once.
     #[command(after_help = AFTER_HELP)]
     Init,
+    /// Change jobs of the managed queue by id: retry a dead or cancelled job, cancel a ready or
+    /// running one, prune finished ones. retry and cancel exit 1 when no job was changed.
+    #[command(subcommand, after_help = AFTER_HELP)]
+    Jobs(JobsCommand),
     /// Add jobs to the managed queue: one JSON payload as the argument, or JSON lines on stdin
     /// (all or nothing: one malformed line adds none, and the error names its line).
     #[command(after_help = AFTER_HELP)]
@@ -126,9 +130,14 @@ struct WorkArgs {
     /// still die and give it back). Without it, keep polling for new rows.
     #[arg(long)]
     until_empty: bool,
-    /// How long to wait before looking again when nothing was claimable.
+    /// How long to wait before looking again when nothing was claimable. With --queue on
+    /// PostgreSQL a new job wakes the worker at once (LISTEN/NOTIFY), so this is only a fallback.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
     poll: Duration,
+    /// With --queue on PostgreSQL: do not LISTEN for new jobs, only poll (e.g. behind a
+    /// connection pooler in transaction mode, where LISTEN does not work).
+    #[arg(long)]
+    no_listen: bool,
     /// The command to run per row, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND [ARGS]")]
     command: Vec<String>,
@@ -166,6 +175,26 @@ struct ExtendArgs {
     /// The new lease, from now.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     lease: Duration,
+}
+
+#[derive(Subcommand, Debug)]
+enum JobsCommand {
+    /// Make a dead or cancelled job ready again, its attempts reset.
+    Retry {
+        /// The job's id.
+        id: i64,
+    },
+    /// Cancel a ready or running job (a running job's result is then refused).
+    Cancel {
+        /// The job's id.
+        id: i64,
+    },
+    /// Delete completed, dead and cancelled jobs that finished longer ago than --older-than.
+    Prune {
+        /// e.g. 7d, 12h.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        older_than: Duration,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -283,9 +312,18 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 command: a.command,
                 managed: !a.source.queues.is_empty(),
             };
+            // Listen before the first claim, so that no job enqueued in between is missed.
+            let wakeups = if opts.managed && !a.no_listen {
+                let db = Db::connect(url)
+                    .await
+                    .context("connecting to the database")?;
+                Some(db.queue().wakeups(&a.source.queues).await?)
+            } else {
+                None
+            };
             let (stop_tx, _) = tokio::sync::watch::channel(false);
             tokio::spawn(stop_on_signal(stop_tx.clone()));
-            let tally = work::run(claimer, opts, stop_tx).await?;
+            let tally = work::run(claimer, wakeups, opts, stop_tx).await?;
             eprintln!("rowclaim: {}", tally.line());
             Ok(exit::OK)
         }
@@ -350,6 +388,27 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(exit::OK)
         }
         Command::Enqueue(a) => enqueue(url, a).await,
+        Command::Jobs(op) => {
+            let db = Db::connect(url)
+                .await
+                .context("connecting to the database")?;
+            let queue = db.queue();
+            let (changed, what) = match op {
+                JobsCommand::Retry { id } => (u64::from(queue.retry(id).await?), "retried"),
+                JobsCommand::Cancel { id } => (u64::from(queue.cancel(id).await?), "cancelled"),
+                JobsCommand::Prune { older_than } => {
+                    let n = queue.prune(older_than).await?;
+                    eprintln!("rowclaim: pruned {n} job(s)");
+                    return Ok(exit::OK);
+                }
+            };
+            eprintln!("rowclaim: {what} {changed} job(s)");
+            Ok(if changed > 0 {
+                exit::OK
+            } else {
+                exit::NOTHING_CLAIMED
+            })
+        }
         Command::Stats(a) if !a.source.given() || !a.source.queues.is_empty() => {
             let db = Db::connect(url)
                 .await

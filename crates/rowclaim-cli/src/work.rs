@@ -66,6 +66,7 @@ struct Shared {
 /// Runs until `--until-empty` finds no work left, or until `stop` turns true (a signal).
 pub async fn run(
     claimer: Claimer,
+    mut wakeups: Option<rowclaim::Wakeups>,
     opts: WorkOptions,
     stop_tx: watch::Sender<bool>,
 ) -> anyhow::Result<Arc<Tally>> {
@@ -125,8 +126,19 @@ pub async fn run(
                     break;
                 }
             }
+            // Nothing to claim: wait for the polling interval, a new job (LISTEN/NOTIFY on
+            // PostgreSQL), a row that finishes, or a signal.
+            let poll = shared.opts.poll;
+            let nap = async {
+                match wakeups.as_mut() {
+                    Some(w) => {
+                        w.wait(poll).await;
+                    }
+                    None => tokio::time::sleep(poll).await,
+                }
+            };
             tokio::select! {
-                _ = tokio::time::sleep(shared.opts.poll) => {}
+                _ = nap => {}
                 _ = stop.changed() => {}
                 Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             }

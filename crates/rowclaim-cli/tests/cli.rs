@@ -607,6 +607,83 @@ async fn queue_cli(t: Arc<TestDb>) {
     let out = output(&t, &["stats", "--json"]).await;
     let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(s["by_queue"]["q"]["dead"], 1);
+
+    let id = t
+        .count("SELECT MAX(id) FROM rowclaim_jobs")
+        .await
+        .to_string();
+    let out = output(&t, &["jobs", "retry", &id]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'ready'")
+            .await,
+        1
+    );
+    assert!(output(&t, &["jobs", "cancel", &id]).await.status.success());
+    let out = output(&t, &["jobs", "cancel", &id]).await;
+    assert_eq!(out.status.code(), Some(1), "nothing left to cancel");
+    let out = output(&t, &["jobs", "prune", "--older-than", "1h"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'cancelled'")
+            .await,
+        1
+    );
+}
+
+/// PostgreSQL LISTEN/NOTIFY: a worker polling only every 60 s starts a new job at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_notify_wakes_an_idle_worker() {
+    with_db(Backend::Postgres, |t| async move {
+        assert!(output(&t, &["init"]).await.status.success());
+        let dir = tempfile::tempdir().unwrap();
+        let ran = dir.path().join("ran");
+        let script = format!("cat > {}", ran.display());
+        let mut worker = rowclaim(
+            &t,
+            &[
+                "work", "--queue", "q", "--poll", "60s", "--", "sh", "-c", &script,
+            ],
+        );
+        let worker = worker.stderr(Stdio::piped()).spawn().unwrap();
+        // Give the worker time to find the queue empty and start waiting.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let enqueued = std::time::Instant::now();
+        assert!(output(&t, &["enqueue", "--queue", "q", "{\"hello\":1}"])
+            .await
+            .status
+            .success());
+        while !ran.exists() && enqueued.elapsed() < Duration::from_secs(30) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let waited = enqueued.elapsed();
+        let pid = worker.id().unwrap().to_string();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        let out = worker.wait_with_output().await.unwrap();
+        assert!(
+            ran.exists(),
+            "the job never ran: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Polling would have started it only after 60 s; notification starts it at once.
+        assert!(waited < Duration::from_secs(30), "started after {waited:?}");
+        assert_eq!(
+            std::fs::read_to_string(&ran).unwrap().trim(),
+            "{\"hello\":1}"
+        );
+    })
+    .await
 }
 
 macro_rules! queue_cli_cases {

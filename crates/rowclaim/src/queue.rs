@@ -296,6 +296,65 @@ fn not_initialised(e: Error) -> Error {
     }
 }
 
+/// Wake-ups for workers waiting on an empty queue: on PostgreSQL a `LISTEN` on the channel that
+/// every enqueue notifies (delivered when the enqueueing transaction commits); elsewhere a plain
+/// timer, so the wait simply lasts the polling interval.
+#[derive(Debug)]
+pub struct Wakeups {
+    listener: Option<sqlx::postgres::PgListener>,
+    queues: Vec<String>,
+}
+
+/// The PostgreSQL channel enqueues notify, with the queue name as payload.
+pub(crate) const CHANNEL: &str = "rowclaim_jobs";
+
+impl Queue {
+    /// Starts listening for new jobs of `queues` (all when empty). Create it before the first
+    /// claim, so that no job enqueued in between is missed.
+    pub async fn wakeups(&self, queues: &[String]) -> Result<Wakeups> {
+        let listener = match self.db.backend.postgres_pool() {
+            Some(pool) => {
+                let mut l = sqlx::postgres::PgListener::connect_with(pool).await?;
+                l.listen(CHANNEL).await?;
+                Some(l)
+            }
+            None => None,
+        };
+        Ok(Wakeups {
+            listener,
+            queues: queues.to_vec(),
+        })
+    }
+}
+
+impl Wakeups {
+    /// Waits until a job of the queues is enqueued, or at most `max`. Returns whether a job came.
+    pub async fn wait(&mut self, max: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + max;
+        let Some(listener) = self.listener.as_mut() else {
+            tokio::time::sleep(max).await;
+            return false;
+        };
+        loop {
+            match tokio::time::timeout_at(deadline, listener.recv()).await {
+                Err(_) => return false,
+                Ok(Ok(n))
+                    if self.queues.is_empty() || self.queues.iter().any(|q| q == n.payload()) =>
+                {
+                    return true
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    // The listener reconnects on the next call; until then, poll.
+                    tracing::warn!("listening for new jobs: {e}");
+                    tokio::time::sleep_until(deadline).await;
+                    return false;
+                }
+            }
+        }
+    }
+}
+
 /// Administrative changes to jobs.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Admin {

@@ -421,6 +421,14 @@ macro_rules! dispatch {
 }
 
 impl Backend {
+    /// The PostgreSQL pool, for LISTEN.
+    pub(crate) fn postgres_pool(&self) -> Option<&sqlx::PgPool> {
+        match self {
+            Backend::Postgres(pg) => Some(pg.pool()),
+            _ => None,
+        }
+    }
+
     pub(crate) fn dialect(&self) -> Dialect {
         match self {
             Backend::Postgres(_) => Dialect::Postgres,

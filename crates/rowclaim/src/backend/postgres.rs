@@ -27,6 +27,10 @@ impl Pg {
     pub(crate) fn new(pool: PgPool) -> Pg {
         Pg { pool }
     }
+
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
 }
 
 /// `now() + lease`, by the server's clock.
@@ -914,7 +918,7 @@ async fn insert_bulk(conn: &mut PgConnection, jobs: Vec<JobParts<'_>>) -> Result
 
 /// Wakes listening workers of `queue` when the enqueueing transaction commits.
 async fn notify(conn: &mut PgConnection, queue: &str) -> Result<()> {
-    sqlx::query("SELECT pg_notify('rowclaim_jobs', $1)")
+    sqlx::query("SELECT pg_notify('rowclaim_jobs', $1)") // crate::queue::CHANNEL
         .bind(queue.to_owned())
         .execute(conn)
         .await?;
