@@ -60,6 +60,7 @@ mod queue;
 mod source;
 mod strategy;
 mod value;
+mod worker;
 
 pub use backend::ServerInfo;
 pub use claim::{
@@ -71,3 +72,4 @@ pub use queue::{backoff, Enqueued, Job, NewJob, Queue, QueueStats, Wakeups, DEFA
 pub use source::Source;
 pub use strategy::Strategy;
 pub use value::RowId;
+pub use worker::{Worker, WorkerReport};

@@ -242,6 +242,90 @@ async fn not_initialised(t: Arc<TestDb>) {
     assert!(err.to_string().contains("rowclaim init"), "{err}");
 }
 
+/// Waits until every job is completed, dead or cancelled (bounded).
+async fn all_settled(t: Arc<TestDb>) {
+    for _ in 0..300 {
+        let open = t
+            .count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status IN ('ready', 'running')")
+            .await;
+        if open == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The library worker: handlers by kind, retries then dead, dead without a handler.
+async fn worker_runs_handlers(t: Arc<TestDb>) {
+    let (db, q) = ready_queue(&t).await;
+    let mut jobs: Vec<NewJob> = (0..60)
+        .map(|i| NewJob::new(json!({ "i": i })).kind("ok"))
+        .collect();
+    jobs.extend((0..3).map(|_| NewJob::new(json!({})).kind("flaky").max_attempts(2)));
+    jobs.extend((0..2).map(|_| NewJob::new(json!({})).kind("mystery")));
+    q.enqueue_many(&jobs).await.unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    let report = rowclaim::Worker::new(&db)
+        .handle("ok", move |job| {
+            let seen = seen2.clone();
+            async move {
+                seen.lock()
+                    .unwrap()
+                    .push(job.payload["i"].as_i64().unwrap());
+                Ok::<_, String>(())
+            }
+        })
+        .handle("flaky", |_job| async { Err::<(), _>("nope") })
+        .concurrency(4)
+        .poll(Duration::from_millis(100))
+        .run(all_settled(t.clone()))
+        .await
+        .unwrap();
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort();
+    assert_eq!(seen, (0..60).collect::<Vec<i64>>(), "each ok job ran once");
+    assert_eq!(
+        (report.completed, report.retried, report.dead),
+        (60, 3, 5),
+        "{report:?}"
+    );
+    assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'dead' AND last_error = 'nope' AND attempts = 2").await, 3);
+    assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'dead' AND last_error LIKE 'no handler%'").await, 2);
+}
+
+/// Shutdown lets running jobs finish within the grace period, and gives back what outlasts it.
+async fn worker_shutdown(t: Arc<TestDb>) {
+    let (db, q) = ready_queue(&t).await;
+    for grace_ms in [5000u64, 100] {
+        q.enqueue_many(&[NewJob::new(json!({})), NewJob::new(json!({}))])
+            .await
+            .unwrap();
+        let report = rowclaim::Worker::new(&db)
+            .handle_any(|_job| async {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                Ok::<_, String>(())
+            })
+            .concurrency(2)
+            .grace(Duration::from_millis(grace_ms))
+            .run(tokio::time::sleep(Duration::from_millis(500)))
+            .await
+            .unwrap();
+        if grace_ms == 5000 {
+            assert_eq!((report.completed, report.released), (2, 0), "{report:?}");
+        } else {
+            assert_eq!((report.completed, report.released), (0, 2), "{report:?}");
+            assert_eq!(
+                t.count(
+                    "SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'ready' AND owner IS NULL"
+                )
+                .await,
+                2
+            );
+        }
+    }
+}
+
 macro_rules! queue_cases {
     ($backend:expr) => {
         use super::*;
@@ -268,6 +352,14 @@ macro_rules! queue_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn enqueue_in_callers_transaction() {
             with_db($backend, in_transaction).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn worker_handlers_retries_and_dead() {
+            with_db($backend, worker_runs_handlers).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn worker_graceful_shutdown() {
+            with_db($backend, worker_shutdown).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn claim_before_init_says_init() {
