@@ -100,8 +100,9 @@ enum Command {
     /// from several processes at once.
     #[command(after_help = AFTER_HELP)]
     Init,
-    /// Change jobs of the managed queue by id: retry a dead or cancelled job, cancel a ready or
-    /// running one, prune finished ones. retry and cancel exit 1 when no job was changed.
+    /// Look at and change jobs of the managed queue: list, show, retry a dead or cancelled job,
+    /// cancel a ready or running one, prune finished ones. show, retry and cancel exit 1 when
+    /// there was no such job to show or change.
     #[command(subcommand, after_help = AFTER_HELP)]
     Jobs(JobsCommand),
     /// Add jobs to the managed queue: one JSON payload as the argument, or JSON lines on stdin
@@ -179,6 +180,23 @@ struct ExtendArgs {
 
 #[derive(Subcommand, Debug)]
 enum JobsCommand {
+    /// List jobs, newest first, as JSON lines.
+    List {
+        /// Only this queue (repeat for several).
+        #[arg(long = "queue", value_name = "Q")]
+        queues: Vec<String>,
+        /// Only jobs in this state: ready, running, completed, dead, cancelled.
+        #[arg(long, value_name = "S")]
+        status: Option<String>,
+        /// At most this many.
+        #[arg(long, value_name = "N", default_value_t = 50)]
+        limit: u32,
+    },
+    /// Show one job as JSON. Exits 1 when there is no such job.
+    Show {
+        /// The job's id.
+        id: i64,
+    },
     /// Make a dead or cancelled job ready again, its attempts reset.
     Retry {
         /// The job's id.
@@ -394,6 +412,29 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .context("connecting to the database")?;
             let queue = db.queue();
             let (changed, what) = match op {
+                JobsCommand::List {
+                    queues,
+                    status,
+                    limit,
+                } => {
+                    let mut out = std::io::stdout().lock();
+                    for job in queue.list(&queues, status.as_deref(), limit).await? {
+                        writeln!(out, "{job}")?;
+                    }
+                    return Ok(exit::OK);
+                }
+                JobsCommand::Show { id } => {
+                    return match queue.get(id).await? {
+                        Some(job) => {
+                            println!("{}", serde_json::to_string_pretty(&job)?);
+                            Ok(exit::OK)
+                        }
+                        None => {
+                            eprintln!("rowclaim: no job {id}");
+                            Ok(exit::NOTHING_CLAIMED)
+                        }
+                    };
+                }
                 JobsCommand::Retry { id } => (u64::from(queue.retry(id).await?), "retried"),
                 JobsCommand::Cancel { id } => (u64::from(queue.cancel(id).await?), "cancelled"),
                 JobsCommand::Prune { older_than } => {

@@ -270,10 +270,46 @@ impl Queue {
         retry_transient!(self.db.backend.queue_admin(Admin::Prune(age)).await)
     }
 
+    /// Jobs of `queues` (all when empty), newest first, optionally only those in `status`
+    /// (`ready`, `running`, `completed`, `dead`, `cancelled`): each as a JSON object of its columns.
+    pub async fn list(
+        &self,
+        queues: &[String],
+        status: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<serde_json::Value>> {
+        let rows = self
+            .claimer(queues)
+            .await?
+            .list_rows(None, status, limit)
+            .await?;
+        Ok(rows.into_iter().map(payload_as_json).collect())
+    }
+
+    /// One job by id, as a JSON object of its columns.
+    pub async fn get(&self, id: i64) -> Result<Option<serde_json::Value>> {
+        let rows = self
+            .claimer(&[])
+            .await?
+            .list_rows(Some(id), None, 1)
+            .await?;
+        Ok(rows.into_iter().next().map(payload_as_json))
+    }
+
     /// Jobs per queue and status, the oldest due ready job's wait, and recent throughput.
     pub async fn stats(&self, queue: Option<&str>) -> Result<QueueStats> {
         retry_transient!(self.db.backend.queue_stats(queue).await).map_err(not_initialised)
     }
+}
+
+/// MySQL and SQLite keep the payload as text: show it as the JSON it is.
+fn payload_as_json(mut row: serde_json::Value) -> serde_json::Value {
+    if let Some(p) = row.get_mut("payload") {
+        if let Some(parsed) = p.as_str().and_then(|s| serde_json::from_str(s).ok()) {
+            *p = parsed;
+        }
+    }
+    row
 }
 
 /// Says what to do when the managed queue's table is missing.

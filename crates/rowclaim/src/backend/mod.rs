@@ -269,6 +269,35 @@ where
     )
 }
 
+/// The SQL of [`Driver::list_rows`], with the dialect's row-to-JSON expression over alias `t`.
+pub(crate) fn list_sql<DB: sqlx::Database>(
+    m: &Mapping,
+    b: &mut Binder<DB>,
+    json: &str,
+    id: Option<i64>,
+    status: Option<&str>,
+    limit: u32,
+) -> String
+where
+    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    let mut cond = String::from("1 = 1");
+    if let Some(id) = id {
+        cond.push_str(&format!(" AND t.{} = {}", m.id, b.bind(id)));
+    }
+    if let Some(st) = status {
+        cond.push_str(&format!(" AND t.{} = {}", m.status, b.bind(st.to_owned())));
+    }
+    let queues = queue_condition(m, b);
+    let limit = b.bind(i64::from(limit));
+    format!(
+        "SELECT {json} FROM {} AS t WHERE {cond}{queues} ORDER BY t.{} DESC LIMIT {limit}",
+        m.table, m.id
+    )
+}
+
 /// For the managed queue: ` AND queue IN (…)` with the queue names bound; empty otherwise.
 pub(crate) fn queue_condition<DB: sqlx::Database>(m: &Mapping, b: &mut Binder<DB>) -> String
 where
@@ -391,6 +420,14 @@ pub(crate) trait Driver {
 
     /// Rows that still need a worker: (ready and due or awaiting a retry, claimed).
     async fn backlog(&self, m: &Mapping) -> Result<(u64, u64)>;
+    /// Rows of the source, newest id first: one by id, or up to `limit` with a given status.
+    async fn list_rows(
+        &self,
+        m: &Mapping,
+        id: Option<i64>,
+        status: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<serde_json::Value>>;
     /// Creates or migrates the managed queue's tables (versioned; concurrent runs take turns).
     async fn queue_init(&self) -> Result<()>;
     /// Enqueues jobs in one transaction, all or none.
@@ -511,6 +548,15 @@ impl Backend {
     }
     pub(crate) async fn backlog(&self, m: &Mapping) -> Result<(u64, u64)> {
         dispatch!(self, d => d.backlog(m).await)
+    }
+    pub(crate) async fn list_rows(
+        &self,
+        m: &Mapping,
+        id: Option<i64>,
+        status: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<serde_json::Value>> {
+        dispatch!(self, d => d.list_rows(m, id, status, limit).await)
     }
     pub(crate) async fn queue_init(&self) -> Result<()> {
         dispatch!(self, d => d.queue_init().await)

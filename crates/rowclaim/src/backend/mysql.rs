@@ -886,6 +886,18 @@ impl Driver for My {
         Ok((counts[0], counts[1]))
     }
 
+    async fn list_rows(
+        &self,
+        m: &Mapping,
+        id: Option<i64>,
+        status: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<serde_json::Value>> {
+        let mut b = B::new();
+        let sql = super::list_sql(m, &mut b, &row_json(m), id, status, limit);
+        parse_rows(b.scalar(sql)?.fetch_all(&self.pool).await?)
+    }
+
     async fn queue_init(&self) -> Result<()> {
         // A named lock belongs to a session, so the lock, the migrations and the release all run
         // on this one connection. Should this future be dropped halfway, or the release fail, the

@@ -212,19 +212,16 @@ impl Driver for Pg {
     }
 
     async fn ensure_lease_table(&self) -> Result<()> {
+        // CREATE … IF NOT EXISTS is not safe against a concurrent create (a duplicate key in the
+        // catalog): take turns on an advisory lock, in one transaction.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_leases'))")
+            .execute(&mut *tx)
+            .await?;
         for sql in [CREATE_LEASES, CREATE_LEASES_TOKEN] {
-            if let Err(e) = sqlx::query(sql).execute(&self.pool).await {
-                // Two processes creating it at once: one of them gets a duplicate-key error on
-                // the catalog, and the table is there all the same.
-                let exists: bool =
-                    sqlx::query_scalar("SELECT to_regclass('rowclaim_leases_token') IS NOT NULL")
-                        .fetch_one(&self.pool)
-                        .await?;
-                if !exists {
-                    return Err(e.into());
-                }
-            }
+            sqlx::query(sql).execute(&mut *tx).await?;
         }
+        tx.commit().await?;
         Ok(())
     }
 
@@ -589,9 +586,12 @@ impl Driver for Pg {
         };
         match next().fetch_one(&self.pool).await {
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => {
-                if let Err(e) = sqlx::query(CREATE_COUNTERS).execute(&self.pool).await {
-                    tracing::debug!(error = %e, "creating rowclaim_counters raced");
-                }
+                let mut tx = self.pool.begin().await?;
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_counters'))")
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(CREATE_COUNTERS).execute(&mut *tx).await?;
+                tx.commit().await?;
                 Ok(next().fetch_one(&self.pool).await?)
             }
             other => Ok(other?),
@@ -658,6 +658,20 @@ impl Driver for Pg {
             *n = c as u64;
         }
         Ok((counts[0], counts[1]))
+    }
+
+    async fn list_rows(
+        &self,
+        m: &Mapping,
+        id: Option<i64>,
+        status: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<serde_json::Value>> {
+        let mut b = B::new();
+        let sql = super::list_sql(m, &mut b, "to_jsonb(t)", id, status, limit);
+        let rows: Vec<sqlx::types::Json<serde_json::Value>> =
+            b.scalar(sql)?.fetch_all(&self.pool).await?;
+        Ok(rows.into_iter().map(|j| j.0).collect())
     }
 
     async fn queue_init(&self) -> Result<()> {
