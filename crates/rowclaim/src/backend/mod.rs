@@ -204,6 +204,59 @@ impl Outcome {
     }
 }
 
+/// Rows a claim may take: ready (and due, for a scheduled source), or claimed with an expired
+/// lease; within the managed queue's queues. `now` is the dialect's clock expression.
+pub(crate) fn claimable<DB: sqlx::Database>(m: &Mapping, b: &mut Binder<DB>, now: &str) -> String
+where
+    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    let st = &m.status;
+    let ready = b.value(&m.ready);
+    let due = m
+        .run_at
+        .as_ref()
+        .map(|r| format!(" AND {r} <= {now}"))
+        .unwrap_or_default();
+    let mut cond = match &m.lease {
+        Some(le) => format!(
+            "(({st} = {ready}{due}) OR ({st} = {} AND {le} < {now}))",
+            b.value(&m.claimed)
+        ),
+        None => format!("({st} = {ready}{due})"),
+    };
+    cond.push_str(&queue_condition(m, b));
+    cond
+}
+
+/// The SET list that marks rows claimed by `token`: status, owner, lease end (`later` is the
+/// dialect's "now + lease"), one more attempt.
+pub(crate) fn claim_set<DB: sqlx::Database>(
+    m: &Mapping,
+    b: &mut Binder<DB>,
+    token: &str,
+    lease: Duration,
+    later: fn(&mut Binder<DB>, Duration) -> String,
+) -> String
+where
+    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    let mut set = vec![format!("{} = {}", m.status, b.value(&m.claimed))];
+    if let Some(ow) = &m.owner {
+        set.push(format!("{ow} = {}", b.bind(token.to_owned())));
+    }
+    if let Some(le) = &m.lease {
+        set.push(format!("{le} = {}", later(b, lease)));
+    }
+    if let Some(at) = &m.attempts {
+        set.push(format!("{at} = COALESCE({at}, 0) + 1"));
+    }
+    set.join(", ")
+}
+
 /// The SET list that settles rows. A row given back loses its owner and lease; a retried row
 /// runs again `after` from now; errors and finishing times go where the mapping has columns.
 /// `now` and `later` are the dialect's clock expressions.

@@ -48,40 +48,14 @@ fn ids(b: &mut B, list: &IdList) -> String {
     }
 }
 
-/// Rows a claim may take: ready, or claimed with an expired lease.
+/// Rows a claim may take (see [`super::claimable`]).
 fn claimable(m: &Mapping, b: &mut B) -> String {
-    let st = &m.status;
-    let ready = b.value(&m.ready);
-    // A scheduled row is ready once its run-at has come.
-    let due = m
-        .run_at
-        .as_ref()
-        .map(|r| format!(" AND {r} <= now()"))
-        .unwrap_or_default();
-    let mut cond = match &m.lease {
-        Some(le) => format!(
-            "(({st} = {ready}{due}) OR ({st} = {} AND {le} < now()))",
-            b.value(&m.claimed)
-        ),
-        None => format!("({st} = {ready}{due})"),
-    };
-    cond.push_str(&super::queue_condition(m, b));
-    cond
+    super::claimable(m, b, "now()")
 }
 
-/// The SET list that marks rows claimed by `token`.
+/// The SET list that marks rows claimed by `token` (see [`super::claim_set`]).
 fn claim_set(m: &Mapping, b: &mut B, token: &str, lease: Duration) -> String {
-    let mut set = vec![format!("{} = {}", m.status, b.value(&m.claimed))];
-    if let Some(ow) = &m.owner {
-        set.push(format!("{ow} = {}", b.bind(token.to_owned())));
-    }
-    if let Some(le) = &m.lease {
-        set.push(format!("{le} = {}", lease_until(b, lease)));
-    }
-    if let Some(at) = &m.attempts {
-        set.push(format!("{at} = COALESCE({at}, 0) + 1"));
-    }
-    set.join(", ")
+    super::claim_set(m, b, token, lease, lease_until)
 }
 
 /// The condition "`token` holds this row" for strategies that mark rows in the table itself.
