@@ -1,5 +1,6 @@
 //! The `rowclaim` command: a thin layer of clap commands over the `rowclaim` library.
 
+mod bench;
 mod demo;
 mod source_args;
 mod work;
@@ -109,6 +110,10 @@ enum Command {
     /// (all or nothing: one malformed line adds none, and the error names its line).
     #[command(after_help = AFTER_HELP)]
     Enqueue(EnqueueArgs),
+    /// Measure: `drain` N rows (own table or managed queue) with W workers; jobs per second and
+    /// claim latency. Every run checks that no row was processed twice and none was left.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
     /// Create a SQLite table of jobs and let several workers drain it: shows how many rows each
     /// worker took and checks that no row was processed twice. Needs no server.
     Demo(demo::DemoArgs),
@@ -318,6 +323,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     let url = cli.database.as_str();
     match cli.command {
         Command::Demo(args) => demo::run(args).await,
+        Command::Bench(cmd) => bench::run(url, cmd).await,
         Command::Work(a) => {
             let claimer = claimer(url, &a.source, a.concurrency as u32 + 1).await?;
             say_strategy(&claimer, a.source.strategy);

@@ -711,3 +711,44 @@ mod queue_sqlite {
     use super::*;
     queue_cli_cases!(Backend::Sqlite);
 }
+
+/// `bench drain` drains a table and the managed queue, checks its own work and reports it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_drain_reports_and_checks_itself() {
+    with_db(Backend::Sqlite, |t| async move {
+        for extra in [&[][..], &["--queue"][..]] {
+            let args = [
+                &[
+                    "bench",
+                    "drain",
+                    "--rows",
+                    "300",
+                    "--workers",
+                    "3",
+                    "--batch",
+                    "7",
+                    "--json",
+                ][..],
+                extra,
+            ]
+            .concat();
+            let out = output(&t, &args).await;
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(report["rows"], 300);
+            assert_eq!(report["workers"], 3);
+            assert!(report["jobs_per_second"].as_f64().unwrap() > 0.0);
+            assert!(
+                report["claim_p99_ms"].as_f64().unwrap()
+                    >= report["claim_p50_ms"].as_f64().unwrap()
+            );
+        }
+        let out = output(&t, &["bench", "drain", "--rows", "0"]).await;
+        assert_eq!(out.status.code(), Some(2));
+    })
+    .await
+}
