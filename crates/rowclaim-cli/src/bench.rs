@@ -132,7 +132,7 @@ pub async fn run(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
     progress.finish_and_clear();
 
     // Check our own work: every row once, none left.
-    let seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+    let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let twice = seen.values().filter(|n| **n > 1).count();
     let verify = Db::connect(url).await?;
     let left = if a.queue {
