@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
-use rowclaim::{Claim, ClaimedRow, Claimer, Error, Job};
+use rowclaim::{Claim, ClaimedRow, Claimer, Error, Job, JobFailure};
 use tokio::io::AsyncWriteExt;
-use tokio::sync::{watch, Notify, Semaphore};
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
 pub struct WorkOptions {
@@ -144,14 +144,12 @@ pub async fn run(
             }
             continue;
         }
-        let run = Arc::new(Running {
-            claim,
-            settled: Notify::new(),
-        });
-        tasks.spawn(heartbeat(run.clone(), shared.clone()));
-        for row in run.claim.rows() {
+        let claim = Arc::new(claim);
+        let (beating, lease) = (claim.clone(), shared.opts.lease);
+        tasks.spawn(async move { beating.keep_alive(lease).await });
+        for row in claim.rows() {
             shared.in_flight.fetch_add(1, Ordering::SeqCst);
-            tasks.spawn(process(run.clone(), row.clone(), shared.clone()));
+            tasks.spawn(process(claim.clone(), row.clone(), shared.clone()));
         }
     }
     while tasks.join_next().await.is_some() {}
@@ -161,39 +159,10 @@ pub async fn run(
     Ok(shared.tally.clone())
 }
 
-/// One claim being worked on: its rows, and a signal for its heartbeat once all are settled.
-struct Running {
-    claim: Claim,
-    settled: Notify,
-}
-
-/// Extends the claim's lease every third of it while any of its rows is unsettled. A failed
-/// extension is tried again at the next beat; only a lost lease ends it.
-async fn heartbeat(run: Arc<Running>, shared: Arc<Shared>) {
-    let every = (shared.opts.lease / 3).max(Duration::from_millis(100));
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            _ = run.settled.notified() => return,
-        }
-        if run.claim.open_rows().is_empty() {
-            return;
-        }
-        match run.claim.extend(shared.opts.lease).await {
-            Ok(()) => {}
-            Err(Error::LeaseLost { .. }) => return,
-            Err(e) => tracing::warn!("extending the lease of claim {}: {e}", run.claim.token()),
-        }
-    }
-}
-
 /// Waits for a slot, runs the command for one row, and settles the row by its exit status.
-async fn process(run: Arc<Running>, row: ClaimedRow, shared: Arc<Shared>) {
-    settle_row(&run.claim, &row, &shared).await;
+async fn process(claim: Arc<Claim>, row: ClaimedRow, shared: Arc<Shared>) {
+    settle_row(&claim, &row, &shared).await;
     shared.in_flight.fetch_sub(1, Ordering::SeqCst);
-    if run.claim.open_rows().is_empty() {
-        run.settled.notify_one();
-    }
 }
 
 async fn settle_row(claim: &Claim, row: &ClaimedRow, shared: &Shared) {
@@ -226,7 +195,7 @@ async fn settle_row(claim: &Claim, row: &ClaimedRow, shared: &Shared) {
         None
     };
     // A job whose lease ran out on its last attempt (its worker died) has no attempts left.
-    if let Some(job) = job.as_ref().filter(|j| j.attempt > j.max_attempts) {
+    if let Some(job) = job.as_ref().filter(|j| j.exhausted()) {
         let why = format!("no attempts left after {} runs", job.max_attempts);
         if claim.fail_with(&row.id, why).await.is_ok() {
             shared.tally.failed.fetch_add(1, Ordering::Relaxed);
@@ -237,14 +206,10 @@ async fn settle_row(claim: &Claim, row: &ClaimedRow, shared: &Shared) {
     let outcome = run_command(claim, row, input, &shared.opts.command).await;
     let settled = match (outcome, &job) {
         (Ok(None), _) => claim.complete(&row.id).await.map(|()| &shared.tally.done),
-        (Ok(Some(error)), Some(job)) if job.attempt < job.max_attempts => claim
-            .retry(&row.id, rowclaim::backoff(job.attempt), error)
-            .await
-            .map(|()| &shared.tally.retried),
-        (Ok(Some(error)), Some(_)) => claim
-            .fail_with(&row.id, error)
-            .await
-            .map(|()| &shared.tally.failed),
+        (Ok(Some(error)), Some(job)) => claim.fail_job(job, error).await.map(|f| match f {
+            JobFailure::Retried => &shared.tally.retried,
+            _ => &shared.tally.failed,
+        }),
         (Ok(Some(_)), None) => claim.fail(&row.id).await.map(|()| &shared.tally.failed),
         (Err(why), _) => {
             if let Ok(mut f) = shared.fatal.lock() {

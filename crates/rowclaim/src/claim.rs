@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Notify};
 
 use crate::backend::{
     is_lock_conflict, retry_transient, ClaimArgs, Held, Outcome, ServerInfo, Target,
@@ -207,13 +207,14 @@ impl Claimer {
                 continue;
             }
             let rows = self.rows_from_json(claimed.rows)?;
-            metrics_claimed(rows.len());
+            tracing::trace!(rows = rows.len(), "claimed");
             return Ok(Claim {
                 claimer: self.clone(),
                 token,
                 open: StdMutex::new(rows.iter().map(|r| r.id.clone()).collect()),
                 rows,
                 held: Mutex::new(claimed.held),
+                settled: Notify::new(),
                 lease,
                 claimed_at: Instant::now(),
             });
@@ -281,12 +282,9 @@ impl Claimer {
             token: t.clone(),
             ids,
         };
-        let mut unique: Vec<RowId> = Vec::with_capacity(ids.len());
-        for id in ids {
-            if !unique.contains(id) {
-                unique.push(id.clone());
-            }
-        }
+        // A row named twice counts once (so the count check below stays exact).
+        let mut seen = HashSet::with_capacity(ids.len());
+        let unique: Vec<RowId> = ids.iter().filter(|id| seen.insert(*id)).cloned().collect();
         let ids = unique.as_slice();
         let list = if ids.is_empty() {
             None
@@ -400,10 +398,6 @@ fn check_lease(lease: Duration) -> Result<()> {
     Ok(())
 }
 
-fn metrics_claimed(n: usize) {
-    tracing::trace!(rows = n, "claimed");
-}
-
 /// Rows claimed under one token. Settle each row with [`Claim::complete`], [`Claim::fail`] or
 /// [`Claim::release`]; the methods take `&self`, so one claim's rows can be worked on
 /// concurrently (wrap it in an `Arc`).
@@ -417,6 +411,8 @@ pub struct Claim {
     rows: Vec<ClaimedRow>,
     open: StdMutex<HashSet<RowId>>,
     held: Mutex<Option<Held>>,
+    /// Signalled when the last open row is settled or given up (ends [`Claim::keep_alive`]).
+    settled: Notify,
     lease: Duration,
     claimed_at: Instant,
 }
@@ -517,6 +513,27 @@ impl Claim {
             .map(|_| ())
     }
 
+    /// The heartbeat: extends the lease of the open rows every third of `lease` until every row
+    /// is settled (it returns at once then) or the lease is lost. A failed extension is tried
+    /// again at the next beat. Run it beside the work, e.g. `tokio::spawn` on an `Arc<Claim>`.
+    pub async fn keep_alive(&self, lease: Duration) {
+        let every = (lease / 3).max(Duration::from_millis(100));
+        loop {
+            if self.open_rows().is_empty() {
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                () = self.settled.notified() => return,
+            }
+            match self.extend(lease).await {
+                Ok(()) => {}
+                Err(Error::LeaseLost { .. }) => return,
+                Err(e) => tracing::warn!("extending the lease of claim {}: {e}", self.token),
+            }
+        }
+    }
+
     pub(crate) async fn settle_as(&self, id: &RowId, outcome: Outcome) -> Result<()> {
         self.settle(id, outcome).await
     }
@@ -552,11 +569,16 @@ impl Claim {
         };
         // Settled or not, this claim no longer looks after the row: if the settle failed and the
         // row is still claimed, it comes back when its lease expires (no heartbeat keeps it).
-        self.open
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
+        self.forget(id);
         result
+    }
+
+    fn forget(&self, id: &RowId) {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.remove(id);
+        if open.is_empty() {
+            self.settled.notify_one();
+        }
     }
 
     fn lost(&self, ids: Vec<RowId>) -> Error {
@@ -570,6 +592,7 @@ impl Claim {
     fn forget_all(&self) -> Vec<RowId> {
         let ids = self.open_rows();
         self.open.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.settled.notify_one();
         ids
     }
 

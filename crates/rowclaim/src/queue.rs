@@ -418,6 +418,12 @@ pub struct Job {
 }
 
 impl Job {
+    /// Whether the job has no attempts left: its lease ran out on its last attempt (the worker
+    /// died), so it must not run again.
+    pub fn exhausted(&self) -> bool {
+        self.attempt > self.max_attempts
+    }
+
     /// Reads a job out of a claimed row of `rowclaim_jobs`.
     pub fn from_row(row: &crate::ClaimedRow) -> Result<Job> {
         let d = &row.data;
@@ -453,6 +459,16 @@ impl Job {
     }
 }
 
+/// What [`Claim::fail_job`] did with a failed job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum JobFailure {
+    /// It runs again later.
+    Retried,
+    /// It had no attempts left: it is dead.
+    Dead,
+}
+
 /// How long a failed job waits before its next run: exponential in the attempt (1 s, 2 s, 4 s …,
 /// at most an hour), with ±25% jitter so that jobs that failed together do not retry together.
 pub fn backoff(attempt: i64) -> Duration {
@@ -473,6 +489,19 @@ impl Claim {
             },
         )
         .await
+    }
+
+    /// Settles a failed run of `job`: again after [`backoff`] while it has attempts left, else
+    /// `dead`; the error is kept either way.
+    pub async fn fail_job(&self, job: &Job, error: impl Into<String>) -> Result<JobFailure> {
+        let id = RowId::Int(job.id);
+        if job.attempt < job.max_attempts {
+            self.retry(&id, backoff(job.attempt), error).await?;
+            Ok(JobFailure::Retried)
+        } else {
+            self.fail_with(&id, error).await?;
+            Ok(JobFailure::Dead)
+        }
     }
 
     /// Marks a row failed for good (`dead` in the managed queue), keeping `error` where the source

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::{backoff, Claim, ClaimedRow, Db, Error, Job, Queue, Result};
+use crate::{Claim, ClaimedRow, Db, Error, Job, JobFailure, Queue, Result};
 
 type JobFuture = Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send>>;
 type Handler = Arc<dyn Fn(Job) -> JobFuture + Send + Sync>;
@@ -174,7 +174,8 @@ impl Worker {
             }
             let claim = Arc::new(claim);
             claims.push(claim.clone());
-            tasks.spawn(heartbeat(claim.clone(), self.lease));
+            let (beating, lease) = (claim.clone(), self.lease);
+            tasks.spawn(async move { beating.keep_alive(lease).await });
             let mut permits = vec![first];
             for _ in 1..claim.len() {
                 // We claimed no more rows than there were free slots, and only this loop takes them.
@@ -230,22 +231,6 @@ where
     })
 }
 
-/// Extends the claim's lease every third of it while any of its jobs runs.
-async fn heartbeat(claim: Arc<Claim>, lease: Duration) {
-    let every = (lease / 3).max(Duration::from_millis(100));
-    loop {
-        tokio::time::sleep(every).await;
-        if claim.open_rows().is_empty() {
-            return;
-        }
-        match claim.extend(lease).await {
-            Ok(()) => {}
-            Err(Error::LeaseLost { .. }) => return,
-            Err(e) => tracing::warn!("extending the lease of claim {}: {e}", claim.token()),
-        }
-    }
-}
-
 async fn run_job(
     claim: &Claim,
     row: &ClaimedRow,
@@ -254,8 +239,7 @@ async fn run_job(
 ) {
     let (counter, settled) = match Job::from_row(row) {
         Err(e) => (&tally.dead, claim.fail_with(&row.id, e.to_string()).await),
-        // Its lease ran out on the last attempt (the worker died): no attempts left.
-        Ok(job) if job.attempt > job.max_attempts => {
+        Ok(job) if job.exhausted() => {
             let why = format!("no attempts left after {} runs", job.max_attempts);
             (&tally.dead, claim.fail_with(&row.id, why).await)
         }
@@ -264,17 +248,14 @@ async fn run_job(
                 let why = format!("no handler for kind {:?}", job.kind);
                 (&tally.dead, claim.fail_with(&row.id, why).await)
             }
-            Some(handler) => {
-                let attempt = (job.attempt, job.max_attempts);
-                match handler(job).await {
-                    Ok(()) => (&tally.completed, claim.complete(&row.id).await),
-                    Err(e) if attempt.0 < attempt.1 => (
-                        &tally.retried,
-                        claim.retry(&row.id, backoff(attempt.0), e).await,
-                    ),
-                    Err(e) => (&tally.dead, claim.fail_with(&row.id, e).await),
-                }
-            }
+            Some(handler) => match handler(job.clone()).await {
+                Ok(()) => (&tally.completed, claim.complete(&row.id).await),
+                Err(e) => match claim.fail_job(&job, e).await {
+                    Ok(JobFailure::Retried) => (&tally.retried, Ok(())),
+                    Ok(_) => (&tally.dead, Ok(())),
+                    Err(e) => (&tally.dead, Err(e)),
+                },
+            },
         },
     };
     match settled {
