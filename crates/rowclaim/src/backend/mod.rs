@@ -322,6 +322,85 @@ where
     )
 }
 
+/// The three queries of [`Driver::stats`], each with its bound values: rows per status, claimed
+/// rows per owner (token), expired leases (none without a lease column or lease table). `now` is
+/// the dialect's clock, `text` its name for a text type in `CAST(… AS text)`.
+pub(crate) struct StatsQueries<DB: sqlx::Database> {
+    pub by_status: (String, Binder<DB>),
+    pub by_owner: (String, Binder<DB>),
+    pub expired: Option<(String, Binder<DB>)>,
+}
+
+pub(crate) fn stats_queries<DB: sqlx::Database>(
+    m: &Mapping,
+    strategy: Strategy,
+    now: &str,
+    text: &str,
+) -> StatsQueries<DB>
+where
+    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    let (t, st, filter) = (&m.table, &m.status, &m.filter);
+    let by_status = (
+        format!("SELECT CAST({st} AS {text}), COUNT(*) FROM {t} WHERE 1 = 1{filter} GROUP BY 1"),
+        Binder::new(),
+    );
+    let mut b = Binder::new();
+    let owners = if strategy == Strategy::LeaseTable {
+        let s = b.bind(m.source_key.clone());
+        format!(
+            "SELECT CAST(token AS {text}), COUNT(*) FROM rowclaim_leases \
+             WHERE source = {s} AND lease_until >= {now} GROUP BY 1"
+        )
+    } else {
+        let owner = m.owner.as_deref().unwrap_or("NULL");
+        let c = b.value(&m.claimed);
+        format!(
+            "SELECT CAST({owner} AS {text}), COUNT(*) FROM {t} WHERE {st} = {c}{filter} GROUP BY 1"
+        )
+    };
+    let by_owner = (owners, b);
+    let mut b = Binder::new();
+    let expired = if strategy == Strategy::LeaseTable {
+        let s = b.bind(m.source_key.clone());
+        Some(format!(
+            "SELECT COUNT(*) FROM rowclaim_leases WHERE source = {s} AND lease_until < {now}"
+        ))
+    } else {
+        m.lease.as_ref().map(|le| {
+            let c = b.value(&m.claimed);
+            format!("SELECT COUNT(*) FROM {t} WHERE {st} = {c} AND {le} < {now}{filter}")
+        })
+    };
+    StatsQueries {
+        by_status,
+        by_owner,
+        expired: expired.map(|sql| (sql, b)),
+    }
+}
+
+/// Puts the answers of [`stats_queries`] together.
+pub(crate) fn stats_from(
+    by_status: Vec<(Option<String>, i64)>,
+    by_owner: Vec<(Option<String>, i64)>,
+    expired: i64,
+) -> Stats {
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    Stats {
+        by_status: by_status
+            .into_iter()
+            .map(|(s, n)| (s.unwrap_or_else(|| "(null)".into()), count(n)))
+            .collect(),
+        claimed_by_owner: by_owner
+            .into_iter()
+            .map(|(o, n)| (o.unwrap_or_else(|| "(no owner)".into()), count(n)))
+            .collect(),
+        expired_leases: count(expired),
+    }
+}
+
 /// The SQL of [`Driver::list_rows`], with the dialect's row-to-JSON expression over alias `t`.
 pub(crate) fn list_sql<DB: sqlx::Database>(
     m: &Mapping,
@@ -770,6 +849,19 @@ where
         sql: String,
     ) -> Result<sqlx::query::Query<'q, DB, DB::Arguments>> {
         Ok(sqlx::query_with(sqlx::AssertSqlSafe(sql), self.finish()?))
+    }
+
+    pub(crate) fn query_as<'q, O>(
+        self,
+        sql: String,
+    ) -> Result<sqlx::query::QueryAs<'q, DB, O, DB::Arguments>>
+    where
+        O: for<'r> sqlx::FromRow<'r, DB::Row>,
+    {
+        Ok(sqlx::query_as_with(
+            sqlx::AssertSqlSafe(sql),
+            self.finish()?,
+        ))
     }
 
     pub(crate) fn scalar<'q, O>(

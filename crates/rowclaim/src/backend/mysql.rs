@@ -790,63 +790,16 @@ impl Driver for My {
     }
 
     async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<Stats> {
-        let (t, st, filter) = (&m.table, &m.status, &m.filter);
-        let mut stats = Stats::default();
-        let sql = format!(
-            "SELECT CAST({st} AS CHAR), COUNT(*) FROM {t} WHERE TRUE{filter} GROUP BY {st}"
-        );
-        for r in sqlx::query(sqlx::AssertSqlSafe(sql))
-            .fetch_all(&self.pool)
-            .await?
-        {
-            let status: Option<String> = r.try_get(0)?;
-            let n: i64 = r.try_get(1)?;
-            stats
-                .by_status
-                .insert(status.unwrap_or_else(|| "(null)".into()), n as u64);
-        }
-        let mut b = B::new();
-        let owners = if strategy == Strategy::LeaseTable {
-            let s = b.bind(m.source_key.clone());
-            format!(
-                "SELECT CAST(token AS CHAR), COUNT(*) FROM rowclaim_leases \
-                 WHERE source = {s} AND lease_until >= UTC_TIMESTAMP(6) GROUP BY token"
-            )
-        } else {
-            let c = b.value(&m.claimed);
-            let owner = m.owner.as_deref().unwrap_or("NULL");
-            format!(
-                "SELECT CAST({owner} AS CHAR), COUNT(*) FROM {t} WHERE {st} = {c}{filter} \
-                 GROUP BY 1"
-            )
+        let q = super::stats_queries::<MySql>(m, strategy, "UTC_TIMESTAMP(6)", "CHAR");
+        let (sql, b) = q.by_status;
+        let by_status = b.query_as(sql)?.fetch_all(&self.pool).await?;
+        let (sql, b) = q.by_owner;
+        let by_owner = b.query_as(sql)?.fetch_all(&self.pool).await?;
+        let expired = match q.expired {
+            Some((sql, b)) => b.scalar(sql)?.fetch_one(&self.pool).await?,
+            None => 0,
         };
-        for r in b.query(owners)?.fetch_all(&self.pool).await? {
-            let owner: Option<String> = r.try_get(0)?;
-            let n: i64 = r.try_get(1)?;
-            stats
-                .claimed_by_owner
-                .insert(owner.unwrap_or_else(|| "(no owner)".into()), n as u64);
-        }
-        let mut b = B::new();
-        let expired = if strategy == Strategy::LeaseTable {
-            let s = b.bind(m.source_key.clone());
-            Some(format!(
-                "SELECT COUNT(*) FROM rowclaim_leases \
-                 WHERE source = {s} AND lease_until < UTC_TIMESTAMP(6)"
-            ))
-        } else {
-            m.lease.as_ref().map(|le| {
-                let c = b.value(&m.claimed);
-                format!(
-                    "SELECT COUNT(*) FROM {t} WHERE {st} = {c} AND {le} < UTC_TIMESTAMP(6){filter}"
-                )
-            })
-        };
-        if let Some(sql) = expired {
-            let n: i64 = b.scalar(sql)?.fetch_one(&self.pool).await?;
-            stats.expired_leases = n as u64;
-        }
-        Ok(stats)
+        Ok(super::stats_from(by_status, by_owner, expired))
     }
 
     async fn backlog(&self, m: &Mapping) -> Result<(u64, u64)> {
