@@ -257,6 +257,33 @@ where
     set.join(", ")
 }
 
+/// The fencing condition "`token` holds this row" for strategies that mark rows in the table:
+/// claimed, by this owner, and (for [`Target::Ids`]) one of the named rows, written by the
+/// dialect's `id_in(binder, column, ids)`. Without an owner column only named rows can be meant.
+pub(crate) fn held_by<DB: sqlx::Database>(
+    m: &Mapping,
+    b: &mut Binder<DB>,
+    token: &str,
+    target: &Target<'_>,
+    id_in: fn(&mut Binder<DB>, &str, &IdList) -> String,
+) -> Result<String>
+where
+    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    let mut cond = format!("{} = {}", m.status, b.value(&m.claimed));
+    match &m.owner {
+        Some(ow) => cond.push_str(&format!(" AND {ow} = {}", b.bind(token.to_owned()))),
+        None if matches!(target, Target::All) => return Err(no_owner(m)),
+        None => {}
+    }
+    if let Target::Ids(list, _) = target {
+        cond.push_str(&format!(" AND {}", id_in(b, &m.id, list)));
+    }
+    Ok(cond)
+}
+
 /// The SET list that settles rows. A row given back loses its owner and lease; a retried row
 /// runs again `after` from now; errors and finishing times go where the mapping has columns.
 /// `now` and `later` are the dialect's clock expressions.

@@ -128,16 +128,7 @@ fn claim_set(m: &Mapping, b: &mut B, token: &str, lease: Duration) -> String {
 
 /// The condition "`token` holds this row" for strategies that mark rows in the table itself.
 fn held_by(m: &Mapping, b: &mut B, token: &str, target: &Target<'_>) -> Result<String> {
-    let mut cond = format!("{} = {}", m.status, b.value(&m.claimed));
-    match &m.owner {
-        Some(ow) => cond.push_str(&format!(" AND {ow} = {}", b.bind(token.to_owned()))),
-        None if matches!(target, Target::All) => return Err(super::no_owner(m)),
-        None => {}
-    }
-    if let Target::Ids(list, _) = target {
-        cond.push_str(&format!(" AND {}", in_ids(b, &m.id, list)));
-    }
-    Ok(cond)
+    super::held_by(m, b, token, target, in_ids)
 }
 
 /// The id column as text, aliased so that an `ORDER BY` on the id column still sorts by the

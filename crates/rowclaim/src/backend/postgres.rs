@@ -60,16 +60,9 @@ fn claim_set(m: &Mapping, b: &mut B, token: &str, lease: Duration) -> String {
 
 /// The condition "`token` holds this row" for strategies that mark rows in the table itself.
 fn held_by(m: &Mapping, b: &mut B, token: &str, target: &Target<'_>) -> Result<String> {
-    let mut cond = format!("{} = {}", m.status, b.value(&m.claimed));
-    match &m.owner {
-        Some(ow) => cond.push_str(&format!(" AND {ow} = {}", b.bind(token.to_owned()))),
-        None if matches!(target, Target::All) => return Err(super::no_owner(m)),
-        None => {}
-    }
-    if let Target::Ids(list, _) = target {
-        cond.push_str(&format!(" AND {} = ANY({})", m.id, ids(b, list)));
-    }
-    Ok(cond)
+    super::held_by(m, b, token, target, |b, col, list| {
+        format!("{col} = ANY({})", ids(b, list))
+    })
 }
 
 /// Casts a lease table's text `row_id` back to the id column's type.

@@ -77,16 +77,9 @@ fn claim_set(m: &Mapping, b: &mut B, token: &str, lease: Duration) -> String {
 }
 
 fn held_by(m: &Mapping, b: &mut B, token: &str, target: &Target<'_>) -> Result<String> {
-    let mut cond = format!("{} = {}", m.status, b.value(&m.claimed));
-    match &m.owner {
-        Some(ow) => cond.push_str(&format!(" AND {ow} = {}", b.bind(token.to_owned()))),
-        None if matches!(target, Target::All) => return Err(super::no_owner(m)),
-        None => {}
-    }
-    if let Target::Ids(list, _) = target {
-        cond.push_str(&format!(" AND {} {}", m.id, in_ids(b, list)));
-    }
-    Ok(cond)
+    super::held_by(m, b, token, target, |b, col, list| {
+        format!("{col} {}", in_ids(b, list))
+    })
 }
 
 fn row_id_as_id(m: &Mapping, expr: &str) -> String {
