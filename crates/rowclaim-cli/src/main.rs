@@ -325,7 +325,8 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Demo(args) => demo::run(args).await,
         Command::Bench(cmd) => bench::run(url, cmd).await,
         Command::Work(a) => {
-            let claimer = claimer(url, &a.source, a.concurrency as u32 + 1).await?;
+            // One connection per running command's settle, one for claims, one for LISTEN.
+            let claimer = claimer(url, &a.source, a.concurrency as u32 + 2).await?;
             say_strategy(&claimer, a.source.strategy);
             let opts = work::WorkOptions {
                 batch: a.batch.unwrap_or(a.concurrency.max(1) as u32),
@@ -338,10 +339,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             };
             // Listen before the first claim, so that no job enqueued in between is missed.
             let wakeups = if opts.managed && !a.no_listen {
-                let db = Db::connect(url)
-                    .await
-                    .context("connecting to the database")?;
-                Some(db.queue().wakeups(&a.source.queues).await?)
+                Some(claimer.db().queue().wakeups(&a.source.queues).await?)
             } else {
                 None
             };

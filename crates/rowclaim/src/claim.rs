@@ -162,6 +162,11 @@ impl Claimer {
         self.inner.strategy
     }
 
+    /// The database this claimer works on.
+    pub fn db(&self) -> &Db {
+        &self.inner.db
+    }
+
     /// The server this claimer works on.
     pub fn server(&self) -> &ServerInfo {
         &self.inner.server
