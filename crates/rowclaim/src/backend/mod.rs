@@ -205,7 +205,9 @@ impl Outcome {
 }
 
 /// Rows a claim may take: ready (and due, for a scheduled source), or claimed with an expired
-/// lease; within the managed queue's queues. `now` is the dialect's clock expression.
+/// lease; within the managed queue's queues. `now` is the dialect's clock expression. This is the
+/// recheck a statement applies to rows it already named; to *find* rows use [`candidates`] (or the
+/// two arms), because one OR across both kinds can use neither kind's index.
 pub(crate) fn claimable<DB: sqlx::Database>(m: &Mapping, b: &mut Binder<DB>, now: &str) -> String
 where
     i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
@@ -228,6 +230,82 @@ where
     };
     cond.push_str(&queue_condition(m, b));
     cond
+}
+
+/// The first arm of a claim: ready rows (and due, for a scheduled source) within the managed
+/// queue's queues. An equality on status, so a partial index over ready rows (or one on
+/// `(status, …)`) serves it in the source's order, however many finished rows the table keeps.
+pub(crate) fn ready_arm<DB: sqlx::Database>(m: &Mapping, b: &mut Binder<DB>, now: &str) -> String
+where
+    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    let mut cond = format!("{} = {}", m.status, b.value(&m.ready));
+    if let Some(r) = &m.run_at {
+        cond.push_str(&format!(" AND {r} <= {now}"));
+    }
+    cond.push_str(&queue_condition(m, b));
+    cond
+}
+
+/// The second arm: claimed rows whose lease has expired (None without a lease column). Few rows
+/// are claimed at any time, so an index over claimed rows keeps this cheap.
+pub(crate) fn expired_arm<DB: sqlx::Database>(
+    m: &Mapping,
+    b: &mut Binder<DB>,
+    now: &str,
+) -> Option<String>
+where
+    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    let le = m.lease.as_ref()?;
+    let mut cond = format!("{} = {} AND {le} < {now}", m.status, b.value(&m.claimed));
+    cond.push_str(&queue_condition(m, b));
+    Some(cond)
+}
+
+/// A query for up to `limit` rows a claim may take, without locking them: rows with an expired
+/// lease first, then ready rows in the source's order. Each arm is its own sub-select so each
+/// walks its own index. `select` is the column list of each arm (alias anything cast, so that
+/// ORDER BY still means the column).
+pub(crate) fn candidates<DB: sqlx::Database>(
+    m: &Mapping,
+    b: &mut Binder<DB>,
+    now: &str,
+    select: &str,
+    limit: i64,
+) -> String
+where
+    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    let (t, order, filter) = (&m.table, &m.order_by, &m.filter);
+    let arm = |b: &mut Binder<DB>, cond: String| {
+        format!(
+            "SELECT {select} FROM {t} WHERE {cond}{filter} ORDER BY {order} LIMIT {}",
+            b.bind(limit)
+        )
+    };
+    match expired_arm(m, b, now) {
+        None => {
+            let ready = ready_arm(m, b, now);
+            arm(b, ready)
+        }
+        Some(expired) => {
+            let e = arm(b, expired);
+            let ready = ready_arm(m, b, now);
+            let r = arm(b, ready);
+            format!(
+                "SELECT * FROM ({e}) AS rowclaim_e UNION ALL SELECT * FROM ({r}) AS rowclaim_r \
+                 LIMIT {}",
+                b.bind(limit)
+            )
+        }
+    }
 }
 
 /// The SET list that marks rows claimed by `token`: status, owner, lease end (`later` is the

@@ -117,8 +117,16 @@ fn parse_rows(texts: Vec<String>) -> Result<Vec<serde_json::Value>> {
 }
 
 /// Rows a claim may take (see [`super::claimable`]).
+/// The server's clock, in UTC.
+const NOW: &str = "UTC_TIMESTAMP(6)";
+
 fn claimable(m: &Mapping, b: &mut B) -> String {
-    super::claimable(m, b, "UTC_TIMESTAMP(6)")
+    super::claimable(m, b, NOW)
+}
+
+/// Up to `limit` rows a claim may take (see [`super::candidates`]).
+fn candidates(m: &Mapping, b: &mut B, select: &str, limit: i64) -> String {
+    super::candidates(m, b, NOW, select, limit)
 }
 
 /// The SET list that marks rows claimed by `token` (see [`super::claim_set`]).
@@ -213,10 +221,8 @@ impl My {
     async fn claimable_exists(&self, m: &Mapping) -> Result<bool> {
         let mut b = B::new();
         let sql = format!(
-            "SELECT EXISTS (SELECT 1 FROM {} WHERE {}{})",
-            m.table,
-            claimable(m, &mut b),
-            m.filter
+            "SELECT EXISTS (SELECT 1 FROM ({}) AS c)",
+            candidates(m, &mut b, "1 AS one", 1)
         );
         Ok(b.scalar::<bool>(sql)?.fetch_one(&self.pool).await?)
     }
@@ -354,14 +360,30 @@ impl Driver for My {
         let batch = i64::from(a.batch);
         match a.strategy {
             // One transaction: lock the first unlocked candidates, mark them ours, read them back.
+            // Expired leases first, then ready rows, each arm its own locking read so each walks
+            // its own index; the arms may lock up to twice the batch for the moment of this
+            // transaction when leases have expired.
             Strategy::SkipLocked => {
-                let cond = claimable(m, &mut b);
-                let limit = b.bind(batch);
-                let sql = format!(
-                    "SELECT {} FROM {t} AS t WHERE {cond}{filter} ORDER BY {order} \
-                     LIMIT {limit} FOR UPDATE SKIP LOCKED",
-                    id_text(m)
-                );
+                let arm = |b: &mut B, cond: String| {
+                    format!(
+                        "(SELECT {} FROM {t} AS t WHERE {cond}{filter} ORDER BY {order} \
+                         LIMIT {} FOR UPDATE SKIP LOCKED)",
+                        id_text(m),
+                        b.bind(batch)
+                    )
+                };
+                let sql = match super::expired_arm(m, &mut b, NOW) {
+                    Some(expired) => {
+                        let e = arm(&mut b, expired);
+                        let ready = super::ready_arm(m, &mut b, NOW);
+                        let r = arm(&mut b, ready);
+                        format!("{e} UNION ALL {r} LIMIT {}", b.bind(batch))
+                    }
+                    None => {
+                        let ready = super::ready_arm(m, &mut b, NOW);
+                        arm(&mut b, ready)
+                    }
+                };
                 let mut tx = self.begin().await?;
                 let found: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
                 if found.is_empty() {
@@ -390,10 +412,11 @@ impl Driver for My {
             // that lost every row to others gets none and tries again.
             Strategy::Token => {
                 let set = claim_set(m, &mut b, a.token, a.lease);
+                let pick = candidates(m, &mut b, id, batch);
                 let cond = claimable(m, &mut b);
-                let limit = b.bind(batch);
                 let sql = format!(
-                    "UPDATE {t} SET {set} WHERE {cond}{filter} ORDER BY {order} LIMIT {limit}"
+                    "UPDATE {t} SET {set} WHERE {id} IN (SELECT {id} FROM ({pick}) AS c) \
+                     AND {cond}{filter}"
                 );
                 let changed = b.query(sql)?.execute(&self.pool).await?.rows_affected();
                 if changed == 0 {
@@ -411,12 +434,13 @@ impl Driver for My {
             }
             // Read candidates without locks; the update wins only the rows still claimable.
             Strategy::Optimistic => {
-                let cond = claimable(m, &mut b);
-                let limit = b.bind(batch);
-                let sql = format!(
-                    "SELECT {} FROM {t} AS t WHERE {cond}{filter} ORDER BY {order} LIMIT {limit}",
-                    id_text(m)
+                let pick = candidates(
+                    m,
+                    &mut b,
+                    &format!("CAST({id} AS CHAR) AS rowclaim_id"),
+                    batch,
                 );
+                let sql = format!("SELECT rowclaim_id FROM ({pick}) AS c");
                 let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
                 if found.is_empty() {
                     return Ok(nothing());

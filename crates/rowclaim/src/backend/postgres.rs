@@ -53,6 +53,11 @@ fn claimable(m: &Mapping, b: &mut B) -> String {
     super::claimable(m, b, "now()")
 }
 
+/// Up to `limit` rows a claim may take (see [`super::candidates`]).
+fn candidates(m: &Mapping, b: &mut B, select: &str, limit: i64) -> String {
+    super::candidates(m, b, "now()", select, limit)
+}
+
 /// The SET list that marks rows claimed by `token` (see [`super::claim_set`]).
 fn claim_set(m: &Mapping, b: &mut B, token: &str, lease: Duration) -> String {
     super::claim_set(m, b, token, lease, lease_until)
@@ -112,13 +117,44 @@ impl Pg {
         }
     }
 
+    /// `UPDATE … SET set WHERE cond` on rows a token holds, in one statement. For several named
+    /// rows it is all or nothing: the statement locks and counts the held rows first and changes
+    /// them only if every named row is among them, so a batch completes in one round trip with no
+    /// transaction to open and commit. Returns how many rows changed, or, when some named row is
+    /// no longer held, how many are (fewer than named; nothing changed).
+    async fn fenced_update(
+        &self,
+        m: &Mapping,
+        set: &str,
+        cond: &str,
+        mut b: B,
+        target: &Target<'_>,
+    ) -> Result<u64> {
+        let (t, id) = (&m.table, &m.id);
+        let sql = match target {
+            Target::Ids(_, n) if *n > 1 => {
+                let n = b.bind(*n as i64);
+                format!(
+                    "WITH h AS (SELECT {id} FROM {t} WHERE {cond} FOR UPDATE), \
+                     u AS (UPDATE {t} AS t SET {set} FROM h WHERE t.{id} = h.{id} \
+                     AND (SELECT count(*) FROM h) = {n} RETURNING 1) \
+                     SELECT CASE WHEN (SELECT count(*) FROM h) = {n} \
+                     THEN (SELECT count(*) FROM u) ELSE (SELECT count(*) FROM h) END"
+                )
+            }
+            _ => format!(
+                "WITH u AS (UPDATE {t} SET {set} WHERE {cond} RETURNING 1) SELECT count(*) FROM u"
+            ),
+        };
+        let changed: i64 = b.scalar(sql)?.fetch_one(&self.pool).await?;
+        Ok(changed.max(0) as u64)
+    }
+
     async fn claimable_exists(&self, m: &Mapping) -> Result<bool> {
         let mut b = B::new();
         let sql = format!(
-            "SELECT EXISTS (SELECT 1 FROM {} WHERE {}{})",
-            m.table,
-            claimable(m, &mut b),
-            m.filter
+            "SELECT EXISTS (SELECT 1 FROM ({}) AS c)",
+            candidates(m, &mut b, "1 AS one", 1)
         );
         Ok(b.scalar::<bool>(sql)?.fetch_one(&self.pool).await?)
     }
@@ -201,14 +237,35 @@ impl Driver for Pg {
         };
         match a.strategy {
             // One statement: lock the first unlocked candidates, mark them ours, return them.
+            // Expired leases are taken first, then ready rows fill the batch; each arm walks its
+            // own index (an OR of the two walks the primary key past every finished row). The
+            // outer LIMIT is a constant so the planner expects `batch` rows, not a tenth of the
+            // table, and joins by the primary key.
             Strategy::SkipLocked => {
-                let cond = claimable(m, &mut b);
                 let limit = b.bind(batch);
+                let (ready_cond, expired) = (
+                    super::ready_arm(m, &mut b, "now()"),
+                    super::expired_arm(m, &mut b, "now()"),
+                );
+                let arm = |cond: &str, limit: &str| {
+                    format!(
+                        "SELECT {id} FROM {t} WHERE {cond}{filter} ORDER BY {order} \
+                         LIMIT {limit} FOR UPDATE SKIP LOCKED"
+                    )
+                };
+                let pick = match expired {
+                    Some(e) => format!(
+                        "e AS ({}), r AS ({}), c AS (SELECT {id} FROM e UNION ALL \
+                         SELECT {id} FROM r LIMIT {limit})",
+                        arm(&e, &limit),
+                        arm(&ready_cond, &format!("{limit} - (SELECT count(*) FROM e)"))
+                    ),
+                    None => format!("c AS ({})", arm(&ready_cond, &limit)),
+                };
                 let set = claim_set(m, &mut b, a.token, a.lease);
                 let sql = format!(
-                    "WITH c AS (SELECT {id} FROM {t} WHERE {cond}{filter} ORDER BY {order} \
-                     LIMIT {limit} FOR UPDATE SKIP LOCKED) \
-                     UPDATE {t} AS t SET {set} FROM c WHERE t.{id} = c.{id} RETURNING to_jsonb(t)"
+                    "WITH {pick} UPDATE {t} AS t SET {set} FROM c WHERE t.{id} = c.{id} \
+                     RETURNING to_jsonb(t)"
                 );
                 let rows = b.scalar(sql)?.fetch_all(&self.pool).await?;
                 Ok(Claimed {
@@ -222,13 +279,11 @@ impl Driver for Pg {
             // claimer that lost every row to others gets none and tries again.
             Strategy::Token => {
                 let set = claim_set(m, &mut b, a.token, a.lease);
-                let inner = claimable(m, &mut b);
-                let limit = b.bind(batch);
+                let pick = candidates(m, &mut b, id, batch);
                 let outer = claimable(m, &mut b);
                 let sql = format!(
-                    "UPDATE {t} AS t SET {set} WHERE t.{id} IN (SELECT {id} FROM {t} \
-                     WHERE {inner}{filter} ORDER BY {order} LIMIT {limit}) AND {outer}{filter} \
-                     RETURNING to_jsonb(t)"
+                    "UPDATE {t} AS t SET {set} WHERE t.{id} IN (SELECT {id} FROM ({pick}) AS c) \
+                     AND {outer}{filter} RETURNING to_jsonb(t)"
                 );
                 let rows = json_rows(b.scalar(sql)?.fetch_all(&self.pool).await?);
                 let lost_race = rows.is_empty() && self.claimable_exists(m).await?;
@@ -240,12 +295,8 @@ impl Driver for Pg {
             }
             // Read candidates without locks; the update wins only the rows still claimable.
             Strategy::Optimistic => {
-                let cond = claimable(m, &mut b);
-                let limit = b.bind(batch);
-                let sql = format!(
-                    "SELECT {id}::text AS rowclaim_id FROM {t} WHERE {cond}{filter} \
-                     ORDER BY {order} LIMIT {limit}"
-                );
+                let pick = candidates(m, &mut b, &format!("{id}::text AS rowclaim_id"), batch);
+                let sql = format!("SELECT rowclaim_id FROM ({pick}) AS c");
                 let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
                 if found.is_empty() {
                     return Ok(Claimed {
@@ -403,7 +454,7 @@ impl Driver for Pg {
         } else {
             let set = super::outcome_set(m, &mut b, &outcome, "now()", lease_until);
             let cond = held_by(m, &mut b, token, &target)?;
-            format!("UPDATE {t} SET {set} WHERE {cond}")
+            return self.fenced_update(m, &set, &cond, b, &target).await;
         };
         if only_one(&target) {
             return Ok(b.query(sql)?.execute(&self.pool).await?.rows_affected());
@@ -436,9 +487,9 @@ impl Driver for Pg {
             )
         } else {
             let le = m.lease.as_deref().unwrap_or_default();
-            let until = lease_until(&mut b, lease);
+            let set = format!("{le} = {}", lease_until(&mut b, lease));
             let cond = held_by(m, &mut b, token, &target)?;
-            format!("UPDATE {} SET {le} = {until} WHERE {cond}", m.table)
+            return self.fenced_update(m, &set, &cond, b, &target).await;
         };
         self.change_all_or_nothing(sql, b, &target).await
     }

@@ -71,6 +71,11 @@ fn claimable(m: &Mapping, b: &mut B) -> String {
     super::claimable(m, b, NOW)
 }
 
+/// Up to `limit` rows a claim may take (see [`super::candidates`]).
+fn candidates(m: &Mapping, b: &mut B, select: &str, limit: i64) -> String {
+    super::candidates(m, b, NOW, select, limit)
+}
+
 /// The SET list that marks rows claimed by `token` (see [`super::claim_set`]).
 fn claim_set(m: &Mapping, b: &mut B, token: &str, lease: Duration) -> String {
     super::claim_set(m, b, token, lease, lease_until)
@@ -128,10 +133,8 @@ impl Lite {
     async fn claimable_exists(&self, m: &Mapping) -> Result<bool> {
         let mut b = B::new();
         let sql = format!(
-            "SELECT EXISTS (SELECT 1 FROM {} WHERE {}{})",
-            m.table,
-            claimable(m, &mut b),
-            m.filter
+            "SELECT EXISTS (SELECT 1 FROM ({}))",
+            candidates(m, &mut b, "1 AS one", 1)
         );
         Ok(b.scalar::<bool>(sql)?.fetch_one(&self.pool).await?)
     }
@@ -230,11 +233,9 @@ impl Driver for Lite {
             // One statement under the write lock: nobody else can take the same rows.
             Strategy::Token => {
                 let set = claim_set(m, &mut b, a.token, a.lease);
-                let cond = claimable(m, &mut b);
-                let limit = b.bind(batch);
+                let pick = candidates(m, &mut b, id, batch);
                 let sql = format!(
-                    "UPDATE {t} SET {set} WHERE {id} IN (SELECT {id} FROM {t} \
-                     WHERE {cond}{filter} ORDER BY {order} LIMIT {limit}) RETURNING {json}"
+                    "UPDATE {t} SET {set} WHERE {id} IN (SELECT {id} FROM ({pick})) RETURNING {json}"
                 );
                 let rows = parse_rows(b.scalar(sql)?.fetch_all(&self.pool).await?)?;
                 Ok(Claimed {
@@ -245,12 +246,13 @@ impl Driver for Lite {
             }
             // Candidates read without the write lock; the update wins only rows still claimable.
             Strategy::Optimistic => {
-                let cond = claimable(m, &mut b);
-                let limit = b.bind(batch);
-                let sql = format!(
-                    "SELECT CAST({id} AS TEXT) AS rowclaim_id FROM {t} WHERE {cond}{filter} \
-                     ORDER BY {order} LIMIT {limit}"
+                let pick = candidates(
+                    m,
+                    &mut b,
+                    &format!("CAST({id} AS TEXT) AS rowclaim_id"),
+                    batch,
                 );
+                let sql = format!("SELECT rowclaim_id FROM ({pick})");
                 let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
                 if found.is_empty() {
                     return Ok(Claimed {
