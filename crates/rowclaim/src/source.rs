@@ -284,7 +284,10 @@ impl Source {
         let id_kind = key_kind(id_col, "id column")?;
         let status_col = find(&p.status, "status column")?;
         let status_kind = key_kind(status_col, "status column")?;
-        let status = |v: &str, what: &str| status_kind.parse(v, what);
+        let status = |v: &str, what: &str| {
+            check_status_value(v, what)?;
+            status_kind.parse(v, what)
+        };
 
         let owner = match &p.owner {
             None => None,
@@ -456,6 +459,30 @@ pub(crate) fn ident(s: &str, what: &'static str) -> Result<String> {
     }
 }
 
+/// Status values are part of the mapping, like the column names, and go into the SQL text as
+/// literals rather than bound values: PostgreSQL and SQLite can use a partial index such as
+/// `WHERE status = 'ready'` only when the query says `status = 'ready'` too (a prepared statement's
+/// generic plan with `status = $1` walks the whole primary key instead). So they are held to
+/// what a literal can carry safely in every dialect: no quotes, backslashes or control characters.
+fn check_status_value(v: &str, what: &str) -> Result<()> {
+    if v.is_empty() || v.len() > 255 || v.chars().any(|c| c == '\'' || c == '\\' || c.is_control())
+    {
+        return Err(Error::InvalidInput(format!(
+            "{what} {v:?} must be 1 to 255 characters without quotes, backslashes or control \
+             characters (status values are written into the SQL so that indexes on them can be used)"
+        )));
+    }
+    Ok(())
+}
+
+/// A checked status value (see [`check_status_value`]) as an SQL literal.
+pub(crate) fn status_literal(v: &RowId) -> String {
+    match v {
+        RowId::Int(i) => i.to_string(),
+        RowId::Text(s) => format!("'{s}'"),
+    }
+}
+
 fn parse_order_by(text: &str) -> Result<Vec<(String, &'static str)>> {
     let mut out = Vec::new();
     for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -492,6 +519,19 @@ mod tests {
         assert!(ident("2x", "x").is_err());
         assert!(ident("a\"b", "x").is_err());
         assert!(ident("", "x").is_err());
+    }
+
+    #[test]
+    fn status_values_must_be_safe_literals() {
+        assert!(check_status_value("in progress", "ready value").is_ok());
+        for bad in ["it's", "back\\slash", "", "tab\t"] {
+            let e = check_status_value(bad, "ready value")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("ready value"), "{e}");
+        }
+        assert_eq!(status_literal(&RowId::Text("done".into())), "'done'");
+        assert_eq!(status_literal(&RowId::Int(3)), "3");
     }
 
     #[test]

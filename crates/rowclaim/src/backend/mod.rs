@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use crate::queue::{Admin, Enqueued, NewJob, QueueStats};
+use crate::source::status_literal;
 use crate::source::{Mapping, TableName};
 use crate::value::IdList;
 use crate::{LockMode, LockWait, Result, Stats, Strategy};
@@ -215,7 +216,7 @@ where
     DB::Arguments: sqlx::IntoArguments<DB>,
 {
     let st = &m.status;
-    let ready = b.value(&m.ready);
+    let ready = status_literal(&m.ready);
     let due = m
         .run_at
         .as_ref()
@@ -224,7 +225,7 @@ where
     let mut cond = match &m.lease {
         Some(le) => format!(
             "(({st} = {ready}{due}) OR ({st} = {} AND {le} < {now}))",
-            b.value(&m.claimed)
+            status_literal(&m.claimed)
         ),
         None => format!("({st} = {ready}{due})"),
     };
@@ -241,7 +242,7 @@ where
     String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
 {
-    let mut cond = format!("{} = {}", m.status, b.value(&m.ready));
+    let mut cond = format!("{} = {}", m.status, status_literal(&m.ready));
     if let Some(r) = &m.run_at {
         cond.push_str(&format!(" AND {r} <= {now}"));
     }
@@ -262,7 +263,11 @@ where
     DB::Arguments: sqlx::IntoArguments<DB>,
 {
     let le = m.lease.as_ref()?;
-    let mut cond = format!("{} = {} AND {le} < {now}", m.status, b.value(&m.claimed));
+    let mut cond = format!(
+        "{} = {} AND {le} < {now}",
+        m.status,
+        status_literal(&m.claimed)
+    );
     cond.push_str(&queue_condition(m, b));
     Some(cond)
 }
@@ -322,7 +327,7 @@ where
     String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
 {
-    let mut set = vec![format!("{} = {}", m.status, b.value(&m.claimed))];
+    let mut set = vec![format!("{} = {}", m.status, status_literal(&m.claimed))];
     if let Some(ow) = &m.owner {
         set.push(format!("{ow} = {}", b.bind(token.to_owned())));
     }
@@ -350,7 +355,7 @@ where
     String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
 {
-    let mut cond = format!("{} = {}", m.status, b.value(&m.claimed));
+    let mut cond = format!("{} = {}", m.status, status_literal(&m.claimed));
     match &m.owner {
         Some(ow) => cond.push_str(&format!(" AND {ow} = {}", b.bind(token.to_owned()))),
         None if matches!(target, Target::All) => return Err(no_owner(m)),
@@ -377,7 +382,11 @@ where
     String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
 {
-    let mut set = vec![format!("{} = {}", m.status, b.value(outcome.status(m)))];
+    let mut set = vec![format!(
+        "{} = {}",
+        m.status,
+        status_literal(outcome.status(m))
+    )];
     if matches!(outcome, Outcome::Ready | Outcome::Retry { .. }) {
         set.extend(m.owner.iter().map(|ow| format!("{ow} = NULL")));
         set.extend(m.lease.iter().map(|le| format!("{le} = NULL")));
@@ -411,14 +420,14 @@ where
     DB::Arguments: sqlx::IntoArguments<DB>,
 {
     let cond = if claimed {
-        format!("{} = {}", m.status, b.value(&m.claimed))
+        format!("{} = {}", m.status, status_literal(&m.claimed))
     } else {
         let due = match (&m.run_at, &m.attempts) {
             (Some(r), Some(a)) => format!(" AND ({r} <= {now} OR {a} > 0)"),
             (Some(r), None) => format!(" AND {r} <= {now}"),
             _ => String::new(),
         };
-        format!("{} = {}{due}", m.status, b.value(&m.ready))
+        format!("{} = {}{due}", m.status, status_literal(&m.ready))
     };
     let queues = queue_condition(m, b);
     format!(
@@ -461,7 +470,7 @@ where
         )
     } else {
         let owner = m.owner.as_deref().unwrap_or("NULL");
-        let c = b.value(&m.claimed);
+        let c = status_literal(&m.claimed);
         format!(
             "SELECT CAST({owner} AS {text}), COUNT(*) FROM {t} WHERE {st} = {c}{filter} GROUP BY 1"
         )
@@ -475,7 +484,7 @@ where
         ))
     } else {
         m.lease.as_ref().map(|le| {
-            let c = b.value(&m.claimed);
+            let c = status_literal(&m.claimed);
             format!("SELECT COUNT(*) FROM {t} WHERE {st} = {c} AND {le} < {now}{filter}")
         })
     };

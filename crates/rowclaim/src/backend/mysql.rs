@@ -25,6 +25,7 @@ use super::{
     Target,
 };
 use crate::queue::{Admin, Enqueued, JobParts, NewJob, QueueStats};
+use crate::source::status_literal;
 use crate::source::{Mapping, TableName};
 use crate::value::IdList;
 use crate::{Error, LockMode, LockWait, Result, RowId, Stats, Strategy};
@@ -234,7 +235,7 @@ impl My {
         };
         let mut b = B::new();
         let tok = b.bind(token.to_owned());
-        let claimed = b.value(&m.claimed);
+        let claimed = status_literal(&m.claimed);
         let sql = format!(
             "SELECT {} FROM {} AS t WHERE t.{ow} = {tok} AND t.{} = {claimed} ORDER BY {}",
             row_json(m),
@@ -249,7 +250,7 @@ impl My {
 /// The claimed rows `list` as JSON, in the source's order.
 fn rows_sql(m: &Mapping, b: &mut B, list: &IdList) -> String {
     let which = in_ids(b, &format!("t.{}", m.id), list);
-    let claimed = b.value(&m.claimed);
+    let claimed = status_literal(&m.claimed);
     format!(
         "SELECT {} FROM {} AS t WHERE {which} AND t.{} = {claimed} ORDER BY {}",
         row_json(m),
@@ -490,7 +491,7 @@ impl Driver for My {
             // one transaction.
             Strategy::LeaseTable => {
                 let st = &m.status;
-                let (ready, claimed) = (b.value(&m.ready), b.value(&m.claimed));
+                let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
                 let source = b.bind(m.source_key.clone());
                 let limit = b.bind(batch);
                 let sql = format!(
@@ -547,7 +548,7 @@ impl Driver for My {
                 let mut b = B::new();
                 let set = claim_set(m, &mut b, a.token, a.lease);
                 let which = in_ids(&mut b, id, &list);
-                let (ready, claimed) = (b.value(&m.ready), b.value(&m.claimed));
+                let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
                 let sql = format!(
                     "UPDATE {t} SET {set} WHERE {which} AND ({st} = {ready} OR {st} = {claimed})"
                 );
@@ -566,7 +567,7 @@ impl Driver for My {
             // (`wait_timeout`, whole seconds) is the lease: past it the server closes the
             // connection, the transaction rolls back and the rows are free again.
             Strategy::Transaction => {
-                let ready = b.value(&m.ready);
+                let ready = status_literal(&m.ready);
                 let limit = b.bind(batch);
                 let sql = format!(
                     "SELECT {} FROM {t} AS t WHERE {} = {ready}{filter} \
@@ -633,7 +634,7 @@ impl Driver for My {
         let mut b = B::new();
         let set = super::outcome_set(m, &mut b, &outcome, "UTC_TIMESTAMP(6)", lease_until);
         let which = in_ids(&mut b, &m.id, &list);
-        let claimed = b.value(&m.claimed);
+        let claimed = status_literal(&m.claimed);
         let sql = format!(
             "UPDATE {t} SET {set} WHERE {which} AND {} = {claimed}",
             m.status
@@ -706,7 +707,7 @@ impl Driver for My {
         if !matches!(outcome, Outcome::Ready) {
             // A released row is still ready in the table; its lock goes at commit.
             let mut b = B::new();
-            let st = b.value(outcome.status(m));
+            let st = status_literal(outcome.status(m));
             let which = in_ids(&mut b, &m.id, list);
             let sql = format!("UPDATE {} SET {} = {st} WHERE {which}", m.table, m.status);
             b.query(sql)?.execute(&mut **tx).await?;

@@ -12,6 +12,7 @@ use super::{
     ServerKind, Target,
 };
 use crate::queue::{Admin, Enqueued, JobParts, NewJob, QueueStats};
+use crate::source::status_literal;
 use crate::source::{Mapping, TableName};
 use crate::value::{IdList, Kind};
 use crate::{Error, LockMode, LockWait, Result, RowId, Stats, Strategy};
@@ -325,7 +326,7 @@ impl Driver for Pg {
             // expired lease is taken over in the same statement), then the rows are marked.
             Strategy::LeaseTable => {
                 let st = &m.status;
-                let (ready, claimed) = (b.value(&m.ready), b.value(&m.claimed));
+                let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
                 let source = b.bind(m.source_key.clone());
                 let limit = b.bind(batch);
                 let sql = format!(
@@ -361,7 +362,7 @@ impl Driver for Pg {
                 let mut b = B::new();
                 let set = claim_set(m, &mut b, a.token, a.lease);
                 let keys = b.bind(won.clone());
-                let (ready, claimed) = (b.value(&m.ready), b.value(&m.claimed));
+                let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
                 let key_id = row_id_as_id(m, "k");
                 let sql = format!(
                     "UPDATE {t} AS t SET {set} WHERE t.{id} IN (SELECT {key_id} FROM unnest({keys}::text[]) AS k) \
@@ -399,7 +400,7 @@ impl Driver for Pg {
                     .bind(lease_ms(a.lease).to_string())
                     .execute(&mut *tx)
                     .await?;
-                let ready = b.value(&m.ready);
+                let ready = status_literal(&m.ready);
                 let limit = b.bind(batch);
                 let sql = format!(
                     "SELECT to_jsonb(t) FROM {t} AS t WHERE {} = {ready}{filter} \
@@ -443,7 +444,7 @@ impl Driver for Pg {
                 }
             };
             let set = super::outcome_set(m, &mut b, &outcome, "now()", lease_until);
-            let claimed = b.value(&m.claimed);
+            let claimed = status_literal(&m.claimed);
             let gone_id = row_id_as_id(m, "gone.row_id");
             format!(
                 "WITH gone AS (DELETE FROM rowclaim_leases WHERE source = {source} AND token = {tok}{only} \
@@ -535,7 +536,7 @@ impl Driver for Pg {
             return Ok(()); // still ready in the table; the lock goes at commit
         }
         let mut b = B::new();
-        let st = b.value(outcome.status(m));
+        let st = status_literal(outcome.status(m));
         let any = ids(&mut b, list);
         let sql = format!(
             "UPDATE {} SET {} = {st} WHERE {} = ANY({any})",

@@ -15,6 +15,7 @@ use super::{
     ServerInfo, ServerKind, Target,
 };
 use crate::queue::{Admin, Enqueued, JobParts, NewJob, QueueStats};
+use crate::source::status_literal;
 use crate::source::{Mapping, TableName};
 use crate::value::{IdList, Kind};
 use crate::{Error, LockMode, LockWait, Result, RowId, Stats, Strategy};
@@ -282,7 +283,7 @@ impl Driver for Lite {
             Strategy::LeaseTable => {
                 let mut tx = self.write().await?;
                 let st = &m.status;
-                let (ready, claimed) = (b.value(&m.ready), b.value(&m.claimed));
+                let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
                 let source = b.bind(m.source_key.clone());
                 let limit = b.bind(batch);
                 let sql = format!(
@@ -318,7 +319,7 @@ impl Driver for Lite {
                 let mut b = B::new();
                 let set = claim_set(m, &mut b, a.token, a.lease);
                 let ids = in_ids(&mut b, &won);
-                let (ready, claimed) = (b.value(&m.ready), b.value(&m.claimed));
+                let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
                 let sql = format!(
                     "UPDATE {t} SET {set} WHERE {id} {ids} AND ({st} = {ready} OR {st} = {claimed}) \
                      RETURNING {json}"
@@ -340,7 +341,7 @@ impl Driver for Lite {
                     .bind(lease_ms(a.lease))
                     .fetch_one(&mut *tx)
                     .await?;
-                let ready = b.value(&m.ready);
+                let ready = status_literal(&m.ready);
                 let limit = b.bind(batch);
                 let sql = format!(
                     "SELECT {json} FROM {t} WHERE {} = {ready}{filter} ORDER BY {order} LIMIT {limit}",
@@ -393,7 +394,7 @@ impl Driver for Lite {
         let mut b = B::new();
         let set = super::outcome_set(m, &mut b, &outcome, NOW, lease_until);
         let gone = b.bind(IdList::Text(gone).to_json());
-        let claimed = b.value(&m.claimed);
+        let claimed = status_literal(&m.claimed);
         let sql = format!(
             "UPDATE {} SET {set} WHERE {} IN (SELECT {} FROM json_each({gone})) AND {} = {claimed}",
             m.table,
@@ -485,7 +486,7 @@ impl Driver for Lite {
             return Ok(());
         }
         let mut b = B::new();
-        let st = b.value(outcome.status(m));
+        let st = status_literal(outcome.status(m));
         let ids = in_ids(&mut b, list);
         let sql = format!(
             "UPDATE {} SET {} = {st} WHERE {} {ids}",
