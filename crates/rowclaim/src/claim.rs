@@ -120,6 +120,21 @@ struct Inner {
     m: Mapping,
     strategy: Strategy,
     server: ServerInfo,
+    /// When this claimer last looked for rows whose lease expired, and whether its last claim
+    /// came back short of its batch (see [`RESCUE_EVERY`]).
+    rescue: StdMutex<Rescue>,
+}
+
+/// How often a busy claimer also looks for rows whose lease expired. Looking costs a scan of an
+/// index over claimed rows, which between vacuums also holds every row claimed and finished
+/// since; a claimer whose ready rows keep coming needs it only now and then, and one that came
+/// back short of its batch looks every time.
+const RESCUE_EVERY: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Default)]
+struct Rescue {
+    last: Option<Instant>,
+    short: bool,
 }
 
 /// A fenced change to rows a token holds.
@@ -153,6 +168,7 @@ impl Claimer {
                 m,
                 strategy,
                 server,
+                rescue: StdMutex::default(),
             }),
         }
     }
@@ -198,14 +214,26 @@ impl Claimer {
         loop {
             let token = Token::new();
             let token_text = token.to_string();
+            let expired = {
+                let r = i.rescue.lock().unwrap_or_else(|p| p.into_inner());
+                r.short || r.last.is_none_or(|t| t.elapsed() >= RESCUE_EVERY)
+            };
             let args = ClaimArgs {
                 m: &i.m,
                 strategy: i.strategy,
                 batch,
                 lease,
                 token: &token_text,
+                expired,
             };
             let claimed = retry_transient!(i.db.backend.claim(&args).await)?;
+            {
+                let mut r = i.rescue.lock().unwrap_or_else(|p| p.into_inner());
+                r.short = claimed.rows.len() < batch as usize;
+                if expired {
+                    r.last = Some(Instant::now());
+                }
+            }
             if claimed.rows.is_empty() && claimed.lost_race && rounds < LOST_RACE_RETRIES {
                 rounds += 1;
                 crate::backend::pause(rounds.min(6)).await;

@@ -167,6 +167,8 @@ pub(crate) struct ClaimArgs<'a> {
     pub batch: u32,
     pub lease: Duration,
     pub token: &'a str,
+    /// Also look for rows whose lease expired (the claimer does now and then, not every time).
+    pub expired: bool,
 }
 
 /// What a driver's claim returns.
@@ -282,6 +284,7 @@ pub(crate) fn candidates<DB: sqlx::Database>(
     now: &str,
     select: &str,
     limit: i64,
+    expired: bool,
 ) -> String
 where
     i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
@@ -295,7 +298,7 @@ where
             b.bind(limit)
         )
     };
-    match expired_arm(m, b, now) {
+    match expired.then(|| expired_arm(m, b, now)).flatten() {
         None => {
             let ready = ready_arm(m, b, now);
             arm(b, ready)

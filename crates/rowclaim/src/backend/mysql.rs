@@ -126,8 +126,8 @@ fn claimable(m: &Mapping, b: &mut B) -> String {
 }
 
 /// Up to `limit` rows a claim may take (see [`super::candidates`]).
-fn candidates(m: &Mapping, b: &mut B, select: &str, limit: i64) -> String {
-    super::candidates(m, b, NOW, select, limit)
+fn candidates(m: &Mapping, b: &mut B, select: &str, limit: i64, expired: bool) -> String {
+    super::candidates(m, b, NOW, select, limit, expired)
 }
 
 /// The SET list that marks rows claimed by `token` (see [`super::claim_set`]).
@@ -223,7 +223,7 @@ impl My {
         let mut b = B::new();
         let sql = format!(
             "SELECT EXISTS (SELECT 1 FROM ({}) AS c)",
-            candidates(m, &mut b, "1 AS one", 1)
+            candidates(m, &mut b, "1 AS one", 1, true)
         );
         Ok(b.scalar::<bool>(sql)?.fetch_one(&self.pool).await?)
     }
@@ -373,7 +373,11 @@ impl Driver for My {
                         b.bind(batch)
                     )
                 };
-                let sql = match super::expired_arm(m, &mut b, NOW) {
+                let sql = match a
+                    .expired
+                    .then(|| super::expired_arm(m, &mut b, NOW))
+                    .flatten()
+                {
                     Some(expired) => {
                         let e = arm(&mut b, expired);
                         let ready = super::ready_arm(m, &mut b, NOW);
@@ -413,7 +417,7 @@ impl Driver for My {
             // that lost every row to others gets none and tries again.
             Strategy::Token => {
                 let set = claim_set(m, &mut b, a.token, a.lease);
-                let pick = candidates(m, &mut b, id, batch);
+                let pick = candidates(m, &mut b, id, batch, a.expired);
                 let cond = claimable(m, &mut b);
                 let sql = format!(
                     "UPDATE {t} SET {set} WHERE {id} IN (SELECT {id} FROM ({pick}) AS c) \
@@ -440,6 +444,7 @@ impl Driver for My {
                     &mut b,
                     &format!("CAST({id} AS CHAR) AS rowclaim_id"),
                     batch,
+                    a.expired,
                 );
                 let sql = format!("SELECT rowclaim_id FROM ({pick}) AS c");
                 let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;

@@ -55,8 +55,8 @@ fn claimable(m: &Mapping, b: &mut B) -> String {
 }
 
 /// Up to `limit` rows a claim may take (see [`super::candidates`]).
-fn candidates(m: &Mapping, b: &mut B, select: &str, limit: i64) -> String {
-    super::candidates(m, b, "now()", select, limit)
+fn candidates(m: &Mapping, b: &mut B, select: &str, limit: i64, expired: bool) -> String {
+    super::candidates(m, b, "now()", select, limit, expired)
 }
 
 /// The SET list that marks rows claimed by `token` (see [`super::claim_set`]).
@@ -155,7 +155,7 @@ impl Pg {
         let mut b = B::new();
         let sql = format!(
             "SELECT EXISTS (SELECT 1 FROM ({}) AS c)",
-            candidates(m, &mut b, "1 AS one", 1)
+            candidates(m, &mut b, "1 AS one", 1, true)
         );
         Ok(b.scalar::<bool>(sql)?.fetch_one(&self.pool).await?)
     }
@@ -246,7 +246,9 @@ impl Driver for Pg {
                 let limit = b.bind(batch);
                 let (ready_cond, expired) = (
                     super::ready_arm(m, &mut b, "now()"),
-                    super::expired_arm(m, &mut b, "now()"),
+                    a.expired
+                        .then(|| super::expired_arm(m, &mut b, "now()"))
+                        .flatten(),
                 );
                 let arm = |cond: &str, limit: &str| {
                     format!(
@@ -280,7 +282,7 @@ impl Driver for Pg {
             // claimer that lost every row to others gets none and tries again.
             Strategy::Token => {
                 let set = claim_set(m, &mut b, a.token, a.lease);
-                let pick = candidates(m, &mut b, id, batch);
+                let pick = candidates(m, &mut b, id, batch, a.expired);
                 let outer = claimable(m, &mut b);
                 let sql = format!(
                     "UPDATE {t} AS t SET {set} WHERE t.{id} IN (SELECT {id} FROM ({pick}) AS c) \
@@ -296,7 +298,13 @@ impl Driver for Pg {
             }
             // Read candidates without locks; the update wins only the rows still claimable.
             Strategy::Optimistic => {
-                let pick = candidates(m, &mut b, &format!("{id}::text AS rowclaim_id"), batch);
+                let pick = candidates(
+                    m,
+                    &mut b,
+                    &format!("{id}::text AS rowclaim_id"),
+                    batch,
+                    a.expired,
+                );
                 let sql = format!("SELECT rowclaim_id FROM ({pick}) AS c");
                 let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
                 if found.is_empty() {
@@ -821,7 +829,12 @@ const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
      WHERE unique_key IS NOT NULL AND status IN ('ready', 'running')",
     "CREATE INDEX IF NOT EXISTS rowclaim_jobs_finished ON rowclaim_jobs (finished_at) \
      WHERE status IN ('completed', 'dead', 'cancelled')",
-]];
+],
+    // v2: a claim looks for expired leases through the lease index. The owner index matched the
+    // same rows, and the planner sometimes walked all of it (every job run since the last vacuum)
+    // instead; lookups by token read the small set of running jobs through the lease index.
+    &["DROP INDEX IF EXISTS rowclaim_jobs_owner"],
+];
 
 /// When a job runs: at its absolute time (epoch ms) if it has one, else now + its delay.
 const RUN_AT: &str = "COALESCE(to_timestamp({at}::float8 / 1000), now() + make_interval(secs => {delay}::float8 / 1000))";

@@ -73,8 +73,8 @@ fn claimable(m: &Mapping, b: &mut B) -> String {
 }
 
 /// Up to `limit` rows a claim may take (see [`super::candidates`]).
-fn candidates(m: &Mapping, b: &mut B, select: &str, limit: i64) -> String {
-    super::candidates(m, b, NOW, select, limit)
+fn candidates(m: &Mapping, b: &mut B, select: &str, limit: i64, expired: bool) -> String {
+    super::candidates(m, b, NOW, select, limit, expired)
 }
 
 /// The SET list that marks rows claimed by `token` (see [`super::claim_set`]).
@@ -135,7 +135,7 @@ impl Lite {
         let mut b = B::new();
         let sql = format!(
             "SELECT EXISTS (SELECT 1 FROM ({}))",
-            candidates(m, &mut b, "1 AS one", 1)
+            candidates(m, &mut b, "1 AS one", 1, true)
         );
         Ok(b.scalar::<bool>(sql)?.fetch_one(&self.pool).await?)
     }
@@ -234,7 +234,7 @@ impl Driver for Lite {
             // One statement under the write lock: nobody else can take the same rows.
             Strategy::Token => {
                 let set = claim_set(m, &mut b, a.token, a.lease);
-                let pick = candidates(m, &mut b, id, batch);
+                let pick = candidates(m, &mut b, id, batch, a.expired);
                 let sql = format!(
                     "UPDATE {t} SET {set} WHERE {id} IN (SELECT {id} FROM ({pick})) RETURNING {json}"
                 );
@@ -252,6 +252,7 @@ impl Driver for Lite {
                     &mut b,
                     &format!("CAST({id} AS TEXT) AS rowclaim_id"),
                     batch,
+                    a.expired,
                 );
                 let sql = format!("SELECT rowclaim_id FROM ({pick})");
                 let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
@@ -777,7 +778,12 @@ const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
      WHERE unique_key IS NOT NULL AND status IN ('ready', 'running')",
     "CREATE INDEX IF NOT EXISTS rowclaim_jobs_finished ON rowclaim_jobs (finished_at) \
      WHERE status IN ('completed', 'dead', 'cancelled')",
-]];
+],
+    // v2: a claim looks for expired leases through the lease index. The owner index matched the
+    // same rows, and the planner sometimes walked all of it (every job run since the last vacuum)
+    // instead; lookups by token read the small set of running jobs through the lease index.
+    &["DROP INDEX IF EXISTS rowclaim_jobs_owner"],
+];
 
 /// Enqueues one job on a connection (in the caller's transaction when they hold one). A unique key
 /// that is pending already returns that job.
