@@ -241,6 +241,7 @@ pub(crate) async fn create_bench_table(
         ),
     };
     raw.exec(format!("DROP TABLE IF EXISTS {t}")).await?;
+    forget_leases(raw).await?;
     raw.exec(create).await?;
     raw.fill_by_chunks(rows, bar, |n| {
         format!(
@@ -251,6 +252,34 @@ pub(crate) async fn create_bench_table(
     .await?;
     raw.exec(indexes).await?;
     raw.analyze(t).await
+}
+
+/// Deletes the lease-table strategy's leases on `rowclaim_bench` rows, if `rowclaim_leases`
+/// exists. The table is made anew with the same ids, and a lease left from an earlier run (on
+/// MariaDB/MySQL a lease won on a row that was finished meanwhile stays until it expires) would
+/// keep a new ready row from being claimed.
+async fn forget_leases(raw: &Raw) -> anyhow::Result<()> {
+    let exists = match raw.kind() {
+        Kind::Postgres => {
+            "SELECT COUNT(*) FROM information_schema.tables \
+             WHERE table_schema = current_schema() AND table_name = 'rowclaim_leases'"
+        }
+        Kind::MySql => {
+            "SELECT COUNT(*) FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND table_name = 'rowclaim_leases'"
+        }
+        Kind::Sqlite => {
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'rowclaim_leases'"
+        }
+    };
+    if raw.int(exists).await? > 0 {
+        raw.exec(format!(
+            "DELETE FROM rowclaim_leases WHERE source = '{BENCH_TABLE}' \
+             OR source LIKE '%.{BENCH_TABLE}'"
+        ))
+        .await?;
+    }
+    Ok(())
 }
 
 /// (Re)creates `rowclaim_plain`, the table of a hand-written queue: id, status (default 'ready'),
