@@ -895,6 +895,7 @@ async fn bench_latency(t: Arc<TestDb>) {
     for m in runs {
         assert_eq!(m["started"], 40, "{m}");
         assert_eq!(m["completed"], 40, "{m}");
+        assert!(m["enqueue_rate"].as_f64().is_some_and(|r| r > 0.0), "{m}");
         let (p50, p99, max) = (
             m["p50_ms"].as_f64().unwrap(),
             m["p99_ms"].as_f64().unwrap(),

@@ -88,8 +88,9 @@ struct ModeRun {
     jobs: u64,
     started: u64,
     completed: u64,
-    /// The enqueue rate reached (jobs / seconds from the first enqueue to the last).
-    enqueue_rate: f64,
+    /// The enqueue rate reached: intervals between the first and the last enqueue's return,
+    /// over the seconds between them (none with one job).
+    enqueue_rate: Option<f64>,
     p50_ms: f64,
     p99_ms: f64,
     max_ms: f64,
@@ -178,7 +179,7 @@ pub(crate) async fn run(url: &str, a: LatencyArgs) -> anyhow::Result<i32> {
                 r.wakeup.into(),
                 r.enqueue.into(),
                 r.jobs.to_string(),
-                format!("{:.0}", r.enqueue_rate),
+                r.enqueue_rate.map_or("-".into(), |r| format!("{r:.0}")),
                 format!("{:.2}ms", r.p50_ms),
                 format!("{:.2}ms", r.p99_ms),
                 format!("{:.2}ms", r.max_ms),
@@ -252,6 +253,8 @@ async fn one_mode(url: &str, kind: Kind, a: &LatencyArgs, mode: Wakeup) -> anyho
     let queue = edb.queue();
     let every = Duration::from_secs_f64(1.0 / a.rate);
     let first = tokio::time::Instant::now();
+    // When the first and the last enqueue returned.
+    let mut span: (Option<Instant>, Option<Instant>) = (None, None);
     for i in 0..a.jobs {
         tokio::time::sleep_until(first + every.mul_f64(i as f64)).await;
         let id = if plain_insert {
@@ -260,9 +263,14 @@ async fn one_mode(url: &str, kind: Kind, a: &LatencyArgs, mode: Wakeup) -> anyho
             let job = NewJob::new(serde_json::json!({ "i": i })).queue(QUEUE);
             queue.enqueue(&job).await?.id
         };
-        lock(&times.enqueued).insert(id, Instant::now());
+        let now = Instant::now();
+        lock(&times.enqueued).insert(id, now);
+        span = (span.0.or(Some(now)), Some(now));
     }
-    let enqueue_secs = first.elapsed().as_secs_f64();
+    let enqueue_rate = match span {
+        (Some(a), Some(b)) if b > a => Some((jobs - 1) as f64 / (b - a).as_secs_f64()),
+        _ => None,
+    };
     let report = running
         .await
         .context("the bench worker panicked")?
@@ -312,7 +320,7 @@ async fn one_mode(url: &str, kind: Kind, a: &LatencyArgs, mode: Wakeup) -> anyho
         jobs: a.jobs,
         started: started.len() as u64,
         completed: report.completed,
-        enqueue_rate: a.jobs as f64 / enqueue_secs.max(f64::EPSILON),
+        enqueue_rate,
         p50_ms: s.p50_ms,
         p99_ms: s.p99_ms,
         max_ms: s.max_ms,
