@@ -203,7 +203,7 @@ struct Times {
 }
 
 async fn one_mode(url: &str, kind: Kind, a: &LatencyArgs, mode: Wakeup) -> anyhow::Result<ModeRun> {
-    let raw = Raw::connect(url, 2).await?;
+    let raw = Raw::setup(url).await?;
     setup::clear_queue(&raw).await?;
     // PostgreSQL, poll: a plain INSERT, which sends no NOTIFY.
     let plain_insert = kind == Kind::Postgres && mode == Wakeup::Poll;

@@ -160,7 +160,7 @@ impl Target {
         done: u64,
         bar: &ProgressBar,
     ) -> anyhow::Result<()> {
-        let raw = setup::Raw::connect(url, 2).await?;
+        let raw = setup::Raw::setup(url).await?;
         match self {
             Target::Table(_) => setup::create_bench_table(&raw, rows, done, bar).await?,
             Target::Queue => {

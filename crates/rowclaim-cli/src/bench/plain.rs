@@ -35,7 +35,7 @@ const LITE_DELETE: &str = "DELETE FROM rowclaim_plain WHERE id IN";
 
 /// Creates `rowclaim_plain` with `rows` ready rows.
 pub(crate) async fn create(url: &str, rows: u64, bar: &ProgressBar) -> anyhow::Result<()> {
-    let raw = Raw::connect(url, 2).await?;
+    let raw = Raw::setup(url).await?;
     setup::create_plain_table(&raw, rows, bar).await?;
     raw.close().await;
     Ok(())

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use indicatif::ProgressBar;
-use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, ConnectOptions};
 
 /// The table `drain`, `scale` and `contention` claim from through the library.
 pub(crate) const BENCH_TABLE: &str = "rowclaim_bench";
@@ -52,19 +52,39 @@ impl Raw {
     /// A pool of at most `max` connections. SQLite opens as the library does: created if missing,
     /// WAL, synchronous NORMAL, a 10 s busy timeout.
     pub(crate) async fn connect(url: &str, max: u32) -> anyhow::Result<Raw> {
+        Raw::open(url, max, false).await
+    }
+
+    /// Two connections for making tables and bulk fills, without sqlx's slow-statement warnings
+    /// (a fill of 200,000 rows is slow by design).
+    pub(crate) async fn setup(url: &str) -> anyhow::Result<Raw> {
+        Raw::open(url, 2, true).await
+    }
+
+    async fn open(url: &str, max: u32, quiet: bool) -> anyhow::Result<Raw> {
+        fn hush<O: ConnectOptions>(o: O, quiet: bool) -> O {
+            if quiet {
+                o.disable_statement_logging()
+            } else {
+                o
+            }
+        }
         let raw = match kind(url)? {
             Kind::Postgres => Raw::Pg(
                 PgPoolOptions::new()
                     .max_connections(max)
-                    .connect(url)
+                    .connect_with(hush(PgConnectOptions::from_str(url)?, quiet))
                     .await?,
             ),
-            Kind::MySql => Raw::My(
-                MySqlPoolOptions::new()
-                    .max_connections(max)
-                    .connect(&url.replacen("mariadb:", "mysql:", 1))
-                    .await?,
-            ),
+            Kind::MySql => {
+                let url = url.replacen("mariadb:", "mysql:", 1);
+                Raw::My(
+                    MySqlPoolOptions::new()
+                        .max_connections(max)
+                        .connect_with(hush(MySqlConnectOptions::from_str(&url)?, quiet))
+                        .await?,
+                )
+            }
             Kind::Sqlite => {
                 let options = SqliteConnectOptions::from_str(url)?
                     .create_if_missing(true)
@@ -74,7 +94,7 @@ impl Raw {
                 Raw::Lite(
                     SqlitePoolOptions::new()
                         .max_connections(max)
-                        .connect_with(options)
+                        .connect_with(hush(options, quiet))
                         .await?,
                 )
             }
