@@ -140,7 +140,10 @@ pub(crate) async fn run(url: &str, a: ContentionArgs) -> anyhow::Result<i32> {
                 Ok(c) => usable.push(Target::Table(c.strategy())),
                 Err(e @ Error::UnsupportedStrategy { .. }) if !explicit => {
                     let note = format!("left out: {e}");
-                    eprintln!("{note}");
+                    // The table repeats it under the results; JSON keeps it in "notes".
+                    if a.json {
+                        eprintln!("{note}");
+                    }
                     notes.push(note);
                 }
                 Err(e) => return Err(e).context(format!("--strategies: {s}")),

@@ -127,7 +127,10 @@ pub(crate) async fn run(url: &str, a: LatencyArgs) -> anyhow::Result<i32> {
     };
     if kind != Kind::Postgres && modes.contains(&Wakeup::Notify) {
         let note = "notify: not available on this backend".to_owned();
-        eprintln!("{note}");
+        // The table repeats it under the results; JSON keeps it in "notes".
+        if a.json {
+            eprintln!("{note}");
+        }
         notes.push(note);
         modes.retain(|m| *m == Wakeup::Poll);
         if modes.is_empty() {
