@@ -110,8 +110,12 @@ enum Command {
     /// (all or nothing: one malformed line adds none, and the error names its line).
     #[command(after_help = AFTER_HELP)]
     Enqueue(EnqueueArgs),
-    /// Measure: `drain` N rows (own table or managed queue) with W workers; jobs per second and
-    /// claim latency. Every run checks that no row was processed twice and none was left.
+    /// Measure, on whatever --database points at: `drain` (jobs per second and claim latency;
+    /// --plain for the yardstick of a hand-written queue), `latency` (enqueue to start),
+    /// `scale` (claim latency as the table grows), `contention` (jobs per second against workers,
+    /// per strategy, with an SVG chart). Every run checks its own work and fails loudly if a row
+    /// was processed twice or left behind. Use a scratch database: the bench drops and recreates
+    /// its tables (rowclaim_bench, rowclaim_plain) and deletes the jobs of the queue "bench".
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Create a SQLite table of jobs and let several workers drain it: shows how many rows each
