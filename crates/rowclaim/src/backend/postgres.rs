@@ -136,7 +136,7 @@ impl Pg {
             Target::Ids(_, n) if *n > 1 => {
                 let n = b.bind(*n as i64);
                 format!(
-                    "WITH h AS (SELECT {id} FROM {t} WHERE {cond} FOR UPDATE), \
+                    "WITH h AS (SELECT {id} FROM {t} WHERE {cond} ORDER BY {id} FOR UPDATE), \
                      u AS (UPDATE {t} AS t SET {set} FROM h WHERE t.{id} = h.{id} \
                      AND (SELECT count(*) FROM h) = {n} RETURNING 1) \
                      SELECT CASE WHEN (SELECT count(*) FROM h) = {n} \
@@ -279,14 +279,18 @@ impl Driver for Pg {
             }
             // Mark the first candidates with the token. The outer condition is checked again
             // after waiting for another claimer's row lock, so a row is never taken twice; a
-            // claimer that lost every row to others gets none and tries again.
+            // claimer that lost every row to others gets none and tries again. The candidates are
+            // locked in id order, as a settle locks its rows: a candidate that turned out taken
+            // stays locked until this statement ends, and two statements that lock in different
+            // orders deadlock.
             Strategy::Token => {
                 let set = claim_set(m, &mut b, a.token, a.lease);
                 let pick = candidates(m, &mut b, id, batch, a.expired);
                 let outer = claimable(m, &mut b);
                 let sql = format!(
-                    "UPDATE {t} AS t SET {set} WHERE t.{id} IN (SELECT {id} FROM ({pick}) AS c) \
-                     AND {outer}{filter} RETURNING to_jsonb(t)"
+                    "UPDATE {t} AS t SET {set} FROM (SELECT {id} AS rowclaim_id FROM {t} \
+                     WHERE {id} IN (SELECT {id} FROM ({pick}) AS c) ORDER BY {id} FOR UPDATE) AS l \
+                     WHERE t.{id} = l.rowclaim_id AND {outer}{filter} RETURNING to_jsonb(t)"
                 );
                 let rows = json_rows(b.scalar(sql)?.fetch_all(&self.pool).await?);
                 let lost_race = rows.is_empty() && self.claimable_exists(m).await?;
