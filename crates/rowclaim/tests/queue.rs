@@ -379,8 +379,74 @@ macro_rules! queue_cases {
     };
 }
 
+/// With `async_commit`, claims run in sessions that do not wait for the WAL flush, while enqueue,
+/// the counter and admin changes still work (they ask for a durable commit in their own
+/// transaction). The claim's filter reads the session's setting, so a claim finds the row only
+/// when the setting took.
+async fn async_commit_sessions(t: Arc<TestDb>) {
+    let opts = rowclaim::ConnectOptions::default()
+        .max_connections(2)
+        .async_commit(true);
+    let db = Db::connect_with(&t.url, opts).await.expect("connect");
+    let q = db.queue();
+    q.init().await.expect("init");
+    let id = q
+        .enqueue(&NewJob::new(json!({"n": 1})))
+        .await
+        .expect("enqueue")
+        .id;
+    assert!(q.cancel(id).await.expect("cancel"));
+    assert_eq!(db.next_counter_value("c").await.expect("counter"), 1);
+    t.exec(
+        "CREATE TABLE work (id bigint PRIMARY KEY, status text NOT NULL, owner text, \
+         lease_until timestamptz); INSERT INTO work VALUES (1, 'ready', NULL, NULL)",
+    )
+    .await;
+    let source = || {
+        rowclaim::Source::new("work")
+            .owner_column("owner")
+            .lease_column("lease_until")
+            .filter("current_setting('synchronous_commit') = 'off'")
+    };
+    // The default pool waits for the flush: the filter finds nothing there.
+    let plain = t.db().await;
+    let plain = plain
+        .claimer(source(), rowclaim::Strategy::SkipLocked)
+        .await
+        .expect("claimer");
+    assert!(plain
+        .claim(5, Duration::from_secs(30))
+        .await
+        .expect("claim")
+        .is_empty());
+    let claimer = db
+        .claimer(source(), rowclaim::Strategy::SkipLocked)
+        .await
+        .expect("claimer");
+    let claim = claimer
+        .claim(5, Duration::from_secs(30))
+        .await
+        .expect("claim");
+    assert_eq!(
+        claim.len(),
+        1,
+        "the claim ran with synchronous_commit = off"
+    );
+    claim.complete(&claim.rows()[0].id).await.expect("complete");
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM work WHERE status = 'done'")
+            .await,
+        1
+    );
+}
+
 mod postgres {
     queue_cases!(Backend::Postgres);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn async_commit_claims_and_durable_enqueues() {
+        with_db(Backend::Postgres, super::async_commit_sessions).await
+    }
 }
 mod sqlite {
     queue_cases!(Backend::Sqlite);

@@ -176,6 +176,7 @@ pub(crate) async fn run(url: &str, a: ContentionArgs) -> anyhow::Result<i32> {
                 concurrency: 1,
                 batch: a.batch,
                 claims: None,
+                async_commit: false,
             };
             let outcome = claim_loops(url, *target, load, &progress)
                 .await

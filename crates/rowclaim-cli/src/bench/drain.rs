@@ -66,6 +66,10 @@ pub struct DrainArgs {
     /// The yardstick: the same drain with the minimum SQL of a hand-written queue, no rowclaim.
     #[arg(long, conflicts_with_all = ["queue", "strategy"])]
     plain: bool,
+    /// PostgreSQL: claims and settles commit without waiting for the WAL flush
+    /// (ConnectOptions::async_commit): a database crash may make jobs run again, never lose them.
+    #[arg(long)]
+    async_commit: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -85,6 +89,7 @@ struct DrainReport {
     jobs_per_second: f64,
     claim_p50_ms: f64,
     claim_p99_ms: f64,
+    async_commit: bool,
 }
 
 pub(crate) async fn run(url: &str, a: DrainArgs) -> anyhow::Result<i32> {
@@ -118,6 +123,7 @@ pub(crate) async fn run(url: &str, a: DrainArgs) -> anyhow::Result<i32> {
             concurrency: a.concurrency,
             batch: a.batch,
             claims: None,
+            async_commit: a.async_commit,
         };
         let outcome = claim_loops(url, target, load, &progress).await?;
         let left = target.left(url).await?;
@@ -139,6 +145,7 @@ pub(crate) async fn run(url: &str, a: DrainArgs) -> anyhow::Result<i32> {
         jobs_per_second: a.rows as f64 / outcome.seconds,
         claim_p50_ms: lat.p50_ms,
         claim_p99_ms: lat.p99_ms,
+        async_commit: a.async_commit,
     };
     if a.json {
         print_json(&report)?;
@@ -172,6 +179,9 @@ pub(crate) async fn run(url: &str, a: DrainArgs) -> anyhow::Result<i32> {
             format!("{:.2}ms", r.claim_p99_ms),
         ]);
         print!("{}", t.render());
+        if r.async_commit {
+            println!("claims and settles committed asynchronously (--async-commit)");
+        }
         println!("check: every row processed once, none left");
     }
     Ok(crate::exit::OK)

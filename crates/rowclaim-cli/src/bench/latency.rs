@@ -61,6 +61,10 @@ pub struct LatencyArgs {
     /// The Worker's polling interval (how long it waits when it found nothing), e.g. 1s, 250ms.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
     poll: Duration,
+    /// PostgreSQL: claims and settles commit without waiting for the WAL flush
+    /// (ConnectOptions::async_commit): a database crash may make jobs run again, never lose them.
+    #[arg(long)]
+    async_commit: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -76,6 +80,7 @@ struct LatencyReport {
     rate: f64,
     concurrency: u32,
     poll_ms: f64,
+    async_commit: bool,
     notes: Vec<String>,
     runs: Vec<ModeRun>,
 }
@@ -150,6 +155,7 @@ pub(crate) async fn run(url: &str, a: LatencyArgs) -> anyhow::Result<i32> {
         rate: a.rate,
         concurrency: a.concurrency,
         poll_ms: ms(a.poll),
+        async_commit: a.async_commit,
         notes,
         runs,
     };
@@ -157,13 +163,14 @@ pub(crate) async fn run(url: &str, a: LatencyArgs) -> anyhow::Result<i32> {
         print_json(&report)?;
     } else {
         println!(
-            "{}, managed queue ({}), {} jobs at {}/s, Worker concurrency {}, poll {}",
+            "{}, managed queue ({}), {} jobs at {}/s, Worker concurrency {}, poll {}{}",
             report.backend,
             report.strategy,
             report.jobs,
             report.rate,
             report.concurrency,
-            humantime::format_duration(a.poll)
+            humantime::format_duration(a.poll),
+            if a.async_commit { ", async commit" } else { "" }
         );
         let mut t = Table::new(
             [
@@ -221,7 +228,9 @@ async fn one_mode(url: &str, kind: Kind, a: &LatencyArgs, mode: Wakeup) -> anyho
     let times = Arc::new(Times::default());
     let wdb = Db::connect_with(
         url,
-        ConnectOptions::default().max_connections(a.concurrency + 2),
+        ConnectOptions::default()
+            .max_connections(a.concurrency + 2)
+            .async_commit(a.async_commit),
     )
     .await?;
     let on_start = times.clone();

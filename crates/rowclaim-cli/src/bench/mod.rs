@@ -103,8 +103,16 @@ impl Target {
     }
 
     /// A claimer of this target on its own pool of `connections`.
-    pub(crate) async fn claimer(self, url: &str, connections: u32) -> anyhow::Result<Claimer> {
-        let db = Db::connect_with(url, ConnectOptions::default().max_connections(connections))
+    pub(crate) async fn claimer(
+        self,
+        url: &str,
+        connections: u32,
+        async_commit: bool,
+    ) -> anyhow::Result<Claimer> {
+        let opts = ConnectOptions::default()
+            .max_connections(connections)
+            .async_commit(async_commit);
+        let db = Db::connect_with(url, opts)
             .await
             .context("connecting to the database")?;
         Ok(match self {
@@ -196,6 +204,9 @@ pub(crate) struct Load {
     pub batch: u32,
     /// Stop after this many claims in all (else: when a claim comes back empty).
     pub claims: Option<u64>,
+    /// PostgreSQL: claims and settles commit without waiting for the WAL flush
+    /// (`ConnectOptions::async_commit`).
+    pub async_commit: bool,
 }
 
 /// What the claim loops did.
@@ -229,7 +240,11 @@ pub(crate) async fn claim_loops(
 ) -> anyhow::Result<Outcome> {
     let mut claimers = Vec::new();
     for _ in 0..load.workers {
-        claimers.push(target.claimer(url, load.concurrency).await?);
+        claimers.push(
+            target
+                .claimer(url, load.concurrency, load.async_commit)
+                .await?,
+        );
     }
     let strategy = claimers
         .first()

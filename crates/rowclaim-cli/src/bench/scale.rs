@@ -137,6 +137,7 @@ pub(crate) async fn run(url: &str, a: ScaleArgs) -> anyhow::Result<i32> {
             concurrency: 1,
             batch: a.batch,
             claims: Some(claims),
+            async_commit: false,
         };
         let outcome = claim_loops(url, target, load, &claiming).await?;
         claiming.finish_and_clear();

@@ -22,11 +22,36 @@ type B = Binder<Postgres>;
 #[derive(Clone, Debug)]
 pub(crate) struct Pg {
     pool: PgPool,
+    /// The pool's sessions commit without waiting for the WAL flush
+    /// ([`crate::ConnectOptions::async_commit`]); enqueues, counters and admin changes then ask
+    /// for a durable commit in their own transaction.
+    async_commit: bool,
 }
 
 impl Pg {
     pub(crate) fn new(pool: PgPool) -> Pg {
-        Pg { pool }
+        Pg {
+            pool,
+            async_commit: false,
+        }
+    }
+
+    pub(crate) fn with_async_commit(pool: PgPool) -> Pg {
+        Pg {
+            pool,
+            async_commit: true,
+        }
+    }
+
+    /// A transaction whose commit waits for the WAL flush, whatever the session's setting.
+    async fn durable(&self) -> Result<sqlx::Transaction<'static, Postgres>> {
+        let mut tx = self.pool.begin().await?;
+        if self.async_commit {
+            sqlx::query("SET LOCAL synchronous_commit = on")
+                .execute(&mut *tx)
+                .await?;
+        }
+        Ok(tx)
     }
 
     pub(crate) fn pool(&self) -> &PgPool {
@@ -615,7 +640,20 @@ impl Driver for Pg {
             )
             .bind(name.to_owned())
         };
-        match next().fetch_one(&self.pool).await {
+        let first = if self.async_commit {
+            // A number handed out must never be handed out again after a crash.
+            let mut tx = self.durable().await?;
+            match next().fetch_one(&mut *tx).await {
+                Ok(v) => {
+                    tx.commit().await?;
+                    Ok(v)
+                }
+                Err(e) => Err(e),
+            }
+        } else {
+            next().fetch_one(&self.pool).await
+        };
+        match first {
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => {
                 let mut tx = self.pool.begin().await?;
                 sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_counters'))")
@@ -704,7 +742,7 @@ impl Driver for Pg {
     }
 
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.durable().await?;
         let mut out = Vec::with_capacity(jobs.len());
         // Jobs without a unique key go in bulk, many rows per statement; the others one by one.
         let mut bulk: Vec<JobParts<'_>> = Vec::new();
@@ -744,7 +782,10 @@ impl Driver for Pg {
             )
             .bind(age.as_secs_f64()),
         };
-        Ok(q.execute(&self.pool).await?.rows_affected())
+        let mut tx = self.durable().await?;
+        let changed = q.execute(&mut *tx).await?.rows_affected();
+        tx.commit().await?;
+        Ok(changed)
     }
 
     async fn queue_stats(&self, queue: Option<&str>) -> Result<QueueStats> {
