@@ -234,6 +234,11 @@ impl Claimer {
                     r.last = Some(Instant::now());
                 }
             }
+            if claimed.rows.is_empty() && !expired {
+                // Only ready rows were looked at. Before answering "nothing claimable", look at
+                // expired leases too: the next round does, this claim having come back short.
+                continue;
+            }
             if claimed.rows.is_empty() && claimed.lost_race && rounds < LOST_RACE_RETRIES {
                 rounds += 1;
                 crate::backend::pause(rounds.min(6)).await;

@@ -668,8 +668,34 @@ macro_rules! strategy_cases {
     };
 }
 
+/// A busy claimer looks for expired leases only now and then, yet an empty claim still means
+/// nothing was claimable: the claimer that just took every row gets them back as soon as their
+/// lease has expired, well within its once-a-second look.
+async fn own_rows_back_after_expiry(t: Arc<TestDb>, strategy: Strategy) {
+    t.jobs(3).await;
+    let db = t.db().await;
+    let a = db.claimer(full_source(), strategy).await.unwrap();
+    let first = a.claim(3, Duration::from_millis(300)).await.unwrap();
+    assert_eq!(
+        first.len(),
+        3,
+        "a full batch: the next claim looks at ready rows first"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let again = a.claim(3, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(
+        again.len(),
+        3,
+        "expired rows are claimable at once, not after a rescue pause"
+    );
+}
+
 macro_rules! token_cases {
     ($backend:expr, $strategy:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn empty_claim_means_nothing_claimable() {
+            with_db($backend, |t| own_rows_back_after_expiry(t, $strategy)).await
+        }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn complete_of_partly_held_rows_changes_nothing() {
             with_db($backend, |t| all_or_nothing(t, $strategy)).await

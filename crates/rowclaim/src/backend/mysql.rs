@@ -117,10 +117,10 @@ fn parse_rows(texts: Vec<String>) -> Result<Vec<serde_json::Value>> {
     texts.iter().map(|t| super::parse_row(t)).collect()
 }
 
-/// Rows a claim may take (see [`super::claimable`]).
 /// The server's clock, in UTC.
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
+/// Rows a claim may take (see [`super::claimable`]).
 fn claimable(m: &Mapping, b: &mut B) -> String {
     super::claimable(m, b, NOW)
 }
@@ -411,8 +411,9 @@ impl Driver for My {
                     lost_race: false,
                 })
             }
-            // Mark the first candidates with the token (MySQL's single-table UPDATE takes ORDER BY
-            // and LIMIT), then read the rows that carry it. The condition is checked again after
+            // Mark the first candidates with the token (the candidates come from a derived table,
+            // which MySQL materialises, so the UPDATE may name its own table there), then read the
+            // rows that carry it. The condition is checked again after
             // waiting for another claimer's row lock, so a row is never taken twice; a claimer
             // that lost every row to others gets none and tries again.
             Strategy::Token => {
@@ -1062,7 +1063,7 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE IF NOT EXISTS rowclaim_jobs (
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
     // v2: the claim index in the claim's own order (priority DESC, run_at, id), so a claim reads
     // the first rows of its queue and stops, instead of sorting every ready job of the queue.
-    // (MariaDB before 10.8 reads DESC and builds it ascending; it still saves the sort on id.)
+    // (MariaDB before 10.8 reads DESC and builds the index ascending, so there a claim still sorts.)
     "ALTER TABLE rowclaim_jobs DROP KEY rowclaim_jobs_claim, \
      ADD KEY rowclaim_jobs_claim (status, queue, priority DESC, run_at, id)",
 ];

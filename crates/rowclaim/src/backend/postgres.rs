@@ -265,8 +265,9 @@ impl Driver for Pg {
             // One statement: lock the first unlocked candidates, mark them ours, return them.
             // Expired leases are taken first, then ready rows fill the batch; each arm walks its
             // own index (an OR of the two walks the primary key past every finished row). The
-            // outer LIMIT is a constant so the planner expects `batch` rows, not a tenth of the
-            // table, and joins by the primary key.
+            // outer LIMIT on c keeps the planner's estimate of c small (a LIMIT computed from a
+            // subquery alone is guessed at a tenth of the table, and then it hashes the whole
+            // table instead of joining by the primary key).
             Strategy::SkipLocked => {
                 let limit = b.bind(batch);
                 let (ready_cond, expired) = (
@@ -655,13 +656,15 @@ impl Driver for Pg {
         };
         match first {
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => {
-                let mut tx = self.pool.begin().await?;
+                // Create the table and take the first number in one durable transaction.
+                let mut tx = self.durable().await?;
                 sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_counters'))")
                     .execute(&mut *tx)
                     .await?;
                 sqlx::query(CREATE_COUNTERS).execute(&mut *tx).await?;
+                let value = next().fetch_one(&mut *tx).await?;
                 tx.commit().await?;
-                Ok(next().fetch_one(&self.pool).await?)
+                Ok(value)
             }
             other => Ok(other?),
         }
@@ -705,7 +708,7 @@ impl Driver for Pg {
     }
 
     async fn queue_init(&self) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.durable().await?;
         // Concurrent inits take turns; DDL is transactional here, so a failed step leaves nothing.
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_init'))")
             .execute(&mut *tx)
