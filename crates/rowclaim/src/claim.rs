@@ -214,7 +214,14 @@ impl Claimer {
         loop {
             let token = Token::new();
             let token_text = token.to_string();
-            let expired = {
+            // Only strategies that look for candidates in two arms can leave the expired arm out;
+            // for the others (and without a lease column) there is nothing to throttle.
+            let throttled = i.m.lease.is_some()
+                && matches!(
+                    i.strategy,
+                    Strategy::SkipLocked | Strategy::Token | Strategy::Optimistic
+                );
+            let expired = !throttled || {
                 let r = i.rescue.lock().unwrap_or_else(|p| p.into_inner());
                 r.short || r.last.is_none_or(|t| t.elapsed() >= RESCUE_EVERY)
             };

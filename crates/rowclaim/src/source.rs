@@ -465,8 +465,8 @@ pub(crate) fn ident(s: &str, what: &'static str) -> Result<String> {
 /// generic plan with `status = $1` walks the whole primary key instead). So they are held to
 /// what a literal can carry safely in every dialect: no quotes, backslashes or control characters.
 fn check_status_value(v: &str, what: &str) -> Result<()> {
-    if v.is_empty() || v.len() > 255 || v.chars().any(|c| c == '\'' || c == '\\' || c.is_control())
-    {
+    let len = v.chars().count();
+    if len == 0 || len > 255 || v.chars().any(|c| c == '\'' || c == '\\' || c.is_control()) {
         return Err(Error::InvalidInput(format!(
             "{what} {v:?} must be 1 to 255 characters without quotes, backslashes or control \
              characters (status values are written into the SQL so that indexes on them can be used)"

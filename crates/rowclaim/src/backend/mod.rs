@@ -217,22 +217,32 @@ where
     String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
 {
-    let st = &m.status;
-    let ready = status_literal(&m.ready);
-    let due = m
-        .run_at
-        .as_ref()
-        .map(|r| format!(" AND {r} <= {now}"))
-        .unwrap_or_default();
-    let mut cond = match &m.lease {
-        Some(le) => format!(
-            "(({st} = {ready}{due}) OR ({st} = {} AND {le} < {now}))",
-            status_literal(&m.claimed)
-        ),
-        None => format!("({st} = {ready}{due})"),
+    let ready = ready_cond(m, now);
+    let mut cond = match expired_cond(m, now) {
+        Some(expired) => format!("(({ready}) OR ({expired}))"),
+        None => format!("({ready})"),
     };
     cond.push_str(&queue_condition(m, b));
     cond
+}
+
+/// Ready, and due for a scheduled source. (Status values are literals: nothing to bind.)
+fn ready_cond(m: &Mapping, now: &str) -> String {
+    let mut cond = format!("{} = {}", m.status, status_literal(&m.ready));
+    if let Some(r) = &m.run_at {
+        cond.push_str(&format!(" AND {r} <= {now}"));
+    }
+    cond
+}
+
+/// Claimed with an expired lease; None without a lease column.
+fn expired_cond(m: &Mapping, now: &str) -> Option<String> {
+    let le = m.lease.as_ref()?;
+    Some(format!(
+        "{} = {} AND {le} < {now}",
+        m.status,
+        status_literal(&m.claimed)
+    ))
 }
 
 /// The first arm of a claim: ready rows (and due, for a scheduled source) within the managed
@@ -244,12 +254,7 @@ where
     String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
 {
-    let mut cond = format!("{} = {}", m.status, status_literal(&m.ready));
-    if let Some(r) = &m.run_at {
-        cond.push_str(&format!(" AND {r} <= {now}"));
-    }
-    cond.push_str(&queue_condition(m, b));
-    cond
+    ready_cond(m, now) + &queue_condition(m, b)
 }
 
 /// The second arm: claimed rows whose lease has expired (None without a lease column). Few rows
@@ -264,14 +269,7 @@ where
     String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
 {
-    let le = m.lease.as_ref()?;
-    let mut cond = format!(
-        "{} = {} AND {le} < {now}",
-        m.status,
-        status_literal(&m.claimed)
-    );
-    cond.push_str(&queue_condition(m, b));
-    Some(cond)
+    Some(expired_cond(m, now)? + &queue_condition(m, b))
 }
 
 /// A query for up to `limit` rows a claim may take, without locking them: rows with an expired

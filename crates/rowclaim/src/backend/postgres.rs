@@ -108,10 +108,6 @@ fn parse_ids(m: &Mapping, texts: Vec<String>) -> Result<Vec<RowId>> {
     texts.iter().map(|t| m.id_kind.parse(t, "row id")).collect()
 }
 
-fn only_one(target: &Target<'_>) -> bool {
-    matches!(target, Target::Ids(_, 1))
-}
-
 const CREATE_LEASES: &str = "CREATE TABLE IF NOT EXISTS rowclaim_leases (
     source text NOT NULL,
     row_id text NOT NULL,
@@ -126,7 +122,8 @@ const CREATE_COUNTERS: &str = "CREATE TABLE IF NOT EXISTS rowclaim_counters (
 
 impl Pg {
     /// Runs a statement that changes rows; with several named rows it commits only if all of them
-    /// changed (all or nothing).
+    /// changed (all or nothing). For the lease table, whose changes span two tables; changes to
+    /// rows marked in the source table go through [`Pg::fenced_update`], in one statement.
     async fn change_all_or_nothing(&self, sql: String, b: B, target: &Target<'_>) -> Result<u64> {
         match target {
             Target::Ids(_, n) if *n > 1 => {
@@ -472,32 +469,21 @@ impl Driver for Pg {
     ) -> Result<u64> {
         let t = &m.table;
         let mut b = B::new();
-        let sql = if strategy == Strategy::LeaseTable {
-            let source = b.bind(m.source_key.clone());
-            let tok = b.bind(token.to_owned());
-            let only = match &target {
-                Target::All => String::new(),
-                Target::Ids(list, _) => {
-                    format!(" AND row_id = ANY({}::text[])", text_ids(&mut b, list))
-                }
-            };
-            let set = super::outcome_set(m, &mut b, &outcome, "now()", lease_until);
-            let claimed = status_literal(&m.claimed);
-            let gone_id = row_id_as_id(m, "gone.row_id");
-            format!(
-                "WITH gone AS (DELETE FROM rowclaim_leases WHERE source = {source} AND token = {tok}{only} \
-                 RETURNING row_id) UPDATE {t} AS t SET {set} FROM gone WHERE t.{} = {gone_id} \
-                 AND t.{} = {claimed}",
-                m.id, m.status
-            )
-        } else {
+        if strategy != Strategy::LeaseTable {
             let set = super::outcome_set(m, &mut b, &outcome, "now()", lease_until);
             let cond = held_by(m, &mut b, token, &target)?;
             return self.fenced_update(m, &set, &cond, b, &target).await;
-        };
-        if only_one(&target) {
-            return Ok(b.query(sql)?.execute(&self.pool).await?.rows_affected());
         }
+        // The lease table says who holds a row: drop the token's leases, settle those rows.
+        let held = held_leases(&mut b, m, token, &target);
+        let set = super::outcome_set(m, &mut b, &outcome, "now()", lease_until);
+        let claimed = status_literal(&m.claimed);
+        let gone_id = row_id_as_id(m, "gone.row_id");
+        let sql = format!(
+            "WITH gone AS (DELETE FROM rowclaim_leases WHERE {held} RETURNING row_id) \
+             UPDATE {t} AS t SET {set} FROM gone WHERE t.{} = {gone_id} AND t.{} = {claimed}",
+            m.id, m.status
+        );
         self.change_all_or_nothing(sql, b, &target).await
     }
 
@@ -510,26 +496,15 @@ impl Driver for Pg {
         lease: Duration,
     ) -> Result<u64> {
         let mut b = B::new();
-        let sql = if strategy == Strategy::LeaseTable {
-            let until = lease_until(&mut b, lease);
-            let source = b.bind(m.source_key.clone());
-            let tok = b.bind(token.to_owned());
-            let only = match &target {
-                Target::All => String::new(),
-                Target::Ids(list, _) => {
-                    format!(" AND row_id = ANY({}::text[])", text_ids(&mut b, list))
-                }
-            };
-            format!(
-                "UPDATE rowclaim_leases SET lease_until = {until} \
-                 WHERE source = {source} AND token = {tok}{only}"
-            )
-        } else {
+        if strategy != Strategy::LeaseTable {
             let le = m.lease.as_deref().unwrap_or_default();
             let set = format!("{le} = {}", lease_until(&mut b, lease));
             let cond = held_by(m, &mut b, token, &target)?;
             return self.fenced_update(m, &set, &cond, b, &target).await;
-        };
+        }
+        let until = lease_until(&mut b, lease);
+        let held = held_leases(&mut b, m, token, &target);
+        let sql = format!("UPDATE rowclaim_leases SET lease_until = {until} WHERE {held}");
         self.change_all_or_nothing(sql, b, &target).await
     }
 
@@ -543,13 +518,8 @@ impl Driver for Pg {
         let mut b = B::new();
         let target = Target::Ids(list, 0);
         let sql = if strategy == Strategy::LeaseTable {
-            let source = b.bind(m.source_key.clone());
-            let tok = b.bind(token.to_owned());
-            let keys = text_ids(&mut b, list);
-            format!(
-                "SELECT row_id FROM rowclaim_leases WHERE source = {source} AND token = {tok} \
-                 AND row_id = ANY({keys}::text[])"
-            )
+            let held = held_leases(&mut b, m, token, &target);
+            format!("SELECT row_id FROM rowclaim_leases WHERE {held}")
         } else {
             let cond = held_by(m, &mut b, token, &target)?;
             format!("SELECT {}::text FROM {} WHERE {cond}", m.id, m.table)
@@ -644,13 +614,11 @@ impl Driver for Pg {
         let first = if self.async_commit {
             // A number handed out must never be handed out again after a crash.
             let mut tx = self.durable().await?;
-            match next().fetch_one(&mut *tx).await {
-                Ok(v) => {
-                    tx.commit().await?;
-                    Ok(v)
-                }
-                Err(e) => Err(e),
+            let value = next().fetch_one(&mut *tx).await;
+            if value.is_ok() {
+                tx.commit().await?;
             }
+            value
         } else {
             next().fetch_one(&self.pool).await
         };
@@ -837,6 +805,19 @@ fn json_key(v: &serde_json::Value) -> String {
     match v {
         serde_json::Value::String(s) => s.clone(),
         other => other.to_string(),
+    }
+}
+
+/// The condition "`token` holds the lease" on `rowclaim_leases`, for all its rows or the named ones.
+fn held_leases(b: &mut B, m: &Mapping, token: &str, target: &Target<'_>) -> String {
+    let source = b.bind(m.source_key.clone());
+    let tok = b.bind(token.to_owned());
+    match target {
+        Target::All => format!("source = {source} AND token = {tok}"),
+        Target::Ids(list, _) => format!(
+            "source = {source} AND token = {tok} AND row_id = ANY({}::text[])",
+            text_ids(b, list)
+        ),
     }
 }
 
