@@ -25,8 +25,17 @@ pub mod exit {
     /// The token no longer holds the rows (their lease expired and another claimer took them, or
     /// they were settled already). Nothing was changed.
     pub const LEASE_LOST: i32 = 3;
-    /// The database failed (connection, query), or the work COMMAND could not be started.
+    /// The database failed (connection, query), the work COMMAND could not be started, or a
+    /// worker gave up after `--give-up-after`.
     pub const FAILURE: i32 = 4;
+    /// `work --until-empty` finished, but some rows failed, died, were lost to another worker or
+    /// were given up during an outage.
+    pub const INCOMPLETE: i32 = 5;
+    /// The connection broke while a commit was under way: it may or may not have taken effect.
+    pub const OUTCOME_UNKNOWN: i32 = 6;
+    /// `work` was stopped by a second signal: running commands were stopped, their rows given
+    /// back.
+    pub const INTERRUPTED: i32 = 130;
 }
 
 const AFTER_HELP: &str = "\
@@ -36,7 +45,12 @@ Exit codes:
   2  bad input: usage, an invalid identifier, a missing table or column, a strategy this server
      or table cannot do, a zero lease, a bad config file
   3  lease lost: the token no longer holds the rows (nothing was changed)
-  4  failure: database error, or the work COMMAND could not be started
+  4  failure: database error, the work COMMAND could not be started, or work gave up after
+     --give-up-after
+  5  work --until-empty finished, but some rows failed, died, were lost or were given up
+  6  outcome unknown: the connection broke while a commit was under way (an enqueue, a
+     complete); check before doing it again
+  130  work stopped by a second signal: running commands were stopped and their rows given back
 
 The database comes from --database, else $DATABASE_URL, else sqlite://rowclaim.db here.";
 
@@ -67,13 +81,23 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Claim rows and run COMMAND once per row: the row as a JSON object on its stdin, its id in
-    /// $ROWCLAIM_ID (and the claim token in $ROWCLAIM_TOKEN). Exit 0 marks the row done, any other
-    /// exit marks it failed. COMMAND's stdout and stderr go to this terminal.
+    /// Claim rows and run COMMAND once per row: the row as a JSON object on its stdin (for
+    /// --queue: the job's payload), its id in $ROWCLAIM_ID and the claim token in
+    /// $ROWCLAIM_TOKEN (for --queue also $ROWCLAIM_KIND, $ROWCLAIM_QUEUE, $ROWCLAIM_ATTEMPT).
+    /// Exit 0 marks the row done; any other exit fails it (a job is retried with backoff until
+    /// its last attempt). COMMAND's stdout and stderr go to this terminal.
     ///
-    /// While a command runs its lease is extended, so a slow command keeps its row. On SIGINT or
-    /// SIGTERM the worker stops claiming, lets running commands finish and gives back rows it had
-    /// claimed but not started; a second signal exits at once.
+    /// While a command runs its lease is renewed, so a slow command keeps its row. If the
+    /// database goes away, running commands go on, claims pause and resume when it answers, and
+    /// results are retried until their lease would end. A command whose row is no longer this
+    /// worker's (lease lost, job cancelled) or that runs past --timeout is stopped: SIGTERM to
+    /// its process group, SIGKILL after --kill-after.
+    ///
+    /// Each command runs in a process group of its own, so a Ctrl-C at the terminal reaches
+    /// rowclaim only. The first SIGINT or SIGTERM stops claiming, gives back rows not started,
+    /// and lets running commands finish within --grace; then they are stopped and their rows
+    /// given back. A second signal (a second or more after the first) stops them at once and
+    /// exits 130.
     #[command(after_help = AFTER_HELP)]
     Work(WorkArgs),
     /// Claim rows and print them as JSON lines, each with its token: {"token":…,"id":…,"row":{…}}.
@@ -127,15 +151,34 @@ enum Command {
 struct WorkArgs {
     #[command(flatten)]
     source: SourceArgs,
-    /// Rows claimed at once (default: --concurrency). Rows beyond the free slots wait, claimed.
-    #[arg(long, value_name = "N")]
+    /// Rows claimed at once (default: the free slots). Rows beyond the free slots wait, claimed.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     batch: Option<u32>,
+    /// Rows to claim ahead, beyond the running ones, waiting for a free slot with their leases
+    /// renewed.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    prefetch: usize,
     /// How long a claim holds its rows without a heartbeat, e.g. 30s, 5m.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     lease: Duration,
     /// Commands run at once.
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    concurrency: usize,
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    concurrency: u64,
+    /// Stop a command that runs longer than this and fail its row ("timed out after …"); a
+    /// job's own --timeout from enqueue wins. Default: no limit.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    timeout: Option<Duration>,
+    /// At the first signal, how long running commands may take to finish before they are
+    /// stopped and their rows given back.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    grace: Duration,
+    /// How long a stopped command gets between SIGTERM and SIGKILL.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    kill_after: Duration,
+    /// Exit (code 4) once the database has been unreachable this long, e.g. 10m. Default: keep
+    /// waiting for it.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    give_up_after: Option<Duration>,
     /// Exit 0 once no row is left to work on (none ready, none claimed by a worker that might
     /// still die and give it back). Without it, keep polling for new rows.
     #[arg(long)]
@@ -291,7 +334,7 @@ fn main() {
     let code = match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("rowclaim: {e:#}");
+            eprintln!("rowclaim: {}", explain(&e));
             exit_code(&e)
         }
     };
@@ -318,9 +361,40 @@ fn exit_code(e: &anyhow::Error) -> i32 {
     }
     match e.chain().find_map(|c| c.downcast_ref::<Error>()) {
         Some(Error::LeaseLost { .. }) => exit::LEASE_LOST,
-        Some(Error::Database(_)) | None => exit::FAILURE,
+        Some(Error::OutcomeUnknown { .. }) => exit::OUTCOME_UNKNOWN,
+        Some(
+            Error::Database(_)
+            | Error::Connect { .. }
+            | Error::GaveUp { .. }
+            | Error::HandlerAborted(_),
+        )
+        | None => exit::FAILURE,
         Some(_) => exit::BAD_INPUT,
     }
+}
+
+/// An error and its causes in one line, each said once. A library error's message is complete
+/// (it carries its cause's text), so the chain ends there.
+fn explain(e: &anyhow::Error) -> String {
+    let mut said: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !said.iter().any(|s| s.contains(&text)) {
+            said.push(text);
+        }
+        if cause.is::<Error>() {
+            break;
+        }
+    }
+    let mut line = said.join(": ");
+    if let Some(Error::OutcomeUnknown { what, .. }) =
+        e.chain().find_map(|c| c.downcast_ref::<Error>())
+    {
+        if what.starts_with("the enqueue") {
+            line.push_str("; check with `rowclaim jobs list` before enqueueing again");
+        }
+    }
+    line
 }
 
 async fn run(cli: Cli) -> anyhow::Result<i32> {
@@ -329,29 +403,42 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Demo(args) => demo::run(args).await,
         Command::Bench(cmd) => bench::run(url, cmd).await,
         Command::Work(a) => {
-            // One connection per running command's settle, one for claims, one for LISTEN.
-            let claimer = claimer(url, &a.source, a.concurrency as u32 + 2).await?;
+            let concurrency = a.concurrency as usize;
+            // Connections: one per running command's result, plus claims, heartbeats, LISTEN.
+            let connections = (concurrency + a.prefetch.min(8) + 3) as u32;
+            let claimer = claimer(url, &a.source, connections).await?;
             say_strategy(&claimer, a.source.strategy);
-            let opts = work::WorkOptions {
-                batch: a.batch.unwrap_or(a.concurrency.max(1) as u32),
-                lease: a.lease,
-                concurrency: a.concurrency.max(1),
-                until_empty: a.until_empty,
-                poll: a.poll,
-                command: a.command,
-                managed: !a.source.queues.is_empty(),
-            };
-            // Listen before the first claim, so that no job enqueued in between is missed.
-            let wakeups = if opts.managed && !a.no_listen {
-                Some(claimer.db().queue().wakeups(&a.source.queues).await?)
+            let mut worker = rowclaim::Worker::for_claimer(claimer)
+                .handler(work::RunCommand {
+                    command: a.command,
+                    kill_after: a.kill_after,
+                })
+                .concurrency(concurrency)
+                .prefetch(a.prefetch)
+                .lease(a.lease)
+                .poll(a.poll)
+                .grace(a.grace)
+                .until_empty(a.until_empty)
+                .listen(!a.no_listen);
+            if let Some(n) = a.batch {
+                worker = worker.batch(n);
+            }
+            if let Some(limit) = a.timeout {
+                worker = worker.timeout(limit);
+            }
+            if let Some(outage) = a.give_up_after {
+                worker = worker.give_up_after(outage);
+            }
+            tokio::spawn(stop_on_signal(worker.shutdown_handle()));
+            let report = worker.run(std::future::pending()).await?;
+            eprintln!("rowclaim: {}", work::summary(&report));
+            Ok(if report.interrupted {
+                exit::INTERRUPTED
+            } else if a.until_empty && report.troubled() > 0 {
+                exit::INCOMPLETE
             } else {
-                None
-            };
-            let (stop_tx, _) = tokio::sync::watch::channel(false);
-            tokio::spawn(stop_on_signal(stop_tx.clone()));
-            let tally = work::run(claimer, wakeups, opts, stop_tx).await?;
-            eprintln!("rowclaim: {}", tally.line());
-            Ok(exit::OK)
+                exit::OK
+            })
         }
         Command::Claim(a) => {
             if a.source.strategy == rowclaim::Strategy::Transaction {
@@ -629,8 +716,11 @@ where
     Ok(exit::OK)
 }
 
-/// First SIGINT/SIGTERM: stop gracefully. Second: exit at once.
-async fn stop_on_signal(stop: tokio::sync::watch::Sender<bool>) {
+/// First SIGINT/SIGTERM: drain (stop claiming, let running commands finish within the grace
+/// period). Second: stop them now. A signal within a second of the first is the same event
+/// delivered twice (`timeout(1)` signals rowclaim and then its whole process group), not a
+/// second request.
+async fn stop_on_signal(stop: rowclaim::Shutdown) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
@@ -640,11 +730,18 @@ async fn stop_on_signal(stop: tokio::sync::watch::Sender<bool>) {
         return;
     };
     tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-    eprintln!("rowclaim: stopping: no new claims; running commands finish, waiting rows are released (signal again to exit now)");
-    let _ = stop.send(true);
-    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    let first = tokio::time::Instant::now();
     eprintln!(
-        "rowclaim: second signal: exiting now; unfinished rows come back when their lease expires"
+        "rowclaim: stopping: no new claims, rows not started go back, running commands may \
+         finish (signal again to stop them now)"
     );
-    std::process::exit(130);
+    stop.drain();
+    loop {
+        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        if first.elapsed() >= Duration::from_secs(1) {
+            break;
+        }
+    }
+    eprintln!("rowclaim: second signal: stopping running commands now and giving their rows back");
+    stop.now();
 }

@@ -264,14 +264,19 @@ async fn claim_round_trip(t: Arc<TestDb>) {
     let release = [&["release", "--token", &token], FULL.as_slice()].concat();
     assert!(output(&t, &release).await.status.success());
 
-    // A failing command fails its row.
+    // A failing command fails its row; --until-empty then says that not every row went well.
     let work = [
         FULL.as_slice(),
         &["--until-empty", "--", "sh", "-c", "exit 7"],
     ]
     .concat();
     let out = output(&t, &[&["work"], work.as_slice()].concat()).await;
-    assert!(out.status.success());
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "failed rows under --until-empty: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(
         t.count("SELECT COUNT(*) FROM jobs WHERE status = 'failed'")
             .await,
@@ -598,7 +603,7 @@ async fn queue_cli(t: Arc<TestDb>) {
     ];
     let out = output(&t, &work).await;
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    assert_eq!(out.status.code(), Some(5), "a job died: {err}");
     assert!(err.contains("1 failed, 1 to retry"), "{err}");
     assert_eq!(
         t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'dead' AND attempts = 2 AND last_error LIKE '%exit status: 3%'").await,

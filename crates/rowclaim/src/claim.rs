@@ -183,6 +183,17 @@ impl Claimer {
         &self.inner.db
     }
 
+    /// For a claimer of the managed queue: the queues it takes jobs from (empty: all).
+    pub(crate) fn managed_queues(&self) -> Option<&[String]> {
+        self.inner.m.queues.as_ref().map(|(_, q)| q.as_slice())
+    }
+
+    /// Whether its claims expire (a lease column, or the lease table): only then are there
+    /// leases to renew.
+    pub(crate) fn claims_expire(&self) -> bool {
+        self.inner.strategy == Strategy::LeaseTable || self.inner.m.lease.is_some()
+    }
+
     /// The server this claimer works on.
     pub fn server(&self) -> &ServerInfo {
         &self.inner.server
@@ -584,6 +595,17 @@ impl Claim {
     }
 
     async fn settle(&self, id: &RowId, outcome: Outcome) -> Result<()> {
+        let result = self.settle_keep(id, outcome).await;
+        // Settled or not, this claim no longer looks after the row: if the settle failed and the
+        // row is still claimed, it comes back when its lease expires (no heartbeat keeps it).
+        self.forget(id);
+        result
+    }
+
+    /// Settles one row. Unlike [`Claim::settle`], a failure that leaves the row held (the
+    /// database could not be reached) keeps it open, so that the caller may try again while a
+    /// heartbeat keeps its lease; the worker runtime does.
+    pub(crate) async fn settle_keep(&self, id: &RowId, outcome: Outcome) -> Result<()> {
         if !self.is_open(id) {
             return Err(self.lost(vec![id.clone()]));
         }
@@ -612,13 +634,114 @@ impl Claim {
                 .await
                 .map(|_| ())
         };
-        // Settled or not, this claim no longer looks after the row: if the settle failed and the
-        // row is still claimed, it comes back when its lease expires (no heartbeat keeps it).
-        self.forget(id);
+        if matches!(result, Ok(()) | Err(Error::LeaseLost { .. })) {
+            self.forget(id);
+        }
         result
     }
 
-    fn forget(&self, id: &RowId) {
+    /// Gives back rows of this claim that never started, in one statement where the strategy
+    /// allows. Returns the rows it could not give back because the claim no longer held them.
+    pub(crate) async fn release_rows(&self, ids: &[RowId]) -> Result<Vec<RowId>> {
+        if self.claimer.strategy() == Strategy::Transaction {
+            let mut lost = Vec::new();
+            for id in ids {
+                match self.settle_keep(id, Outcome::Ready).await {
+                    Ok(()) => {}
+                    Err(Error::LeaseLost { .. }) => lost.push(id.clone()),
+                    Err(e) => return Err(e),
+                }
+            }
+            return Ok(lost);
+        }
+        let mut ask: Vec<RowId> = ids.iter().filter(|id| self.is_open(id)).cloned().collect();
+        let mut lost: Vec<RowId> = ids.iter().filter(|id| !self.is_open(id)).cloned().collect();
+        // Named rows change all together or not at all: drop the ones found lost and go again.
+        for _ in 0..3 {
+            if ask.is_empty() {
+                break;
+            }
+            match self.claimer.release(&self.token, &ask).await {
+                Ok(_) => {
+                    ask.iter().for_each(|id| self.forget(id));
+                    return Ok(lost);
+                }
+                Err(Error::LeaseLost { ids, .. }) => {
+                    ids.iter().for_each(|id| self.forget(id));
+                    ask.retain(|id| !ids.contains(id));
+                    lost.extend(ids);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(lost)
+    }
+
+    /// The heartbeat's one beat: pushes the lease of the rows still open to now + the claim's
+    /// lease. Returns the rows it found no longer held by this claim (their lease expired and
+    /// another claimer took them, or someone settled or cancelled them); they are forgotten, so
+    /// that no later beat keeps them.
+    pub(crate) async fn beat(&self) -> Result<Vec<RowId>> {
+        let open = self.open_rows();
+        if open.is_empty() {
+            return Ok(vec![]);
+        }
+        if self.claimer.strategy() == Strategy::Transaction {
+            return match self.extend(self.lease).await {
+                Ok(()) => Ok(vec![]),
+                Err(Error::LeaseLost { ids, .. }) => Ok(ids),
+                Err(e) => Err(e),
+            };
+        }
+        let (mut ask, mut lost) = (open, Vec::new());
+        // Named rows are extended all together or not at all: drop the lost ones and go again.
+        for _ in 0..3 {
+            match self.claimer.extend(&self.token, &ask, self.lease).await {
+                Ok(_) => break,
+                Err(Error::LeaseLost { ids, .. }) => {
+                    ids.iter().for_each(|id| self.forget(id));
+                    ask.retain(|id| !ids.contains(id));
+                    lost.extend(ids);
+                    if ask.is_empty() {
+                        break;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(lost)
+    }
+
+    /// Stops looking after every open row, without touching the database (for the transaction
+    /// strategy the held transaction is dropped, which rolls it back). Their rows come back when
+    /// their lease ends. Returns them.
+    pub(crate) async fn abandon(&self) -> Vec<RowId> {
+        if let Ok(mut held) = self.held.try_lock() {
+            *held = None;
+        }
+        self.forget_all()
+    }
+
+    /// How many rows are not yet settled or given up.
+    pub(crate) fn open_count(&self) -> usize {
+        self.open.lock().map(|o| o.len()).unwrap_or(0)
+    }
+
+    /// Resolves once every row is settled or given up.
+    pub(crate) async fn all_settled(&self) {
+        if self.open_rows().is_empty() {
+            return;
+        }
+        self.settled.notified().await;
+    }
+
+    /// Whether this claim still looks after the row.
+    pub(crate) fn is_open(&self, id: &RowId) -> bool {
+        self.open.lock().map(|o| o.contains(id)).unwrap_or(false)
+    }
+
+    /// Stops looking after one row (see [`Claim::abandon`]).
+    pub(crate) fn forget(&self, id: &RowId) {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         open.remove(id);
         if open.is_empty() {
@@ -641,37 +764,16 @@ impl Claim {
         ids
     }
 
-    fn is_open(&self, id: &RowId) -> bool {
-        self.open.lock().map(|o| o.contains(id)).unwrap_or(false)
-    }
-
     /// A held transaction whose connection died (idle timeout = lease expiry) or whose deadline
     /// passed (SQLite) lost its rows.
     fn lost_if_gone(&self, e: Error) -> Error {
         match e {
             Error::LeaseLost { .. } => self.lost(self.forget_all()),
-            Error::Database(ref d) if connection_gone(d) => self.lost(self.forget_all()),
+            Error::Database(ref d) if crate::error::connection_broke(d) => {
+                self.lost(self.forget_all())
+            }
             other => other,
         }
-    }
-}
-
-/// Whether an error means the server closed the session (so its transaction rolled back).
-fn connection_gone(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed => true,
-        sqlx::Error::Database(db) => {
-            if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
-                // idle_in_transaction_session_timeout, admin shutdown
-                return matches!(pg.code(), "25P03" | "57P01" | "57P05");
-            }
-            if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-                // server gone / lost connection / disconnected for inactivity
-                return matches!(my.number(), 2006 | 2013 | 4031);
-            }
-            false
-        }
-        _ => false,
     }
 }
 

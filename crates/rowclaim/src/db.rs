@@ -1,9 +1,10 @@
 //! [`Db`]: a connection pool to one of the three databases, the entry point of the library.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 
@@ -33,6 +34,8 @@ use crate::{Claimer, Error, Result, Source, Strategy};
 #[derive(Clone, Debug)]
 pub struct Db {
     pub(crate) backend: Backend,
+    /// Where the pool connects, for messages: `PostgreSQL at host:port`, never a password.
+    endpoint: Arc<str>,
 }
 
 /// How [`Db::connect_with`] opens its pool.
@@ -54,6 +57,12 @@ pub struct ConnectOptions {
     /// at-least-once, and no row is lost. Enqueues, counters and admin changes stay durable.
     /// Other databases ignore it.
     pub async_commit: bool,
+    /// How long [`Db::connect_with`] waits for the first connection before it reports the server
+    /// unreachable. Default 10 s. A refused connection is reported at once.
+    pub connect_timeout: Duration,
+    /// How long a statement waits for a connection from the pool (all busy, or the server
+    /// unreachable) before it fails. Default 10 s.
+    pub acquire_timeout: Duration,
 }
 
 impl Default for ConnectOptions {
@@ -62,6 +71,8 @@ impl Default for ConnectOptions {
             max_connections: 10,
             sqlite_busy_timeout: Duration::from_secs(10),
             async_commit: false,
+            connect_timeout: Duration::from_secs(10),
+            acquire_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -78,6 +89,62 @@ impl ConnectOptions {
         self.async_commit = on;
         self
     }
+
+    /// Sets [`ConnectOptions::connect_timeout`].
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets [`ConnectOptions::acquire_timeout`].
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+}
+
+/// Opens one connection straight away (not through a pool, which would keep retrying a refused
+/// connection until its timeout), so that an unreachable server is reported at once with what
+/// was dialled and what the operating system said.
+async fn probe<O>(options: &O, endpoint: &str, wait: Duration) -> Result<()>
+where
+    O: sqlx::ConnectOptions,
+    O::Connection: Sized,
+{
+    let failed = |source| Error::Connect {
+        endpoint: endpoint.to_owned(),
+        source,
+    };
+    match tokio::time::timeout(wait, options.connect()).await {
+        Ok(Ok(conn)) => {
+            // The pool opens its own connections; a failed goodbye changes nothing.
+            let _ = sqlx::Connection::close(conn).await;
+            Ok(())
+        }
+        Ok(Err(e)) => Err(failed(e)),
+        Err(_) => Err(failed(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {}", humantime::format_duration(wait)),
+        )))),
+    }
+}
+
+fn pg_endpoint(o: &PgConnectOptions) -> String {
+    match o.get_socket() {
+        Some(dir) => format!("PostgreSQL at {}", dir.display()),
+        None => format!("PostgreSQL at {}:{}", o.get_host(), o.get_port()),
+    }
+}
+
+fn my_endpoint(o: &MySqlConnectOptions) -> String {
+    match o.get_socket() {
+        Some(path) => format!("MySQL/MariaDB at {}", path.display()),
+        None => format!("MySQL/MariaDB at {}:{}", o.get_host(), o.get_port()),
+    }
+}
+
+fn sqlite_endpoint(o: &SqliteConnectOptions) -> String {
+    format!("SQLite file {}", o.get_filename().display())
 }
 
 impl Db {
@@ -88,50 +155,80 @@ impl Db {
     }
 
     /// [`Db::connect`] with pool settings.
+    ///
+    /// A server that cannot be reached fails here at once, with an [`Error::Connect`] that names
+    /// the host and port and says what the operating system reported.
     pub async fn connect_with(url: &str, opts: ConnectOptions) -> Result<Db> {
         let scheme = url.split(':').next().unwrap_or_default();
-        let backend = match scheme {
+        let bad_url = |e: sqlx::Error| {
+            Error::InvalidInput(format!(
+                "database URL {}: {}",
+                redact(url),
+                crate::error::describe(&e)
+            ))
+        };
+        let (backend, endpoint) = match scheme {
             "postgres" | "postgresql" => {
-                let mut options = PgConnectOptions::from_str(url)?;
+                let mut options = PgConnectOptions::from_str(url).map_err(bad_url)?;
                 if opts.async_commit {
                     options = options.options([("synchronous_commit", "off")]);
                 }
+                let endpoint = pg_endpoint(&options);
+                probe(&options, &endpoint, opts.connect_timeout).await?;
                 let pool = PgPoolOptions::new()
                     .max_connections(opts.max_connections)
-                    .connect_with(options)
-                    .await?;
-                Backend::Postgres(if opts.async_commit {
+                    .acquire_timeout(opts.acquire_timeout)
+                    .connect_lazy_with(options);
+                let pg = if opts.async_commit {
                     Pg::with_async_commit(pool)
                 } else {
                     Pg::new(pool)
-                })
+                };
+                (Backend::Postgres(pg), endpoint)
             }
             "mysql" | "mariadb" => {
                 let url = url.replacen("mariadb:", "mysql:", 1);
-                Backend::MySql(My::new(
-                    MySqlPoolOptions::new()
-                        .max_connections(opts.max_connections)
-                        .connect(&url)
-                        .await?,
-                ))
+                let options = MySqlConnectOptions::from_str(&url).map_err(bad_url)?;
+                let endpoint = my_endpoint(&options);
+                probe(&options, &endpoint, opts.connect_timeout).await?;
+                let pool = MySqlPoolOptions::new()
+                    .max_connections(opts.max_connections)
+                    .acquire_timeout(opts.acquire_timeout)
+                    .connect_lazy_with(options);
+                (Backend::MySql(My::new(pool)), endpoint)
             }
             "sqlite" => {
-                let options = SqliteConnectOptions::from_str(url)?
+                let options = SqliteConnectOptions::from_str(url)
+                    .map_err(bad_url)?
                     .create_if_missing(true)
                     // WAL lets readers run beside the one writer; NORMAL sync is durable in WAL.
                     .journal_mode(SqliteJournalMode::Wal)
                     .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
                     .busy_timeout(opts.sqlite_busy_timeout);
-                Backend::Sqlite(Lite::new(
-                    SqlitePoolOptions::new()
-                        .max_connections(opts.max_connections)
-                        .connect_with(options)
-                        .await?,
-                ))
+                let endpoint = sqlite_endpoint(&options);
+                let pool = SqlitePoolOptions::new()
+                    .max_connections(opts.max_connections)
+                    .acquire_timeout(opts.acquire_timeout)
+                    .connect_with(options)
+                    .await
+                    .map_err(|source| Error::Connect {
+                        endpoint: endpoint.clone(),
+                        source,
+                    })?;
+                (Backend::Sqlite(Lite::new(pool)), endpoint)
             }
             _ => return Err(Error::InvalidUrl(redact(url))),
         };
-        Ok(Db { backend })
+        Ok(Db {
+            backend,
+            endpoint: endpoint.into(),
+        })
+    }
+
+    /// Where this pool connects, for messages: `PostgreSQL at 127.0.0.1:5432`,
+    /// `MySQL/MariaDB at db:3306`, `SQLite file ./work.db`. Never holds a password.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
     }
 
     /// The server behind the pool and its version.
@@ -174,16 +271,20 @@ impl Db {
 
 impl From<PgPool> for Db {
     fn from(pool: PgPool) -> Db {
+        let endpoint = pg_endpoint(&pool.connect_options()).into();
         Db {
             backend: Backend::Postgres(Pg::new(pool)),
+            endpoint,
         }
     }
 }
 
 impl From<MySqlPool> for Db {
     fn from(pool: MySqlPool) -> Db {
+        let endpoint = my_endpoint(&pool.connect_options()).into();
         Db {
             backend: Backend::MySql(My::new(pool)),
+            endpoint,
         }
     }
 }
@@ -192,8 +293,10 @@ impl From<SqlitePool> for Db {
     /// Note: for several claimers on one SQLite file, open it in WAL mode with a busy timeout, as
     /// [`Db::connect`] does.
     fn from(pool: SqlitePool) -> Db {
+        let endpoint = sqlite_endpoint(&pool.connect_options()).into();
         Db {
             backend: Backend::Sqlite(Lite::new(pool)),
+            endpoint,
         }
     }
 }

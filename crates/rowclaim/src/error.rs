@@ -1,13 +1,19 @@
-//! The one error type of the library.
+//! The one error type of the library, and how database errors are sorted and described.
+
+use std::time::Duration;
 
 use crate::RowId;
 
 /// Everything that can go wrong in rowclaim.
 ///
 /// Match on the variants that call for different handling — [`Error::LeaseLost`] (another claimer
-/// owns the row now: drop your result), [`Error::Locked`] (a `NOWAIT` read hit a locked row) — and
-/// report the rest. Input errors ([`Error::InvalidIdentifier`], [`Error::MissingColumn`], …) are
-/// raised before anything is written.
+/// owns the row now: drop your result), [`Error::Locked`] (a `NOWAIT` read hit a locked row),
+/// [`Error::OutcomeUnknown`] (the connection broke while a commit was under way: check before
+/// doing it again) — and report the rest. Input errors ([`Error::InvalidIdentifier`],
+/// [`Error::MissingColumn`], …) are raised before anything is written.
+///
+/// Each message is complete on its own: print an `Error` with `{}` and do not also print its
+/// [`source`](std::error::Error::source), which is kept for programs that want to inspect it.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -72,7 +78,8 @@ pub enum Error {
     InvalidInput(String),
 
     /// The claim token no longer holds (some of) these rows: their lease expired and another
-    /// claimer took them, or they were completed, failed or released already. Nothing was changed.
+    /// claimer took them, or they were completed, failed, released or cancelled already. Nothing
+    /// was changed.
     #[error("lease lost: token {token} no longer holds {}", describe_ids(.ids))]
     LeaseLost {
         /// The token that was used.
@@ -91,10 +98,58 @@ pub enum Error {
     )]
     InvalidUrl(String),
 
+    /// The database could not be reached when connecting: the server is down, the address is
+    /// wrong, or it refused the login.
+    #[error("cannot connect to {endpoint}: {}", describe(.source))]
+    Connect {
+        /// What was dialled, e.g. `PostgreSQL at 127.0.0.1:5432` (never a password).
+        endpoint: String,
+        /// What the driver reported.
+        source: sqlx::Error,
+    },
+
+    /// The connection broke while a commit was under way, so whether it took effect is unknown.
+    /// Look before doing it again (for an enqueue: `rowclaim jobs list`), or rely on unique keys.
+    #[error("the connection was lost while {what} was being committed: it may or may not have taken effect ({})", describe(.source))]
+    OutcomeUnknown {
+        /// What was being committed, e.g. `"the enqueue of 5000 jobs"`.
+        what: String,
+        /// What the driver reported.
+        source: sqlx::Error,
+    },
+
+    /// A worker stopped because the database stayed unreachable for longer than its
+    /// `give_up_after` setting.
+    #[error("gave up: the database has been unreachable for {} (the last error: {last})", humantime::format_duration(*.lasted))]
+    GaveUp {
+        /// How long the outage had lasted.
+        lasted: Duration,
+        /// The last error seen, as text.
+        last: String,
+    },
+
+    /// A worker's handler could not run at all (for `rowclaim work`: the command could not be
+    /// started), so the worker stopped; the row it was given went back.
+    #[error("{0}")]
+    HandlerAborted(String),
+
     /// An error from the database driver that rowclaim did not handle (after retrying transient
     /// ones: deadlocks, lock-wait timeouts, serialization failures, SQLite busy).
-    #[error("database error: {0}")]
+    #[error("database error: {}", describe(.0))]
     Database(#[from] sqlx::Error),
+}
+
+impl Error {
+    /// Whether this error means the database could not be reached or the connection broke (as
+    /// opposed to the database refusing a statement). Such errors are worth retrying later: the
+    /// worker runtime treats them as an outage and waits them out.
+    pub fn is_connection(&self) -> bool {
+        match self {
+            Error::Connect { .. } | Error::OutcomeUnknown { .. } | Error::GaveUp { .. } => true,
+            Error::Database(e) => connection_broke(e),
+            _ => false,
+        }
+    }
 }
 
 fn describe_ids(ids: &[RowId]) -> String {
@@ -112,3 +167,100 @@ fn describe_ids(ids: &[RowId]) -> String {
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A driver error in one line, without sqlx's prefixes or PostgreSQL's source-file line
+/// numbers, and with the database's own error code.
+pub(crate) fn describe(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(db) => {
+            if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                let mut text = format!("{} (SQLSTATE {})", pg.message(), pg.code());
+                if let Some(detail) = pg.detail() {
+                    text.push_str(&format!("; {detail}"));
+                }
+                return text;
+            }
+            if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                return format!("{} (error {})", my.message(), my.number());
+            }
+            match db.code() {
+                Some(code) => format!("{} (code {code})", db.message()),
+                None => db.message().to_owned(),
+            }
+        }
+        sqlx::Error::Io(io) => io.to_string(),
+        sqlx::Error::PoolTimedOut => "no connection could be opened or freed in time".into(),
+        sqlx::Error::PoolClosed => "the connection pool was closed".into(),
+        sqlx::Error::WorkerCrashed => "the connection's background worker stopped".into(),
+        other => other.to_string(),
+    }
+}
+
+/// Whether the connection broke or could not be had: the server is down or restarting, the
+/// network cut it, an administrator killed the session, or the pool ran dry.
+pub(crate) fn connection_broke(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => {
+            if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                // 08xxx connection exceptions; 57P01 admin shutdown (also pg_terminate_backend),
+                // 57P02 crash shutdown, 57P03 cannot connect now (starting up, shutting down),
+                // 57P05 idle-session timeout, 25P03 idle-in-transaction timeout.
+                let code = pg.code();
+                return code.starts_with("08")
+                    || matches!(code, "57P01" | "57P02" | "57P03" | "57P05" | "25P03");
+            }
+            if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                // 1053 server shutdown, 1927 connection killed, 2006/2013 server gone or lost,
+                // 4031 disconnected for inactivity, 1040 too many connections.
+                return matches!(my.number(), 1040 | 1053 | 1927 | 2006 | 2013 | 4031);
+            }
+            false
+        }
+        _ => false,
+    }
+}
+
+/// Whether a statement that failed with `e` may nevertheless have been carried out: it was sent,
+/// and the connection broke before the answer came.
+pub(crate) fn may_have_happened(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_errors_are_told_apart() {
+        let refused = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(connection_broke(&refused));
+        assert!(Error::Database(refused).is_connection());
+        assert!(!Error::InvalidInput("x".into()).is_connection());
+        let decode = sqlx::Error::RowNotFound;
+        assert!(!connection_broke(&decode));
+        assert!(!may_have_happened(&sqlx::Error::PoolTimedOut));
+    }
+
+    #[test]
+    fn messages_say_it_once() {
+        let e = Error::Database(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "connection reset by peer",
+        )));
+        assert_eq!(e.to_string(), "database error: connection reset by peer");
+        let gave_up = Error::GaveUp {
+            lasted: Duration::from_secs(600),
+            last: "refused".into(),
+        };
+        assert!(gave_up.to_string().contains("10m"), "{gave_up}");
+    }
+}

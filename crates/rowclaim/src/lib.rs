@@ -74,4 +74,6 @@ pub use queue::{
 pub use source::Source;
 pub use strategy::Strategy;
 pub use value::RowId;
-pub use worker::{Worker, WorkerReport};
+pub use worker::{
+    Handler, Shutdown, StopReason, Task, TaskFuture, TaskResult, Worker, WorkerReport,
+};

@@ -36,6 +36,8 @@ pub struct NewJob {
     run_at_ms: Option<i64>,
     max_attempts: i32,
     unique_key: Option<String>,
+    #[serde(default)]
+    timeout_ms: Option<i64>,
 }
 
 /// The attempts a job gets unless told otherwise.
@@ -54,6 +56,7 @@ impl NewJob {
             run_at_ms: None,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             unique_key: None,
+            timeout_ms: None,
         }
     }
 
@@ -109,6 +112,14 @@ impl NewJob {
         self
     }
 
+    /// How long one run may take: a run still going after `limit` is stopped and counts as a
+    /// failure ("timed out after …"), retried like any other. Overrides the worker's own limit
+    /// ([`crate::Worker::timeout`]). Needs the queue's schema version 3 (`rowclaim init`).
+    pub fn timeout(mut self, limit: Duration) -> Self {
+        self.timeout_ms = Some(crate::backend::lease_ms(limit));
+        self
+    }
+
     pub(crate) fn check(&self) -> Result<()> {
         if self.queue.is_empty() || self.queue.len() > 255 {
             return Err(Error::InvalidInput(
@@ -126,6 +137,11 @@ impl NewJob {
                 "unique key is longer than 255 characters".into(),
             ));
         }
+        if self.timeout_ms.is_some_and(|ms| ms <= 0) {
+            return Err(Error::InvalidInput(
+                "timeout must be longer than zero".into(),
+            ));
+        }
         Ok(())
     }
 
@@ -140,6 +156,7 @@ impl NewJob {
             run_at_ms: self.run_at_ms,
             max_attempts: self.max_attempts,
             unique_key: self.unique_key.as_deref(),
+            timeout_ms: self.timeout_ms,
         }
     }
 }
@@ -154,6 +171,7 @@ pub(crate) struct JobParts<'a> {
     pub run_at_ms: Option<i64>,
     pub max_attempts: i32,
     pub unique_key: Option<&'a str>,
+    pub timeout_ms: Option<i64>,
 }
 
 /// What enqueueing one job did.
@@ -312,21 +330,29 @@ fn payload_as_json(mut row: serde_json::Value) -> serde_json::Value {
     row
 }
 
-/// Says what to do when the managed queue's table is missing.
+/// Says what to do when the managed queue's table is missing, or older than this rowclaim.
 fn not_initialised(e: Error) -> Error {
-    let missing = match &e {
-        Error::MissingTable { .. } => true,
-        Error::Database(sqlx::Error::Database(d)) => {
+    let (missing, old) = match &e {
+        Error::MissingTable { .. } => (true, false),
+        Error::Database(sqlx::Error::Database(d)) => (
             // PostgreSQL 42P01, MySQL 1146 (SQLSTATE 42S02), SQLite "no such table".
             matches!(d.code().as_deref(), Some("42P01" | "42S02"))
-                || d.message().contains("no such table")
-        }
-        _ => false,
+                || d.message().contains("no such table"),
+            // PostgreSQL 42703, MySQL 1054 (SQLSTATE 42S22), SQLite "has no column named".
+            matches!(d.code().as_deref(), Some("42703" | "42S22"))
+                || d.message().contains("has no column named"),
+        ),
+        _ => (false, false),
     };
     if missing {
         Error::InvalidInput(
             "the managed queue does not exist here yet: run `rowclaim init` first".into(),
         )
+    } else if old {
+        Error::InvalidInput(format!(
+            "the managed queue's schema is older than this rowclaim: run `rowclaim init` to \
+             migrate it ({e})"
+        ))
     } else {
         e
     }
@@ -367,25 +393,38 @@ impl Wakeups {
     /// Waits until a job of the queues is enqueued, or at most `max`. Returns whether a job came.
     pub async fn wait(&mut self, max: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + max;
-        let Some(listener) = self.listener.as_mut() else {
+        if self.listener.is_none() {
             tokio::time::sleep(max).await;
             return false;
+        }
+        match tokio::time::timeout_at(deadline, self.next()).await {
+            Err(_) => false,
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                // The listener reconnects on the next call; until then, poll.
+                tracing::debug!("listening for new jobs: {e}");
+                tokio::time::sleep_until(deadline).await;
+                false
+            }
+        }
+    }
+
+    /// Whether wake-ups come from the database (PostgreSQL LISTEN), not from a timer.
+    pub fn listening(&self) -> bool {
+        self.listener.is_some()
+    }
+
+    /// Waits, without a time limit, for a job of the queues to be enqueued. An error means the
+    /// listening connection broke; the next call connects again. Never returns without a
+    /// listener.
+    pub(crate) async fn next(&mut self) -> Result<()> {
+        let Some(listener) = self.listener.as_mut() else {
+            return std::future::pending().await;
         };
         loop {
-            match tokio::time::timeout_at(deadline, listener.recv()).await {
-                Err(_) => return false,
-                Ok(Ok(n))
-                    if self.queues.is_empty() || self.queues.iter().any(|q| q == n.payload()) =>
-                {
-                    return true
-                }
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => {
-                    // The listener reconnects on the next call; until then, poll.
-                    tracing::warn!("listening for new jobs: {e}");
-                    tokio::time::sleep_until(deadline).await;
-                    return false;
-                }
+            let n = listener.recv().await?;
+            if self.queues.is_empty() || self.queues.iter().any(|q| q == n.payload()) {
+                return Ok(());
             }
         }
     }
@@ -415,6 +454,8 @@ pub struct Job {
     pub attempt: i64,
     /// Runs it may have in all.
     pub max_attempts: i64,
+    /// Its own time limit per run, if it was enqueued with one ([`NewJob::timeout`]).
+    pub timeout: Option<Duration>,
 }
 
 impl Job {
@@ -455,6 +496,11 @@ impl Job {
             payload,
             attempt: int("attempts"),
             max_attempts: int("max_attempts"),
+            timeout: d
+                .get("timeout_ms")
+                .and_then(serde_json::Value::as_i64)
+                .filter(|ms| *ms > 0)
+                .map(|ms| Duration::from_millis(ms as u64)),
         })
     }
 }

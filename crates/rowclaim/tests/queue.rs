@@ -29,7 +29,7 @@ async fn init_concurrently(t: Arc<TestDb>) {
     }
     t.db().await.queue().init().await.expect("init again");
     // One row for the component, at the latest version of the migrations.
-    let latest = 2;
+    let latest = 3;
     assert_eq!(
         t.count("SELECT COUNT(*) FROM rowclaim_schema WHERE component = 'jobs'")
             .await,

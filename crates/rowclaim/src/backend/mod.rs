@@ -886,6 +886,33 @@ pub(crate) fn is_lock_conflict(e: &sqlx::Error) -> bool {
     false
 }
 
+/// Commits `tx`. When the connection breaks while the COMMIT is under way, nobody knows whether it
+/// took effect: that is [`crate::Error::OutcomeUnknown`], naming `what` was being committed, never
+/// a plain failure that a caller would simply repeat.
+pub(crate) async fn commit<DB: sqlx::Database>(
+    tx: sqlx::Transaction<'_, DB>,
+    what: impl FnOnce() -> String,
+) -> Result<()> {
+    tx.commit().await.map_err(|e| {
+        if crate::error::connection_broke(&e) {
+            crate::Error::OutcomeUnknown {
+                what: what(),
+                source: e,
+            }
+        } else {
+            crate::Error::Database(e)
+        }
+    })
+}
+
+/// What an enqueue commits, for [`commit`]'s message.
+pub(crate) fn enqueue_what(jobs: usize) -> String {
+    match jobs {
+        1 => "the enqueue of 1 job".to_owned(),
+        n => format!("the enqueue of {n} jobs"),
+    }
+}
+
 /// A token cannot name its rows when there is no owner column to find them by.
 pub(crate) fn no_owner(m: &Mapping) -> crate::Error {
     crate::Error::Unsupported(format!(

@@ -914,7 +914,7 @@ impl Driver for My {
             run.push(p);
         }
         insert_run(&mut tx, &mut run, &mut step, &mut out).await?;
-        tx.commit().await?;
+        super::commit(tx, || super::enqueue_what(parts.len())).await?;
         Ok(out)
     }
 
@@ -1066,6 +1066,8 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE IF NOT EXISTS rowclaim_jobs (
     // (MariaDB before 10.8 reads DESC and builds the index ascending, so there a claim still sorts.)
     "ALTER TABLE rowclaim_jobs DROP KEY rowclaim_jobs_claim, \
      ADD KEY rowclaim_jobs_claim (status, queue, priority DESC, run_at, id)",
+    // v3: a job's own time limit (NULL: the worker's).
+    "ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS timeout_ms BIGINT NULL",
 ];
 
 /// Runs the migrations above the recorded version, recording each as it is done. The caller holds
@@ -1097,7 +1099,7 @@ async fn migrate(conn: &mut sqlx::MySqlConnection) -> Result<()> {
 /// 1062: duplicate entry for a unique key.
 const DUPLICATE_KEY: u16 = 1062;
 
-/// Rows per multi-row INSERT: 500 rows of 8 values stay far below the 65,535 placeholders of one
+/// Rows per multi-row INSERT: 500 rows of 9 values stay far below the 65,535 placeholders of one
 /// statement.
 const BULK_ROWS: usize = 500;
 
@@ -1146,7 +1148,7 @@ fn insert_sql(b: &mut B, jobs: &[&JobParts<'_>]) -> Result<String> {
         rows.push(format!(
             "({}, {}, {}, {}, COALESCE(TIMESTAMPADD(MICROSECOND, {} * 1000, \
              TIMESTAMP '1970-01-01 00:00:00'), UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND), \
-             {}, {}, UTC_TIMESTAMP(6))",
+             {}, {}, {}, UTC_TIMESTAMP(6))",
             b.bind(j.queue.to_owned()),
             b.bind(j.kind.to_owned()),
             b.bind(j.payload.clone()),
@@ -1155,11 +1157,12 @@ fn insert_sql(b: &mut B, jobs: &[&JobParts<'_>]) -> Result<String> {
             b.bind(delay_us),
             b.bind(j.max_attempts),
             b.bind(j.unique_key.map(str::to_owned)),
+            b.bind(j.timeout_ms),
         ));
     }
     Ok(format!(
         "INSERT INTO rowclaim_jobs (queue, kind, payload, priority, run_at, max_attempts, \
-         unique_key, created_at) VALUES {}",
+         unique_key, timeout_ms, created_at) VALUES {}",
         rows.join(", ")
     ))
 }

@@ -730,7 +730,7 @@ impl Driver for Pg {
             }
         }
         out.extend(insert_bulk(&mut tx, bulk).await?);
-        tx.commit().await?;
+        super::commit(tx, || super::enqueue_what(jobs.len())).await?;
         Ok(out)
     }
 
@@ -863,6 +863,8 @@ const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
     // same rows, and the planner sometimes walked all of it (every job run since the last vacuum)
     // instead; lookups by token read the small set of running jobs through the lease index.
     &["DROP INDEX IF EXISTS rowclaim_jobs_owner"],
+    // v3: a job's own time limit (NULL: the worker's).
+    &["ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS timeout_ms bigint"],
 ];
 
 /// When a job runs: at its absolute time (epoch ms) if it has one, else now + its delay.
@@ -874,8 +876,9 @@ const RUN_AT: &str = "COALESCE(to_timestamp({at}::float8 / 1000), now() + make_i
 pub(crate) async fn enqueue_one(conn: &mut PgConnection, job: &JobParts<'_>) -> Result<Enqueued> {
     let run_at = RUN_AT.replace("{at}", "$5").replace("{delay}", "$6");
     let insert = format!(
-        "INSERT INTO rowclaim_jobs (queue, kind, payload, priority, run_at, max_attempts, unique_key) \
-         VALUES ($1, $2, $3::jsonb, $4, {run_at}, $7, $8) \
+        "INSERT INTO rowclaim_jobs \
+         (queue, kind, payload, priority, run_at, max_attempts, unique_key, timeout_ms) \
+         VALUES ($1, $2, $3::jsonb, $4, {run_at}, $7, $8, $9) \
          ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('ready', 'running') \
          DO NOTHING RETURNING id"
     );
@@ -889,6 +892,7 @@ pub(crate) async fn enqueue_one(conn: &mut PgConnection, job: &JobParts<'_>) -> 
             .bind(job.delay_ms)
             .bind(job.max_attempts)
             .bind(job.unique_key.map(str::to_owned))
+            .bind(job.timeout_ms)
             .fetch_optional(&mut *conn)
             .await?;
         if let Some(id) = id {
@@ -922,10 +926,11 @@ async fn insert_bulk(conn: &mut PgConnection, jobs: Vec<JobParts<'_>>) -> Result
     }
     let run_at = RUN_AT.replace("{at}", "j.at").replace("{delay}", "j.delay");
     let sql = format!(
-        "INSERT INTO rowclaim_jobs (queue, kind, payload, priority, run_at, max_attempts) \
-         SELECT j.queue, j.kind, j.payload::jsonb, j.priority, {run_at}, j.max_attempts \
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::int4[], $5::int8[], $6::int8[], $7::int4[]) \
-         AS j(queue, kind, payload, priority, at, delay, max_attempts) RETURNING id"
+        "INSERT INTO rowclaim_jobs (queue, kind, payload, priority, run_at, max_attempts, timeout_ms) \
+         SELECT j.queue, j.kind, j.payload::jsonb, j.priority, {run_at}, j.max_attempts, j.timeout_ms \
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::int4[], $5::int8[], $6::int8[], $7::int4[], \
+         $8::int8[]) AS j(queue, kind, payload, priority, at, delay, max_attempts, timeout_ms) \
+         RETURNING id"
     );
     let mut queues: Vec<&str> = jobs.iter().map(|j| j.queue).collect();
     let ids: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
@@ -936,6 +941,7 @@ async fn insert_bulk(conn: &mut PgConnection, jobs: Vec<JobParts<'_>>) -> Result
         .bind(jobs.iter().map(|j| j.run_at_ms).collect::<Vec<_>>())
         .bind(jobs.iter().map(|j| j.delay_ms).collect::<Vec<_>>())
         .bind(jobs.iter().map(|j| j.max_attempts).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| j.timeout_ms).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
         .await?;
     queues.sort_unstable();

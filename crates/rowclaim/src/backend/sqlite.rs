@@ -674,7 +674,7 @@ impl Driver for Lite {
         for job in jobs {
             out.push(enqueue_one(&mut tx, &job.parts()).await?);
         }
-        tx.commit().await?;
+        super::commit(tx, || super::enqueue_what(jobs.len())).await?;
         Ok(out)
     }
 
@@ -783,6 +783,8 @@ const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
     // same rows, and the planner sometimes walked all of it (every job run since the last vacuum)
     // instead; lookups by token read the small set of running jobs through the lease index.
     &["DROP INDEX IF EXISTS rowclaim_jobs_owner"],
+    // v3: a job's own time limit (NULL: the worker's).
+    &["ALTER TABLE rowclaim_jobs ADD COLUMN timeout_ms INTEGER"],
 ];
 
 /// Enqueues one job on a connection (in the caller's transaction when they hold one). A unique key
@@ -793,8 +795,8 @@ pub(crate) async fn enqueue_one(
 ) -> Result<Enqueued> {
     let insert = format!(
         "INSERT INTO rowclaim_jobs \
-         (queue, kind, payload, priority, run_at, max_attempts, unique_key, created_at) \
-         VALUES (?, ?, json(?), ?, COALESCE(?, {NOW} + ?), ?, ?, {NOW}) \
+         (queue, kind, payload, priority, run_at, max_attempts, unique_key, timeout_ms, created_at) \
+         VALUES (?, ?, json(?), ?, COALESCE(?, {NOW} + ?), ?, ?, ?, {NOW}) \
          ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('ready', 'running') \
          DO NOTHING RETURNING id"
     );
@@ -808,6 +810,7 @@ pub(crate) async fn enqueue_one(
             .bind(job.delay_ms)
             .bind(job.max_attempts)
             .bind(job.unique_key.map(str::to_owned))
+            .bind(job.timeout_ms)
             .fetch_optional(&mut *conn)
             .await?;
         if let Some(id) = id {

@@ -1,0 +1,184 @@
+//! What the runtime hands a handler ([`Task`]), what a handler answers ([`TaskResult`]), and the
+//! [`Handler`] seam through which both kinds of work run: async functions (the library `Worker`)
+//! and commands (`rowclaim work`).
+
+use std::collections::HashMap;
+use std::fmt::{self, Display};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::{ClaimedRow, Job, RowId, Token};
+
+/// A boxed handler future.
+pub type TaskFuture = Pin<Box<dyn Future<Output = TaskResult> + Send + 'static>>;
+
+/// Why the runtime stops a running job before it finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StopReason {
+    /// It ran past its time limit (the job's own, else the worker's).
+    TimedOut(Duration),
+    /// Its row is no longer this worker's: the lease expired and another worker took it, the
+    /// job was cancelled, or the lease could not be renewed before it ended. Its result would be
+    /// refused, so there is no point in finishing.
+    LeaseLost,
+    /// The worker is shutting down and the grace period is over (or a second signal came).
+    Shutdown,
+}
+
+impl Display for StopReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StopReason::TimedOut(d) => {
+                write!(f, "timed out after {}", humantime::format_duration(*d))
+            }
+            StopReason::LeaseLost => f.write_str("its lease was lost"),
+            StopReason::Shutdown => f.write_str("the worker is shutting down"),
+        }
+    }
+}
+
+/// One claimed row handed to a [`Handler`]: the row, the job it holds (managed queue only), and
+/// a way to learn that the runtime wants the work stopped.
+#[derive(Debug)]
+pub struct Task {
+    pub(crate) row: ClaimedRow,
+    pub(crate) job: Option<Job>,
+    pub(crate) token: Token,
+    pub(crate) stop: watch::Receiver<Option<StopReason>>,
+}
+
+impl Task {
+    /// The row's id.
+    pub fn id(&self) -> &RowId {
+        &self.row.id
+    }
+
+    /// The claimed row, all its columns as JSON.
+    pub fn row(&self) -> &ClaimedRow {
+        &self.row
+    }
+
+    /// The job, when the row is one of the managed queue.
+    pub fn job(&self) -> Option<&Job> {
+        self.job.as_ref()
+    }
+
+    /// The token of the claim that holds the row.
+    pub fn token(&self) -> &Token {
+        &self.token
+    }
+
+    /// A future that resolves when the runtime wants this job stopped, with the reason. A
+    /// handler that stops itself (a command that must be signalled, not just dropped) waits on
+    /// it; see [`Handler::stop_grace`].
+    pub fn stopped(&self) -> impl Future<Output = StopReason> + Send + 'static {
+        let mut stop = self.stop.clone();
+        async move {
+            match stop.wait_for(Option::is_some).await {
+                Ok(reason) => reason.unwrap_or(StopReason::Shutdown),
+                // The runtime is gone: nothing will ever record this job's result.
+                Err(_) => StopReason::Shutdown,
+            }
+        }
+    }
+}
+
+/// What a handler says about one row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TaskResult {
+    /// It worked: the row is completed.
+    Done,
+    /// It failed. A managed job runs again after a backoff while it has attempts left, then is
+    /// dead; a row of your own table is marked failed.
+    Failed(String),
+    /// It failed and must not run again (dead, or failed), whatever attempts are left.
+    Dead(String),
+    /// The handler cannot run at all (for `rowclaim work`: the command cannot be started): the
+    /// row goes back, and the worker stops with [`crate::Error::HandlerAborted`].
+    Abort(String),
+}
+
+impl<E: Display> From<Result<(), E>> for TaskResult {
+    fn from(r: Result<(), E>) -> TaskResult {
+        match r {
+            Ok(()) => TaskResult::Done,
+            Err(e) => TaskResult::Failed(e.to_string()),
+        }
+    }
+}
+
+/// Runs claimed rows. The worker runtime calls [`Handler::run`] once per row, on a task of its
+/// own, and records the result.
+///
+/// When the runtime must stop a job (timeout, lost lease, shutdown) it signals
+/// [`Task::stopped`], waits [`Handler::stop_grace`] for the future to end, then drops it. A
+/// panic inside the handler is caught and becomes a failure of that job (`panicked: …`).
+pub trait Handler: Send + Sync + 'static {
+    /// Runs one row.
+    fn run(&self, task: Task) -> TaskFuture;
+
+    /// How long a stopped job's future may take to wind down by itself before it is dropped.
+    /// Zero (the default): dropped at once, which is right for async code. A handler that runs
+    /// a process answers the time it needs to terminate it.
+    fn stop_grace(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+/// A handler made of an async function of the whole [`Task`].
+pub(crate) struct TaskFn<F>(pub F);
+
+impl<F, Fut, E> Handler for TaskFn<F>
+where
+    F: Fn(Task) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    E: Display,
+{
+    fn run(&self, task: Task) -> TaskFuture {
+        let fut = (self.0)(task);
+        Box::pin(async move { fut.await.into() })
+    }
+}
+
+type JobFn = Arc<dyn Fn(Job) -> Pin<Box<dyn Future<Output = TaskResult> + Send>> + Send + Sync>;
+
+pub(crate) fn job_fn<F, Fut, E>(handler: F) -> JobFn
+where
+    F: Fn(Job) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    E: Display,
+{
+    Arc::new(move |job| {
+        let fut = handler(job);
+        Box::pin(async move { fut.await.into() })
+    })
+}
+
+/// The managed queue's handlers: one per job kind, and one for every other kind.
+#[derive(Default)]
+pub(crate) struct ByKind {
+    pub kinds: HashMap<String, JobFn>,
+    pub fallback: Option<JobFn>,
+}
+
+impl Handler for ByKind {
+    fn run(&self, task: Task) -> TaskFuture {
+        let Some(job) = task.job else {
+            let why = "not a job of the managed queue: give this worker a row handler";
+            return Box::pin(async move { TaskResult::Dead(why.into()) });
+        };
+        match self.kinds.get(&job.kind).or(self.fallback.as_ref()) {
+            Some(handler) => handler(job),
+            None => {
+                let why = format!("no handler for kind {:?}", job.kind);
+                Box::pin(async move { TaskResult::Dead(why) })
+            }
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! The worker runtime: [`Worker`] runs claimed rows with handlers, keeps their leases alive,
+//! records results, and rides out database outages. `rowclaim work` is the same runtime with a
+//! handler that runs a command per row.
+
+mod handler;
+mod outage;
+mod runtime;
+
+use std::fmt::Display;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+pub use handler::{Handler, StopReason, Task, TaskFuture, TaskResult};
+
+use crate::{ClaimedRow, Claimer, Db, Error, Job, Result};
+use handler::{job_fn, ByKind, TaskFn};
+use runtime::{Config, Phase};
+
+/// Runs claimed rows with async handlers: the jobs of the managed queue ([`Worker::new`]) or the
+/// rows of any source ([`Worker::for_claimer`]).
+///
+/// ```no_run
+/// # async fn demo(db: rowclaim::Db) -> rowclaim::Result<()> {
+/// use rowclaim::Worker;
+/// use std::time::Duration;
+/// let report = Worker::new(&db)
+///     .queue("mail")
+///     .handle("welcome", |job| async move {
+///         println!("welcome {}", job.payload["to"]);
+///         Ok::<_, String>(())
+///     })
+///     .concurrency(8)
+///     .timeout(Duration::from_secs(300))
+///     .run(async { let _ = tokio::signal::ctrl_c().await; })
+///     .await?;
+/// println!("{} jobs completed", report.completed);
+/// # Ok(()) }
+/// ```
+///
+/// What it promises:
+/// - **Faults are weather.** A lost connection, a restarting or failed-over server, a killed
+///   session: claims pause (100 ms growing to 5 s) and resume when the database answers; running
+///   jobs keep running; lease renewals and results are retried until the lease would end. A
+///   result that could not be recorded by then is given up, and its row comes back through its
+///   lease. One warning when an outage starts, one line when it ends.
+/// - **No job is held by a dead handler.** A panic is a failure of that job (`panicked: …`),
+///   retried like any failure. A job past its time limit is stopped and fails
+///   (`timed out after …`). A job whose row is no longer this worker's (lease lost, cancelled)
+///   is stopped, since its result would be refused.
+/// - **No row starts that may no longer be held.** A claimed row waits for a free slot only while
+///   its lease is known to be alive; otherwise it is given up.
+/// - **Shutdown**: when `run`'s future completes (or [`Shutdown::drain`]), nothing more is
+///   claimed, rows not started go back at once, running jobs get the grace period, then are
+///   stopped and their rows go back. [`Shutdown::now`] skips the grace period.
+pub struct Worker {
+    target: Target,
+    kinds: ByKind,
+    handler: Option<Arc<dyn Handler>>,
+    concurrency: usize,
+    batch: Option<u32>,
+    prefetch: usize,
+    lease: Duration,
+    poll: Duration,
+    grace: Duration,
+    timeout: Option<Duration>,
+    give_up_after: Option<Duration>,
+    until_empty: bool,
+    listen: bool,
+    phase: Arc<watch::Sender<Phase>>,
+}
+
+enum Target {
+    Queue { db: Db, queues: Vec<String> },
+    Claimer(Claimer),
+}
+
+/// What a worker did, from [`Worker::run`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorkerReport {
+    /// Rows completed.
+    pub completed: u64,
+    /// Managed jobs that failed and will run again later.
+    pub retried: u64,
+    /// Rows of an own table marked failed.
+    pub failed: u64,
+    /// Managed jobs that failed their last attempt, or had no handler: dead.
+    pub dead: u64,
+    /// Rows given back unfinished at shutdown (or not started).
+    pub released: u64,
+    /// Rows that stopped being this worker's: their lease expired and another worker took them,
+    /// or they were cancelled; their results, if any, were refused.
+    pub lost: u64,
+    /// Rows given up during an outage: a result that could not be recorded before the lease
+    /// would end, or a claimed row not started because its lease could not be confirmed. They
+    /// come back when their lease ends and run again.
+    pub given_up: u64,
+    /// Results sent just as the connection broke and refused when sent again: most likely
+    /// recorded the first time. (If not, the row comes back through its lease.)
+    pub unconfirmed: u64,
+    /// How many times the database stopped answering for a while.
+    pub outages: u64,
+    /// The worker was told to stop at once ([`Shutdown::now`]).
+    pub interrupted: bool,
+}
+
+impl WorkerReport {
+    /// Rows that did not end well: failed, dead, lost or given up.
+    pub fn troubled(&self) -> u64 {
+        self.failed + self.dead + self.lost + self.given_up
+    }
+}
+
+/// Stops a running [`Worker`] from elsewhere (a signal handler, say). Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Shutdown(Arc<watch::Sender<Phase>>);
+
+impl Shutdown {
+    /// Stop claiming; rows not started go back; running jobs get the grace period.
+    pub fn drain(&self) {
+        self.0.send_if_modified(|p| {
+            let changed = *p == Phase::Run;
+            if changed {
+                *p = Phase::Drain;
+            }
+            changed
+        });
+    }
+
+    /// Stop running jobs now and give their rows back.
+    pub fn now(&self) {
+        self.0.send_replace(Phase::Now);
+    }
+}
+
+impl Worker {
+    /// A worker of `db`'s managed queue: all queues, concurrency 1, lease 30 s, polling every
+    /// second (on PostgreSQL new jobs wake it at once), 30 s grace at shutdown, no time limit.
+    pub fn new(db: &Db) -> Worker {
+        Worker::with_target(Target::Queue {
+            db: db.clone(),
+            queues: Vec::new(),
+        })
+    }
+
+    /// A worker of any source: the rows `claimer` claims (your own table, or the managed queue's
+    /// claimer from [`crate::Queue::claimer`]). Give it a handler with [`Worker::handle_rows`]
+    /// or [`Worker::handler`]; for the managed queue, [`Worker::handle`] works too.
+    pub fn for_claimer(claimer: Claimer) -> Worker {
+        Worker::with_target(Target::Claimer(claimer))
+    }
+
+    fn with_target(target: Target) -> Worker {
+        Worker {
+            target,
+            kinds: ByKind::default(),
+            handler: None,
+            concurrency: 1,
+            batch: None,
+            prefetch: 0,
+            lease: Duration::from_secs(30),
+            poll: Duration::from_secs(1),
+            grace: Duration::from_secs(30),
+            timeout: None,
+            give_up_after: None,
+            until_empty: false,
+            listen: true,
+            phase: Arc::new(watch::channel(Phase::Run).0),
+        }
+    }
+
+    /// Takes jobs from this queue (call again for more; none means all queues). Managed queue
+    /// only.
+    pub fn queue(mut self, name: impl Into<String>) -> Self {
+        if let Target::Queue { queues, .. } = &mut self.target {
+            queues.push(name.into());
+        }
+        self
+    }
+
+    /// Runs jobs of `kind` with `handler`. An `Err` is retried with backoff until the job's last
+    /// attempt, then the job is dead with the error kept.
+    pub fn handle<F, Fut, E>(mut self, kind: impl Into<String>, handler: F) -> Self
+    where
+        F: Fn(Job) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), E>> + Send + 'static,
+        E: Display,
+    {
+        self.kinds.kinds.insert(kind.into(), job_fn(handler));
+        self
+    }
+
+    /// Runs jobs of every kind that has no handler of its own. Without it such jobs are dead.
+    pub fn handle_any<F, Fut, E>(mut self, handler: F) -> Self
+    where
+        F: Fn(Job) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), E>> + Send + 'static,
+        E: Display,
+    {
+        self.kinds.fallback = Some(job_fn(handler));
+        self
+    }
+
+    /// Runs every row with `handler`, given the claimed row (all its columns as JSON). `Ok`
+    /// completes the row; an `Err` fails it (a managed job is retried while it has attempts).
+    pub fn handle_rows<F, Fut, E>(self, handler: F) -> Self
+    where
+        F: Fn(ClaimedRow) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), E>> + Send + 'static,
+        E: Display + 'static,
+    {
+        self.handler(TaskFn(move |task: Task| handler(task.row)))
+    }
+
+    /// Runs every row with a [`Handler`] of your own (one that needs the whole [`Task`], or
+    /// stops itself when asked, as `rowclaim work`'s command handler does).
+    pub fn handler(mut self, handler: impl Handler) -> Self {
+        self.handler = Some(Arc::new(handler));
+        self
+    }
+
+    /// Jobs run at once. Default 1.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n;
+        self
+    }
+
+    /// Most rows taken by one claim statement. Default: the free slots (concurrency plus
+    /// prefetch, less what is held). A batch larger than that claims ahead.
+    pub fn batch(mut self, n: u32) -> Self {
+        self.batch = Some(n);
+        self
+    }
+
+    /// Rows claimed ahead, beyond those running, to wait in a local queue for a free slot. Their
+    /// leases are renewed like the running ones'. Default 0.
+    pub fn prefetch(mut self, n: usize) -> Self {
+        self.prefetch = n;
+        self
+    }
+
+    /// How long a row is held without a heartbeat (heartbeats renew it every third). Default 30 s.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long to wait before looking again when nothing was claimable. Default 1 s.
+    pub fn poll(mut self, poll: Duration) -> Self {
+        self.poll = poll;
+        self
+    }
+
+    /// At shutdown, how long running jobs may take to finish before they are stopped and their
+    /// rows given back. Default 30 s.
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// The time limit of one run: a job still running after `limit` is stopped and fails with
+    /// "timed out after …". A managed job's own limit ([`crate::NewJob::timeout`]) wins.
+    /// Default: none.
+    pub fn timeout(mut self, limit: Duration) -> Self {
+        self.timeout = Some(limit);
+        self
+    }
+
+    /// Stop with [`Error::GaveUp`] once the database has been unreachable for `outage`.
+    /// Default: never; the worker waits for the database however long it takes.
+    pub fn give_up_after(mut self, outage: Duration) -> Self {
+        self.give_up_after = Some(outage);
+        self
+    }
+
+    /// Return once no row is left to work on: none ready (or due), none claimed by a worker
+    /// that might still die and give it back. Default: keep looking for new rows.
+    pub fn until_empty(mut self, on: bool) -> Self {
+        self.until_empty = on;
+        self
+    }
+
+    /// On PostgreSQL, wake up at once when a job is enqueued (LISTEN/NOTIFY) instead of only
+    /// polling. Default on; turn it off behind a pooler in transaction mode.
+    pub fn listen(mut self, on: bool) -> Self {
+        self.listen = on;
+        self
+    }
+
+    /// A handle that stops this worker once it runs.
+    pub fn shutdown_handle(&self) -> Shutdown {
+        Shutdown(self.phase.clone())
+    }
+
+    /// Runs until `shutdown` completes (then drains, as [`Shutdown::drain`]), until
+    /// [`Shutdown::now`], or, with [`Worker::until_empty`], until no work is left.
+    ///
+    /// It returns an error only when it cannot start (bad settings, no such queue or table, the
+    /// database unreachable at start), when a handler aborts ([`TaskResult::Abort`]), or when
+    /// [`Worker::give_up_after`] ran out. Database trouble while running is waited out.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<WorkerReport> {
+        if self.lease.is_zero() {
+            return Err(Error::InvalidInput("lease must be longer than zero".into()));
+        }
+        if self.concurrency == 0 {
+            return Err(Error::InvalidInput("concurrency must be at least 1".into()));
+        }
+        if self.batch == Some(0) {
+            return Err(Error::InvalidInput("batch must be at least 1".into()));
+        }
+        let claimer = match self.target {
+            Target::Queue { db, queues } => db.queue().claimer(&queues).await?,
+            Target::Claimer(c) => c,
+        };
+        let handler: Arc<dyn Handler> =
+            match self.handler {
+                Some(h) => h,
+                None if self.kinds.kinds.is_empty() && self.kinds.fallback.is_none() => {
+                    return Err(Error::InvalidInput(
+                        "the worker has no handler: give it one with handle, handle_any, \
+                     handle_rows or handler"
+                            .into(),
+                    ))
+                }
+                None if claimer.managed_queues().is_none() => return Err(Error::InvalidInput(
+                    "handle and handle_any take jobs of the managed queue; for rows of your own \
+                     table use handle_rows or handler"
+                        .into(),
+                )),
+                None => Arc::new(self.kinds),
+            };
+        // Listen before the first claim, so that no job enqueued in between is missed.
+        let wakeups = match claimer.managed_queues() {
+            Some(queues) if self.listen => Some(claimer.db().queue().wakeups(queues).await?),
+            _ => None,
+        };
+        let concurrency = self.concurrency;
+        let room = concurrency + self.prefetch;
+        let batch = self.batch.unwrap_or(room.min(u32::MAX as usize) as u32);
+        let cfg = Config {
+            concurrency,
+            batch,
+            most: room.max(batch as usize),
+            lease: self.lease,
+            poll: self.poll,
+            grace: self.grace,
+            timeout: self.timeout,
+            give_up_after: self.give_up_after,
+            until_empty: self.until_empty,
+        };
+        let phase = self.phase;
+        let runner = runtime::run(claimer, handler, cfg, wakeups, phase.subscribe());
+        tokio::pin!(runner);
+        tokio::pin!(shutdown);
+        let mut asked = false;
+        loop {
+            tokio::select! {
+                report = &mut runner => return report,
+                () = &mut shutdown, if !asked => {
+                    asked = true;
+                    Shutdown(phase.clone()).drain();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Faults as weather: one place that knows whether the database answers, says so once when an
+//! outage starts and once when it ends, and tells how long to wait before the next try.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The first pause after a failure; it doubles per failure up to [`MAX_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(100);
+/// The longest pause between two tries ("capped at a few seconds").
+pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(5);
+
+/// How long to wait before try number `failures + 1`: 100 ms, 200 ms, … capped at 5 s, each
+/// ±25% at random so that workers that lost the database together do not return together.
+pub(crate) fn pause(failures: u32) -> Duration {
+    let base = FIRST_PAUSE
+        .saturating_mul(1 << failures.min(16))
+        .min(MAX_PAUSE);
+    let jitter = f64::from(uuid::Uuid::now_v7().as_bytes()[15]) / 255.0; // 0..=1
+    base.mul_f64(0.75 + 0.5 * jitter)
+}
+
+/// Whether the database answers, as seen by everything a worker sends (claims, heartbeats,
+/// settles). Shared by all of a worker's tasks.
+#[derive(Debug)]
+pub(crate) struct Health {
+    endpoint: String,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// When the current outage began (None: the database answers).
+    since: Option<Instant>,
+    outages: u64,
+}
+
+impl Health {
+    pub(crate) fn new(endpoint: &str) -> Health {
+        Health {
+            endpoint: endpoint.to_owned(),
+            state: Mutex::default(),
+        }
+    }
+
+    /// A statement failed because the database could not be reached. The first failure of an
+    /// outage is logged as a warning; later ones only at debug level. Returns how long the
+    /// outage has lasted.
+    pub(crate) fn failed(&self, what: &str, error: &dyn std::fmt::Display) -> Duration {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match s.since {
+            Some(since) => {
+                tracing::debug!(
+                    "{what}: {error} (database unreachable for {:?})",
+                    since.elapsed()
+                );
+                since.elapsed()
+            }
+            None => {
+                s.since = Some(Instant::now());
+                s.outages += 1;
+                tracing::warn!(
+                    "lost the database ({}) while {what}: {error}; running jobs go on, and \
+                     claims, heartbeats and results are retried until it answers",
+                    self.endpoint
+                );
+                Duration::ZERO
+            }
+        }
+    }
+
+    /// A statement went through: if an outage was on, it is over, and that is said once.
+    pub(crate) fn answered(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(since) = s.since.take() {
+            tracing::warn!(
+                "the database ({}) answers again after {:.1}s",
+                self.endpoint,
+                since.elapsed().as_secs_f64()
+            );
+        }
+    }
+
+    /// How many outages there were.
+    pub(crate) fn outages(&self) -> u64 {
+        self.state.lock().map(|s| s.outages).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pauses_grow_and_are_capped() {
+        let first = pause(0);
+        assert!(first >= Duration::from_millis(75) && first <= Duration::from_millis(125));
+        let third = pause(2);
+        assert!(third >= Duration::from_millis(300) && third <= Duration::from_millis(500));
+        for n in [10, 20, 1000] {
+            assert!(pause(n) <= MAX_PAUSE.mul_f64(1.25), "{:?}", pause(n));
+            assert!(pause(n) >= MAX_PAUSE.mul_f64(0.75));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_outage_is_one_span() {
+        let h = Health::new("PostgreSQL at 127.0.0.1:1");
+        assert_eq!(h.failed("claiming", &"refused"), Duration::ZERO);
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(h.failed("claiming", &"refused"), Duration::from_secs(3));
+        h.answered();
+        // A new failure after an answer starts a new outage.
+        assert_eq!(h.failed("claiming", &"refused"), Duration::ZERO);
+        assert_eq!(h.outages(), 2);
+    }
+}
