@@ -295,6 +295,10 @@ struct EnqueueArgs {
     /// While a job with this key is ready or running, return it instead of adding another.
     #[arg(long, value_name = "K")]
     unique_key: Option<String>,
+    /// Stop a run of the job that takes longer than this, e.g. 5m; it then fails ("timed out
+    /// after 5m") and is retried like any failure. Default: the worker's --timeout.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    timeout: Option<Duration>,
     /// The payload; without it, one payload per line is read from stdin.
     #[arg(value_name = "JSON")]
     json: Option<String>,
@@ -312,7 +316,9 @@ struct StatsArgs {
 fn main() {
     let cli = Cli::parse();
     let level = match cli.verbose {
-        0 => "warn",
+        // sqlx warns about every broken connection it tests and every slow statement; an outage
+        // is rowclaim's to report, once.
+        0 => "warn,sqlx=error",
         1 => "info,rowclaim=debug",
         _ => "debug,rowclaim=trace",
     };
@@ -490,9 +496,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             .await
         }
         Command::Init => {
-            let db = Db::connect(url)
-                .await
-                .context("connecting to the database")?;
+            let db = Db::connect(url).await?;
             db.queue().init().await?;
             eprintln!(
                 "rowclaim: the managed queue is ready on {}",
@@ -502,9 +506,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Enqueue(a) => enqueue(url, a).await,
         Command::Jobs(op) => {
-            let db = Db::connect(url)
-                .await
-                .context("connecting to the database")?;
+            let db = Db::connect(url).await?;
             let queue = db.queue();
             let (changed, what) = match op {
                 JobsCommand::List {
@@ -546,9 +548,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             })
         }
         Command::Stats(a) if !a.source.given() || !a.source.queues.is_empty() => {
-            let db = Db::connect(url)
-                .await
-                .context("connecting to the database")?;
+            let db = Db::connect(url).await?;
             let only = (a.source.queues.len() == 1).then(|| a.source.queues[0].as_str());
             let mut stats = db.queue().stats(only).await?;
             if a.source.queues.len() > 1 {
@@ -621,11 +621,12 @@ async fn enqueue(url: &str, a: EnqueueArgs) -> anyhow::Result<i32> {
         if let Some(k) = &a.unique_key {
             job = job.unique_key(k);
         }
+        if let Some(limit) = a.timeout {
+            job = job.timeout(limit);
+        }
         job
     };
-    let db = Db::connect(url)
-        .await
-        .context("connecting to the database")?;
+    let db = Db::connect(url).await?;
     let queue = db.queue();
     if let Some(text) = &a.json {
         let payload: serde_json::Value = serde_json::from_str(text)
@@ -676,10 +677,7 @@ async fn enqueue(url: &str, a: EnqueueArgs) -> anyhow::Result<i32> {
 /// Connects and checks the source against the live table.
 async fn claimer(url: &str, source: &SourceArgs, connections: u32) -> anyhow::Result<Claimer> {
     let opts = rowclaim::ConnectOptions::default().max_connections(connections.max(2));
-    let db = Db::connect_with(url, opts).await.with_context(|| {
-        let scheme = url.split(':').next().unwrap_or_default();
-        format!("connecting to the {scheme} database")
-    })?;
+    let db = Db::connect_with(url, opts).await?;
     let claimer = match source.target()? {
         Target::Table(table) => db.claimer(*table, source.strategy).await?,
         Target::Queues(queues) => db.queue().claimer(&queues).await?,

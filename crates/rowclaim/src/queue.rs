@@ -116,7 +116,7 @@ impl NewJob {
     /// failure ("timed out after …"), retried like any other. Overrides the worker's own limit
     /// ([`crate::Worker::timeout`]). Needs the queue's schema version 3 (`rowclaim init`).
     pub fn timeout(mut self, limit: Duration) -> Self {
-        self.timeout_ms = Some(crate::backend::lease_ms(limit));
+        self.timeout_ms = Some(i64::try_from(limit.as_millis()).unwrap_or(i64::MAX));
         self
     }
 

@@ -311,6 +311,11 @@ impl Worker {
         if self.batch == Some(0) {
             return Err(Error::InvalidInput("batch must be at least 1".into()));
         }
+        if self.timeout.is_some_and(|t| t.is_zero()) {
+            return Err(Error::InvalidInput(
+                "timeout must be longer than zero".into(),
+            ));
+        }
         let claimer = match self.target {
             Target::Queue { db, queues } => db.queue().claimer(&queues).await?,
             Target::Claimer(c) => c,

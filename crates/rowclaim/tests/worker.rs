@@ -1,0 +1,449 @@
+//! The worker runtime on real databases: a panicking or hung handler fails its job and the job
+//! runs again; a cancelled or taken-over row's job is stopped while the rest go on; shutdown
+//! gives rows back; a handler that cannot run stops the worker. (Database outages are in the
+//! CLI crate's fault suite, on private servers.)
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{with_db, Backend, TestDb};
+use rowclaim::{Db, Error, NewJob, Queue, Source, Strategy, TaskResult, Worker};
+use serde_json::json;
+
+async fn queue(t: &TestDb) -> (Db, Queue) {
+    let db = t.db().await;
+    let q = db.queue();
+    q.init().await.expect("init");
+    (db, q)
+}
+
+/// Resolves once `sql` counts `want` (polled; gives up after a minute so a failing test ends).
+async fn until_count(t: Arc<TestDb>, sql: &'static str, want: i64) {
+    for _ in 0..600 {
+        if t.count(sql).await == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Resolves once `flag` is set (bounded like [`until_count`]).
+async fn until_set(flag: Arc<AtomicBool>) {
+    for _ in 0..600 {
+        if flag.load(Ordering::SeqCst) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Sets its flag when dropped: tells that the runtime dropped a handler's future.
+struct Dropped(Arc<AtomicBool>);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+fn own_table() -> Source {
+    Source::new("jobs")
+        .owner_column("owner")
+        .lease_column("lease_until")
+        .attempts_column("attempts")
+}
+
+/// A handler that panics fails its job, which runs again after the backoff; the worker goes on
+/// with other jobs. On an own table the row ends failed.
+async fn panics(t: Arc<TestDb>) {
+    let (db, q) = queue(&t).await;
+    let flaky = q
+        .enqueue(&NewJob::new(json!({})).kind("flaky"))
+        .await
+        .unwrap()
+        .id;
+    q.enqueue_many(
+        &(0..5)
+            .map(|i| NewJob::new(json!({ "i": i })))
+            .collect::<Vec<_>>(),
+    )
+    .await
+    .unwrap();
+    let report = Worker::new(&db)
+        .handle("flaky", |job| async move {
+            if job.attempt == 1 {
+                panic!("boom on the first run");
+            }
+            Ok::<_, String>(())
+        })
+        .handle_any(|_job| async { Ok::<_, String>(()) })
+        .concurrency(2)
+        .poll(Duration::from_millis(100))
+        .run(until_count(
+            t.clone(),
+            "SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'completed'",
+            6,
+        ))
+        .await
+        .expect("the worker survives a panic");
+    assert_eq!((report.completed, report.retried), (6, 1), "{report:?}");
+    let sql = format!(
+        "SELECT COUNT(*) FROM rowclaim_jobs WHERE id = {flaky} AND status = 'completed' \
+         AND attempts = 2 AND last_error LIKE 'panicked: boom on the first run%'"
+    );
+    assert_eq!(
+        t.count(&sql).await,
+        1,
+        "the panic was its first run's error"
+    );
+
+    t.jobs(3).await;
+    let claimer = t
+        .db()
+        .await
+        .claimer(own_table(), Strategy::Auto)
+        .await
+        .unwrap();
+    let report = Worker::for_claimer(claimer)
+        .handle_rows(|row| async move {
+            if row.id.to_string() == "2" {
+                panic!("row two");
+            }
+            Ok::<_, String>(())
+        })
+        .until_empty(true)
+        .run(std::future::pending())
+        .await
+        .unwrap();
+    assert_eq!((report.completed, report.failed), (2, 1), "{report:?}");
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE id = 2 AND status = 'failed'")
+            .await,
+        1
+    );
+}
+
+/// A hung job is stopped at its time limit (its future dropped), fails with "timed out", and
+/// runs again; a job's own limit wins over the worker's.
+async fn timeouts(t: Arc<TestDb>) {
+    let (db, q) = queue(&t).await;
+    q.enqueue(&NewJob::new(json!({})).kind("hangs"))
+        .await
+        .unwrap();
+    q.enqueue(
+        &NewJob::new(json!({}))
+            .kind("hangs")
+            .timeout(Duration::from_millis(300)),
+    )
+    .await
+    .unwrap();
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let d = dropped.clone();
+    let report = Worker::new(&db)
+        .handle("hangs", move |job| {
+            let d = d.clone();
+            async move {
+                if job.attempt == 1 {
+                    struct Count(Arc<AtomicUsize>);
+                    impl Drop for Count {
+                        fn drop(&mut self) {
+                            self.0.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    let _guard = Count(d);
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, String>(())
+            }
+        })
+        .timeout(Duration::from_secs(1))
+        .concurrency(2)
+        .poll(Duration::from_millis(100))
+        .run(until_count(
+            t.clone(),
+            "SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'completed' AND attempts = 2",
+            2,
+        ))
+        .await
+        .unwrap();
+    assert_eq!((report.completed, report.retried), (2, 2), "{report:?}");
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        2,
+        "both hung runs were dropped"
+    );
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE last_error = 'timed out after 1s'")
+            .await,
+        1
+    );
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE last_error = 'timed out after 300ms'")
+            .await,
+        1,
+        "the job's own limit"
+    );
+}
+
+/// Cancelling a running job stops it at the next heartbeat; the job stays cancelled.
+async fn cancel_running(t: Arc<TestDb>) {
+    let (db, q) = queue(&t).await;
+    let id = q.enqueue(&NewJob::new(json!({}))).await.unwrap().id;
+    let (started, dropped) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let (s, d) = (started.clone(), dropped.clone());
+    let worker = Worker::new(&db)
+        .handle_any(move |_job| {
+            let (s, d) = (s.clone(), d.clone());
+            async move {
+                let _guard = Dropped(d);
+                s.store(true, Ordering::SeqCst);
+                std::future::pending::<()>().await;
+                Ok::<_, String>(())
+            }
+        })
+        .lease(Duration::from_millis(1500));
+    let cancel = {
+        let (q, started, dropped) = (q.clone(), started.clone(), dropped.clone());
+        async move {
+            until_set(started).await;
+            assert!(q.cancel(id).await.unwrap(), "the running job was cancelled");
+            until_set(dropped).await;
+        }
+    };
+    let report = worker.run(cancel).await.unwrap();
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the cancelled job was stopped"
+    );
+    assert_eq!((report.lost, report.completed), (1, 0), "{report:?}");
+    let sql =
+        format!("SELECT COUNT(*) FROM rowclaim_jobs WHERE id = {id} AND status = 'cancelled'");
+    assert_eq!(t.count(&sql).await, 1);
+}
+
+/// Two rows claimed together; another claimer takes one of them over. The heartbeat finds that
+/// row lost and stops its job, without touching the row; the other row goes on and completes.
+async fn one_row_of_a_claim_lost(t: Arc<TestDb>) {
+    t.jobs(2).await;
+    let claimer = t
+        .db()
+        .await
+        .claimer(own_table(), Strategy::Auto)
+        .await
+        .unwrap();
+    let started = Arc::new(AtomicUsize::new(0));
+    let one_dropped = Arc::new(AtomicBool::new(false));
+    let (s, d) = (started.clone(), one_dropped.clone());
+    let worker = Worker::for_claimer(claimer)
+        .handle_rows(move |row| {
+            let (s, d) = (s.clone(), d.clone());
+            async move {
+                s.fetch_add(1, Ordering::SeqCst);
+                if row.id.to_string() == "1" {
+                    let _guard = Dropped(d);
+                    std::future::pending::<()>().await;
+                } else {
+                    // Outlives several heartbeats.
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                }
+                Ok::<_, String>(())
+            }
+        })
+        .concurrency(2)
+        .lease(Duration::from_millis(1500));
+    let thief = {
+        let (t, started) = (t.clone(), started.clone());
+        async move {
+            while started.load(Ordering::SeqCst) < 2 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // What another claimer does after the lease expired: the row is its own now, for
+            // an hour.
+            let later = match t.backend {
+                Backend::Postgres => "now() + interval '1 hour'",
+                Backend::MySql => "UTC_TIMESTAMP(6) + INTERVAL 1 HOUR",
+                Backend::Sqlite => "CAST(unixepoch('subsec') * 1000 AS INTEGER) + 3600000",
+            };
+            t.exec(&format!(
+                "UPDATE jobs SET owner = 'another-claimer', lease_until = {later} WHERE id = 1"
+            ))
+            .await;
+        }
+    };
+    let done = async {
+        thief.await;
+        until_set(one_dropped.clone()).await;
+        until_count(
+            t.clone(),
+            "SELECT COUNT(*) FROM jobs WHERE id = 2 AND status = 'done'",
+            1,
+        )
+        .await;
+    };
+    let report = worker.run(done).await.unwrap();
+    assert!(
+        one_dropped.load(Ordering::SeqCst),
+        "the lost row's job was stopped"
+    );
+    assert_eq!((report.lost, report.completed), (1, 1), "{report:?}");
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE id = 1 AND status = 'claimed' AND owner = 'another-claimer'")
+            .await,
+        1,
+        "the taken-over row is left to its new holder"
+    );
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE id = 2 AND status = 'done'")
+            .await,
+        1
+    );
+}
+
+/// `Shutdown::now` stops running jobs at once and gives their rows back; rows claimed ahead
+/// and never started go back too.
+async fn shutdown_now(t: Arc<TestDb>) {
+    t.jobs(5).await;
+    let claimer = t
+        .db()
+        .await
+        .claimer(own_table(), Strategy::Auto)
+        .await
+        .unwrap();
+    let started = Arc::new(AtomicUsize::new(0));
+    let s = started.clone();
+    let worker = Worker::for_claimer(claimer)
+        .handle_rows(move |_row| {
+            let s = s.clone();
+            async move {
+                s.fetch_add(1, Ordering::SeqCst);
+                std::future::pending::<()>().await;
+                Ok::<_, String>(())
+            }
+        })
+        .concurrency(2)
+        .prefetch(3)
+        .grace(Duration::from_secs(60));
+    let stop = worker.shutdown_handle();
+    let stopper = async move {
+        while started.load(Ordering::SeqCst) < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.drain();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        stop.now();
+    };
+    let (report, ()) = tokio::join!(worker.run(std::future::pending()), stopper);
+    let report = report.unwrap();
+    assert!(report.interrupted);
+    assert_eq!((report.released, report.completed), (5, 0), "{report:?}");
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE status = 'ready' AND owner IS NULL")
+            .await,
+        5
+    );
+}
+
+/// A handler that cannot run at all stops the worker with that error; the row goes back.
+async fn abort(t: Arc<TestDb>) {
+    t.jobs(1).await;
+    let claimer = t
+        .db()
+        .await
+        .claimer(own_table(), Strategy::Auto)
+        .await
+        .unwrap();
+    struct CannotRun;
+    impl rowclaim::Handler for CannotRun {
+        fn run(&self, _task: rowclaim::Task) -> rowclaim::TaskFuture {
+            Box::pin(async { TaskResult::Abort("no such program".into()) })
+        }
+    }
+    let err = Worker::for_claimer(claimer)
+        .handler(CannotRun)
+        .run(std::future::pending())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::HandlerAborted(ref m) if m == "no such program"),
+        "{err}"
+    );
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE status = 'ready' AND owner IS NULL")
+            .await,
+        1
+    );
+}
+
+macro_rules! worker_cases {
+    ($backend:expr) => {
+        use super::*;
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_panicking_handler_fails_its_job_which_runs_again() {
+            with_db($backend, panics).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_hung_job_is_stopped_at_its_time_limit() {
+            with_db($backend, timeouts).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_cancelled_running_job_is_stopped() {
+            with_db($backend, cancel_running).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_row_taken_over_is_stopped_and_the_rest_go_on() {
+            with_db($backend, one_row_of_a_claim_lost).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn shutdown_now_gives_every_row_back() {
+            with_db($backend, shutdown_now).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_handler_that_cannot_run_stops_the_worker() {
+            with_db($backend, abort).await
+        }
+    };
+}
+
+mod postgres {
+    worker_cases!(Backend::Postgres);
+}
+mod mysql {
+    worker_cases!(Backend::MySql);
+}
+mod sqlite {
+    worker_cases!(Backend::Sqlite);
+}
+
+/// Settings that cannot work are refused before anything is claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_settings_are_refused() {
+    with_db(Backend::Sqlite, |t: Arc<TestDb>| async move {
+        let (db, _) = queue(&t).await;
+        let ok = || Worker::new(&db).handle_any(|_job| async { Ok::<_, String>(()) });
+        for (worker, says) in [
+            (ok().concurrency(0), "concurrency"),
+            (ok().batch(0), "batch"),
+            (ok().timeout(Duration::ZERO), "timeout"),
+            (ok().lease(Duration::ZERO), "lease"),
+            (Worker::new(&db), "no handler"),
+        ] {
+            let err = worker.run(std::future::pending()).await.unwrap_err();
+            assert!(err.to_string().contains(says), "{err}");
+        }
+        t.jobs(1).await;
+        let claimer = db.claimer(own_table(), Strategy::Auto).await.unwrap();
+        let err = Worker::for_claimer(claimer)
+            .handle_any(|_job| async { Ok::<_, String>(()) })
+            .run(std::future::pending())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("handle_rows"), "{err}");
+    })
+    .await;
+}
