@@ -141,20 +141,6 @@ async fn until(what: &str, mut check: impl FnMut() -> bool) {
     panic!("gave up waiting until {what}");
 }
 
-/// Waits (bounded) until the database counts `want` for `sql`.
-async fn until_count(t: &TestDb, sql: &str, want: i64) {
-    for _ in 0..1200 {
-        if t.count(sql).await == want {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!(
-        "gave up waiting until {sql} counts {want}: it counts {}",
-        t.count(sql).await
-    );
-}
-
 async fn finish(child: Child) -> (Option<i32>, String) {
     let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
         .await
@@ -522,7 +508,7 @@ async fn stopped_past_its_lease(t: Arc<TestDb>) {
     let mut reruns = 0;
     for (id, list) in &r {
         // Started after it was continued: only by the worker that held it then, not the sleeper.
-        for run in list.iter().filter(|run| run.start >= continued_at) {
+        if let Some(run) = list.iter().find(|run| run.start >= continued_at) {
             panic!("row {id} started after the continue: {run:?}");
         }
         if list.len() > 1 {
