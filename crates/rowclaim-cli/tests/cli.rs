@@ -332,6 +332,54 @@ async fn bad_input(t: Arc<TestDb>) {
     );
 }
 
+/// A database error is said once, with the database's own code and without the server's
+/// source-file line numbers.
+async fn database_errors_said_once(t: Arc<TestDb>) {
+    t.jobs(1).await;
+    let args = [
+        &["stats", "--where", "no_such_column = 1"],
+        FULL.as_slice(),
+    ]
+    .concat();
+    let out = output(&t, &args).await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("no_such_column"), "{err}");
+    assert_eq!(err.matches("no_such_column").count(), 1, "said once: {err}");
+    assert!(!err.contains(" at line "), "no server source lines: {err}");
+    match t.backend {
+        Backend::Postgres => assert!(err.contains("SQLSTATE 42703"), "{err}"),
+        Backend::MySql => assert!(err.contains("error 1054"), "{err}"),
+        Backend::Sqlite => {}
+    }
+}
+
+/// A server that does not answer fails the command at once, naming what was dialled and what
+/// the operating system said, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_named() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for url in [
+        format!("postgres://postgres@127.0.0.1:{port}/x"),
+        format!("mysql://root:secret@127.0.0.1:{port}/x"),
+    ] {
+        let out = tokio::process::Command::new(BIN)
+            .args(["--database", &url, "work", "--table", "t", "--", "true"])
+            .output()
+            .await
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{err}");
+        assert!(err.contains(&format!("at 127.0.0.1:{port}")), "{err}");
+        assert_eq!(err.matches("refused").count(), 1, "said once: {err}");
+        assert!(!err.contains("secret"), "no password: {err}");
+    }
+}
+
 /// --source reads the mapping from rowclaim.toml.
 async fn config_file(t: Arc<TestDb>) {
     t.jobs(2).await;
@@ -384,6 +432,10 @@ macro_rules! cli_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn bad_input_exits_2_and_names_it() {
             with_db($backend, bad_input).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn database_errors_are_said_once() {
+            with_db($backend, database_errors_said_once).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn source_from_config_file() {
