@@ -329,6 +329,8 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // Where a line comes from in the code helps when debugging (-v), not otherwise.
+        .with_target(cli.verbose > 0)
         .init();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,

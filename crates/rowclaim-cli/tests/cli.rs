@@ -336,11 +336,7 @@ async fn bad_input(t: Arc<TestDb>) {
 /// source-file line numbers.
 async fn database_errors_said_once(t: Arc<TestDb>) {
     t.jobs(1).await;
-    let args = [
-        &["stats", "--where", "no_such_column = 1"],
-        FULL.as_slice(),
-    ]
-    .concat();
+    let args = [&["stats", "--where", "no_such_column = 1"], FULL.as_slice()].concat();
     let out = output(&t, &args).await;
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "{err}");

@@ -582,3 +582,481 @@ mod shared_mysql {
 mod shared_sqlite {
     shared_cases!(Backend::Sqlite);
 }
+
+// ----------------------------------------------- server faults (private servers, via a proxy)
+
+use common::proxy::Proxy;
+use common::servers::{PrivateMariadb, PrivatePostgres, StopMode};
+use rowclaim::{NewJob, Source, Strategy, Worker};
+
+/// A private server of the test's own.
+enum Server {
+    Pg(PrivatePostgres),
+    My(PrivateMariadb),
+}
+
+impl Server {
+    async fn start(backend: Backend) -> Server {
+        match backend {
+            Backend::Postgres => Server::Pg(PrivatePostgres::start().await),
+            Backend::MySql => Server::My(PrivateMariadb::start().await),
+            Backend::Sqlite => panic!("SQLite has no server to fault"),
+        }
+    }
+
+    fn port(&self) -> u16 {
+        match self {
+            Server::Pg(s) => s.port(),
+            Server::My(s) => s.port(),
+        }
+    }
+
+    fn admin_url(&self) -> String {
+        match self {
+            Server::Pg(s) => s.admin_url(),
+            Server::My(s) => s.admin_url(),
+        }
+    }
+
+    async fn restart(&self, mode: StopMode) {
+        match self {
+            Server::Pg(s) => s.restart(mode).await,
+            Server::My(s) => s.restart(mode).await,
+        }
+    }
+
+    async fn kill_backends(&self, database: &str) -> usize {
+        match self {
+            Server::Pg(s) => s.kill_backends(database).await,
+            Server::My(s) => s.kill_backends(database).await,
+        }
+    }
+}
+
+/// A private server, a proxy in front of it, and a test database on it: `db` reaches it
+/// directly (setup and checks), `url` through the proxy (what the workers use).
+struct Site {
+    server: Server,
+    proxy: Proxy,
+    db: TestDb,
+    url: String,
+}
+
+impl Site {
+    async fn start(backend: Backend) -> Site {
+        let server = Server::start(backend).await;
+        let db = TestDb::on(backend, &server.admin_url()).await;
+        let proxy = Proxy::start(server.port()).await;
+        let url = proxy.url_for(&db.url);
+        Site {
+            server,
+            proxy,
+            db,
+            url,
+        }
+    }
+}
+
+/// A span of time in which a fault was on (µs since the epoch, both ends included).
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    from: u64,
+    to: u64,
+}
+
+/// Runs `fault` and says when it was on.
+async fn window<F: std::future::Future<Output = ()>>(fault: F) -> Window {
+    let from = now_us();
+    fault.await;
+    Window { from, to: now_us() }
+}
+
+/// Rows done so far across both workloads, sampled every 100 ms through a direct connection.
+#[derive(Clone)]
+struct Progress {
+    samples: Arc<std::sync::Mutex<Vec<(u64, i64)>>>,
+    total: i64,
+}
+
+impl Progress {
+    fn latest(&self) -> i64 {
+        self.samples.lock().unwrap().last().map_or(0, |s| s.1)
+    }
+
+    /// Waits until `fraction` of all rows are done.
+    async fn reach(&self, fraction: f64) {
+        let want = (self.total as f64 * fraction) as i64;
+        until(&format!("{want} rows are done"), || self.latest() >= want).await;
+    }
+
+    /// For each window: how long after its end the first further row was done.
+    fn recovery(&self, windows: &[Window]) -> Option<Duration> {
+        let samples = self.samples.lock().unwrap();
+        windows
+            .iter()
+            .filter_map(|w| {
+                let before = samples.iter().rev().find(|s| s.0 <= w.to)?.1;
+                let after = samples.iter().find(|s| s.0 > w.to && s.1 > before)?;
+                Some(Duration::from_micros(after.0 - w.to))
+            })
+            .max()
+    }
+}
+
+const FAULT_ROWS: usize = 300;
+const FAULT_LEASE: Duration = Duration::from_secs(10);
+const OWN_DONE: &str = "SELECT COUNT(*) FROM jobs WHERE status = 'done'";
+const QUEUE_DONE: &str = "SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'completed'";
+
+/// A library worker that logs its runs like [`logged`] does, as "lib-N".
+fn library_worker(worker: Worker, log: PathBuf) -> Worker {
+    let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    worker
+        .handle_rows(move |row| {
+            let (log, who) = (
+                log.clone(),
+                format!(
+                    "lib-{}",
+                    n.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                ),
+            );
+            async move {
+                let line = |kind: &str| format!("{kind} {} {} {who}\n", row.id, now_us());
+                append(&log, &line("S"));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                append(&log, &line("E"));
+                Ok::<_, String>(())
+            }
+        })
+        .concurrency(3)
+        .lease(FAULT_LEASE)
+        .poll(Duration::from_millis(200))
+}
+
+fn append(path: &Path, line: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("open the run log");
+    f.write_all(line.as_bytes()).expect("write the run log");
+}
+
+/// Checks that every row of a workload ran to its end at least once, and that each run before a
+/// row's last one is explained by a fault: it was in flight (or its result was being recorded,
+/// which goes on until its lease ends) while a fault was on. Returns the re-runs.
+fn check_runs(what: &str, log: &Path, windows: &[Window]) -> usize {
+    let all = runs(log);
+    let mut reruns = 0;
+    for id in 1..=FAULT_ROWS {
+        let Some(list) = all.get(&id.to_string()) else {
+            panic!("{what}: row {id} never ran");
+        };
+        assert!(
+            list.iter().any(|r| r.end.is_some()),
+            "{what}: row {id} never ran to its end: {list:?}"
+        );
+        for (i, run) in list.iter().enumerate().take(list.len() - 1) {
+            let slack = FAULT_LEASE.as_micros() as u64 + 3_000_000;
+            let until = run.end.map_or(list[i + 1].start, |end| end + slack);
+            assert!(
+                windows.iter().any(|w| w.from <= until && w.to >= run.start),
+                "{what}: row {id} ran again, but its run {run:?} overlapped no fault \
+                 {windows:?}; all its runs: {list:?}"
+            );
+            reruns += 1;
+        }
+    }
+    reruns
+}
+
+/// The fault scenario harness: on a private server, an own table and a managed queue of
+/// [`FAULT_ROWS`] rows each, worked at once by two `rowclaim work` processes each (one of the
+/// own table's with the token strategy) and one library [`Worker`] each, all through the
+/// proxy. `fault` injects its faults at points of progress and returns when they were on.
+/// Then every row must be done once, every worker still running (and exiting 0 when told to
+/// stop), and every re-run explained by a fault.
+async fn fault_scenario<F, Fut>(scenario: &str, backend: Backend, fault: F)
+where
+    F: FnOnce(Arc<Site>, Progress) -> Fut,
+    Fut: std::future::Future<Output = Vec<Window>>,
+{
+    let site = Arc::new(Site::start(backend).await);
+    site.db.jobs(FAULT_ROWS as i64).await;
+    let direct = rowclaim::Db::connect(&site.db.url)
+        .await
+        .expect("connect directly");
+    direct.queue().init().await.expect("init");
+    let jobs: Vec<NewJob> = (0..FAULT_ROWS)
+        .map(|i| NewJob::new(serde_json::json!({ "i": i })).queue("q"))
+        .collect();
+    direct.queue().enqueue_many(&jobs).await.expect("enqueue");
+
+    let dir = tempfile::tempdir().unwrap();
+    let (own_log, queue_log) = (dir.path().join("own.log"), dir.path().join("queue.log"));
+    let lease = format!("{}s", FAULT_LEASE.as_secs());
+    let mut cli = Vec::new();
+    for (i, (log, source)) in [
+        (&own_log, &TABLE[..]),
+        (&own_log, &TABLE[..]),
+        (&queue_log, &["--queue", "q"][..]),
+        (&queue_log, &["--queue", "q"][..]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let cmd = logged(log, "sleep 0.05");
+        let mut args: Vec<&str> = vec!["work"];
+        args.extend(source);
+        if i == 1 {
+            args.extend(["--strategy", "token"]);
+        }
+        args.extend([
+            "--concurrency",
+            "3",
+            "--lease",
+            &lease,
+            "--poll",
+            "200ms",
+            "--",
+        ]);
+        args.extend(cmd.iter().map(String::as_str));
+        let stderr = std::fs::File::create(dir.path().join(format!("worker-{i}.err"))).unwrap();
+        let mut c = rowclaim(&site.url, &args);
+        c.stderr(Stdio::from(stderr));
+        cli.push(c.spawn().expect("start a worker"));
+    }
+    let through_proxy = rowclaim::Db::connect(&site.url)
+        .await
+        .expect("connect via the proxy");
+    let own = through_proxy
+        .claimer(
+            Source::new("jobs")
+                .owner_column("owner")
+                .lease_column("lease_until")
+                .attempts_column("attempts"),
+            Strategy::Auto,
+        )
+        .await
+        .unwrap();
+    let lib_own = library_worker(Worker::for_claimer(own), own_log.clone());
+    let lib_queue = library_worker(
+        Worker::for_claimer(through_proxy.queue().claimer(&["q".into()]).await.unwrap()),
+        queue_log.clone(),
+    );
+    let stops = [lib_own.shutdown_handle(), lib_queue.shutdown_handle()];
+    let libs = [
+        tokio::spawn(lib_own.run(std::future::pending())),
+        tokio::spawn(lib_queue.run(std::future::pending())),
+    ];
+
+    let progress = Progress {
+        samples: Arc::default(),
+        total: 2 * FAULT_ROWS as i64,
+    };
+    let sampler = {
+        let (p, site) = (progress.clone(), site.clone());
+        tokio::spawn(async move {
+            loop {
+                if let (Some(a), Some(b)) = (
+                    site.db.try_count(OWN_DONE).await,
+                    site.db.try_count(QUEUE_DONE).await,
+                ) {
+                    p.samples.lock().unwrap().push((now_us(), a + b));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+
+    let windows = fault(site.clone(), progress.clone()).await;
+    let stderr_of = |i: usize| {
+        std::fs::read_to_string(dir.path().join(format!("worker-{i}.err"))).unwrap_or_default()
+    };
+    for _ in 0..3600 {
+        if progress.latest() == progress.total {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sampler.abort();
+    assert_eq!(
+        progress.latest(),
+        progress.total,
+        "{scenario} on {backend:?}: not every row was done; workers said:\n{}",
+        (0..4).map(stderr_of).collect::<Vec<_>>().join("\n---\n")
+    );
+    // Every worker is still running: none gave up.
+    for (i, w) in cli.iter_mut().enumerate() {
+        assert!(
+            w.try_wait().unwrap().is_none(),
+            "worker {i} exited: {}",
+            stderr_of(i)
+        );
+    }
+    assert!(
+        libs.iter().all(|l| !l.is_finished()),
+        "a library worker stopped"
+    );
+    for w in &cli {
+        kill("TERM", w.id().unwrap(), false);
+    }
+    for (i, w) in cli.into_iter().enumerate() {
+        let (code, _) = finish(w).await;
+        assert_eq!(code, Some(0), "worker {i}: {}", stderr_of(i));
+    }
+    // The faults reached the workers: they saw the database go away, and said so.
+    let said: Vec<String> = (0..4).map(stderr_of).collect();
+    assert!(
+        said.iter().any(|e| e.contains("lost the database")),
+        "no worker noticed the faults: {said:?}"
+    );
+    if std::env::var_os("ROWCLAIM_SHOW_WORKERS").is_some() {
+        eprintln!("{scenario} on {backend:?}, worker 0 said:\n{}", said[0]);
+    }
+    stops.iter().for_each(rowclaim::Shutdown::drain);
+    for l in libs {
+        l.await.unwrap().expect("the library worker ends well");
+    }
+
+    // Nothing lost, nothing left in another state.
+    assert_eq!(site.db.count(OWN_DONE).await, FAULT_ROWS as i64);
+    assert_eq!(
+        site.db.count("SELECT COUNT(*) FROM jobs").await,
+        FAULT_ROWS as i64
+    );
+    assert_eq!(site.db.count(QUEUE_DONE).await, FAULT_ROWS as i64);
+    assert_eq!(
+        site.db.count("SELECT COUNT(*) FROM rowclaim_jobs").await,
+        FAULT_ROWS as i64
+    );
+    let reruns =
+        check_runs("own table", &own_log, &windows) + check_runs("queue", &queue_log, &windows);
+    let recover = progress
+        .recovery(&windows)
+        .map_or("-".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()));
+    table_row(scenario, backend, 2 * FAULT_ROWS, 0, reruns, &recover);
+}
+
+/// The server restarts twice mid-run: a clean (fast) shutdown, then a crash (immediate).
+async fn restarts(site: Arc<Site>, progress: Progress) -> Vec<Window> {
+    progress.reach(0.2).await;
+    let first = window(site.server.restart(StopMode::Fast)).await;
+    progress.reach(0.55).await;
+    let second = window(site.server.restart(StopMode::Immediate)).await;
+    vec![first, second]
+}
+
+/// Every session of the database is killed, five times, 0.5 s apart.
+async fn kills(site: Arc<Site>, progress: Progress) -> Vec<Window> {
+    progress.reach(0.2).await;
+    let mut windows = Vec::new();
+    for _ in 0..5 {
+        let name = site.db.name.clone();
+        windows.push(
+            window(async {
+                site.server.kill_backends(&name).await;
+            })
+            .await,
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    windows
+}
+
+/// Every connection is cut, then the network black-holes everything for 5 s, then every
+/// connection is cut again.
+async fn network(site: Arc<Site>, progress: Progress) -> Vec<Window> {
+    progress.reach(0.2).await;
+    let first = window(async { site.proxy.cut_all() }).await;
+    progress.reach(0.4).await;
+    let hole = window(async {
+        site.proxy.blackhole(true);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        site.proxy.blackhole(false);
+    })
+    .await;
+    progress.reach(0.6).await;
+    let last = window(async { site.proxy.cut_all() }).await;
+    vec![first, hole, last]
+}
+
+/// `rowclaim enqueue` of 5,000 jobs whose COMMIT reaches the server but whose answer is lost:
+/// it exits 6 and says the jobs may have been enqueued; they were.
+async fn enqueue_commit_cut(backend: Backend) {
+    let site = Site::start(backend).await;
+    let init = rowclaim(&site.db.url, &["init"]).output().await.unwrap();
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    // The COMMIT statement itself, not "READ COMMITTED" in MySQL's BEGIN: PostgreSQL's simple
+    // query ends in a NUL, MySQL's COM_QUERY packet starts with the command byte 0x03.
+    site.proxy.cut_after(match backend {
+        Backend::Postgres => b"COMMIT\0",
+        _ => b"\x03COMMIT",
+    });
+    let lines: String = (0..5000).map(|i| format!("{{\"n\":{i}}}\n")).collect();
+    let mut enqueue = rowclaim(&site.url, &["enqueue", "--queue", "q"]);
+    enqueue.stdin(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = enqueue.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, lines.as_bytes())
+        .await
+        .unwrap();
+    drop(stdin);
+    let (code, err) = finish(child).await;
+    assert!(site.proxy.fired(), "the COMMIT went through the proxy");
+    assert_eq!(code, Some(6), "outcome unknown: {err}");
+    assert!(err.contains("may or may not have taken effect"), "{err}");
+    assert!(err.contains("jobs list"), "{err}");
+    assert_eq!(
+        site.db.count("SELECT COUNT(*) FROM rowclaim_jobs").await,
+        5000,
+        "the COMMIT did take effect: a plain failure would have invited enqueueing it all again"
+    );
+    table_row(
+        "enqueue whose COMMIT answer is lost",
+        backend,
+        5000,
+        0,
+        0,
+        "-",
+    );
+}
+
+macro_rules! server_cases {
+    ($backend:expr) => {
+        use super::*;
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn workers_ride_out_two_server_restarts() {
+            fault_scenario(
+                "server restarted twice (fast, immediate)",
+                $backend,
+                restarts,
+            )
+            .await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn workers_ride_out_killed_sessions() {
+            fault_scenario("every session killed, 5 times", $backend, kills).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn workers_ride_out_cuts_and_a_black_hole() {
+            fault_scenario("connections cut twice, 5 s black hole", $backend, network).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn an_enqueue_whose_commit_answer_is_lost_says_so() {
+            enqueue_commit_cut($backend).await
+        }
+    };
+}
+
+mod private_postgres {
+    server_cases!(Backend::Postgres);
+}
+mod private_mariadb {
+    server_cases!(Backend::MySql);
+}

@@ -59,51 +59,11 @@ fn with_database(admin: &str, db: &str) -> String {
 }
 
 impl TestDb {
+    /// A fresh database on the machine's shared server of `backend` (a file for SQLite).
     pub async fn new(backend: Backend) -> TestDb {
-        let name = format!("rowclaim_t_{}", uuid::Uuid::now_v7().simple());
         match backend {
-            Backend::Postgres => {
-                let admin = pg_admin();
-                let a = PgPool::connect(&admin)
-                    .await
-                    .expect("connect to PostgreSQL (see scripts/test)");
-                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                    .execute(&a)
-                    .await
-                    .expect("create test database");
-                a.close().await;
-                let url = with_database(&admin, &name);
-                let raw = Raw::Pg(PgPool::connect(&url).await.expect("connect test db"));
-                TestDb {
-                    backend,
-                    url,
-                    name,
-                    admin: Some(admin),
-                    _dir: None,
-                    raw,
-                }
-            }
-            Backend::MySql => {
-                let admin = my_admin();
-                let a = MySqlPool::connect(&admin)
-                    .await
-                    .expect("connect to MariaDB/MySQL (see scripts/test)");
-                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                    .execute(&a)
-                    .await
-                    .expect("create test database");
-                a.close().await;
-                let url = with_database(&admin, &name);
-                let raw = Raw::My(MySqlPool::connect(&url).await.expect("connect test db"));
-                TestDb {
-                    backend,
-                    url,
-                    name,
-                    admin: Some(admin),
-                    _dir: None,
-                    raw,
-                }
-            }
+            Backend::Postgres => TestDb::on(backend, &pg_admin()).await,
+            Backend::MySql => TestDb::on(backend, &my_admin()).await,
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().expect("temp dir");
                 let url = format!("sqlite://{}", dir.path().join("test.db").display());
@@ -113,12 +73,53 @@ impl TestDb {
                 TestDb {
                     backend,
                     url,
-                    name,
+                    name: String::new(),
                     admin: None,
                     _dir: Some(dir),
                     raw,
                 }
             }
+        }
+    }
+
+    /// A fresh database on the PostgreSQL or MariaDB/MySQL server that `admin` (a URL of a user
+    /// allowed to create databases) reaches: the shared one, or a test's private server.
+    pub async fn on(backend: Backend, admin: &str) -> TestDb {
+        let name = format!("rowclaim_t_{}", uuid::Uuid::now_v7().simple());
+        let create = sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"));
+        let url = with_database(admin, &name);
+        let raw = match backend {
+            Backend::Postgres => {
+                let a = PgPool::connect(admin)
+                    .await
+                    .expect("connect to PostgreSQL (see scripts/test)");
+                sqlx::query(create)
+                    .execute(&a)
+                    .await
+                    .expect("create test database");
+                a.close().await;
+                Raw::Pg(PgPool::connect(&url).await.expect("connect test db"))
+            }
+            Backend::MySql => {
+                let a = MySqlPool::connect(admin)
+                    .await
+                    .expect("connect to MariaDB/MySQL (see scripts/test)");
+                sqlx::query(create)
+                    .execute(&a)
+                    .await
+                    .expect("create test database");
+                a.close().await;
+                Raw::My(MySqlPool::connect(&url).await.expect("connect test db"))
+            }
+            Backend::Sqlite => panic!("SQLite databases are files: use TestDb::new"),
+        };
+        TestDb {
+            backend,
+            url,
+            name,
+            admin: Some(admin.to_owned()),
+            _dir: None,
+            raw,
         }
     }
 
@@ -162,13 +163,23 @@ impl TestDb {
     }
 
     pub async fn count(&self, sql: &str) -> i64 {
+        self.try_count_err(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// [`TestDb::count`], or None when the server cannot answer (during a fault).
+    pub async fn try_count(&self, sql: &str) -> Option<i64> {
+        self.try_count_err(sql).await.ok()
+    }
+
+    async fn try_count_err(&self, sql: &str) -> Result<i64, sqlx::Error> {
         let q = sqlx::AssertSqlSafe(sql.to_owned());
         match &self.raw {
             Raw::Pg(p) => sqlx::query_scalar::<_, i64>(q).fetch_one(p).await,
             Raw::My(p) => sqlx::query_scalar::<_, i64>(q).fetch_one(p).await,
             Raw::Lite(p) => sqlx::query_scalar::<_, i64>(q).fetch_one(p).await,
         }
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
 
     /// The SQL type of a lease column on this backend.
@@ -263,3 +274,6 @@ where
         }
     }
 }
+
+pub mod proxy;
+pub mod servers;
