@@ -412,8 +412,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Bench(cmd) => bench::run(url, cmd).await,
         Command::Work(a) => {
             let concurrency = a.concurrency as usize;
-            // Connections: one per running command's result, plus claims, heartbeats, LISTEN.
-            let connections = (concurrency + a.prefetch.min(8) + 3) as u32;
+            // Connections: one per running command's result, plus claims, heartbeats, LISTEN;
+            // with the transaction strategy each claim holds one while its rows wait.
+            let connections = (concurrency + a.prefetch + 3).min(u32::MAX as usize) as u32;
             let claimer = claimer(url, &a.source, connections).await?;
             say_strategy(&claimer, a.source.strategy);
             let mut worker = rowclaim::Worker::for_claimer(claimer)
@@ -437,7 +438,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             if let Some(outage) = a.give_up_after {
                 worker = worker.give_up_after(outage);
             }
-            tokio::spawn(stop_on_signal(worker.shutdown_handle()));
+            tokio::spawn(stop_on_signal(
+                StopSignals::listen()?,
+                worker.shutdown_handle(),
+            ));
             let report = worker.run(std::future::pending()).await?;
             eprintln!("rowclaim: {}", work::summary(&report));
             Ok(if report.interrupted {
@@ -716,32 +720,60 @@ where
     Ok(exit::OK)
 }
 
-/// First SIGINT/SIGTERM: drain (stop claiming, let running commands finish within the grace
-/// period). Second: stop them now. A signal within a second of the first is the same event
-/// delivered twice (`timeout(1)` signals rowclaim and then its whole process group), not a
-/// second request.
-async fn stop_on_signal(stop: rowclaim::Shutdown) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::warn!("cannot listen for signals; stop with SIGKILL");
-        return;
-    };
-    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-    let first = tokio::time::Instant::now();
+/// The signals that stop `work`: SIGINT (Ctrl-C), SIGTERM, and SIGHUP (the terminal went
+/// away). Listened for before the first claim, so that no early signal kills rowclaim outright.
+struct StopSignals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn listen() -> anyhow::Result<StopSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let listen = |kind| signal(kind).context("listening for signals");
+        Ok(StopSignals {
+            int: listen(SignalKind::interrupt())?,
+            term: listen(SignalKind::terminate())?,
+            hup: listen(SignalKind::hangup())?,
+        })
+    }
+
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+            _ = self.hup.recv() => {}
+        }
+    }
+
+    /// The next signal at least a second after `since`: one within a second is the same event
+    /// delivered twice (`timeout(1)` signals rowclaim and then its whole process group).
+    async fn next_after(&mut self, since: tokio::time::Instant) {
+        loop {
+            self.next().await;
+            if since.elapsed() >= Duration::from_secs(1) {
+                return;
+            }
+        }
+    }
+}
+
+/// First signal: drain (stop claiming, let running commands finish within the grace period).
+/// Second: stop them now. Third: exit at once.
+async fn stop_on_signal(mut signals: StopSignals, stop: rowclaim::Shutdown) {
+    signals.next().await;
     eprintln!(
         "rowclaim: stopping: no new claims, rows not started go back, running commands may \
          finish (signal again to stop them now)"
     );
     stop.drain();
-    loop {
-        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-        if first.elapsed() >= Duration::from_secs(1) {
-            break;
-        }
-    }
+    signals.next_after(tokio::time::Instant::now()).await;
     eprintln!("rowclaim: second signal: stopping running commands now and giving their rows back");
     stop.now();
+    signals.next_after(tokio::time::Instant::now()).await;
+    eprintln!(
+        "rowclaim: third signal: exiting at once; unfinished rows come back when their lease ends"
+    );
+    std::process::exit(exit::INTERRUPTED);
 }

@@ -96,7 +96,17 @@ async fn run_command(command: &[String], kill_after: Duration, task: Task) -> Ta
     }
     let mut child = match cmd.spawn() {
         Ok(child) => child,
-        Err(e) => return TaskResult::Abort(format!("cannot run {program:?}: {e}")),
+        // A command that does not exist or may not run never will: stop the worker.
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
+            ) =>
+        {
+            return TaskResult::Abort(format!("cannot run {program:?}: {e}"))
+        }
+        // Out of processes, files or memory: this row fails, and runs again later.
+        Err(e) => return TaskResult::Failed(format!("cannot start {program:?} now: {e}")),
     };
     let mut group = Group {
         leader: child.id().map(|id| Pid::from_raw(id as i32)),
@@ -117,8 +127,12 @@ async fn run_command(command: &[String], kill_after: Duration, task: Task) -> Ta
             group.signal(Signal::SIGTERM);
             if tokio::time::timeout(kill_after, child.wait()).await.is_err() {
                 group.signal(Signal::SIGKILL);
-                let _ = child.wait().await;
             }
+            let _ = child.wait().await;
+            // Whatever else of the group survived the leader (a child ignoring SIGTERM) goes
+            // too: the row is given back, and nothing of this run may go on. The group id stays
+            // reserved while any member lives, so this reaches no other process.
+            group.signal(Signal::SIGKILL);
             group.reaped();
             // The runtime records the stop itself; this text only says what happened.
             return TaskResult::Failed(format!("{program} was stopped: {reason}"));

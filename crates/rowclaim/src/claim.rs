@@ -244,6 +244,8 @@ impl Claimer {
                 token: &token_text,
                 expired,
             };
+            // The lease runs from no earlier than this, by the database's clock.
+            let sent = Instant::now();
             let claimed = retry_transient!(i.db.backend.claim(&args).await)?;
             {
                 let mut r = i.rescue.lock().unwrap_or_else(|p| p.into_inner());
@@ -272,7 +274,7 @@ impl Claimer {
                 held: Mutex::new(claimed.held),
                 settled: Notify::new(),
                 lease,
-                claimed_at: Instant::now(),
+                claimed_at: sent,
             });
         }
     }
@@ -505,8 +507,9 @@ impl Claim {
         self.lease
     }
 
-    /// When the claim was taken, by this process's monotonic clock (for scheduling heartbeats;
-    /// the authoritative deadline is kept by the database).
+    /// When the claim was taken, by this process's monotonic clock: the moment its statement was
+    /// sent, so that `claimed_at() + lease()` is never later than the deadline the database keeps
+    /// (for scheduling heartbeats).
     pub fn claimed_at(&self) -> Instant {
         self.claimed_at
     }
@@ -622,8 +625,15 @@ impl Claim {
                 *held = None;
                 return Err(self.lost_if_gone(e));
             }
-            // The transaction commits once every row is settled.
-            let last = self.open.lock().map(|o| o.len() == 1).unwrap_or(false);
+            // The transaction commits once every row is settled. A row given up meanwhile (the
+            // claim was abandoned) is not this claim's to settle any more.
+            let last = {
+                let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+                if !open.contains(id) {
+                    return Err(self.lost(vec![id.clone()]));
+                }
+                open.len() == 1
+            };
             match held.take_if(|_| last) {
                 Some(h) => h.commit().await.map_err(|e| self.lost_if_gone(e)),
                 None => Ok(()),
@@ -678,26 +688,42 @@ impl Claim {
     }
 
     /// The heartbeat's one beat: pushes the lease of the rows still open to now + the claim's
-    /// lease. Returns the rows it found no longer held by this claim (their lease expired and
-    /// another claimer took them, or someone settled or cancelled them); they are forgotten, so
-    /// that no later beat keeps them.
-    pub(crate) async fn beat(&self) -> Result<Vec<RowId>> {
+    /// lease. Rows it finds no longer held by this claim (their lease expired and another
+    /// claimer took them, or someone settled or cancelled them) are forgotten at once, so that no
+    /// later beat keeps them, and reported in [`Beat::lost`]. Named rows are extended all
+    /// together or not at all, so each round that finds rows lost drops them and goes again.
+    pub(crate) async fn beat(&self) -> Result<Beat> {
         let open = self.open_rows();
         if open.is_empty() {
-            return Ok(vec![]);
+            return Ok(Beat {
+                lost: vec![],
+                renewed: true,
+            });
         }
         if self.claimer.strategy() == Strategy::Transaction {
             return match self.extend(self.lease).await {
-                Ok(()) => Ok(vec![]),
-                Err(Error::LeaseLost { ids, .. }) => Ok(ids),
+                Ok(()) => Ok(Beat {
+                    lost: vec![],
+                    renewed: true,
+                }),
+                Err(Error::LeaseLost { ids, .. }) => Ok(Beat {
+                    lost: ids,
+                    renewed: true,
+                }),
                 Err(e) => Err(e),
             };
         }
         let (mut ask, mut lost) = (open, Vec::new());
-        // Named rows are extended all together or not at all: drop the lost ones and go again.
-        for _ in 0..3 {
+        // Each round that does not renew drops at least one row, or none when a race hid which
+        // (then it simply goes again); the bound keeps a pathological race from looping.
+        for _ in 0..ask.len() + 2 {
             match self.claimer.extend(&self.token, &ask, self.lease).await {
-                Ok(_) => break,
+                Ok(_) => {
+                    return Ok(Beat {
+                        lost,
+                        renewed: true,
+                    })
+                }
                 Err(Error::LeaseLost { ids, .. }) => {
                     ids.iter().for_each(|id| self.forget(id));
                     ask.retain(|id| !ids.contains(id));
@@ -709,17 +735,28 @@ impl Claim {
                 Err(e) => return Err(e),
             }
         }
-        Ok(lost)
+        let renewed = ask.is_empty();
+        Ok(Beat { lost, renewed })
     }
 
     /// Stops looking after every open row, without touching the database (for the transaction
     /// strategy the held transaction is dropped, which rolls it back). Their rows come back when
     /// their lease ends. Returns them.
     pub(crate) async fn abandon(&self) -> Vec<RowId> {
-        if let Ok(mut held) = self.held.try_lock() {
-            *held = None;
-        }
+        *self.held.lock().await = None;
         self.forget_all()
+    }
+
+    /// For the transaction strategy, once no row is open (the last ones were given up rather
+    /// than settled): commits what was settled (a row given up was not changed, and its lock
+    /// goes with the commit) instead of rolling it all back when the claim is dropped.
+    pub(crate) async fn commit_if_done(&self) {
+        if self.claimer.strategy() == Strategy::Transaction && self.open_count() == 0 {
+            if let Some(h) = self.held.lock().await.take() {
+                // A dead connection cannot commit: its rows went back at rollback already.
+                let _ = h.commit().await;
+            }
+        }
     }
 
     /// How many rows are not yet settled or given up.
@@ -775,6 +812,15 @@ impl Claim {
             other => other,
         }
     }
+}
+
+/// What one heartbeat did.
+#[derive(Debug)]
+pub(crate) struct Beat {
+    /// Rows found no longer held (forgotten already).
+    pub lost: Vec<RowId>,
+    /// Whether every row still held had its lease renewed.
+    pub renewed: bool,
 }
 
 /// Rows locked by a locking read, with the transaction that holds the locks.

@@ -22,7 +22,7 @@ pub(crate) fn pause(failures: u32) -> Duration {
 }
 
 /// Whether the database answers, as seen by everything a worker sends (claims, heartbeats,
-/// settles). Shared by all of a worker's tasks.
+/// results). Shared by all of a worker's tasks.
 #[derive(Debug)]
 pub(crate) struct Health {
     endpoint: String,
@@ -34,6 +34,8 @@ struct State {
     /// When the current outage began (None: the database answers).
     since: Option<Instant>,
     outages: u64,
+    /// The last refusal said, so that a repeated one is not said again.
+    refused: Option<String>,
 }
 
 impl Health {
@@ -44,10 +46,21 @@ impl Health {
         }
     }
 
-    /// A statement failed because the database could not be reached. The first failure of an
-    /// outage is logged as a warning; later ones only at debug level. Returns how long the
+    /// What to do after `error` while `what`: a connection that could not be had or broke is an
+    /// outage ([`Health::unreachable`]); anything else the database said is a refusal
+    /// ([`Health::refused`]).
+    pub(crate) fn failed(&self, what: &str, error: &crate::Error) {
+        if error.is_connection() {
+            self.unreachable(what, error);
+        } else {
+            self.refused(what, error);
+        }
+    }
+
+    /// The database could not be reached (or did not answer in time). The first failure of an
+    /// outage is a warning; later ones are logged at debug level only. Returns how long the
     /// outage has lasted.
-    pub(crate) fn failed(&self, what: &str, error: &dyn std::fmt::Display) -> Duration {
+    pub(crate) fn unreachable(&self, what: &str, error: &dyn std::fmt::Display) -> Duration {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match s.since {
             Some(since) => {
@@ -70,6 +83,19 @@ impl Health {
         }
     }
 
+    /// The database answered with an error (not a lost connection): said once as a warning,
+    /// and again only when it says something else. It is retried like an outage.
+    pub(crate) fn refused(&self, what: &str, error: &dyn std::fmt::Display) {
+        let text = format!("{what}: {error}");
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.refused.as_deref() == Some(text.as_str()) {
+            tracing::debug!("{text} (again; retrying)");
+        } else {
+            tracing::warn!("the database ({}) refused {text}; retrying", self.endpoint);
+            s.refused = Some(text);
+        }
+    }
+
     /// A statement went through: if an outage was on, it is over, and that is said once.
     pub(crate) fn answered(&self) {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -79,6 +105,14 @@ impl Health {
                 self.endpoint,
                 since.elapsed().as_secs_f64()
             );
+        }
+    }
+
+    /// Claims go through again: a refusal said before may be said again if it comes back.
+    pub(crate) fn claims_work(&self) {
+        self.answered();
+        if let Ok(mut s) = self.state.lock() {
+            s.refused = None;
         }
     }
 
@@ -107,12 +141,15 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_outage_is_one_span() {
         let h = Health::new("PostgreSQL at 127.0.0.1:1");
-        assert_eq!(h.failed("claiming", &"refused"), Duration::ZERO);
+        assert_eq!(h.unreachable("claiming", &"refused"), Duration::ZERO);
         tokio::time::advance(Duration::from_secs(3)).await;
-        assert_eq!(h.failed("claiming", &"refused"), Duration::from_secs(3));
+        assert_eq!(
+            h.unreachable("claiming", &"refused"),
+            Duration::from_secs(3)
+        );
         h.answered();
         // A new failure after an answer starts a new outage.
-        assert_eq!(h.failed("claiming", &"refused"), Duration::ZERO);
+        assert_eq!(h.unreachable("claiming", &"refused"), Duration::ZERO);
         assert_eq!(h.outages(), 2);
     }
 }

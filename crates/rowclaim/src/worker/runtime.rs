@@ -12,13 +12,18 @@
 //!   later than the database's own deadline;
 //! - a waiting row is started only while `confirmed + lease - margin` is still ahead; otherwise
 //!   another worker may already hold it, and it is given up;
-//! - renewals and results are retried until `confirmed + lease`; then the row is given up (it
-//!   comes back through its lease), and its job, if still running, is stopped.
+//! - renewals are retried until a little before `confirmed + lease` (the time the handler needs
+//!   to stop), results until `confirmed + lease`; then the rows are given up (they come back
+//!   through their lease) and their running jobs stopped.
+//!
+//! Rows are given up only through [`Held::give_up`], which also stops their jobs; and every
+//! heartbeat stops any running job whose row its claim no longer looks after, however it got
+//! there. So a job never runs on for a row this worker let go.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -87,21 +92,26 @@ struct Shared {
     /// Set when a handler aborted: the worker stops with this error.
     fatal: Mutex<Option<Error>>,
     fatal_set: Notify,
+    /// The worker stops its jobs: a supervisor that starts after this gives its row back.
+    closing: AtomicBool,
+    /// Stopping now: a result gets one try, not retries until its lease ends.
+    hurry: AtomicBool,
 }
 
 impl Shared {
     /// How long one renewal or result may take before it counts as lost and is tried again:
-    /// a third of the lease (at least 2 s), and never past the end of the lease.
-    fn attempt_timeout(&self, lease_end: Instant) -> Duration {
+    /// a third of the lease (at least 2 s), and never past `until`.
+    fn attempt_timeout(&self, until: Instant) -> Duration {
         let most = (self.cfg.lease / 3).max(Duration::from_secs(2));
-        lease_end
-            .saturating_duration_since(Instant::now())
-            .min(most)
+        until.saturating_duration_since(Instant::now()).min(most)
     }
 
-    /// How long a claim may take: claims retry deadlocks and lost races inside, so be generous.
+    /// How long a claim may take (claims retry deadlocks and lost races inside). Rows claimed
+    /// after longer than their lease would come back already expired.
     fn claim_timeout(&self) -> Duration {
-        self.cfg.lease.max(Duration::from_secs(10))
+        self.cfg
+            .lease
+            .clamp(Duration::from_secs(2), Duration::from_secs(30))
     }
 
     fn abort(&self, e: Error) {
@@ -121,13 +131,23 @@ struct Held {
     lease: Duration,
     /// When the database last confirmed the lease (see the module docs).
     confirmed: Mutex<Instant>,
-    /// Stop switches of the claim's rows that are running.
+    /// Stop switches of the claim's rows whose handler is running.
     running: Mutex<HashMap<RowId, watch::Sender<Option<StopReason>>>>,
     /// The heartbeat gave the whole claim up (its lease could not be renewed in time).
-    abandoned: std::sync::atomic::AtomicBool,
+    abandoned: AtomicBool,
 }
 
 impl Held {
+    fn new(claim: Claim) -> Arc<Held> {
+        Arc::new(Held {
+            lease: claim.lease(),
+            confirmed: Mutex::new(claim.claimed_at().into()),
+            running: Mutex::default(),
+            abandoned: AtomicBool::new(false),
+            claim,
+        })
+    }
+
     fn lease_end(&self) -> Instant {
         *self.confirmed.lock().unwrap_or_else(|p| p.into_inner()) + self.lease
     }
@@ -158,9 +178,51 @@ impl Held {
             let _ = switch.send(Some(reason));
         }
     }
+
+    /// Stops every running job whose row the claim no longer looks after (lost, given up, or
+    /// dropped with a broken transaction). A switch is removed before its result is recorded,
+    /// so a registered switch always belongs to a handler still running.
+    fn stop_forgotten(&self) {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        for (id, switch) in running.iter() {
+            if !self.claim.is_open(id) {
+                let _ = switch.send(Some(StopReason::LeaseLost));
+            }
+        }
+    }
+
+    /// Gives rows up: this worker stops looking after them (they come back when their lease
+    /// ends) and stops their jobs, if running.
+    fn give_up(self: &Arc<Self>, ids: &[RowId]) {
+        ids.iter().for_each(|id| self.claim.forget(id));
+        self.stop(ids, StopReason::LeaseLost);
+        if self.claim.open_count() == 0 {
+            let me = self.clone();
+            tokio::spawn(async move { me.claim.commit_if_done().await });
+        }
+    }
+
+    /// Whether rows of this claim that are gone were given up by this worker, not taken by
+    /// another.
+    fn lost_counter<'t>(&self, t: &'t Tally) -> &'t AtomicU64 {
+        if self.abandoned.load(Ordering::Relaxed) {
+            &t.given_up
+        } else {
+            &t.lost
+        }
+    }
 }
 
-type Claiming = Pin<Box<dyn Future<Output = (Instant, Option<Result<Claim>>)> + Send>>;
+/// A task that is aborted when this handle is dropped, so that nothing outlives the worker.
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+type Claiming = Pin<Box<dyn Future<Output = Option<Result<Claim>>> + Send>>;
 
 /// Runs the worker until `--until-empty` finds nothing left, the phase leaves [`Phase::Run`], or
 /// a handler aborts; then shuts down as the phase says.
@@ -181,20 +243,25 @@ pub(crate) async fn run(
         tally: Tally::default(),
         fatal: Mutex::new(None),
         fatal_set: Notify::new(),
+        closing: AtomicBool::new(false),
+        hurry: AtomicBool::new(false),
     });
     let wake = Arc::new(Notify::new());
-    let listener = wakeups
+    let _listener = wakeups
         .filter(Wakeups::listening)
-        .map(|w| tokio::spawn(listen(w, wake.clone())));
+        .map(|w| AbortOnDrop(tokio::spawn(listen(w, wake.clone()))));
 
     let mut waiting: VecDeque<(Arc<Held>, ClaimedRow)> = VecDeque::new();
+    // Supervisors of started rows, and heartbeats of claims: dropping these sets aborts them.
     let mut jobs: JoinSet<()> = JoinSet::new();
+    let mut beats: JoinSet<()> = JoinSet::new();
     let mut helds: Vec<Arc<Held>> = Vec::new();
     let mut claiming: Option<Claiming> = None;
     let mut failures = 0u32;
+    let mut failing_since: Option<Instant> = None;
     let mut retry_at: Option<Instant> = None;
-    // The last claim came back empty: wait for a wake-up, the poll interval or a job's end.
-    let mut idle = false;
+    // The last claim came back empty: look again at this time, or at a wake-up.
+    let mut idle_until: Option<Instant> = None;
     let mut outcome: Result<()> = Ok(());
 
     loop {
@@ -208,35 +275,32 @@ pub(crate) async fn run(
             };
             if !held.claim.is_open(&row.id) {
                 // A heartbeat found it taken over, or gave it up, before it started.
-                add(if held.abandoned.load(Ordering::Relaxed) {
-                    &sh.tally.given_up
-                } else {
-                    &sh.tally.lost
-                });
+                add(held.lost_counter(&sh.tally));
                 continue;
             }
             if !held.may_start(sh.renews) {
                 // Its lease could not be confirmed in time: another worker may hold it by now.
-                held.claim.forget(&row.id);
-                add(&sh.tally.given_up);
                 tracing::debug!("row {}: not started, its lease may have ended", row.id);
+                held.give_up(std::slice::from_ref(&row.id));
+                add(&sh.tally.given_up);
                 continue;
             }
             jobs.spawn(supervise(sh.clone(), held, row));
         }
         helds.retain(|h| h.claim.open_count() > 0);
+        while beats.try_join_next().is_some() {}
 
         let room = sh
             .cfg
             .most
             .saturating_sub(jobs.len() + waiting.len())
             .min(sh.cfg.batch as usize);
-        if claiming.is_none() && room > 0 && !idle && retry_at.is_none() {
+        if claiming.is_none() && room > 0 && idle_until.is_none() && retry_at.is_none() {
             let (claimer, lease, limit) = (sh.claimer.clone(), sh.cfg.lease, sh.claim_timeout());
             claiming = Some(Box::pin(async move {
-                let sent = Instant::now();
-                let got = tokio::time::timeout(limit, claimer.claim(room as u32, lease)).await;
-                (sent, got.ok())
+                tokio::time::timeout(limit, claimer.claim(room as u32, lease))
+                    .await
+                    .ok()
             }));
         }
 
@@ -245,10 +309,12 @@ pub(crate) async fn run(
             _ = phase.changed() => {}
             () = sh.fatal_set.notified() => {}
             Some(_) = jobs.join_next(), if !jobs.is_empty() => {
-                // Under --until-empty a finished job may have put its row back: look again.
-                idle &= !sh.cfg.until_empty;
+                if sh.cfg.until_empty {
+                    // A finished job may have put its row back (a retry, a release): look again.
+                    idle_until = None;
+                }
             }
-            (sent, got) = async {
+            got = async {
                 match claiming.as_mut() {
                     Some(c) => c.await,
                     None => std::future::pending().await,
@@ -256,35 +322,23 @@ pub(crate) async fn run(
             }, if claiming.is_some() => {
                 claiming = None;
                 match got {
-                    Some(Ok(claim)) if claim.is_empty() => {
-                        sh.health.answered();
-                        failures = 0;
-                        if sh.cfg.until_empty && jobs.is_empty() && waiting.is_empty() {
-                            match sh.claimer.backlog().await {
-                                Ok(b) if !b.has_work() => break,
-                                Ok(_) => {}
-                                Err(e) => {
-                                    sh.health.failed("counting the rows left", &e);
-                                }
-                            }
-                        }
-                        idle = true;
-                    }
                     Some(Ok(claim)) => {
-                        sh.health.answered();
-                        failures = 0;
-                        let held = Arc::new(Held {
-                            lease: claim.lease(),
-                            confirmed: Mutex::new(sent),
-                            running: Mutex::default(),
-                            abandoned: Default::default(),
-                            claim,
-                        });
+                        sh.health.claims_work();
+                        (failures, failing_since) = (0, None);
+                        if claim.is_empty() {
+                            let nothing_running = jobs.is_empty() && waiting.is_empty();
+                            if sh.cfg.until_empty && nothing_running && no_work_left(&sh).await {
+                                break;
+                            }
+                            idle_until = Some(Instant::now() + sh.cfg.poll);
+                            continue;
+                        }
+                        let held = Held::new(claim);
                         for row in held.claim.rows() {
                             waiting.push_back((held.clone(), row.clone()));
                         }
                         if sh.renews {
-                            tokio::spawn(heartbeat(sh.clone(), held.clone()));
+                            beats.spawn(heartbeat(sh.clone(), held.clone()));
                         }
                         helds.push(held);
                     }
@@ -294,10 +348,21 @@ pub(crate) async fn run(
                     }
                     failed => {
                         let why = match &failed {
-                            Some(Err(e)) => e.to_string(),
-                            _ => format!("no answer within {}", humantime::format_duration(sh.claim_timeout())),
+                            Some(Err(e)) => {
+                                sh.health.failed("claiming rows", e);
+                                e.to_string()
+                            }
+                            _ => {
+                                let why = format!(
+                                    "no answer within {}",
+                                    humantime::format_duration(sh.claim_timeout())
+                                );
+                                sh.health.unreachable("claiming rows", &why);
+                                why
+                            }
                         };
-                        let lasted = sh.health.failed("claiming rows", &why);
+                        let since = *failing_since.get_or_insert_with(Instant::now);
+                        let lasted = since.elapsed();
                         if sh.cfg.give_up_after.is_some_and(|limit| lasted >= limit) {
                             outcome = Err(Error::GaveUp { lasted, last: why });
                             break;
@@ -308,45 +373,44 @@ pub(crate) async fn run(
                 }
             }
             () = sleep_until(retry_at), if retry_at.is_some() => retry_at = None,
-            () = wake.notified(), if idle => idle = false,
-            () = tokio::time::sleep(sh.cfg.poll), if idle => idle = false,
+            () = wake.notified(), if idle_until.is_some() => idle_until = None,
+            () = sleep_until(idle_until), if idle_until.is_some() => idle_until = None,
         }
     }
 
-    let stop_now = *phase.borrow() == Phase::Now || outcome.is_err();
-    // A claim under way finishes (its rows are given back below), unless stopping now: then its
-    // rows, if it got any, come back through their lease.
+    // ---- Shutdown: rows not started go back; running jobs get the grace period (none when
+    // stopping now), then are stopped, and their supervisors give their rows back.
+    let stopping_now = |p: &watch::Receiver<Phase>| *p.borrow() == Phase::Now;
+    let mut wait_for_now = phase.clone();
+    let now = async move {
+        // The switch outlives this function (the caller holds it), so this only ends on Now.
+        if wait_for_now.wait_for(|p| *p == Phase::Now).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::pin!(now);
     if let Some(claiming) = claiming.take() {
-        if !stop_now {
-            if let (sent, Some(Ok(claim))) = claiming.await {
-                let held = Arc::new(Held {
-                    lease: claim.lease(),
-                    confirmed: Mutex::new(sent),
-                    running: Mutex::default(),
-                    abandoned: Default::default(),
-                    claim,
-                });
-                for row in held.claim.rows() {
-                    waiting.push_back((held.clone(), row.clone()));
-                }
-                helds.push(held);
+        // A claim under way finishes, so that its rows go back now rather than at lease end.
+        if !stopping_now(&phase) && outcome.is_ok() {
+            tokio::select! {
+                got = claiming => if let Some(Ok(claim)) = got {
+                    let held = Held::new(claim);
+                    for row in held.claim.rows() {
+                        waiting.push_back((held.clone(), row.clone()));
+                    }
+                    helds.push(held);
+                },
+                () = &mut now => {}
             }
         }
     }
-    release_waiting(&sh, waiting).await;
-
-    // Running jobs get the grace period (none when stopping now), then are stopped; their
-    // supervisors give their rows back.
-    if !stop_now && !jobs.is_empty() {
+    tokio::select! {
+        () = release_waiting(&sh, waiting) => {}
+        () = &mut now => {}
+    }
+    if !stopping_now(&phase) && outcome.is_ok() && !sh.aborted() {
         let grace = tokio::time::sleep(sh.cfg.grace);
         tokio::pin!(grace);
-        let now = async {
-            // The switch outlives this function (the caller holds it), so this only ends on Now.
-            if phase.wait_for(|p| *p == Phase::Now).await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        };
-        tokio::pin!(now);
         loop {
             tokio::select! {
                 r = jobs.join_next() => if r.is_none() { break },
@@ -355,20 +419,22 @@ pub(crate) async fn run(
             }
         }
     }
+    let interrupted = stopping_now(&phase);
+    sh.hurry
+        .store(interrupted || outcome.is_err(), Ordering::SeqCst);
+    sh.closing.store(true, Ordering::SeqCst);
     for held in &helds {
         held.stop_all(StopReason::Shutdown);
     }
-    // Supervisors end soon after a stop: the handler's wind-down, then one try to give the row
-    // back. Past that, whatever is left comes back through its lease.
+    // Supervisors end soon after a stop: the handler's wind-down, then giving the row back.
+    // Past that, whatever is left comes back through its lease.
     let wind_down = sh.handler.stop_grace() + Duration::from_secs(10);
     let _ = tokio::time::timeout(wind_down, async {
         while jobs.join_next().await.is_some() {}
     })
     .await;
     jobs.abort_all();
-    if let Some(l) = listener {
-        l.abort();
-    }
+    beats.abort_all();
 
     let fatal = sh.fatal.lock().map(|mut f| f.take()).unwrap_or(None);
     if let Some(e) = fatal {
@@ -387,7 +453,7 @@ pub(crate) async fn run(
         given_up: n(&t.given_up),
         unconfirmed: n(&t.unconfirmed),
         outages: sh.health.outages(),
-        interrupted: *phase.borrow() == Phase::Now,
+        interrupted,
     })
 }
 
@@ -398,9 +464,26 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// Gives back rows that never started, one statement per claim. One try each, bounded: at
-/// shutdown there is no time to wait out an outage, and unreleased rows come back through their
-/// lease anyway.
+/// Under `--until-empty`, after an empty claim with nothing running: whether no row is left
+/// that could still need a worker. When the count fails, the answer is "some may be".
+async fn no_work_left(sh: &Shared) -> bool {
+    match tokio::time::timeout(sh.claim_timeout(), sh.claimer.backlog()).await {
+        Ok(Ok(backlog)) => !backlog.has_work(),
+        Ok(Err(e)) => {
+            sh.health.failed("counting the rows left", &e);
+            false
+        }
+        Err(_) => {
+            sh.health
+                .unreachable("counting the rows left", &"no answer in time");
+            false
+        }
+    }
+}
+
+/// Gives back rows that never started, one statement per claim, all claims at once. One try
+/// each, within a few seconds: at shutdown there is no time to wait out an outage; rows not
+/// given back come back through their lease.
 async fn release_waiting(sh: &Shared, waiting: VecDeque<(Arc<Held>, ClaimedRow)>) {
     let mut by_claim: Vec<(Arc<Held>, Vec<RowId>)> = Vec::new();
     for (held, row) in waiting {
@@ -409,9 +492,16 @@ async fn release_waiting(sh: &Shared, waiting: VecDeque<(Arc<Held>, ClaimedRow)>
             None => by_claim.push((held, vec![row.id])),
         }
     }
+    let mut releases = JoinSet::new();
     for (held, ids) in by_claim {
-        let limit = Duration::from_secs(5).min(sh.claim_timeout());
-        match tokio::time::timeout(limit, held.claim.release_rows(&ids)).await {
+        releases.spawn(async move {
+            let limit = Duration::from_secs(5);
+            let result = tokio::time::timeout(limit, held.claim.release_rows(&ids)).await;
+            (held, ids, result)
+        });
+    }
+    while let Some(Ok((held, ids, result))) = releases.join_next().await {
+        match result {
             Ok(Ok(lost)) => {
                 let released = ids.len() - lost.len();
                 sh.tally
@@ -421,25 +511,30 @@ async fn release_waiting(sh: &Shared, waiting: VecDeque<(Arc<Held>, ClaimedRow)>
                     .lost
                     .fetch_add(lost.len() as u64, Ordering::Relaxed);
             }
-            Ok(Err(e)) => {
-                tracing::warn!(
-                    "giving back {} unstarted row(s): {e}; they come back when their lease ends",
-                    ids.len()
-                );
-                held.claim.abandon().await;
-            }
-            Err(_) => {
-                held.claim.abandon().await;
+            failed => {
+                if let Ok(Err(e)) = failed {
+                    tracing::warn!(
+                        "giving back {} unstarted row(s): {e}; they come back when their lease \
+                         ends",
+                        ids.len()
+                    );
+                }
+                held.give_up(&ids);
+                sh.tally
+                    .given_up
+                    .fetch_add(ids.len() as u64, Ordering::Relaxed);
             }
         }
     }
 }
 
 /// Renews one claim's lease every third of it until every row is settled or given up. A row it
-/// finds lost is stopped; when renewals keep failing until the lease may have ended, every row
-/// of the claim is given up and its running jobs stopped.
+/// finds lost is stopped; when renewals keep failing until the lease may soon end, every row of
+/// the claim is given up and its running jobs stopped, early enough for the handler to stop
+/// before the lease ends (a quarter of the lease at most).
 async fn heartbeat(sh: Arc<Shared>, held: Arc<Held>) {
     let every = held.lease / 3;
+    let early = sh.handler.stop_grace().min(held.lease / 4);
     let mut failures = 0u32;
     loop {
         let next = if failures == 0 {
@@ -447,42 +542,49 @@ async fn heartbeat(sh: Arc<Shared>, held: Arc<Held>) {
         } else {
             Instant::now() + pause(failures - 1)
         };
+        let give_up_at = held.lease_end() - early;
         tokio::select! {
-            () = tokio::time::sleep_until(next.min(held.lease_end())) => {}
+            () = tokio::time::sleep_until(next.min(give_up_at)) => {}
             () = held.claim.all_settled() => {}
         }
-        if held.claim.open_rows().is_empty() {
+        held.stop_forgotten();
+        if held.claim.open_count() == 0 {
+            return;
+        }
+        if failures > 0 && Instant::now() >= give_up_at {
+            // From now on another worker may soon hold these rows: stop their jobs, give them up.
+            held.abandoned.store(true, Ordering::Relaxed);
+            let rows = held.claim.open_rows();
+            tracing::debug!(
+                "claim {}: lease not renewed in time, {} row(s) given up",
+                held.claim.token(),
+                rows.len()
+            );
+            held.give_up(&rows);
             return;
         }
         let sent = Instant::now();
-        let limit = sh.attempt_timeout(held.lease_end());
+        let limit = sh.attempt_timeout(give_up_at);
         match tokio::time::timeout(limit, held.claim.beat()).await {
-            Ok(Ok(lost)) => {
+            Ok(Ok(beat)) => {
                 sh.health.answered();
-                held.confirm(sent);
-                failures = 0;
-                held.stop(&lost, StopReason::LeaseLost);
+                held.stop(&beat.lost, StopReason::LeaseLost);
+                if beat.renewed {
+                    held.confirm(sent);
+                    failures = 0;
+                } else {
+                    failures += 1;
+                }
             }
             Ok(Err(e)) => {
                 sh.health.failed("renewing leases", &e);
                 failures += 1;
             }
             Err(_) => {
-                sh.health.failed("renewing leases", &"no answer in time");
+                sh.health
+                    .unreachable("renewing leases", &"no answer in time");
                 failures += 1;
             }
-        }
-        if failures > 0 && Instant::now() >= held.lease_end() {
-            // From now on another worker may hold these rows: stop their jobs, give them up.
-            held.abandoned.store(true, Ordering::Relaxed);
-            let rows = held.claim.abandon().await;
-            tracing::debug!(
-                "claim {}: lease not renewed in time, {} row(s) given up",
-                held.claim.token(),
-                rows.len()
-            );
-            held.stop_all(StopReason::LeaseLost);
-            return;
         }
     }
 }
@@ -515,12 +617,13 @@ enum Ended {
 /// requests; then records the result.
 async fn supervise(sh: Arc<Shared>, held: Arc<Held>, row: ClaimedRow) {
     let id = row.id.clone();
+    let t = &sh.tally;
     let job = if sh.managed {
         match Job::from_row(&row) {
             Ok(job) => Some(job),
             Err(e) => {
                 let outcome = Outcome::Failed(Some(e.to_string()));
-                return record(&sh, &held, &id, outcome, &sh.tally.dead).await;
+                return record(&sh, &held, &id, outcome, &t.dead).await;
             }
         }
     } else {
@@ -529,21 +632,28 @@ async fn supervise(sh: Arc<Shared>, held: Arc<Held>, row: ClaimedRow) {
     // A job whose lease ran out on its last attempt (its worker died) must not run again.
     if let Some(job) = job.as_ref().filter(|j| j.exhausted()) {
         let why = format!("no attempts left after {} runs", job.max_attempts);
-        return record(&sh, &held, &id, Outcome::Failed(Some(why)), &sh.tally.dead).await;
+        return record(&sh, &held, &id, Outcome::Failed(Some(why)), &t.dead).await;
     }
 
-    let (switch, stop) = watch::channel(None);
+    let (switch, mut stop) = watch::channel(None);
     held.running
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(id.clone(), switch.clone());
-    if !held.claim.is_open(&id) {
-        // Lost between leaving the queue and now.
+    // Checked after registering, so that no stop can fall between the check and the start.
+    let unregister = || {
         held.running
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id);
-        return add(&sh.tally.lost);
+    };
+    if !held.claim.is_open(&id) {
+        unregister();
+        return add(held.lost_counter(t));
+    }
+    if sh.closing.load(Ordering::SeqCst) {
+        unregister();
+        return record(&sh, &held, &id, Outcome::Ready, &t.released).await;
     }
     let limit = job.as_ref().and_then(|j| j.timeout).or(sh.cfg.timeout);
     let task = Task {
@@ -553,28 +663,33 @@ async fn supervise(sh: Arc<Shared>, held: Arc<Held>, row: ClaimedRow) {
         stop: stop.clone(),
     };
     let handler = sh.handler.clone();
-    let mut run = tokio::spawn(async move { handler.run(task).await });
+    let mut run = AbortOnDrop(tokio::spawn(async move { handler.run(task).await }));
     let deadline = limit.map(|l| Instant::now() + l);
-    let mut stop_rx = stop;
     let ended = tokio::select! {
-        r = &mut run => joined(r),
+        // A result that is there wins over a stop that came at the same moment.
+        biased;
+        r = &mut run.0 => {
+            let stop = *switch.borrow();
+            match (joined(r), stop) {
+                // A handler that stops itself may end before this select sees the stop: what
+                // it says then is about the stop, unless it finished the work anyway.
+                (ended @ Ended::Result(TaskResult::Done), _) | (ended, None) => ended,
+                (_, Some(reason)) => Ended::Stopped(reason),
+            }
+        }
+        reason = async { stop.wait_for(Option::is_some).await.ok().and_then(|r| *r) } => {
+            wind_down(&sh, run).await;
+            Ended::Stopped(reason.unwrap_or(StopReason::Shutdown))
+        }
         () = sleep_until(deadline) => {
             let reason = StopReason::TimedOut(limit.unwrap_or_default());
             let _ = switch.send(Some(reason));
             wind_down(&sh, run).await;
             Ended::Stopped(reason)
         }
-        reason = async { stop_rx.wait_for(Option::is_some).await.ok().and_then(|r| *r) } => {
-            wind_down(&sh, run).await;
-            Ended::Stopped(reason.unwrap_or(StopReason::Shutdown))
-        }
     };
-    held.running
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&id);
+    unregister();
 
-    let t = &sh.tally;
     let failure = |why: String| match &job {
         Some(job) if job.attempt < job.max_attempts => (
             Outcome::Retry {
@@ -589,10 +704,10 @@ async fn supervise(sh: Arc<Shared>, held: Arc<Held>, row: ClaimedRow) {
     let (outcome, counter) = match ended {
         Ended::Result(TaskResult::Done) => (Outcome::Done, &t.completed),
         Ended::Result(TaskResult::Failed(why)) => failure(why),
-        Ended::Result(TaskResult::Dead(why)) => (
-            Outcome::Failed(Some(why)),
-            if job.is_some() { &t.dead } else { &t.failed },
-        ),
+        Ended::Result(TaskResult::Dead(why)) => {
+            let counter = if job.is_some() { &t.dead } else { &t.failed };
+            (Outcome::Failed(Some(why)), counter)
+        }
         Ended::Result(TaskResult::Abort(why)) => {
             sh.abort(Error::HandlerAborted(why));
             (Outcome::Ready, &t.released)
@@ -607,11 +722,13 @@ async fn supervise(sh: Arc<Shared>, held: Arc<Held>, row: ClaimedRow) {
         }
         Ended::Stopped(StopReason::LeaseLost) => {
             held.claim.forget(&id);
-            tracing::warn!(
-                "row {id}: stopped: its lease was lost (another worker holds it now, or it was \
-                 cancelled)"
-            );
-            return add(&t.lost);
+            if !held.abandoned.load(Ordering::Relaxed) {
+                tracing::warn!(
+                    "row {id}: stopped: its lease was lost (another worker holds it now, or it \
+                     was cancelled)"
+                );
+            }
+            return add(held.lost_counter(t));
         }
         Ended::Stopped(StopReason::Shutdown) => (Outcome::Ready, &t.released),
     };
@@ -636,73 +753,92 @@ fn joined(r: std::result::Result<TaskResult, tokio::task::JoinError>) -> Ended {
 }
 
 /// After a stop request: lets the handler wind down for its stop grace, then drops it.
-async fn wind_down(sh: &Shared, mut run: JoinHandle<TaskResult>) {
+async fn wind_down(sh: &Shared, mut run: AbortOnDrop<TaskResult>) {
     let grace = sh.handler.stop_grace();
-    if !grace.is_zero() && tokio::time::timeout(grace, &mut run).await.is_ok() {
+    if !grace.is_zero() && tokio::time::timeout(grace, &mut run.0).await.is_ok() {
         return;
     }
-    run.abort();
-    let _ = run.await;
+    run.0.abort();
+    let _ = (&mut run.0).await;
 }
 
-/// Records a row's outcome, retrying while the database cannot be reached, until the lease
-/// may end; then gives the row up (it comes back through its lease).
-async fn record(sh: &Shared, held: &Held, id: &RowId, outcome: Outcome, counter: &AtomicU64) {
+/// Records a row's outcome, retrying while the database fails, until the lease would end (a
+/// source whose claims never expire: until the worker stops now); then gives the row up, and
+/// it comes back through its lease.
+async fn record(sh: &Shared, held: &Arc<Held>, id: &RowId, outcome: Outcome, counter: &AtomicU64) {
     let mut failures = 0u32;
     // A try whose answer was lost may have gone through: a refusal after it proves nothing.
     let mut uncertain = false;
+    let most = (sh.cfg.lease / 3).max(Duration::from_secs(2));
+    let give_up = || {
+        if sh.renews {
+            tracing::debug!("row {id}: result not recorded before its lease may end; given up");
+        } else {
+            tracing::warn!(
+                "row {id}: its result could not be recorded, and without a lease column it stays \
+                 claimed: give it back with `rowclaim release`"
+            );
+        }
+        held.give_up(std::slice::from_ref(id));
+        add(&sh.tally.given_up);
+    };
     loop {
-        let limit = sh
-            .attempt_timeout(held.lease_end())
-            .max(Duration::from_millis(500));
-        let why =
-            match tokio::time::timeout(limit, held.claim.settle_keep(id, outcome.clone())).await {
-                Ok(Ok(())) => {
-                    sh.health.answered();
-                    return add(counter);
-                }
-                Ok(Err(Error::LeaseLost { .. })) if uncertain => {
+        let deadline = sh.renews.then(|| held.lease_end());
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return give_up();
+        }
+        let limit = deadline.map_or(most, |d| sh.attempt_timeout(d));
+        match tokio::time::timeout(limit, held.claim.settle_keep(id, outcome.clone())).await {
+            Ok(Ok(())) => {
+                sh.health.answered();
+                return add(counter);
+            }
+            Ok(Err(Error::LeaseLost { ids, .. })) => {
+                // With the transaction strategy a broken transaction loses every row at once:
+                // stop the jobs of the others too.
+                held.stop(&ids, StopReason::LeaseLost);
+                if uncertain {
                     tracing::debug!(
                         "row {id}: its result was most likely recorded before the connection broke"
                     );
                     return add(&sh.tally.unconfirmed);
                 }
-                Ok(Err(Error::LeaseLost { .. })) => {
+                if !held.abandoned.load(Ordering::Relaxed) {
                     tracing::warn!(
                         "row {id}: its result was refused: the row is no longer this worker's \
-                     (its lease expired and another worker took it, or it was cancelled)"
+                         (its lease expired and another worker took it, or it was cancelled)"
                     );
-                    return add(&sh.tally.lost);
                 }
-                Ok(Err(e)) if e.is_connection() || matches!(e, Error::Database(_)) => {
-                    if let Error::Database(d) = &e {
-                        uncertain |= crate::error::may_have_happened(d);
-                    }
-                    e.to_string()
+                return add(held.lost_counter(&sh.tally));
+            }
+            Ok(Err(e)) if e.is_connection() || matches!(e, Error::Database(_)) => {
+                if let Error::Database(d) = &e {
+                    uncertain |= crate::error::may_have_happened(d);
                 }
-                Ok(Err(e)) => {
-                    tracing::warn!("row {id}: its result could not be recorded: {e}");
-                    held.claim.forget(id);
+                sh.health.failed("recording results", &e);
+            }
+            Ok(Err(e)) => {
+                tracing::warn!("row {id}: its result could not be recorded: {e}");
+                held.give_up(std::slice::from_ref(id));
+                return add(&sh.tally.given_up);
+            }
+            Err(_) => {
+                uncertain = true;
+                if sh.claimer.strategy() == Strategy::Transaction {
+                    // The held transaction is in an unknown state: give the whole claim up.
+                    held.abandoned.store(true, Ordering::Relaxed);
+                    held.claim.abandon().await;
+                    held.stop_all(StopReason::LeaseLost);
                     return add(&sh.tally.given_up);
                 }
-                Err(_) => {
-                    uncertain = true;
-                    if sh.claimer.strategy() == Strategy::Transaction {
-                        // The held transaction is in an unknown state: give the whole claim up.
-                        held.claim.abandon().await;
-                        held.stop_all(StopReason::LeaseLost);
-                        return add(&sh.tally.given_up);
-                    }
-                    "no answer in time".to_owned()
-                }
-            };
-        sh.health.failed("recording results", &why);
+                sh.health
+                    .unreachable("recording results", &"no answer in time");
+            }
+        }
         let wait = pause(failures);
         failures += 1;
-        if Instant::now() + wait >= held.lease_end() {
-            tracing::debug!("row {id}: result not recorded before its lease may end; given up");
-            held.claim.forget(id);
-            return add(&sh.tally.given_up);
+        if sh.hurry.load(Ordering::SeqCst) || deadline.is_some_and(|d| Instant::now() + wait >= d) {
+            return give_up();
         }
         tokio::time::sleep(wait).await;
     }
