@@ -621,9 +621,15 @@ impl Claim {
             let c = &self.claimer.inner;
             let list = IdList::new(c.m.id_kind, std::slice::from_ref(id))?;
             if let Err(e) = c.db.backend.held_settle(h, &c.m, &list, outcome).await {
-                // A failed statement poisons the transaction: every row of it is given up.
+                // A failed statement poisons the transaction (a deadlock victim's is rolled back
+                // whole by the server): every row of it went back, and is given up here at once
+                // so that the jobs still running on them can be stopped.
                 *held = None;
-                return Err(self.lost_if_gone(e));
+                tracing::warn!(
+                    "the transaction holding claim {} failed ({e}); its rows went back",
+                    self.token
+                );
+                return Err(self.lost(self.forget_all()));
             }
             // The transaction commits once every row is settled. A row given up meanwhile (the
             // claim was abandoned) is not this claim's to settle any more.

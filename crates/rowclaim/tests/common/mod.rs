@@ -193,8 +193,13 @@ impl TestDb {
 
     /// Creates `jobs` with every optional column and `n` ready rows (id 1..=n).
     pub async fn jobs(&self, n: i64) {
+        self.jobs_table("jobs", n).await;
+    }
+
+    /// Creates a table like [`TestDb::jobs`] under another name.
+    pub async fn jobs_table(&self, table: &str, n: i64) {
         self.exec(&format!(
-            "CREATE TABLE jobs (
+            "CREATE TABLE {table} (
                 id BIGINT PRIMARY KEY,
                 status VARCHAR(20) NOT NULL,
                 owner VARCHAR(64) NULL,
@@ -205,11 +210,16 @@ impl TestDb {
             self.lease_type()
         ))
         .await;
-        self.exec("CREATE INDEX jobs_status ON jobs (status)").await;
-        self.insert_jobs(1, n).await;
+        self.exec(&format!("CREATE INDEX {table}_status ON {table} (status)"))
+            .await;
+        self.insert_rows(table, 1, n).await;
     }
 
     pub async fn insert_jobs(&self, from: i64, to: i64) {
+        self.insert_rows("jobs", from, to).await;
+    }
+
+    async fn insert_rows(&self, table: &str, from: i64, to: i64) {
         let mut id = from;
         while id <= to {
             let end = (id + 499).min(to);
@@ -217,7 +227,7 @@ impl TestDb {
                 .map(|i| format!("({i}, 'ready', {}, 'job {i}')", (i * 7919) % 13))
                 .collect();
             self.exec(&format!(
-                "INSERT INTO jobs (id, status, priority, payload) VALUES {}",
+                "INSERT INTO {table} (id, status, priority, payload) VALUES {}",
                 values.join(", ")
             ))
             .await;
