@@ -631,6 +631,66 @@ impl Server {
             Server::My(s) => s.kill_backends(database).await,
         }
     }
+
+    /// Opens connections (to the admin database, so that killing the test database's sessions
+    /// spares them) until the server refuses one, and keeps them in `slots`.
+    async fn take_free_slots(&self, slots: &mut Vec<Slot>) {
+        use sqlx::Connection;
+        let url = self.admin_url();
+        for _ in 0..500 {
+            let slot = match self {
+                Server::Pg(_) => sqlx::PgConnection::connect(&url).await.map(Slot::Pg),
+                Server::My(_) => sqlx::MySqlConnection::connect(&url).await.map(Slot::My),
+            };
+            match slot {
+                Ok(slot) => slots.push(slot),
+                Err(_) => return,
+            }
+        }
+        panic!("the server never ran out of connection slots");
+    }
+}
+
+/// A connection held to take a connection slot of the server.
+enum Slot {
+    Pg(sqlx::PgConnection),
+    My(sqlx::MySqlConnection),
+}
+
+impl Slot {
+    /// Kills every session of `database`, through this connection (the server has no free
+    /// slot for another).
+    async fn kill_sessions(&mut self, database: &str) {
+        match self {
+            Slot::Pg(c) => {
+                sqlx::query(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                     WHERE datname = $1 AND backend_type = 'client backend' \
+                     AND pid <> pg_backend_pid()",
+                )
+                .bind(database)
+                .execute(c)
+                .await
+                .expect("kill the sessions");
+            }
+            Slot::My(c) => {
+                let ids: Vec<i64> = sqlx::query_scalar(
+                    "SELECT CAST(id AS SIGNED) FROM information_schema.processlist \
+                     WHERE db = ? AND id <> CONNECTION_ID()",
+                )
+                .bind(database)
+                .fetch_all(&mut *c)
+                .await
+                .expect("list the sessions");
+                for id in ids {
+                    // A session may be gone already.
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
+                        .execute(&mut *c)
+                        .await;
+                }
+            }
+        }
+    }
 }
 
 /// A private server, a proxy in front of it, and a test database on it: `db` reaches it
@@ -736,12 +796,15 @@ fn library_worker(worker: Worker, log: PathBuf) -> Worker {
 
 fn append(path: &Path, line: &str) {
     use std::io::Write;
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
+    // After a failed test its directory may be gone while the worker still runs: then there is
+    // nothing left to log to.
+    if let Ok(mut f) = std::fs::OpenOptions::new()
         .append(true)
+        .create(true)
         .open(path)
-        .expect("open the run log");
-    f.write_all(line.as_bytes()).expect("write the run log");
+    {
+        let _ = f.write_all(line.as_bytes());
+    }
 }
 
 /// Checks that every row of a workload ran to its end at least once, and that each run before a
@@ -1002,6 +1065,22 @@ async fn network(site: Arc<Site>, progress: Progress) -> Vec<Window> {
     vec![first, hole, last]
 }
 
+/// Another client takes every free connection slot of the server for 3 s, and the workers'
+/// sessions are killed: they must win slots back as they free up.
+async fn exhausted(site: Arc<Site>, progress: Progress) -> Vec<Window> {
+    progress.reach(0.3).await;
+    let w = window(async {
+        let mut slots = Vec::new();
+        site.server.take_free_slots(&mut slots).await;
+        slots[0].kill_sessions(&site.db.name).await;
+        site.server.take_free_slots(&mut slots).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        drop(slots);
+    })
+    .await;
+    vec![w]
+}
+
 /// `rowclaim enqueue` of 5,000 jobs whose COMMIT reaches the server but whose answer is lost:
 /// it exits 6 and says the jobs may have been enqueued; they were.
 async fn enqueue_commit_cut(backend: Backend) {
@@ -1066,6 +1145,15 @@ macro_rules! server_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn workers_ride_out_cuts_and_a_black_hole() {
             fault_scenario("connections cut twice, 5 s black hole", $backend, network).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn workers_ride_out_a_server_without_free_connections() {
+            fault_scenario(
+                "connection slots exhausted by another client, sessions killed",
+                $backend,
+                exhausted,
+            )
+            .await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn an_enqueue_whose_commit_answer_is_lost_says_so() {
