@@ -4,6 +4,7 @@
 
 #[path = "../../rowclaim/tests/common/mod.rs"]
 mod common;
+mod support;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -13,27 +14,10 @@ use std::time::Duration;
 
 use common::{with_db, Backend, TestDb};
 
-const BIN: &str = env!("CARGO_BIN_EXE_rowclaim");
-
-/// The source flags for the `jobs` table of the test harness.
-const FULL: [&str; 8] = [
-    "--table",
-    "jobs",
-    "--owner-column",
-    "owner",
-    "--lease-column",
-    "lease_until",
-    "--attempts-column",
-    "attempts",
-];
+use support::{BIN, TABLE as FULL};
 
 fn rowclaim(t: &TestDb, args: &[&str]) -> tokio::process::Command {
-    let mut c = tokio::process::Command::new(BIN);
-    c.arg("--database").arg(&t.url).args(args);
-    c.env_remove("DATABASE_URL")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    c
+    support::rowclaim(&t.url, args)
 }
 
 async fn output(t: &TestDb, args: &[&str]) -> Output {

@@ -13,6 +13,7 @@
 
 #[path = "../../rowclaim/tests/common/mod.rs"]
 mod common;
+mod support;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -23,29 +24,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use common::{with_db, Backend, TestDb};
 use tokio::process::{Child, Command};
 
-const BIN: &str = env!("CARGO_BIN_EXE_rowclaim");
-
-/// The own-table flags for the harness's `jobs` table.
-const TABLE: [&str; 8] = [
-    "--table",
-    "jobs",
-    "--owner-column",
-    "owner",
-    "--lease-column",
-    "lease_until",
-    "--attempts-column",
-    "attempts",
-];
-
-fn rowclaim(url: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.arg("--database").arg(url).args(args);
-    c.env_remove("DATABASE_URL")
-        .env_remove("ROWCLAIM_LOG")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    c
-}
+use support::{rowclaim, TABLE};
 
 /// Microseconds since the epoch: the clock the commands' `$EPOCHREALTIME` reads too.
 fn now_us() -> u64 {
@@ -67,6 +46,17 @@ fn logged(log: &Path, work: &str) -> Vec<String> {
              echo \"E $ROWCLAIM_ID ${{EPOCHREALTIME/./}} $$$WORKER\" >> {log}"
         ),
     ]
+}
+
+/// `rowclaim work SOURCE… OPTIONS… -- <logged(log, shell)>`.
+fn work(url: &str, source: &[&str], options: &[&str], log: &Path, shell: &str) -> Command {
+    let cmd = logged(log, shell);
+    let mut args = vec!["work"];
+    args.extend(source);
+    args.extend(options);
+    args.push("--");
+    args.extend(cmd.iter().map(String::as_str));
+    rowclaim(url, &args)
 }
 
 /// One run of a row, from a log of `logged` lines.
@@ -198,12 +188,8 @@ async fn ctrl_c_to_the_group(t: Arc<TestDb>) {
     t.jobs(6).await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("runs.log");
-    let cmd = logged(&log, "sleep 2");
-    let mut args: Vec<&str> = vec!["work"];
-    args.extend(TABLE);
-    args.extend(["--concurrency", "2", "--prefetch", "2", "--"]);
-    args.extend(cmd.iter().map(String::as_str));
-    let mut worker = rowclaim(&t.url, &args);
+    let options = ["--concurrency", "2", "--prefetch", "2"];
+    let mut worker = work(&t.url, &TABLE, &options, &log, "sleep 2");
     worker.process_group(0).stderr(Stdio::piped());
     let worker = worker.spawn().unwrap();
     let pid = worker.id().unwrap();
@@ -241,12 +227,8 @@ async fn second_signal(t: Arc<TestDb>) {
     t.jobs(2).await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("runs.log");
-    let cmd = logged(&log, "sleep 60");
-    let mut args: Vec<&str> = vec!["work"];
-    args.extend(TABLE);
-    args.extend(["--concurrency", "2", "--kill-after", "2s", "--"]);
-    args.extend(cmd.iter().map(String::as_str));
-    let mut worker = rowclaim(&t.url, &args);
+    let options = ["--concurrency", "2", "--kill-after", "2s"];
+    let mut worker = work(&t.url, &TABLE, &options, &log, "sleep 60");
     worker.process_group(0).stderr(Stdio::piped());
     let worker = worker.spawn().unwrap();
     let pid = worker.id().unwrap();
@@ -278,12 +260,7 @@ async fn doubled_signal(t: Arc<TestDb>) {
     t.jobs(1).await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("runs.log");
-    let cmd = logged(&log, "sleep 2");
-    let mut args: Vec<&str> = vec!["work"];
-    args.extend(TABLE);
-    args.push("--");
-    args.extend(cmd.iter().map(String::as_str));
-    let mut worker = rowclaim(&t.url, &args);
+    let mut worker = work(&t.url, &TABLE, &[], &log, "sleep 2");
     worker.process_group(0).stderr(Stdio::piped());
     let worker = worker.spawn().unwrap();
     let pid = worker.id().unwrap();
@@ -307,10 +284,8 @@ async fn hung_command(t: Arc<TestDb>) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("runs.log");
     // Row 2 hangs; the others are quick.
-    let cmd = logged(&log, "if [ \"$ROWCLAIM_ID\" = 2 ]; then sleep 60; fi");
-    let mut args: Vec<&str> = vec!["work"];
-    args.extend(TABLE);
-    args.extend([
+    let hang_two = "if [ \"$ROWCLAIM_ID\" = 2 ]; then sleep 60; fi";
+    let options = [
         "--until-empty",
         "--concurrency",
         "3",
@@ -318,10 +293,11 @@ async fn hung_command(t: Arc<TestDb>) {
         "1s",
         "--kill-after",
         "1s",
-        "--",
-    ]);
-    args.extend(cmd.iter().map(String::as_str));
-    let out = rowclaim(&t.url, &args).output().await.unwrap();
+    ];
+    let out = work(&t.url, &TABLE, &options, &log, hang_two)
+        .output()
+        .await
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(5), "a row failed: {err}");
     assert_eq!(
@@ -352,11 +328,8 @@ async fn hung_command(t: Arc<TestDb>) {
         .await
         .unwrap();
     assert!(out.status.success());
-    let cmd = logged(&log, "if [ \"$ROWCLAIM_ATTEMPT\" = 1 ]; then sleep 60; fi");
-    let mut args = vec![
-        "work",
-        "--queue",
-        "q",
+    let hang_first = "if [ \"$ROWCLAIM_ATTEMPT\" = 1 ]; then sleep 60; fi";
+    let options = [
         "--until-empty",
         "--poll",
         "200ms",
@@ -364,10 +337,11 @@ async fn hung_command(t: Arc<TestDb>) {
         "1s",
         "--kill-after",
         "1s",
-        "--",
     ];
-    args.extend(cmd.iter().map(String::as_str));
-    let out = rowclaim(&t.url, &args).output().await.unwrap();
+    let out = work(&t.url, &["--queue", "q"], &options, &log, hang_first)
+        .output()
+        .await
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert_eq!(
@@ -399,19 +373,8 @@ async fn cancel_running(t: Arc<TestDb>) {
     let id = id["id"].to_string();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("runs.log");
-    let cmd = logged(&log, "sleep 60");
-    let mut args = vec![
-        "work",
-        "--queue",
-        "q",
-        "--lease",
-        "3s",
-        "--kill-after",
-        "1s",
-        "--",
-    ];
-    args.extend(cmd.iter().map(String::as_str));
-    let mut worker = rowclaim(&t.url, &args);
+    let options = ["--lease", "3s", "--kill-after", "1s"];
+    let mut worker = work(&t.url, &["--queue", "q"], &options, &log, "sleep 60");
     worker.stderr(Stdio::piped());
     let worker = worker.spawn().unwrap();
     until("the job runs", || runs(&log).len() == 1).await;
@@ -447,10 +410,7 @@ async fn stopped_past_its_lease(t: Arc<TestDb>) {
     t.jobs(ROWS as i64).await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("runs.log");
-    let cmd = logged(&log, "sleep 1");
-    let mut args: Vec<&str> = vec!["work"];
-    args.extend(TABLE);
-    args.extend([
+    let options = [
         "--lease",
         "2s",
         "--concurrency",
@@ -459,10 +419,8 @@ async fn stopped_past_its_lease(t: Arc<TestDb>) {
         "3",
         "--poll",
         "200ms",
-        "--",
-    ]);
-    args.extend(cmd.iter().map(String::as_str));
-    let mut sleeper = rowclaim(&t.url, &args);
+    ];
+    let mut sleeper = work(&t.url, &TABLE, &options, &log, "sleep 1");
     sleeper.stderr(Stdio::piped());
     let sleeper = sleeper.spawn().unwrap();
     let sleeper_pid = sleeper.id().unwrap();
@@ -470,9 +428,7 @@ async fn stopped_past_its_lease(t: Arc<TestDb>) {
     kill("STOP", sleeper_pid, false);
     let stopped_at = now_us();
     // The other worker takes everything over once the stopped worker's leases expire.
-    let mut args: Vec<&str> = vec!["work"];
-    args.extend(TABLE);
-    args.extend([
+    let options = [
         "--lease",
         "30s",
         "--concurrency",
@@ -480,10 +436,11 @@ async fn stopped_past_its_lease(t: Arc<TestDb>) {
         "--until-empty",
         "--poll",
         "200ms",
-        "--",
-    ]);
-    args.extend(cmd.iter().map(String::as_str));
-    let out = rowclaim(&t.url, &args).output().await.unwrap();
+    ];
+    let out = work(&t.url, &TABLE, &options, &log, "sleep 1")
+        .output()
+        .await
+        .unwrap();
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -886,21 +843,9 @@ where
     ];
     let n_workers = workers.len();
     for (i, (log, source)) in workers.into_iter().enumerate() {
-        let cmd = logged(log, "sleep 0.05");
-        let mut args: Vec<&str> = vec!["work"];
-        args.extend(source);
-        args.extend([
-            "--concurrency",
-            "3",
-            "--lease",
-            &lease,
-            "--poll",
-            "200ms",
-            "--",
-        ]);
-        args.extend(cmd.iter().map(String::as_str));
+        let options = ["--concurrency", "3", "--lease", &lease, "--poll", "200ms"];
         let stderr = std::fs::File::create(dir.path().join(format!("worker-{i}.err"))).unwrap();
-        let mut c = rowclaim(&site.url, &args);
+        let mut c = work(&site.url, &source, &options, log, "sleep 0.05");
         // Runs say which worker ran them: "<pid>@<worker>".
         c.stderr(Stdio::from(stderr)).env("WORKER", format!("@{i}"));
         cli.push(c.spawn().expect("start a worker"));

@@ -56,6 +56,25 @@ fn own_table() -> Source {
         .attempts_column("attempts")
 }
 
+/// A claimer of the harness's `jobs` table, on a pool of its own.
+async fn own_claimer(t: &TestDb) -> rowclaim::Claimer {
+    t.db()
+        .await
+        .claimer(own_table(), Strategy::Auto)
+        .await
+        .expect("a claimer of jobs")
+}
+
+/// Resolves once `counter` reaches `n` (bounded like [`until_count`]).
+async fn until_at_least(counter: &AtomicUsize, n: usize) {
+    for _ in 0..3000 {
+        if counter.load(Ordering::SeqCst) >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A handler that panics fails its job, which runs again after the backoff; the worker goes on
 /// with other jobs. On an own table the row ends failed.
 async fn panics(t: Arc<TestDb>) {
@@ -101,12 +120,7 @@ async fn panics(t: Arc<TestDb>) {
     );
 
     t.jobs(3).await;
-    let claimer = t
-        .db()
-        .await
-        .claimer(own_table(), Strategy::Auto)
-        .await
-        .unwrap();
+    let claimer = own_claimer(&t).await;
     let report = Worker::for_claimer(claimer)
         .handle_rows(|row| async move {
             if row.id.to_string() == "2" {
@@ -231,12 +245,7 @@ async fn cancel_running(t: Arc<TestDb>) {
 /// row lost and stops its job, without touching the row; the other row goes on and completes.
 async fn one_row_of_a_claim_lost(t: Arc<TestDb>) {
     t.jobs(2).await;
-    let claimer = t
-        .db()
-        .await
-        .claimer(own_table(), Strategy::Auto)
-        .await
-        .unwrap();
+    let claimer = own_claimer(&t).await;
     let started = Arc::new(AtomicUsize::new(0));
     let one_dropped = Arc::new(AtomicBool::new(false));
     let (s, d) = (started.clone(), one_dropped.clone());
@@ -260,9 +269,7 @@ async fn one_row_of_a_claim_lost(t: Arc<TestDb>) {
     let thief = {
         let (t, started) = (t.clone(), started.clone());
         async move {
-            while started.load(Ordering::SeqCst) < 2 {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            until_at_least(&started, 2).await;
             // What another claimer does after the lease expired: the row is its own now, for
             // an hour.
             let later = match t.backend {
@@ -309,12 +316,7 @@ async fn one_row_of_a_claim_lost(t: Arc<TestDb>) {
 /// and never started go back too.
 async fn shutdown_now(t: Arc<TestDb>) {
     t.jobs(5).await;
-    let claimer = t
-        .db()
-        .await
-        .claimer(own_table(), Strategy::Auto)
-        .await
-        .unwrap();
+    let claimer = own_claimer(&t).await;
     let started = Arc::new(AtomicUsize::new(0));
     let s = started.clone();
     let worker = Worker::for_claimer(claimer)
@@ -331,9 +333,7 @@ async fn shutdown_now(t: Arc<TestDb>) {
         .grace(Duration::from_secs(60));
     let stop = worker.shutdown_handle();
     let stopper = async move {
-        while started.load(Ordering::SeqCst) < 2 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_at_least(&started, 2).await;
         stop.drain();
         tokio::time::sleep(Duration::from_millis(200)).await;
         stop.now();
@@ -352,12 +352,7 @@ async fn shutdown_now(t: Arc<TestDb>) {
 /// A handler that cannot run at all stops the worker with that error; the row goes back.
 async fn abort(t: Arc<TestDb>) {
     t.jobs(1).await;
-    let claimer = t
-        .db()
-        .await
-        .claimer(own_table(), Strategy::Auto)
-        .await
-        .unwrap();
+    let claimer = own_claimer(&t).await;
     struct CannotRun;
     impl rowclaim::Handler for CannotRun {
         fn run(&self, _task: rowclaim::Task) -> rowclaim::TaskFuture {
