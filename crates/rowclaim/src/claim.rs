@@ -356,6 +356,18 @@ impl Claimer {
         let n = retry_transient!(match &change {
             Change::Settle(o) => b.settle(&i.m, i.strategy, &t, target(), o.clone()).await,
             Change::Extend(lease) => b.extend(&i.m, i.strategy, &t, target(), *lease).await,
+        })
+        .map_err(|e| match e {
+            // Sent, and the connection broke before the answer: it may have been done.
+            Error::Database(d) if crate::error::may_have_happened(&d) => Error::OutcomeUnknown {
+                what: match ids.len() {
+                    0 => format!("the {} of the token's rows", change.verb()),
+                    1 => format!("the {} of 1 row", change.verb()),
+                    n => format!("the {} of {n} rows", change.verb()),
+                },
+                source: d,
+            },
+            other => other,
         })?;
         match &list {
             None if n == 0 => Err(lost(vec![])),
@@ -575,6 +587,10 @@ impl Claim {
     /// The heartbeat: extends the lease of the open rows every third of `lease` until every row
     /// is settled (it returns at once then) or the lease is lost. A failed extension is tried
     /// again at the next beat. Run it beside the work, e.g. `tokio::spawn` on an `Arc<Claim>`.
+    ///
+    /// It keeps rows for as long as they are open: settle every row (also when your code fails
+    /// or panics), or stop it. [`crate::Worker`] does all of this, and stops a job whose lease
+    /// is lost; prefer it to a loop of your own.
     pub async fn keep_alive(&self, lease: Duration) {
         let every = (lease / 3).max(Duration::from_millis(100));
         loop {

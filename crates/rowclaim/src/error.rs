@@ -189,6 +189,11 @@ pub(crate) fn describe(e: &sqlx::Error) -> String {
             }
         }
         sqlx::Error::Io(io) => io.to_string(),
+        // sqlx ends these with where in its own source they were raised: "(sqlx_postgres::…:95)".
+        sqlx::Error::Protocol(text) => match text.rfind(" (sqlx_") {
+            Some(at) if text.ends_with(')') => text[..at].to_owned(),
+            _ => text.clone(),
+        },
         sqlx::Error::PoolTimedOut => "no connection could be opened or freed in time".into(),
         sqlx::Error::PoolClosed => "the connection pool was closed".into(),
         sqlx::Error::WorkerCrashed => "the connection's background worker stopped".into(),
@@ -257,6 +262,13 @@ mod tests {
             "connection reset by peer",
         )));
         assert_eq!(e.to_string(), "database error: connection reset by peer");
+        let protocol = sqlx::Error::Protocol(
+            "unexpected response from SSLRequest: 0x00 (sqlx_postgres::connection::tls:95)".into(),
+        );
+        assert_eq!(
+            describe(&protocol),
+            "unexpected response from SSLRequest: 0x00"
+        );
         let gave_up = Error::GaveUp {
             lasted: Duration::from_secs(600),
             last: "refused".into(),

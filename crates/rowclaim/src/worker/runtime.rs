@@ -812,9 +812,7 @@ async fn record(sh: &Shared, held: &Arc<Held>, id: &RowId, outcome: Outcome, cou
                 return add(held.lost_counter(&sh.tally));
             }
             Ok(Err(e)) if e.is_connection() || matches!(e, Error::Database(_)) => {
-                if let Error::Database(d) = &e {
-                    uncertain |= crate::error::may_have_happened(d);
-                }
+                uncertain |= matches!(e, Error::OutcomeUnknown { .. });
                 sh.health.failed("recording results", &e);
             }
             Ok(Err(e)) => {
