@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use rowclaim::{Claimer, Db, Error, RowId, Token};
+use rowclaim::{Claimer, Db, Error, Retention, RowId, Token};
 use source_args::{SourceArgs, Target};
 
 /// Exit codes, as documented in `rowclaim --help`.
@@ -175,6 +175,10 @@ struct WorkArgs {
     /// How long a stopped command gets between SIGTERM and SIGKILL.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     kill_after: Duration,
+    /// With --queue: what becomes of completed jobs: keep (as `completed`, until `jobs prune`)
+    /// or delete.
+    #[arg(long, value_name = "WHAT", default_value = "keep", value_parser = parse_retention)]
+    completed: Retention,
     /// Exit (code 4) once the database has been unreachable this long, e.g. 10m. Default: keep
     /// waiting for it.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
@@ -351,6 +355,15 @@ fn main() {
     std::process::exit(code);
 }
 
+/// `keep` or `delete`, for `--completed`.
+pub fn parse_retention(s: &str) -> Result<Retention, String> {
+    match s {
+        "keep" => Ok(Retention::Keep),
+        "delete" => Ok(Retention::Delete),
+        other => Err(format!("{other:?}: use keep or delete")),
+    }
+}
+
 /// Input the user must fix (a config file, a missing flag): exits with [`exit::BAD_INPUT`].
 #[derive(Debug)]
 pub struct BadInput(pub String);
@@ -415,7 +428,12 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             // Connections: one per running command's result, plus claims, heartbeats, LISTEN;
             // with the transaction strategy each claim holds one while its rows wait.
             let connections = (concurrency + a.prefetch + 3).min(u32::MAX as usize) as u32;
-            let claimer = claimer(url, &a.source, connections).await?;
+            if a.completed == Retention::Delete && a.source.queues.is_empty() {
+                let why = "--completed delete is for jobs of the managed queue (--queue); rows of \
+                           your own table are marked done";
+                return Err(BadInput(why.into()).into());
+            }
+            let claimer = claimer_keeping(url, &a.source, connections, a.completed).await?;
             say_strategy(&claimer, a.source.strategy);
             let mut worker = rowclaim::Worker::for_claimer(claimer)
                 .handler(work::RunCommand {
@@ -682,11 +700,21 @@ async fn enqueue(url: &str, a: EnqueueArgs) -> anyhow::Result<i32> {
 
 /// Connects and checks the source against the live table.
 async fn claimer(url: &str, source: &SourceArgs, connections: u32) -> anyhow::Result<Claimer> {
+    claimer_keeping(url, source, connections, Retention::Keep).await
+}
+
+/// [`claimer`], with what becomes of completed jobs of the managed queue.
+async fn claimer_keeping(
+    url: &str,
+    source: &SourceArgs,
+    connections: u32,
+    completed: Retention,
+) -> anyhow::Result<Claimer> {
     let opts = rowclaim::ConnectOptions::default().max_connections(connections.max(2));
     let db = Db::connect_with(url, opts).await?;
     let claimer = match source.target()? {
         Target::Table(table) => db.claimer(*table, source.strategy).await?,
-        Target::Queues(queues) => db.queue().claimer(&queues).await?,
+        Target::Queues(queues) => db.queue().claimer_with(&queues, completed).await?,
     };
     Ok(claimer)
 }

@@ -266,10 +266,12 @@ impl Claimer {
             }
             let rows = self.rows_from_json(claimed.rows)?;
             tracing::trace!(rows = rows.len(), "claimed");
+            let ids: Vec<RowId> = rows.iter().map(|r| r.id.clone()).collect();
             return Ok(Claim {
                 claimer: self.clone(),
                 token,
-                open: StdMutex::new(rows.iter().map(|r| r.id.clone()).collect()),
+                open: StdMutex::new(ids.iter().cloned().collect()),
+                ids,
                 rows,
                 held: Mutex::new(claimed.held),
                 settled: Notify::new(),
@@ -357,18 +359,7 @@ impl Claimer {
             Change::Settle(o) => b.settle(&i.m, i.strategy, &t, target(), o.clone()).await,
             Change::Extend(lease) => b.extend(&i.m, i.strategy, &t, target(), *lease).await,
         })
-        .map_err(|e| match e {
-            // Sent, and the connection broke before the answer: it may have been done.
-            Error::Database(d) if crate::error::may_have_happened(&d) => Error::OutcomeUnknown {
-                what: match ids.len() {
-                    0 => format!("the {} of the token's rows", change.verb()),
-                    1 => format!("the {} of 1 row", change.verb()),
-                    n => format!("the {} of {n} rows", change.verb()),
-                },
-                source: d,
-            },
-            other => other,
-        })?;
+        .map_err(|e| unknown_if_cut(e, change.verb(), ids.len()))?;
         match &list {
             None if n == 0 => Err(lost(vec![])),
             Some(l) if n as usize != ids.len() => {
@@ -459,6 +450,22 @@ impl Claimer {
     }
 }
 
+/// A statement that was sent, and whose connection broke before the answer, may have been
+/// carried out: that is [`Error::OutcomeUnknown`], not a plain failure.
+fn unknown_if_cut(e: Error, verb: &str, rows: usize) -> Error {
+    match e {
+        Error::Database(d) if crate::error::may_have_happened(&d) => Error::OutcomeUnknown {
+            what: match rows {
+                0 => format!("the {verb} of the token's rows"),
+                1 => format!("the {verb} of 1 row"),
+                n => format!("the {verb} of {n} rows"),
+            },
+            source: d,
+        },
+        other => other,
+    }
+}
+
 fn check_lease(lease: Duration) -> Result<()> {
     if lease.is_zero() {
         return Err(Error::InvalidInput(
@@ -479,6 +486,8 @@ pub struct Claim {
     claimer: Claimer,
     token: Token,
     rows: Vec<ClaimedRow>,
+    /// The rows' ids in the claim's order (they outlive `rows` when the runtime takes those).
+    ids: Vec<RowId>,
     open: StdMutex<HashSet<RowId>>,
     held: Mutex<Option<Held>>,
     /// Signalled when the last open row is settled or given up (ends [`Claim::keep_alive`]).
@@ -529,11 +538,17 @@ impl Claim {
     /// Rows not yet completed, failed or released.
     pub fn open_rows(&self) -> Vec<RowId> {
         let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        self.rows
+        self.ids
             .iter()
-            .filter(|r| open.contains(&r.id))
-            .map(|r| r.id.clone())
+            .filter(|id| open.contains(id))
+            .cloned()
             .collect()
+    }
+
+    /// Hands the rows over (to the worker runtime, which moves each to its job instead of
+    /// copying it); [`Claim::rows`] is empty afterwards, the claim's bookkeeping unchanged.
+    pub(crate) fn take_rows(&mut self) -> Vec<ClaimedRow> {
+        std::mem::take(&mut self.rows)
     }
 
     /// Marks a row done. [`Error::LeaseLost`] if this claim no longer holds it.
@@ -675,10 +690,18 @@ impl Claim {
     /// Gives back rows of this claim that never started, in one statement where the strategy
     /// allows. Returns the rows it could not give back because the claim no longer held them.
     pub(crate) async fn release_rows(&self, ids: &[RowId]) -> Result<Vec<RowId>> {
+        self.settle_rows(ids, Outcome::Ready).await
+    }
+
+    /// Moves rows of this claim to `outcome`, in one statement where the strategy allows (the
+    /// transaction strategy settles row by row inside its transaction). Returns the rows that the
+    /// claim no longer held (nothing was changed for them); the others were settled. A database
+    /// error leaves every row not yet settled open, to be tried again.
+    pub(crate) async fn settle_rows(&self, ids: &[RowId], outcome: Outcome) -> Result<Vec<RowId>> {
         if self.claimer.strategy() == Strategy::Transaction {
             let mut lost = Vec::new();
             for id in ids {
-                match self.settle_keep(id, Outcome::Ready).await {
+                match self.settle_keep(id, outcome.clone()).await {
                     Ok(()) => {}
                     Err(Error::LeaseLost { .. }) => lost.push(id.clone()),
                     Err(e) => return Err(e),
@@ -686,14 +709,39 @@ impl Claim {
             }
             return Ok(lost);
         }
-        let mut ask: Vec<RowId> = ids.iter().filter(|id| self.is_open(id)).cloned().collect();
-        let mut lost: Vec<RowId> = ids.iter().filter(|id| !self.is_open(id)).cloned().collect();
+        let (mut ask, mut lost): (Vec<RowId>, Vec<RowId>) =
+            ids.iter().cloned().partition(|id| self.is_open(id));
+        if ask.is_empty() {
+            return Ok(lost);
+        }
+        // Where the dialect can say which rows one statement changed, one statement does.
+        let c = &self.claimer.inner;
+        let list = IdList::new(c.m.id_kind, &ask)?;
+        let token = self.token.to_string();
+        let each = retry_transient!(
+            c.db.backend
+                .settle_each(&c.m, c.strategy, &token, &list, outcome.clone())
+                .await
+        )
+        .map_err(|e| unknown_if_cut(e, Change::Settle(outcome.clone()).verb(), ask.len()))?;
+        if let Some(done) = each {
+            let done: HashSet<RowId> = done.into_iter().collect();
+            ask.iter().for_each(|id| self.forget(id));
+            lost.extend(ask.into_iter().filter(|id| !done.contains(id)));
+            return Ok(lost);
+        }
         // Named rows change all together or not at all: drop the ones found lost and go again.
-        for _ in 0..3 {
+        // Each such round drops at least one row, or none when a race hid which (then it simply
+        // goes again); the bound keeps a pathological race from looping.
+        for _ in 0..ask.len() + 2 {
             if ask.is_empty() {
-                break;
+                return Ok(lost);
             }
-            match self.claimer.release(&self.token, &ask).await {
+            match self
+                .claimer
+                .settle(&self.token, &ask, outcome.clone())
+                .await
+            {
                 Ok(_) => {
                     ask.iter().for_each(|id| self.forget(id));
                     return Ok(lost);
@@ -706,7 +754,11 @@ impl Claim {
                 Err(e) => return Err(e),
             }
         }
-        Ok(lost)
+        Err(Error::InvalidInput(format!(
+            "could not tell which of {} rows claim {} still holds: try again",
+            ask.len(),
+            self.token
+        )))
     }
 
     /// The heartbeat's one beat: pushes the lease of the rows still open to now + the claim's

@@ -69,7 +69,8 @@ pub use claim::{
 pub use db::{ConnectOptions, Db};
 pub use error::{Error, Result};
 pub use queue::{
-    backoff, Enqueued, Job, JobFailure, NewJob, Queue, QueueStats, Wakeups, DEFAULT_MAX_ATTEMPTS,
+    backoff, Enqueued, Job, JobFailure, NewJob, Queue, QueueStats, Retention, Wakeups,
+    DEFAULT_MAX_ATTEMPTS,
 };
 pub use source::Source;
 pub use strategy::Strategy;

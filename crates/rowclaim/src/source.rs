@@ -59,10 +59,26 @@ pub struct Source {
     managed: Option<Managed>,
 }
 
+/// The columns of a managed job that its claim returns (see `Mapping::claim_columns`).
+const JOB_COLUMNS: &[&str] = &[
+    "id",
+    "queue",
+    "kind",
+    "payload",
+    "priority",
+    "attempts",
+    "max_attempts",
+    "unique_key",
+    "timeout_ms",
+    "last_error",
+];
+
 /// The managed queue's extra columns and the queues a claimer takes jobs from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Managed {
     pub queues: Vec<String>,
+    /// Completed jobs are deleted rather than kept.
+    pub delete_done: bool,
 }
 
 mod defaults {
@@ -107,14 +123,17 @@ impl Source {
     }
 
     /// The managed queue's source: `rowclaim_jobs`, jobs of `queues` whose run-at has come.
-    pub(crate) fn managed(queues: Vec<String>) -> Source {
+    pub(crate) fn managed(queues: Vec<String>, delete_done: bool) -> Source {
         let mut s = Source::new("rowclaim_jobs")
             .status_values("ready", "running", "completed", "dead")
             .owner_column("owner")
             .lease_column("lease_until")
             .attempts_column("attempts")
             .order_by("priority desc, run_at, id");
-        s.managed = Some(Managed { queues });
+        s.managed = Some(Managed {
+            queues,
+            delete_done,
+        });
         s
     }
 
@@ -359,6 +378,13 @@ impl Source {
                 .filter(|c| is_ident(&c.name))
                 .map(|c| c.name.clone())
                 .collect(),
+            claim_columns: columns
+                .iter()
+                .filter(|c| is_ident(&c.name))
+                .filter(|c| self.managed.is_none() || JOB_COLUMNS.contains(&c.name.as_str()))
+                .map(|c| c.name.clone())
+                .collect(),
+            delete_done: self.managed.as_ref().is_some_and(|q| q.delete_done),
         })
     }
 }
@@ -401,6 +427,12 @@ pub(crate) struct Mapping {
     pub filter: String,
     /// Every column with a plain name, unquoted, for building a row's JSON.
     pub columns: Vec<String>,
+    /// The columns a claimed row's JSON holds: all of them for a user's table; for the managed
+    /// queue the job's own (not the claim's bookkeeping: status, owner, lease, …), which keeps
+    /// a claim of many jobs cheap to build and to read.
+    pub claim_columns: Vec<String>,
+    /// Managed queue: a completed job is deleted, not kept as `completed`.
+    pub delete_done: bool,
     /// Managed queue: rows are claimable once their run-at has come.
     pub run_at: Option<String>,
     /// Managed queue: the queue column and the queue names to claim from (bound, never pasted).

@@ -312,6 +312,95 @@ async fn one_row_of_a_claim_lost(t: Arc<TestDb>) {
     );
 }
 
+/// Results are written in batches, fenced row by row: three jobs of one claim end together and
+/// their results go to the database together; the one row another claimer took over meanwhile
+/// is refused, the other two complete.
+async fn batched_results_fenced_per_row(t: Arc<TestDb>) {
+    t.jobs(3).await;
+    let go = Arc::new(tokio::sync::Notify::new());
+    let started = Arc::new(AtomicUsize::new(0));
+    let (g, s) = (go.clone(), started.clone());
+    let worker = Worker::for_claimer(own_claimer(&t).await)
+        .handle_rows(move |_row| {
+            let (g, s) = (g.clone(), s.clone());
+            async move {
+                s.fetch_add(1, Ordering::SeqCst);
+                g.notified().await;
+                Ok::<_, String>(())
+            }
+        })
+        .concurrency(3)
+        // No heartbeat before the results: the refusal comes from the batch itself.
+        .lease(Duration::from_secs(120))
+        .settle_delay(Duration::from_millis(200));
+    let run = {
+        let t = t.clone();
+        async move {
+            until_at_least(&started, 3).await;
+            let later = match t.backend {
+                Backend::Postgres => "now() + interval '1 hour'",
+                Backend::MySql => "UTC_TIMESTAMP(6) + INTERVAL 1 HOUR",
+                Backend::Sqlite => "CAST(unixepoch('subsec') * 1000 AS INTEGER) + 3600000",
+            };
+            t.exec(&format!(
+                "UPDATE jobs SET owner = 'another-claimer', lease_until = {later} WHERE id = 2"
+            ))
+            .await;
+            go.notify_waiters();
+            until_count(
+                t.clone(),
+                "SELECT COUNT(*) FROM jobs WHERE status = 'done'",
+                2,
+            )
+            .await;
+        }
+    };
+    let report = worker.run(run).await.unwrap();
+    assert_eq!((report.completed, report.lost), (2, 1), "{report:?}");
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE id = 2 AND status = 'claimed' AND owner = 'another-claimer'")
+            .await,
+        1,
+        "the taken-over row is untouched"
+    );
+}
+
+/// With `Retention::Delete` a completed job is gone at once; a failed one stays to be retried.
+async fn completed_jobs_deleted(t: Arc<TestDb>) {
+    let (db, q) = queue(&t).await;
+    q.enqueue_many(
+        &(0..20)
+            .map(|i| NewJob::new(json!({ "i": i })))
+            .collect::<Vec<_>>(),
+    )
+    .await
+    .unwrap();
+    q.enqueue(&NewJob::new(json!({})).kind("fails"))
+        .await
+        .unwrap();
+    let report = Worker::new(&db)
+        .handle("fails", |_job| async { Err::<(), _>("no") })
+        .handle_any(|_job| async { Ok::<_, String>(()) })
+        .retention(rowclaim::Retention::Delete)
+        .concurrency(4)
+        .prefetch(8)
+        .poll(Duration::from_millis(100))
+        .run(until_count(
+            t.clone(),
+            "SELECT COUNT(*) FROM rowclaim_jobs",
+            1,
+        ))
+        .await
+        .unwrap();
+    assert_eq!((report.completed, report.retried), (20, 1), "{report:?}");
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'ready' AND last_error = 'no'")
+            .await,
+        1,
+        "the failed job is kept for its retry"
+    );
+}
+
 /// `Shutdown::now` stops running jobs at once and gives their rows back; rows claimed ahead
 /// and never started go back too.
 async fn shutdown_now(t: Arc<TestDb>) {
@@ -393,6 +482,14 @@ macro_rules! worker_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_row_taken_over_is_stopped_and_the_rest_go_on() {
             with_db($backend, one_row_of_a_claim_lost).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn results_are_batched_and_fenced_row_by_row() {
+            with_db($backend, batched_results_fenced_per_row).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn completed_jobs_can_be_deleted() {
+            with_db($backend, completed_jobs_deleted).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn shutdown_now_gives_every_row_back() {

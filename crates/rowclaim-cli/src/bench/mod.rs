@@ -20,6 +20,7 @@ mod plain;
 mod scale;
 mod setup;
 mod svg;
+mod worker;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -51,6 +52,10 @@ pub enum BenchCommand {
     /// SVG line chart.
     #[command(long_about = contention::ABOUT)]
     Contention(contention::ContentionArgs),
+    /// The path users run: the library Worker (no-op handler) or `rowclaim work -- COMMAND`
+    /// drains N jobs: jobs per second, and worker and server CPU per job.
+    #[command(long_about = worker::ABOUT)]
+    Worker(worker::WorkerArgs),
 }
 
 pub async fn run(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
@@ -59,6 +64,7 @@ pub async fn run(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::Latency(a) => latency::run(url, a).await,
         BenchCommand::Scale(a) => scale::run(url, a).await,
         BenchCommand::Contention(a) => contention::run(url, a).await,
+        BenchCommand::Worker(a) => worker::run(url, a).await,
     }
 }
 

@@ -407,3 +407,47 @@ pub(crate) async fn clear_queue(raw: &Raw) -> anyhow::Result<()> {
     ))
     .await
 }
+
+/// A transaction at REPEATABLE READ with its snapshot taken, held open until dropped: what a long
+/// report beside the queue does. PostgreSQL cannot vacuum the rows deleted or updated after it
+/// began, InnoDB cannot purge them, SQLite cannot reset its WAL.
+#[allow(dead_code)] // the connection is held, never read
+pub(crate) enum Snapshot {
+    Pg(sqlx::PgConnection),
+    My(sqlx::MySqlConnection),
+    Lite(sqlx::SqliteConnection),
+}
+
+impl Snapshot {
+    pub(crate) async fn take(url: &str) -> anyhow::Result<Snapshot> {
+        use sqlx::Connection;
+        let held = match kind(url)? {
+            Kind::Postgres => {
+                let mut c = sqlx::PgConnection::connect(url).await?;
+                sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+                    .execute(&mut c)
+                    .await?;
+                Snapshot::Pg(c)
+            }
+            Kind::MySql => {
+                let url = url.replacen("mariadb:", "mysql:", 1);
+                let mut c = sqlx::MySqlConnection::connect(&url).await?;
+                sqlx::raw_sql(
+                    "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ; \
+                     START TRANSACTION WITH CONSISTENT SNAPSHOT",
+                )
+                .execute(&mut c)
+                .await?;
+                Snapshot::My(c)
+            }
+            Kind::Sqlite => {
+                let mut c = sqlx::SqliteConnection::connect(url).await?;
+                sqlx::raw_sql("BEGIN; SELECT count(*) FROM sqlite_master")
+                    .execute(&mut c)
+                    .await?;
+                Snapshot::Lite(c)
+            }
+        };
+        Ok(held)
+    }
+}

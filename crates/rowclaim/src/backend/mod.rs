@@ -198,6 +198,12 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
+    /// Whether settling this way deletes the row instead of changing its status: a completed job
+    /// of a managed queue that keeps no completed jobs.
+    pub(crate) fn deletes(&self, m: &Mapping) -> bool {
+        *self == Outcome::Done && m.delete_done
+    }
+
     pub(crate) fn status<'m>(&self, m: &'m Mapping) -> &'m crate::RowId {
         match self {
             Outcome::Done => &m.done,
@@ -624,6 +630,18 @@ pub(crate) trait Driver {
         target: Target<'_>,
         outcome: Outcome,
     ) -> Result<u64>;
+    /// Moves each of the named rows that `token` still holds to `outcome`, on its own rather
+    /// than all or nothing, in one statement; returns the rows it moved. `None` when the dialect
+    /// or strategy cannot tell which in one statement: the caller then settles all or nothing
+    /// and narrows down.
+    async fn settle_each(
+        &self,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        ids: &IdList,
+        outcome: Outcome,
+    ) -> Result<Option<Vec<crate::RowId>>>;
     /// Pushes the lease of rows a token holds to now + `lease`; returns how many it pushed.
     async fn extend(
         &self,
@@ -745,6 +763,16 @@ impl Backend {
         outcome: Outcome,
     ) -> Result<u64> {
         dispatch!(self, d => d.settle(m, s, token, target, outcome).await)
+    }
+    pub(crate) async fn settle_each(
+        &self,
+        m: &Mapping,
+        s: Strategy,
+        token: &str,
+        ids: &IdList,
+        outcome: Outcome,
+    ) -> Result<Option<Vec<crate::RowId>>> {
+        dispatch!(self, d => d.settle_each(m, s, token, ids, outcome).await)
     }
     pub(crate) async fn extend(
         &self,

@@ -105,8 +105,17 @@ fn in_texts(b: &mut B, expr: &str, list: &IdList) -> String {
 /// A row as JSON text: `CAST(JSON_OBJECT('col', t.`col`, …) AS CHAR)`. The table must be aliased
 /// `t`. Only plainly named columns are listed, so their names are safe as string literals.
 fn row_json(m: &Mapping) -> String {
-    let pairs: Vec<String> = m
-        .columns
+    json_of(&m.columns)
+}
+
+/// A claimed row as JSON text: the whole row of a user's table, the job's own columns for the
+/// managed queue (`Mapping::claim_columns`).
+fn claimed_json(m: &Mapping) -> String {
+    json_of(&m.claim_columns)
+}
+
+fn json_of(columns: &[String]) -> String {
+    let pairs: Vec<String> = columns
         .iter()
         .map(|c| format!("'{c}', t.{}", super::Dialect::MySql.quote(c)))
         .collect();
@@ -238,7 +247,7 @@ impl My {
         let claimed = status_literal(&m.claimed);
         let sql = format!(
             "SELECT {} FROM {} AS t WHERE t.{ow} = {tok} AND t.{} = {claimed} ORDER BY {}",
-            row_json(m),
+            claimed_json(m),
             m.table,
             m.status,
             m.order_by
@@ -253,7 +262,7 @@ fn rows_sql(m: &Mapping, b: &mut B, list: &IdList) -> String {
     let claimed = status_literal(&m.claimed);
     format!(
         "SELECT {} FROM {} AS t WHERE {which} AND t.{} = {claimed} ORDER BY {}",
-        row_json(m),
+        claimed_json(m),
         m.table,
         m.status,
         m.order_by
@@ -578,7 +587,7 @@ impl Driver for My {
                 let sql = format!(
                     "SELECT {} FROM {t} AS t WHERE {} = {ready}{filter} \
                      ORDER BY {order} LIMIT {limit} FOR UPDATE SKIP LOCKED",
-                    row_json(m),
+                    claimed_json(m),
                     m.status
                 );
                 let mut tx = self.begin().await?;
@@ -615,9 +624,14 @@ impl Driver for My {
         let t = &m.table;
         if strategy != Strategy::LeaseTable {
             let mut b = B::new();
-            let set = super::outcome_set(m, &mut b, &outcome, "UTC_TIMESTAMP(6)", lease_until);
-            let cond = held_by(m, &mut b, token, &target)?;
-            let sql = format!("UPDATE {t} SET {set} WHERE {cond}");
+            let sql = if outcome.deletes(m) {
+                let cond = held_by(m, &mut b, token, &target)?;
+                format!("DELETE FROM {t} WHERE {cond}")
+            } else {
+                let set = super::outcome_set(m, &mut b, &outcome, "UTC_TIMESTAMP(6)", lease_until);
+                let cond = held_by(m, &mut b, token, &target)?;
+                format!("UPDATE {t} SET {set} WHERE {cond}")
+            };
             return self.change_all_or_nothing(sql, b, &target).await;
         }
         // Lock and delete the token's leases, then settle their rows. (MariaDB could do the first
@@ -651,6 +665,19 @@ impl Driver for My {
             _ => tx.commit().await?,
         }
         Ok(changed)
+    }
+
+    /// MySQL has no `UPDATE … RETURNING` to say which rows changed: the caller settles all or
+    /// nothing and narrows down.
+    async fn settle_each(
+        &self,
+        _m: &Mapping,
+        _strategy: Strategy,
+        _token: &str,
+        _ids: &IdList,
+        _outcome: Outcome,
+    ) -> Result<Option<Vec<RowId>>> {
+        Ok(None)
     }
 
     async fn extend(

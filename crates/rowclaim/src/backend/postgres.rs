@@ -74,6 +74,20 @@ fn ids(b: &mut B, list: &IdList) -> String {
     }
 }
 
+/// A claimed row as JSON: the whole row of a user's table; for the managed queue the job's own
+/// columns (`Mapping::claim_columns`), cheaper to build and to read than the whole row.
+fn claimed_json(m: &Mapping) -> String {
+    if m.queues.is_none() {
+        return "to_jsonb(t)".to_owned();
+    }
+    let pairs: Vec<String> = m
+        .claim_columns
+        .iter()
+        .map(|c| format!("'{c}', t.{}", super::Dialect::Postgres.quote(c)))
+        .collect();
+    format!("jsonb_build_object({})", pairs.join(", "))
+}
+
 /// Rows a claim may take (see [`super::claimable`]).
 fn claimable(m: &Mapping, b: &mut B) -> String {
     super::claimable(m, b, "now()")
@@ -123,7 +137,7 @@ const CREATE_COUNTERS: &str = "CREATE TABLE IF NOT EXISTS rowclaim_counters (
 impl Pg {
     /// Runs a statement that changes rows; with several named rows it commits only if all of them
     /// changed (all or nothing). For the lease table, whose changes span two tables; changes to
-    /// rows marked in the source table go through [`Pg::fenced_update`], in one statement.
+    /// rows marked in the source table go through [`Pg::fenced_change`], in one statement.
     async fn change_all_or_nothing(&self, sql: String, b: B, target: &Target<'_>) -> Result<u64> {
         match target {
             Target::Ids(_, n) if *n > 1 => {
@@ -140,15 +154,16 @@ impl Pg {
         }
     }
 
-    /// `UPDATE … SET set WHERE cond` on rows a token holds, in one statement. For several named
-    /// rows it is all or nothing: the statement locks and counts the held rows first and changes
-    /// them only if every named row is among them, so a batch completes in one round trip with no
-    /// transaction to open and commit. Returns how many rows changed, or, when some named row is
-    /// no longer held, how many are (fewer than named; nothing changed).
-    async fn fenced_update(
+    /// `UPDATE … SET set WHERE cond` (or, with no `set`, `DELETE … WHERE cond`) on rows a
+    /// token holds, in one statement. For several named rows it is all or nothing: the statement
+    /// locks and counts the held rows first and changes them only if every named row is among
+    /// them, so a batch completes in one round trip with no transaction to open and commit.
+    /// Returns how many rows changed, or, when some named row is no longer held, how many are
+    /// (fewer than named; nothing changed).
+    async fn fenced_change(
         &self,
         m: &Mapping,
-        set: &str,
+        set: Option<&str>,
         cond: &str,
         mut b: B,
         target: &Target<'_>,
@@ -157,17 +172,25 @@ impl Pg {
         let sql = match target {
             Target::Ids(_, n) if *n > 1 => {
                 let n = b.bind(*n as i64);
+                let all = format!("t.{id} = h.{id} AND (SELECT count(*) FROM h) = {n}");
+                let change = match set {
+                    Some(set) => format!("UPDATE {t} AS t SET {set} FROM h WHERE {all}"),
+                    None => format!("DELETE FROM {t} AS t USING h WHERE {all}"),
+                };
                 format!(
                     "WITH h AS (SELECT {id} FROM {t} WHERE {cond} ORDER BY {id} FOR UPDATE), \
-                     u AS (UPDATE {t} AS t SET {set} FROM h WHERE t.{id} = h.{id} \
-                     AND (SELECT count(*) FROM h) = {n} RETURNING 1) \
+                     u AS ({change} RETURNING 1) \
                      SELECT CASE WHEN (SELECT count(*) FROM h) = {n} \
                      THEN (SELECT count(*) FROM u) ELSE (SELECT count(*) FROM h) END"
                 )
             }
-            _ => format!(
-                "WITH u AS (UPDATE {t} SET {set} WHERE {cond} RETURNING 1) SELECT count(*) FROM u"
-            ),
+            _ => {
+                let change = match set {
+                    Some(set) => format!("UPDATE {t} SET {set} WHERE {cond}"),
+                    None => format!("DELETE FROM {t} WHERE {cond}"),
+                };
+                format!("WITH u AS ({change} RETURNING 1) SELECT count(*) FROM u")
+            }
         };
         let changed: i64 = b.scalar(sql)?.fetch_one(&self.pool).await?;
         Ok(changed.max(0) as u64)
@@ -253,6 +276,7 @@ impl Driver for Pg {
 
     async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed> {
         let (m, t, id, order, filter) = (a.m, &a.m.table, &a.m.id, &a.m.order_by, &a.m.filter);
+        let row = claimed_json(a.m);
         let mut b = B::new();
         let batch = i64::from(a.batch);
         let json_rows = |rows: Vec<sqlx::types::Json<serde_json::Value>>| {
@@ -291,7 +315,7 @@ impl Driver for Pg {
                 let set = claim_set(m, &mut b, a.token, a.lease);
                 let sql = format!(
                     "WITH {pick} UPDATE {t} AS t SET {set} FROM c WHERE t.{id} = c.{id} \
-                     RETURNING to_jsonb(t)"
+                     RETURNING {row}"
                 );
                 let rows = b.scalar(sql)?.fetch_all(&self.pool).await?;
                 Ok(Claimed {
@@ -313,7 +337,7 @@ impl Driver for Pg {
                 let sql = format!(
                     "UPDATE {t} AS t SET {set} FROM (SELECT {id} AS rowclaim_id FROM {t} \
                      WHERE {id} IN (SELECT {id} FROM ({pick}) AS c) ORDER BY {id} FOR UPDATE) AS l \
-                     WHERE t.{id} = l.rowclaim_id AND {outer}{filter} RETURNING to_jsonb(t)"
+                     WHERE t.{id} = l.rowclaim_id AND {outer}{filter} RETURNING {row}"
                 );
                 let rows = json_rows(b.scalar(sql)?.fetch_all(&self.pool).await?);
                 let lost_race = rows.is_empty() && self.claimable_exists(m).await?;
@@ -348,7 +372,7 @@ impl Driver for Pg {
                 let cond = claimable(m, &mut b);
                 let sql = format!(
                     "UPDATE {t} AS t SET {set} WHERE {id} = ANY({any}) AND {cond}{filter} \
-                     RETURNING to_jsonb(t)"
+                     RETURNING {row}"
                 );
                 let rows = json_rows(b.scalar(sql)?.fetch_all(&self.pool).await?);
                 Ok(Claimed {
@@ -401,7 +425,7 @@ impl Driver for Pg {
                 let key_id = row_id_as_id(m, "k");
                 let sql = format!(
                     "UPDATE {t} AS t SET {set} WHERE t.{id} IN (SELECT {key_id} FROM unnest({keys}::text[]) AS k) \
-                     AND ({st} = {ready} OR {st} = {claimed}) RETURNING to_jsonb(t)"
+                     AND ({st} = {ready} OR {st} = {claimed}) RETURNING {row}"
                 );
                 let rows = json_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?);
                 if rows.len() < won.len() {
@@ -438,7 +462,7 @@ impl Driver for Pg {
                 let ready = status_literal(&m.ready);
                 let limit = b.bind(batch);
                 let sql = format!(
-                    "SELECT to_jsonb(t) FROM {t} AS t WHERE {} = {ready}{filter} \
+                    "SELECT {row} FROM {t} AS t WHERE {} = {ready}{filter} \
                      ORDER BY {order} LIMIT {limit} FOR UPDATE SKIP LOCKED",
                     m.status
                 );
@@ -470,9 +494,12 @@ impl Driver for Pg {
         let t = &m.table;
         let mut b = B::new();
         if strategy != Strategy::LeaseTable {
-            let set = super::outcome_set(m, &mut b, &outcome, "now()", lease_until);
+            let set = (!outcome.deletes(m))
+                .then(|| super::outcome_set(m, &mut b, &outcome, "now()", lease_until));
             let cond = held_by(m, &mut b, token, &target)?;
-            return self.fenced_update(m, &set, &cond, b, &target).await;
+            return self
+                .fenced_change(m, set.as_deref(), &cond, b, &target)
+                .await;
         }
         // The lease table says who holds a row: drop the token's leases, settle those rows.
         let held = held_leases(&mut b, m, token, &target);
@@ -485,6 +512,40 @@ impl Driver for Pg {
             m.id, m.status
         );
         self.change_all_or_nothing(sql, b, &target).await
+    }
+
+    /// One statement, whatever is still held: the named ids are joined in from an array, so the
+    /// rows are found through their key however many others the token holds.
+    async fn settle_each(
+        &self,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        list: &IdList,
+        outcome: Outcome,
+    ) -> Result<Option<Vec<RowId>>> {
+        if strategy == Strategy::LeaseTable || m.owner.is_none() {
+            return Ok(None);
+        }
+        let (t, id) = (&m.table, &m.id);
+        let mut b = B::new();
+        let set = (!outcome.deletes(m))
+            .then(|| super::outcome_set(m, &mut b, &outcome, "now()", lease_until));
+        let cond = held_by(m, &mut b, token, &Target::All)?;
+        let each = format!("unnest({}) AS rowclaim_v(id)", ids(&mut b, list));
+        let named = format!("t.{id} = rowclaim_v.id AND {cond}");
+        let sql = match set {
+            Some(set) => {
+                format!(
+                    "UPDATE {t} AS t SET {set} FROM {each} WHERE {named} RETURNING t.{id}::text"
+                )
+            }
+            None => {
+                format!("DELETE FROM {t} AS t USING {each} WHERE {named} RETURNING t.{id}::text")
+            }
+        };
+        let done: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+        Ok(Some(parse_ids(m, done)?))
     }
 
     async fn extend(
@@ -500,7 +561,7 @@ impl Driver for Pg {
             let le = m.lease.as_deref().unwrap_or_default();
             let set = format!("{le} = {}", lease_until(&mut b, lease));
             let cond = held_by(m, &mut b, token, &target)?;
-            return self.fenced_update(m, &set, &cond, b, &target).await;
+            return self.fenced_change(m, Some(&set), &cond, b, &target).await;
         }
         let until = lease_until(&mut b, lease);
         let held = held_leases(&mut b, m, token, &target);

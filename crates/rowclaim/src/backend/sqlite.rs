@@ -38,11 +38,17 @@ impl Lite {
 
 /// A row as a JSON object; only plainly named columns, so their names are safe as literals.
 fn row_json(m: &Mapping) -> String {
-    let pairs: Vec<String> = m
-        .columns
-        .iter()
-        .map(|c| format!("'{c}', \"{c}\""))
-        .collect();
+    json_of(&m.columns)
+}
+
+/// A claimed row as JSON text: the whole row of a user's table, the job's own columns for the
+/// managed queue (`Mapping::claim_columns`).
+fn claimed_json(m: &Mapping) -> String {
+    json_of(&m.claim_columns)
+}
+
+fn json_of(columns: &[String]) -> String {
+    let pairs: Vec<String> = columns.iter().map(|c| format!("'{c}', \"{c}\"")).collect();
     format!("json_object({})", pairs.join(", "))
 }
 
@@ -223,7 +229,7 @@ impl Driver for Lite {
 
     async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed> {
         let (m, t, id, order, filter) = (a.m, &a.m.table, &a.m.id, &a.m.order_by, &a.m.filter);
-        let json = row_json(m);
+        let json = claimed_json(m);
         let batch = i64::from(a.batch);
         let mut b = B::new();
         match a.strategy {
@@ -375,9 +381,18 @@ impl Driver for Lite {
     ) -> Result<u64> {
         if strategy != Strategy::LeaseTable {
             let mut b = B::new();
-            let set = super::outcome_set(m, &mut b, &outcome, NOW, lease_until);
-            let cond = held_by(m, &mut b, token, &target)?;
-            let sql = format!("UPDATE {} SET {set} WHERE {cond}", m.table);
+            let sql = match (!outcome.deletes(m))
+                .then(|| super::outcome_set(m, &mut b, &outcome, NOW, lease_until))
+            {
+                Some(set) => {
+                    let cond = held_by(m, &mut b, token, &target)?;
+                    format!("UPDATE {} SET {set} WHERE {cond}", m.table)
+                }
+                None => {
+                    let cond = held_by(m, &mut b, token, &target)?;
+                    format!("DELETE FROM {} WHERE {cond}", m.table)
+                }
+            };
             return self.change_all_or_nothing(sql, b, &target).await;
         }
         let mut tx = self.write().await?;
@@ -409,6 +424,34 @@ impl Driver for Lite {
             _ => tx.commit().await?,
         }
         Ok(changed)
+    }
+
+    async fn settle_each(
+        &self,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        list: &IdList,
+        outcome: Outcome,
+    ) -> Result<Option<Vec<RowId>>> {
+        if strategy == Strategy::LeaseTable || m.owner.is_none() {
+            return Ok(None);
+        }
+        let mut b = B::new();
+        let target = Target::Ids(list, 0);
+        let set = (!outcome.deletes(m))
+            .then(|| super::outcome_set(m, &mut b, &outcome, NOW, lease_until));
+        let cond = held_by(m, &mut b, token, &target)?;
+        let key = format!("CAST({} AS TEXT)", m.id);
+        let sql = match set {
+            Some(set) => format!("UPDATE {} SET {set} WHERE {cond} RETURNING {key}", m.table),
+            None => format!("DELETE FROM {} WHERE {cond} RETURNING {key}", m.table),
+        };
+        let done: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+        done.iter()
+            .map(|t| m.id_kind.parse(t, "row id"))
+            .collect::<Result<_>>()
+            .map(Some)
     }
 
     async fn extend(

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 pub use handler::{Handler, StopReason, Task, TaskFuture, TaskResult};
 
-use crate::{ClaimedRow, Claimer, Db, Error, Job, Result};
+use crate::{ClaimedRow, Claimer, Db, Error, Job, Result, Retention};
 use handler::{job_fn, ByKind, TaskFn};
 use runtime::{Config, Phase};
 
@@ -69,6 +69,8 @@ pub struct Worker {
     give_up_after: Option<Duration>,
     until_empty: bool,
     listen: bool,
+    settle_delay: Duration,
+    retention: Retention,
     phase: Arc<watch::Sender<Phase>>,
 }
 
@@ -168,6 +170,8 @@ impl Worker {
             give_up_after: None,
             until_empty: false,
             listen: true,
+            settle_delay: Duration::ZERO,
+            retention: Retention::Keep,
             phase: Arc::new(watch::channel(Phase::Run).0),
         }
     }
@@ -290,6 +294,24 @@ impl Worker {
         self
     }
 
+    /// How long results wait for company before they are written. Results are written in
+    /// batches (one statement per claim for all its rows done since the last write, up to 1,000
+    /// rows): zero (the default) writes whatever has gathered as soon as the previous write
+    /// returns; a few milliseconds make batches larger when jobs end one by one. A job counts
+    /// as done only once its batch is written; if the worker dies first, the job runs again.
+    pub fn settle_delay(mut self, delay: Duration) -> Self {
+        self.settle_delay = delay;
+        self
+    }
+
+    /// What becomes of the jobs it completes: kept as `completed` (the default) or deleted. For a
+    /// worker made with [`Worker::new`]; a claimer given to [`Worker::for_claimer`] brings its
+    /// own ([`crate::Queue::claimer_with`]).
+    pub fn retention(mut self, completed: Retention) -> Self {
+        self.retention = completed;
+        self
+    }
+
     /// A handle that stops this worker once it runs.
     pub fn shutdown_handle(&self) -> Shutdown {
         Shutdown(self.phase.clone())
@@ -317,7 +339,9 @@ impl Worker {
             ));
         }
         let claimer = match self.target {
-            Target::Queue { db, queues } => db.queue().claimer(&queues).await?,
+            Target::Queue { db, queues } => {
+                db.queue().claimer_with(&queues, self.retention).await?
+            }
             Target::Claimer(c) => c,
         };
         let handler: Arc<dyn Handler> =
@@ -349,12 +373,14 @@ impl Worker {
             concurrency,
             batch,
             most: room.max(batch as usize),
+            refill: self.prefetch / 2,
             lease: self.lease,
             poll: self.poll,
             grace: self.grace,
             timeout: self.timeout,
             give_up_after: self.give_up_after,
             until_empty: self.until_empty,
+            settle_delay: self.settle_delay,
         };
         let phase = self.phase;
         let runner = runtime::run(claimer, handler, cfg, wakeups, phase.subscribe());

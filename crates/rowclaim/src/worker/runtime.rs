@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
@@ -44,12 +44,17 @@ pub(crate) struct Config {
     pub batch: u32,
     /// Most rows held at once: running plus waiting for a slot.
     pub most: usize,
+    /// Claim again only once the rows waiting for a slot are this few (half the prefetch), so
+    /// that claims come in batches rather than a row each time a job ends.
+    pub refill: usize,
     pub lease: Duration,
     pub poll: Duration,
     pub grace: Duration,
     pub timeout: Option<Duration>,
     pub give_up_after: Option<Duration>,
     pub until_empty: bool,
+    /// How long the settler waits for more results after the first of a batch.
+    pub settle_delay: Duration,
 }
 
 /// Where the worker is in its life.
@@ -78,6 +83,36 @@ fn add(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Which count a recorded result goes to.
+#[derive(Clone, Copy, Debug)]
+enum Counter {
+    Completed,
+    Retried,
+    Failed,
+    Dead,
+    Released,
+}
+
+impl Tally {
+    fn of(&self, c: Counter) -> &AtomicU64 {
+        match c {
+            Counter::Completed => &self.completed,
+            Counter::Retried => &self.retried,
+            Counter::Failed => &self.failed,
+            Counter::Dead => &self.dead,
+            Counter::Released => &self.released,
+        }
+    }
+}
+
+/// A row whose job is over, with the outcome to record.
+struct Finished {
+    held: Arc<Held>,
+    id: RowId,
+    outcome: Outcome,
+    counter: Counter,
+}
+
 /// What every task of one worker shares.
 struct Shared {
     claimer: Claimer,
@@ -96,6 +131,8 @@ struct Shared {
     closing: AtomicBool,
     /// Stopping now: a result gets one try, not retries until its lease ends.
     hurry: AtomicBool,
+    /// Results go to the settler, which writes them in batches.
+    settles: mpsc::UnboundedSender<Settle>,
 }
 
 impl Shared {
@@ -112,6 +149,21 @@ impl Shared {
         self.cfg
             .lease
             .clamp(Duration::from_secs(2), Duration::from_secs(30))
+    }
+
+    /// Sends a row's result to the settler and waits for what became of it.
+    async fn settle(&self, held: &Arc<Held>, id: &RowId, outcome: Outcome) -> Flushed {
+        let (reply, answer) = oneshot::channel();
+        let settle = Settle {
+            held: held.clone(),
+            id: id.clone(),
+            outcome,
+            reply,
+        };
+        if self.settles.send(settle).is_err() {
+            return Flushed::TimedOut; // the settler is gone: the worker is over
+        }
+        answer.await.unwrap_or(Flushed::TimedOut)
     }
 
     fn abort(&self, e: Error) {
@@ -233,7 +285,15 @@ pub(crate) async fn run(
     wakeups: Option<Wakeups>,
     mut phase: watch::Receiver<Phase>,
 ) -> Result<WorkerReport> {
+    let (settles, results) = mpsc::unbounded_channel();
+    let flush_limit = (cfg.lease / 3).max(Duration::from_secs(2));
+    let _settler = AbortOnDrop(tokio::spawn(settler(
+        results,
+        cfg.settle_delay,
+        flush_limit,
+    )));
     let sh = Arc::new(Shared {
+        settles,
         health: Health::new(claimer.db().endpoint()),
         managed: claimer.managed_queues().is_some(),
         renews: claimer.claims_expire() || claimer.strategy() == Strategy::Transaction,
@@ -252,8 +312,11 @@ pub(crate) async fn run(
         .map(|w| AbortOnDrop(tokio::spawn(listen(w, wake.clone()))));
 
     let mut waiting: VecDeque<(Arc<Held>, ClaimedRow)> = VecDeque::new();
-    // Supervisors of started rows, and heartbeats of claims: dropping these sets aborts them.
-    let mut jobs: JoinSet<()> = JoinSet::new();
+    // Supervisors of started rows, results being recorded, heartbeats of claims: dropping these
+    // sets aborts them. A job's slot is free once its handler ended; its result is recorded in
+    // the background, in batches, and counts against the rows the worker may hold.
+    let mut jobs: JoinSet<Option<Finished>> = JoinSet::new();
+    let mut records: JoinSet<()> = JoinSet::new();
     let mut beats: JoinSet<()> = JoinSet::new();
     let mut helds: Vec<Arc<Held>> = Vec::new();
     let mut claiming: Option<Claiming> = None;
@@ -293,9 +356,10 @@ pub(crate) async fn run(
         let room = sh
             .cfg
             .most
-            .saturating_sub(jobs.len() + waiting.len())
+            .saturating_sub(jobs.len() + waiting.len() + records.len())
             .min(sh.cfg.batch as usize);
-        if claiming.is_none() && room > 0 && idle_until.is_none() && retry_at.is_none() {
+        let wanted = room > 0 && waiting.len() <= sh.cfg.refill;
+        if claiming.is_none() && wanted && idle_until.is_none() && retry_at.is_none() {
             let (claimer, lease, limit) = (sh.claimer.clone(), sh.cfg.lease, sh.claim_timeout());
             claiming = Some(Box::pin(async move {
                 tokio::time::timeout(limit, claimer.claim(room as u32, lease))
@@ -308,9 +372,15 @@ pub(crate) async fn run(
             biased;
             _ = phase.changed() => {}
             () = sh.fatal_set.notified() => {}
-            Some(_) = jobs.join_next(), if !jobs.is_empty() => {
+            Some(ended) = jobs.join_next(), if !jobs.is_empty() => {
+                if let Ok(Some(finished)) = ended {
+                    records.spawn(record(sh.clone(), finished));
+                }
+            }
+            Some(_) = records.join_next(), if !records.is_empty() => {
                 if sh.cfg.until_empty {
-                    // A finished job may have put its row back (a retry, a release): look again.
+                    // A recorded result may have put its row back (a retry, a release): look
+                    // again.
                     idle_until = None;
                 }
             }
@@ -326,17 +396,18 @@ pub(crate) async fn run(
                         sh.health.claims_work();
                         (failures, failing_since) = (0, None);
                         if claim.is_empty() {
-                            let nothing_running = jobs.is_empty() && waiting.is_empty();
+                            let nothing_running =
+                                jobs.is_empty() && waiting.is_empty() && records.is_empty();
                             if sh.cfg.until_empty && nothing_running && no_work_left(&sh).await {
                                 break;
                             }
                             idle_until = Some(Instant::now() + sh.cfg.poll);
                             continue;
                         }
+                        let mut claim = claim;
+                        let rows = claim.take_rows();
                         let held = Held::new(claim);
-                        for row in held.claim.rows() {
-                            waiting.push_back((held.clone(), row.clone()));
-                        }
+                        waiting.extend(rows.into_iter().map(|row| (held.clone(), row)));
                         if sh.renews {
                             beats.spawn(heartbeat(sh.clone(), held.clone()));
                         }
@@ -393,11 +464,10 @@ pub(crate) async fn run(
         // A claim under way finishes, so that its rows go back now rather than at lease end.
         if !stopping_now(&phase) && outcome.is_ok() {
             tokio::select! {
-                got = claiming => if let Some(Ok(claim)) = got {
+                got = claiming => if let Some(Ok(mut claim)) = got {
+                    let rows = claim.take_rows();
                     let held = Held::new(claim);
-                    for row in held.claim.rows() {
-                        waiting.push_back((held.clone(), row.clone()));
-                    }
+                    waiting.extend(rows.into_iter().map(|row| (held.clone(), row)));
                     helds.push(held);
                 },
                 () = &mut now => {}
@@ -413,7 +483,11 @@ pub(crate) async fn run(
         tokio::pin!(grace);
         loop {
             tokio::select! {
-                r = jobs.join_next() => if r.is_none() { break },
+                ended = jobs.join_next() => match ended {
+                    Some(Ok(Some(finished))) => { records.spawn(record(sh.clone(), finished)); }
+                    Some(_) => {}
+                    None => break,
+                },
                 () = &mut grace => break,
                 () = &mut now => break,
             }
@@ -430,10 +504,16 @@ pub(crate) async fn run(
     // Past that, whatever is left comes back through its lease.
     let wind_down = sh.handler.stop_grace() + Duration::from_secs(10);
     let _ = tokio::time::timeout(wind_down, async {
-        while jobs.join_next().await.is_some() {}
+        while let Some(ended) = jobs.join_next().await {
+            if let Ok(Some(finished)) = ended {
+                records.spawn(record(sh.clone(), finished));
+            }
+        }
+        while records.join_next().await.is_some() {}
     })
     .await;
     jobs.abort_all();
+    records.abort_all();
     beats.abort_all();
 
     let fatal = sh.fatal.lock().map(|mut f| f.take()).unwrap_or(None);
@@ -615,15 +695,23 @@ enum Ended {
 
 /// Runs one row: the handler on a task of its own, watched for its time limit and for stop
 /// requests; then records the result.
-async fn supervise(sh: Arc<Shared>, held: Arc<Held>, row: ClaimedRow) {
+async fn supervise(sh: Arc<Shared>, held: Arc<Held>, mut row: ClaimedRow) -> Option<Finished> {
     let id = row.id.clone();
     let t = &sh.tally;
+    let finished = |held: Arc<Held>, outcome, counter| {
+        Some(Finished {
+            held,
+            id: id.clone(),
+            outcome,
+            counter,
+        })
+    };
     let job = if sh.managed {
-        match Job::from_row(&row) {
+        match Job::take_from_row(&mut row) {
             Ok(job) => Some(job),
             Err(e) => {
                 let outcome = Outcome::Failed(Some(e.to_string()));
-                return record(&sh, &held, &id, outcome, &t.dead).await;
+                return finished(held, outcome, Counter::Dead);
             }
         }
     } else {
@@ -632,7 +720,7 @@ async fn supervise(sh: Arc<Shared>, held: Arc<Held>, row: ClaimedRow) {
     // A job whose lease ran out on its last attempt (its worker died) must not run again.
     if let Some(job) = job.as_ref().filter(|j| j.exhausted()) {
         let why = format!("no attempts left after {} runs", job.max_attempts);
-        return record(&sh, &held, &id, Outcome::Failed(Some(why)), &t.dead).await;
+        return finished(held, Outcome::Failed(Some(why)), Counter::Dead);
     }
 
     let (switch, mut stop) = watch::channel(None);
@@ -649,11 +737,12 @@ async fn supervise(sh: Arc<Shared>, held: Arc<Held>, row: ClaimedRow) {
     };
     if !held.claim.is_open(&id) {
         unregister();
-        return add(held.lost_counter(t));
+        add(held.lost_counter(t));
+        return None;
     }
     if sh.closing.load(Ordering::SeqCst) {
         unregister();
-        return record(&sh, &held, &id, Outcome::Ready, &t.released).await;
+        return finished(held, Outcome::Ready, Counter::Released);
     }
     let limit = job.as_ref().and_then(|j| j.timeout).or(sh.cfg.timeout);
     let task = Task {
@@ -662,15 +751,19 @@ async fn supervise(sh: Arc<Shared>, held: Arc<Held>, row: ClaimedRow) {
         token: *held.claim.token(),
         stop: stop.clone(),
     };
-    let handler = sh.handler.clone();
-    let mut run = AbortOnDrop(tokio::spawn(async move { handler.run(task).await }));
+    // The handler runs inside this task (dropping its future stops it); a panic, also one in
+    // the call that makes the future, is caught and becomes the job's failure.
+    let mut run = CatchUnwind(
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sh.handler.run(task)))
+            .map_err(panic_message),
+    );
     let deadline = limit.map(|l| Instant::now() + l);
     let ended = tokio::select! {
         // A result that is there wins over a stop that came at the same moment.
         biased;
-        r = &mut run.0 => {
+        r = &mut run => {
             let stop = *switch.borrow();
-            match (joined(r), stop) {
+            match (ended_as(r), stop) {
                 // A handler that stops itself may end before this select sees the stop: what
                 // it says then is about the stop, unless it finished the work anyway.
                 (ended @ Ended::Result(TaskResult::Done), _) | (ended, None) => ended,
@@ -696,21 +789,25 @@ async fn supervise(sh: Arc<Shared>, held: Arc<Held>, row: ClaimedRow) {
                 after: backoff(job.attempt),
                 error: Some(why),
             },
-            &t.retried,
+            Counter::Retried,
         ),
-        Some(_) => (Outcome::Failed(Some(why)), &t.dead),
-        None => (Outcome::Failed(Some(why)), &t.failed),
+        Some(_) => (Outcome::Failed(Some(why)), Counter::Dead),
+        None => (Outcome::Failed(Some(why)), Counter::Failed),
     };
     let (outcome, counter) = match ended {
-        Ended::Result(TaskResult::Done) => (Outcome::Done, &t.completed),
+        Ended::Result(TaskResult::Done) => (Outcome::Done, Counter::Completed),
         Ended::Result(TaskResult::Failed(why)) => failure(why),
         Ended::Result(TaskResult::Dead(why)) => {
-            let counter = if job.is_some() { &t.dead } else { &t.failed };
+            let counter = if job.is_some() {
+                Counter::Dead
+            } else {
+                Counter::Failed
+            };
             (Outcome::Failed(Some(why)), counter)
         }
         Ended::Result(TaskResult::Abort(why)) => {
             sh.abort(Error::HandlerAborted(why));
-            (Outcome::Ready, &t.released)
+            (Outcome::Ready, Counter::Released)
         }
         Ended::Panicked(message) => {
             tracing::warn!("row {id}: the handler panicked: {message}");
@@ -728,44 +825,70 @@ async fn supervise(sh: Arc<Shared>, held: Arc<Held>, row: ClaimedRow) {
                      was cancelled)"
                 );
             }
-            return add(held.lost_counter(t));
+            add(held.lost_counter(t));
+            return None;
         }
-        Ended::Stopped(StopReason::Shutdown) => (Outcome::Ready, &t.released),
+        Ended::Stopped(StopReason::Shutdown) => (Outcome::Ready, Counter::Released),
     };
-    record(&sh, &held, &id, outcome, counter).await;
+    finished(held, outcome, counter)
 }
 
-fn joined(r: std::result::Result<TaskResult, tokio::task::JoinError>) -> Ended {
+fn ended_as(r: std::result::Result<TaskResult, String>) -> Ended {
     match r {
         Ok(result) => Ended::Result(result),
-        Err(e) if e.is_panic() => {
-            let payload = e.into_panic();
-            let message = payload
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "(no message)".to_owned());
-            Ended::Panicked(message)
+        Err(message) => Ended::Panicked(message),
+    }
+}
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
+}
+
+/// A handler's future, polled so that a panic inside it becomes `Err(message)`.
+struct CatchUnwind(std::result::Result<super::handler::TaskFuture, String>);
+
+impl Future for CatchUnwind {
+    type Output = std::result::Result<TaskResult, String>;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let fut = match &mut self.0 {
+            Ok(fut) => fut,
+            Err(message) => return std::task::Poll::Ready(Err(std::mem::take(message))),
+        };
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Ready(result)) => std::task::Poll::Ready(Ok(result)),
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Err(payload) => std::task::Poll::Ready(Err(panic_message(payload))),
         }
-        // Only the runtime aborts these tasks, after a stop.
-        Err(_) => Ended::Stopped(StopReason::Shutdown),
     }
 }
 
 /// After a stop request: lets the handler wind down for its stop grace, then drops it.
-async fn wind_down(sh: &Shared, mut run: AbortOnDrop<TaskResult>) {
+async fn wind_down(sh: &Shared, mut run: CatchUnwind) {
     let grace = sh.handler.stop_grace();
-    if !grace.is_zero() && tokio::time::timeout(grace, &mut run.0).await.is_ok() {
-        return;
+    if !grace.is_zero() {
+        let _ = tokio::time::timeout(grace, &mut run).await;
     }
-    run.0.abort();
-    let _ = (&mut run.0).await;
 }
 
-/// Records a row's outcome, retrying while the database fails, until the lease would end (a
-/// source whose claims never expire: until the worker stops now); then gives the row up, and
-/// it comes back through its lease.
-async fn record(sh: &Shared, held: &Arc<Held>, id: &RowId, outcome: Outcome, counter: &AtomicU64) {
+/// Records a row's outcome through the settler, retrying while the database fails, until the
+/// lease would end (a source whose claims never expire: until the worker stops now); then gives
+/// the row up, and it comes back through its lease.
+async fn record(sh: Arc<Shared>, finished: Finished) {
+    let Finished {
+        held,
+        id,
+        outcome,
+        counter,
+    } = finished;
+    let (held, id, counter) = (&held, &id, sh.tally.of(counter));
     let mut failures = 0u32;
     // A try whose answer was lost may have gone through: a refusal after it proves nothing.
     let mut uncertain = false;
@@ -788,15 +911,15 @@ async fn record(sh: &Shared, held: &Arc<Held>, id: &RowId, outcome: Outcome, cou
             return give_up();
         }
         let limit = deadline.map_or(most, |d| sh.attempt_timeout(d));
-        match tokio::time::timeout(limit, held.claim.settle_keep(id, outcome.clone())).await {
-            Ok(Ok(())) => {
+        let flushed = tokio::time::timeout(limit, sh.settle(held, id, outcome.clone()))
+            .await
+            .unwrap_or(Flushed::TimedOut);
+        match flushed {
+            Flushed::Recorded => {
                 sh.health.answered();
                 return add(counter);
             }
-            Ok(Err(Error::LeaseLost { ids, .. })) => {
-                // With the transaction strategy a broken transaction loses every row at once:
-                // stop the jobs of the others too.
-                held.stop(&ids, StopReason::LeaseLost);
+            Flushed::Lost => {
                 if uncertain {
                     tracing::debug!(
                         "row {id}: its result was most likely recorded before the connection broke"
@@ -811,16 +934,16 @@ async fn record(sh: &Shared, held: &Arc<Held>, id: &RowId, outcome: Outcome, cou
                 }
                 return add(held.lost_counter(&sh.tally));
             }
-            Ok(Err(e)) if e.is_connection() || matches!(e, Error::Database(_)) => {
-                uncertain |= matches!(e, Error::OutcomeUnknown { .. });
+            Flushed::Failed(e) if e.is_connection() || matches!(*e, Error::Database(_)) => {
+                uncertain |= matches!(*e, Error::OutcomeUnknown { .. });
                 sh.health.failed("recording results", &e);
             }
-            Ok(Err(e)) => {
+            Flushed::Failed(e) => {
                 tracing::warn!("row {id}: its result could not be recorded: {e}");
                 held.give_up(std::slice::from_ref(id));
                 return add(&sh.tally.given_up);
             }
-            Err(_) => {
+            Flushed::TimedOut => {
                 uncertain = true;
                 if sh.claimer.strategy() == Strategy::Transaction {
                     // The held transaction is in an unknown state: give the whole claim up.
@@ -840,4 +963,88 @@ async fn record(sh: &Shared, held: &Arc<Held>, id: &RowId, outcome: Outcome, cou
         }
         tokio::time::sleep(wait).await;
     }
+}
+
+/// One row's result on its way to the database.
+struct Settle {
+    held: Arc<Held>,
+    id: RowId,
+    outcome: Outcome,
+    reply: oneshot::Sender<Flushed>,
+}
+
+/// What became of a result sent to the settler.
+enum Flushed {
+    Recorded,
+    /// The claim no longer held the row: nothing was changed.
+    Lost,
+    Failed(Arc<Error>),
+    TimedOut,
+}
+
+/// Most results in one flush.
+const FLUSH_MOST: usize = 1000;
+
+/// Writes results in batches: whatever arrived while the previous flush ran (and, with a
+/// `delay`, for that long after the first), one statement per claim and outcome, the claims'
+/// statements side by side. A flush that takes longer than `limit` answers "timed out" to its
+/// rows, whose supervisors try again.
+async fn settler(mut rx: mpsc::UnboundedReceiver<Settle>, delay: Duration, limit: Duration) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        while batch.len() < FLUSH_MOST {
+            match rx.try_recv() {
+                Ok(s) => batch.push(s),
+                Err(_) => break,
+            }
+        }
+        flush(batch, limit).await;
+    }
+}
+
+async fn flush(batch: Vec<Settle>, limit: Duration) {
+    type Group = (Arc<Held>, Outcome, Vec<(RowId, oneshot::Sender<Flushed>)>);
+    let mut groups: Vec<Group> = Vec::new();
+    for s in batch {
+        match groups
+            .iter_mut()
+            .find(|(h, o, _)| Arc::ptr_eq(h, &s.held) && *o == s.outcome)
+        {
+            Some((_, _, rows)) => rows.push((s.id, s.reply)),
+            None => groups.push((s.held, s.outcome, vec![(s.id, s.reply)])),
+        }
+    }
+    let mut statements = JoinSet::new();
+    for (held, outcome, rows) in groups {
+        statements.spawn(async move {
+            let ids: Vec<RowId> = rows.iter().map(|(id, _)| id.clone()).collect();
+            let result = tokio::time::timeout(limit, held.claim.settle_rows(&ids, outcome)).await;
+            // A broken transaction claim loses all its rows at once: stop the others' jobs now.
+            held.stop_forgotten();
+            let failed = match result {
+                Ok(Ok(lost)) => {
+                    for (id, reply) in rows {
+                        let _ = reply.send(if lost.contains(&id) {
+                            Flushed::Lost
+                        } else {
+                            Flushed::Recorded
+                        });
+                    }
+                    return;
+                }
+                Ok(Err(e)) => Some(Arc::new(e)),
+                Err(_) => None,
+            };
+            for (_, reply) in rows {
+                let _ = reply.send(match &failed {
+                    Some(e) => Flushed::Failed(e.clone()),
+                    None => Flushed::TimedOut,
+                });
+            }
+        });
+    }
+    while statements.join_next().await.is_some() {}
 }
