@@ -155,7 +155,7 @@ struct WorkArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     batch: Option<u32>,
     /// Rows to claim ahead, beyond the running ones, waiting for a free slot with their leases
-    /// renewed.
+    /// renewed. Claims then come in batches of about N/2: for short commands, a few hundred.
     #[arg(long, value_name = "N", default_value_t = 0)]
     prefetch: usize,
     /// How long a claim holds its rows without a heartbeat, e.g. 30s, 5m.

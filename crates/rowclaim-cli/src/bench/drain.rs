@@ -70,6 +70,9 @@ pub struct DrainArgs {
     /// (ConnectOptions::async_commit): a database crash may make jobs run again, never lose them.
     #[arg(long)]
     async_commit: bool,
+    /// With --queue: what becomes of completed jobs: keep or delete.
+    #[arg(long, value_name = "WHAT", default_value = "keep", value_parser = crate::parse_retention)]
+    completed: rowclaim::Retention,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -124,6 +127,7 @@ pub(crate) async fn run(url: &str, a: DrainArgs) -> anyhow::Result<i32> {
             batch: a.batch,
             claims: None,
             async_commit: a.async_commit,
+            completed: a.completed,
         };
         let outcome = claim_loops(url, target, load, &progress).await?;
         let left = target.left(url).await?;

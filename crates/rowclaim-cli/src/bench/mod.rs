@@ -19,6 +19,7 @@ mod latency;
 mod plain;
 mod scale;
 mod setup;
+mod spawn;
 mod svg;
 mod worker;
 
@@ -56,6 +57,9 @@ pub enum BenchCommand {
     /// drains N jobs: jobs per second, and worker and server CPU per job.
     #[command(long_about = worker::ABOUT)]
     Worker(worker::WorkerArgs),
+    /// The yardstick of a command per job: start COMMAND N times, C at a time, no database.
+    #[command(long_about = spawn::ABOUT)]
+    Spawn(spawn::SpawnArgs),
 }
 
 pub async fn run(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
@@ -65,6 +69,7 @@ pub async fn run(url: &str, cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::Scale(a) => scale::run(url, a).await,
         BenchCommand::Contention(a) => contention::run(url, a).await,
         BenchCommand::Worker(a) => worker::run(url, a).await,
+        BenchCommand::Spawn(a) => spawn::run(a).await,
     }
 }
 
@@ -114,6 +119,7 @@ impl Target {
         url: &str,
         connections: u32,
         async_commit: bool,
+        completed: rowclaim::Retention,
     ) -> anyhow::Result<Claimer> {
         let opts = ConnectOptions::default()
             .max_connections(connections)
@@ -123,7 +129,11 @@ impl Target {
             .context("connecting to the database")?;
         Ok(match self {
             Target::Table(s) => db.claimer(own_source(), s).await?,
-            Target::Queue => db.queue().claimer(&[QUEUE.to_owned()]).await?,
+            Target::Queue => {
+                db.queue()
+                    .claimer_with(&[QUEUE.to_owned()], completed)
+                    .await?
+            }
         })
     }
 
@@ -213,6 +223,8 @@ pub(crate) struct Load {
     /// PostgreSQL: claims and settles commit without waiting for the WAL flush
     /// (`ConnectOptions::async_commit`).
     pub async_commit: bool,
+    /// What becomes of completed jobs of the queue.
+    pub completed: rowclaim::Retention,
 }
 
 /// What the claim loops did.
@@ -248,7 +260,7 @@ pub(crate) async fn claim_loops(
     for _ in 0..load.workers {
         claimers.push(
             target
-                .claimer(url, load.concurrency, load.async_commit)
+                .claimer(url, load.concurrency, load.async_commit, load.completed)
                 .await?,
         );
     }

@@ -138,6 +138,7 @@ pub(crate) async fn run(url: &str, a: ScaleArgs) -> anyhow::Result<i32> {
             batch: a.batch,
             claims: Some(claims),
             async_commit: false,
+            completed: rowclaim::Retention::Keep,
         };
         let outcome = claim_loops(url, target, load, &claiming).await?;
         claiming.finish_and_clear();

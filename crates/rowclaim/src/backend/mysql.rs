@@ -159,6 +159,14 @@ fn parse_ids(m: &Mapping, texts: &[String]) -> Result<Vec<RowId>> {
     texts.iter().map(|t| m.id_kind.parse(t, "row id")).collect()
 }
 
+/// The ids of a list, as row ids.
+fn list_ids(list: &IdList) -> Vec<RowId> {
+    match list {
+        IdList::Int(v) => v.iter().map(|i| RowId::Int(*i)).collect(),
+        IdList::Text(v) => v.iter().map(|t| RowId::Text(t.clone())).collect(),
+    }
+}
+
 fn id_list(m: &Mapping, texts: &[String]) -> Result<IdList> {
     IdList::new(m.id_kind, &parse_ids(m, texts)?)
 }
@@ -667,17 +675,50 @@ impl Driver for My {
         Ok(changed)
     }
 
-    /// MySQL has no `UPDATE … RETURNING` to say which rows changed: the caller settles all or
+    /// MySQL has no `UPDATE … RETURNING`. A completed or failed row keeps its owner, so one
+    /// `UPDATE` suffices when it matched every named row (the common case), and a short count is
+    /// followed by a read of which rows now carry the token in their new state. A row given back
+    /// (owner cleared) or deleted leaves no such trace: for those the caller settles all or
     /// nothing and narrows down.
     async fn settle_each(
         &self,
-        _m: &Mapping,
-        _strategy: Strategy,
-        _token: &str,
-        _ids: &IdList,
-        _outcome: Outcome,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        list: &IdList,
+        outcome: Outcome,
     ) -> Result<Option<Vec<RowId>>> {
-        Ok(None)
+        let keeps_owner = matches!(outcome, Outcome::Done | Outcome::Failed(_));
+        let Some(owner) = m.owner.as_ref() else {
+            return Ok(None);
+        };
+        if strategy == Strategy::LeaseTable || !keeps_owner || outcome.deletes(m) {
+            return Ok(None);
+        }
+        let n = match list {
+            IdList::Int(v) => v.len(),
+            IdList::Text(v) => v.len(),
+        };
+        let mut b = B::new();
+        let set = super::outcome_set(m, &mut b, &outcome, NOW, lease_until);
+        let cond = held_by(m, &mut b, token, &Target::Ids(list, n))?;
+        let sql = format!("UPDATE {} SET {set} WHERE {cond}", m.table);
+        let changed = b.query(sql)?.execute(&self.pool).await?.rows_affected();
+        if changed == n as u64 {
+            return Ok(Some(list_ids(list)));
+        }
+        let mut b = B::new();
+        let which = in_ids(&mut b, &m.id, list);
+        let sql = format!(
+            "SELECT CAST({} AS CHAR) FROM {} WHERE {which} AND {owner} = {} AND {} = {}",
+            m.id,
+            m.table,
+            b.bind(token.to_owned()),
+            m.status,
+            status_literal(outcome.status(m))
+        );
+        let ours: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+        Ok(Some(parse_ids(m, &ours)?))
     }
 
     async fn extend(
