@@ -425,9 +425,15 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Bench(cmd) => bench::run(url, cmd).await,
         Command::Work(a) => {
             let concurrency = a.concurrency as usize;
-            // Connections: one per running command's result, plus claims, heartbeats, LISTEN;
-            // with the transaction strategy each claim holds one while its rows wait.
-            let connections = (concurrency + a.prefetch + 3).min(u32::MAX as usize) as u32;
+            // Connections: results go in batches, so a few beside the running commands serve
+            // claims, heartbeats, results and LISTEN; with the transaction strategy each claim
+            // holds one for as long as its rows wait.
+            let ahead = if a.source.strategy == rowclaim::Strategy::Transaction {
+                a.prefetch
+            } else {
+                a.prefetch.min(32)
+            };
+            let connections = (concurrency + ahead + 3).min(u32::MAX as usize) as u32;
             if a.completed == Retention::Delete && a.source.queues.is_empty() {
                 let why = "--completed delete is for jobs of the managed queue (--queue); rows of \
                            your own table are marked done";

@@ -293,6 +293,16 @@ async fn bad_input(t: Arc<TestDb>) {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no column ends_at"));
 
+    let delete = [
+        &["work", "--completed", "delete"],
+        FULL.as_slice(),
+        &["--", "true"],
+    ]
+    .concat();
+    let out = output(&t, &delete).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--completed delete"));
+
     let out = output(&t, &[&["claim", "--lease", "0s"], FULL.as_slice()].concat()).await;
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("lease must be longer than zero"));
@@ -674,6 +684,37 @@ async fn queue_cli(t: Arc<TestDb>) {
             .await,
         1
     );
+
+    // --completed delete: completed jobs are gone, the others stay.
+    let out = output(&t, &["enqueue", "--queue", "gone", "{}"]).await;
+    assert!(out.status.success());
+    let work = [
+        "work",
+        "--queue",
+        "gone",
+        "--completed",
+        "delete",
+        "--until-empty",
+        "--",
+        "true",
+    ];
+    let out = output(&t, &work).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'gone'")
+            .await,
+        0
+    );
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'cancelled'")
+            .await,
+        1,
+        "other queues' jobs are untouched"
+    );
 }
 
 /// PostgreSQL LISTEN/NOTIFY: a worker polling only every 60 s starts a new job at once.
@@ -800,7 +841,10 @@ async fn bench_drain_reports_and_checks_itself() {
 
 /// Runs `rowclaim bench …` and returns its `--json` report, failing on a non-zero exit.
 async fn bench_json(t: &TestDb, args: &[&str]) -> serde_json::Value {
-    let out = output(t, &[&["bench"][..], args, &["--json"]].concat()).await;
+    // --json goes before a trailing `-- COMMAND`.
+    let cut = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+    let (flags, command) = args.split_at(cut);
+    let out = output(t, &[&["bench"][..], flags, &["--json"], command].concat()).await;
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench {args:?} failed: {err}");
     serde_json::from_slice(&out.stdout)
@@ -812,6 +856,48 @@ fn rate_adds_up(report: &serde_json::Value, rows: f64) -> bool {
     let rate = report["jobs_per_second"].as_f64().unwrap_or(0.0);
     let secs = report["seconds"].as_f64().unwrap_or(0.0);
     (rate * secs - rows).abs() < 0.5
+}
+
+/// `bench worker`: the library Worker and `work -- COMMAND` drain every job once and report the
+/// CPU they spent; completed jobs can be deleted; `bench spawn` measures the spawn alone.
+async fn bench_worker(t: Arc<TestDb>) {
+    let r = bench_json(&t, &["worker", "--jobs", "300", "--prefetch", "50"]).await;
+    assert_eq!(r["scenario"], "worker");
+    assert_eq!(r["jobs"], 300);
+    assert!(rate_adds_up(&r, 300.0), "{r}");
+    assert!(r["worker_cpu_us_per_job"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(r["peak_rss_mb"].as_f64().unwrap() > 1.0, "{r}");
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'bench' AND status = 'completed' AND attempts = 1")
+            .await,
+        300
+    );
+    let deleting = ["worker", "--jobs", "200", "--completed", "delete"];
+    bench_json(&t, &deleting).await;
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'bench'")
+            .await,
+        0,
+        "completed jobs were deleted"
+    );
+    let r = bench_json(&t, &["worker", "--jobs", "40", "--table", "--", "true"]).await;
+    assert!(
+        r["runner"].as_str().unwrap().contains("rowclaim work"),
+        "{r}"
+    );
+    assert!(rate_adds_up(&r, 40.0), "{r}");
+    let r = bench_json(&t, &["spawn", "--jobs", "30", "--", "true"]).await;
+    assert!(rate_adds_up(&r, 30.0), "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_worker_sqlite() {
+    with_db(Backend::Sqlite, bench_worker).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_worker_postgres() {
+    with_db(Backend::Postgres, bench_worker).await
 }
 
 /// `bench drain --concurrency`: several claim loops per worker still process every row once.

@@ -177,7 +177,7 @@ pub(crate) async fn run(url: &str, a: ContentionArgs) -> anyhow::Result<i32> {
                 batch: a.batch,
                 claims: None,
                 async_commit: false,
-            completed: rowclaim::Retention::Keep,
+                completed: rowclaim::Retention::Keep,
             };
             let outcome = claim_loops(url, *target, load, &progress)
                 .await

@@ -80,6 +80,9 @@ struct WorkerReport {
     jobs_per_second: f64,
     worker_cpu_us_per_job: f64,
     server_cpu_us_per_job: Option<f64>,
+    /// The worker's peak resident memory (this process with the library Worker; the `work`
+    /// child, or the largest command it ran, otherwise).
+    peak_rss_mb: f64,
     async_commit: bool,
     hold_snapshot: bool,
 }
@@ -120,6 +123,12 @@ pub(crate) async fn run(url: &str, a: WorkerArgs) -> anyhow::Result<i32> {
             format!("rowclaim work -- {}", a.command.join(" ")),
         )
     };
+    let peak_rss_mb = peak_rss_kb(if a.command.is_empty() {
+        nix::sys::resource::UsageWho::RUSAGE_SELF
+    } else {
+        nix::sys::resource::UsageWho::RUSAGE_CHILDREN
+    }) as f64
+        / 1024.0;
     let server_after = server_cpu(&backend);
     drop(snapshot);
 
@@ -156,6 +165,7 @@ pub(crate) async fn run(url: &str, a: WorkerArgs) -> anyhow::Result<i32> {
         server_cpu_us_per_job: server_before
             .zip(server_after)
             .map(|(b, e)| per_job(e.saturating_sub(b))),
+        peak_rss_mb,
         async_commit: a.async_commit,
         hold_snapshot: a.hold_snapshot,
     };
@@ -179,7 +189,16 @@ pub(crate) async fn run(url: &str, a: WorkerArgs) -> anyhow::Result<i32> {
             ""
         }
     );
-    let mut t = Table::new(["jobs/s", "seconds", "worker CPU/job", "server CPU/job"], 0);
+    let mut t = Table::new(
+        [
+            "jobs/s",
+            "seconds",
+            "worker CPU/job",
+            "server CPU/job",
+            "peak RSS",
+        ],
+        0,
+    );
     t.row(vec![
         format!("{:.0}", report.jobs_per_second),
         format!("{:.2}", report.seconds),
@@ -187,6 +206,7 @@ pub(crate) async fn run(url: &str, a: WorkerArgs) -> anyhow::Result<i32> {
         report
             .server_cpu_us_per_job
             .map_or("n/a".to_owned(), |us| format!("{us:.1} µs")),
+        format!("{:.1} MB", report.peak_rss_mb),
     ]);
     print!("{}", t.render());
     Ok(crate::exit::OK)
@@ -319,6 +339,11 @@ fn self_cpu() -> Duration {
 /// The CPU time of the children this process has waited for, and of their waited-for children.
 fn children_cpu() -> Duration {
     rusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+}
+
+/// The peak resident memory of this process or of its largest waited-for child, in kB.
+fn peak_rss_kb(who: nix::sys::resource::UsageWho) -> i64 {
+    nix::sys::resource::getrusage(who).map_or(0, |u| u.max_rss())
 }
 
 fn rusage(who: nix::sys::resource::UsageWho) -> Duration {
