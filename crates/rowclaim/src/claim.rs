@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, Notify};
 
 use crate::backend::{
-    is_lock_conflict, retry_transient, ClaimArgs, Held, Outcome, ServerInfo, Target,
+    is_lock_conflict, retry_transient, ClaimArgs, Held, Outcome, Position, ServerInfo, Target,
 };
 use crate::source::Mapping;
 use crate::value::IdList;
@@ -135,7 +135,17 @@ const RESCUE_EVERY: Duration = Duration::from_secs(1);
 struct Rescue {
     last: Option<Instant>,
     short: bool,
+    /// Where the last full claim ended, and when the run of claims resuming there started
+    /// from the beginning of the queue (see [`RESTART_EVERY`]).
+    resume: Option<(Position, Instant)>,
 }
+
+/// How long claims resume where the last one ended before one starts again from the beginning
+/// of the queue's order. Resuming skips the index entries of jobs claimed before (see
+/// [`Position`]) but also any job that became claimable behind that place meanwhile: one of
+/// higher priority, a retry due earlier, a job whose enqueue committed late. Those wait at most
+/// this long (or until a claim comes back short, which also starts again from the beginning).
+const RESTART_EVERY: Duration = Duration::from_secs(1);
 
 /// A fenced change to rows a token holds.
 #[derive(Clone)]
@@ -232,9 +242,14 @@ impl Claimer {
                     i.strategy,
                     Strategy::SkipLocked | Strategy::Token | Strategy::Optimistic
                 );
-            let expired = !throttled || {
+            let (expired, after) = {
                 let r = i.rescue.lock().unwrap_or_else(|p| p.into_inner());
-                r.short || r.last.is_none_or(|t| t.elapsed() >= RESCUE_EVERY)
+                (
+                    !throttled || r.short || r.last.is_none_or(|t| t.elapsed() >= RESCUE_EVERY),
+                    r.resume
+                        .filter(|(_, since)| since.elapsed() < RESTART_EVERY)
+                        .map(|(p, _)| p),
+                )
             };
             let args = ClaimArgs {
                 m: &i.m,
@@ -243,20 +258,34 @@ impl Claimer {
                 lease,
                 token: &token_text,
                 expired,
+                after,
             };
             // The lease runs from no earlier than this, by the database's clock.
             let sent = Instant::now();
             let claimed = retry_transient!(i.db.backend.claim(&args).await)?;
+            let short = claimed.rows.len() < batch as usize;
             {
                 let mut r = i.rescue.lock().unwrap_or_else(|p| p.into_inner());
-                r.short = claimed.rows.len() < batch as usize;
+                r.short = short;
                 if expired {
                     r.last = Some(Instant::now());
                 }
+                r.resume = match (short, claimed.position, after) {
+                    // Short: whatever is claimable may lie behind; start from the beginning.
+                    (true, _, _) | (false, None, _) => None,
+                    // From the beginning: a new run of resumed claims starts here.
+                    (false, Some(p), None) => Some((p, Instant::now())),
+                    // Resumed: go on from the later place (claims run side by side).
+                    (false, Some(p), Some(_)) => r
+                        .resume
+                        .map(|(q, since)| (q.later(p), since))
+                        .or(Some((p, Instant::now()))),
+                };
             }
-            if claimed.rows.is_empty() && !expired {
-                // Only ready rows were looked at. Before answering "nothing claimable", look at
-                // expired leases too: the next round does, this claim having come back short.
+            if claimed.rows.is_empty() && (!expired || after.is_some()) {
+                // Only ready rows were looked at, or only those after a place in the order.
+                // Before answering "nothing claimable", look at all of them and at expired
+                // leases too: the next round does, this claim having come back short.
                 continue;
             }
             if claimed.rows.is_empty() && claimed.lost_race && rounds < LOST_RACE_RETRIES {

@@ -366,6 +366,7 @@ impl Source {
             order_by: order.join(", "),
             filter: p.filter.map(|f| format!(" AND ({f})")).unwrap_or_default(),
             run_at: self.managed.as_ref().map(|_| dialect.quote("run_at")),
+            priority: self.managed.as_ref().map(|_| dialect.quote("priority")),
             queues: self
                 .managed
                 .as_ref()
@@ -435,6 +436,9 @@ pub(crate) struct Mapping {
     pub delete_done: bool,
     /// Managed queue: rows are claimable once their run-at has come.
     pub run_at: Option<String>,
+    /// Managed queue: the priority column. Claims take jobs by priority (descending), run-at and
+    /// id, and PostgreSQL's resume after a [`crate::backend::Position`] in that order.
+    pub priority: Option<String>,
     /// Managed queue: the queue column and the queue names to claim from (bound, never pasted).
     pub queues: Option<(String, Vec<String>)>,
     /// Managed queue: where a failure's error goes.

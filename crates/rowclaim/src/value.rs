@@ -82,6 +82,13 @@ pub(crate) enum IdList {
 }
 
 impl IdList {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            IdList::Int(v) => v.len(),
+            IdList::Text(v) => v.len(),
+        }
+    }
+
     pub(crate) fn new(kind: Kind, ids: &[RowId]) -> crate::Result<IdList> {
         match kind {
             Kind::Int => ids

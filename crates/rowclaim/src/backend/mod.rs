@@ -169,6 +169,38 @@ pub(crate) struct ClaimArgs<'a> {
     pub token: &'a str,
     /// Also look for rows whose lease expired (the claimer does now and then, not every time).
     pub expired: bool,
+    /// Managed queue: resume the walk of ready rows after this place in the queue's order
+    /// (drivers that cannot ignore it and return no position).
+    pub after: Option<Position>,
+}
+
+/// A place in the managed queue's claim order (priority descending, then run-at, then id): where
+/// a claim ended. The next claim resumes after it instead of walking again, from the start of
+/// the ready index, past the entries of every job claimed since the last vacuum; PostgreSQL
+/// keeps those entries until vacuum removes them (for as long as any snapshot may still see the
+/// rows), and every claim from the start would step over all of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Position {
+    pub priority: i64,
+    /// Microseconds since the Unix epoch: exact, unlike a float of seconds.
+    pub run_at_us: i64,
+    pub id: i64,
+}
+
+impl Position {
+    /// Later in the claim order sorts greater.
+    fn key(&self) -> (std::cmp::Reverse<i64>, i64, i64) {
+        (std::cmp::Reverse(self.priority), self.run_at_us, self.id)
+    }
+
+    /// The later of two places in the claim order.
+    pub(crate) fn later(self, other: Position) -> Position {
+        if other.key() > self.key() {
+            other
+        } else {
+            self
+        }
+    }
 }
 
 /// What a driver's claim returns.
@@ -180,6 +212,8 @@ pub(crate) struct Claimed {
     /// Whether candidates were seen but all were taken by others first (optimistic, lease-table):
     /// the caller tries again instead of reporting "nothing to claim".
     pub lost_race: bool,
+    /// Where in the managed queue's order this claim ended, when the driver resumes claims.
+    pub position: Option<Position>,
 }
 
 /// The state a settled row moves to.
@@ -350,6 +384,11 @@ where
 /// The fencing condition "`token` holds this row" for strategies that mark rows in the table:
 /// claimed, by this owner, and (for [`Target::Ids`]) one of the named rows, written by the
 /// dialect's `id_in(binder, column, ids)`. Without an owner column only named rows can be meant.
+/// The row is claimed (by anyone).
+pub(crate) fn claimed_cond(m: &Mapping) -> String {
+    format!("{} = {}", m.status, status_literal(&m.claimed))
+}
+
 pub(crate) fn held_by<DB: sqlx::Database>(
     m: &Mapping,
     b: &mut Binder<DB>,
@@ -362,7 +401,7 @@ where
     String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
 {
-    let mut cond = format!("{} = {}", m.status, status_literal(&m.claimed));
+    let mut cond = claimed_cond(m);
     match &m.owner {
         Some(ow) => cond.push_str(&format!(" AND {ow} = {}", b.bind(token.to_owned()))),
         None if matches!(target, Target::All) => return Err(no_owner(m)),

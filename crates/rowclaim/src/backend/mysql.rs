@@ -281,6 +281,7 @@ fn nothing() -> Claimed {
     Claimed {
         rows: vec![],
         held: None,
+        position: None,
         lost_race: false,
     }
 }
@@ -425,6 +426,7 @@ impl Driver for My {
                 Ok(Claimed {
                     rows,
                     held: None,
+                    position: None,
                     lost_race: false,
                 })
             }
@@ -446,12 +448,14 @@ impl Driver for My {
                     return Ok(Claimed {
                         rows: vec![],
                         held: None,
+                        position: None,
                         lost_race: self.claimable_exists(m).await?,
                     });
                 }
                 Ok(Claimed {
                     rows: self.rows_of_owner(m, a.token).await?,
                     held: None,
+                    position: None,
                     lost_race: false,
                 })
             }
@@ -507,6 +511,7 @@ impl Driver for My {
                     lost_race: rows.is_empty(),
                     rows,
                     held: None,
+                    position: None,
                 })
             }
             // Candidates are rows without a live lease; inserting the lease key is the claim (an
@@ -562,6 +567,7 @@ impl Driver for My {
                     return Ok(Claimed {
                         rows: vec![],
                         held: None,
+                        position: None,
                         lost_race: true,
                     });
                 }
@@ -584,6 +590,7 @@ impl Driver for My {
                     lost_race: rows.is_empty(),
                     rows,
                     held: None,
+                    position: None,
                 })
             }
             // Lock the rows in a transaction that stays open; the session's idle timeout
@@ -614,6 +621,7 @@ impl Driver for My {
                 Ok(Claimed {
                     rows,
                     held: Some(Held::MySql(tx)),
+                    position: None,
                     lost_race: false,
                 })
             }

@@ -248,6 +248,7 @@ impl Driver for Lite {
                 Ok(Claimed {
                     rows,
                     held: None,
+                    position: None,
                     lost_race: false,
                 })
             }
@@ -266,6 +267,7 @@ impl Driver for Lite {
                     return Ok(Claimed {
                         rows: vec![],
                         held: None,
+                        position: None,
                         lost_race: false,
                     });
                 }
@@ -282,6 +284,7 @@ impl Driver for Lite {
                 Ok(Claimed {
                     rows,
                     held: None,
+                    position: None,
                     lost_race,
                 })
             }
@@ -306,6 +309,7 @@ impl Driver for Lite {
                     return Ok(Claimed {
                         rows: vec![],
                         held: None,
+                        position: None,
                         lost_race: false,
                     });
                 }
@@ -336,6 +340,7 @@ impl Driver for Lite {
                 Ok(Claimed {
                     rows,
                     held: None,
+                    position: None,
                     lost_race: false,
                 })
             }
@@ -364,6 +369,7 @@ impl Driver for Lite {
                 Ok(Claimed {
                     rows,
                     held,
+                    position: None,
                     lost_race: false,
                 })
             }
