@@ -88,6 +88,61 @@ async fn claim_due_jobs(t: Arc<TestDb>) {
     assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'completed' AND finished_at IS NOT NULL").await, 1);
 }
 
+/// Claims that resume where the last one ended (PostgreSQL) still find jobs that became
+/// claimable behind that place: jobs given back, and a job of higher priority enqueued after the
+/// first claims. Every job is claimed, none twice, and the high-priority job before the ones
+/// that were ready all along once a claim starts from the beginning again.
+async fn claims_find_jobs_behind_them(t: Arc<TestDb>) {
+    let (_db, q) = ready_queue(&t).await;
+    let jobs: Vec<NewJob> = (0..40).map(|n| NewJob::new(json!({ "n": n }))).collect();
+    q.enqueue_many(&jobs).await.unwrap();
+    let c = q.claimer(&[]).await.unwrap();
+    let lease = Duration::from_secs(60);
+    let mut seen: Vec<serde_json::Value> = Vec::new();
+    // Two full claims: the second resumes after the first.
+    let first = c.claim(10, lease).await.unwrap();
+    let second = c.claim(10, lease).await.unwrap();
+    assert_eq!((first.len(), second.len()), (10, 10));
+    // Give the first claim's jobs back (now behind the place claims resume at), complete the
+    // second's, and enqueue an urgent job.
+    for r in first.rows() {
+        first.release(&r.id).await.unwrap();
+    }
+    for r in second.rows() {
+        seen.push(Job::from_row(r).unwrap().payload);
+        second.complete(&r.id).await.unwrap();
+    }
+    q.enqueue(&NewJob::new(json!({"n": "urgent"})).priority(9))
+        .await
+        .unwrap();
+    let mut urgent_at = None;
+    for _ in 0..20 {
+        let claim = c.claim(10, lease).await.unwrap();
+        if claim.is_empty() {
+            break;
+        }
+        for r in claim.rows() {
+            let payload = Job::from_row(r).unwrap().payload;
+            if payload == json!({"n": "urgent"}) {
+                urgent_at = Some(seen.len());
+            }
+            seen.push(payload);
+            claim.complete(&r.id).await.unwrap();
+        }
+    }
+    let mut numbers: Vec<i64> = seen.iter().filter_map(|p| p["n"].as_i64()).collect();
+    numbers.sort_unstable();
+    assert_eq!(numbers, (0..40).collect::<Vec<_>>(), "every job once: {seen:?}");
+    assert_eq!(seen.len(), 41, "and the urgent one: {seen:?}");
+    let urgent_at = urgent_at.expect("the urgent job was claimed");
+    assert!(
+        seen[urgent_at..].iter().any(|p| p["n"].as_i64().is_some_and(|n| n < 10)),
+        "the urgent job came before some of the jobs given back: {seen:?}"
+    );
+    let left = "SELECT COUNT(*) FROM rowclaim_jobs WHERE status <> 'completed'";
+    assert_eq!(t.count(left).await, 0);
+}
+
 /// A failed job runs again after its delay, keeping the error; after the last attempt it is dead.
 async fn retries_and_dead(t: Arc<TestDb>) {
     let (_db, q) = ready_queue(&t).await;
@@ -347,6 +402,10 @@ macro_rules! queue_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn due_jobs_by_queue_and_priority() {
             with_db($backend, claim_due_jobs).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn claims_find_jobs_behind_where_they_resume() {
+            with_db($backend, claims_find_jobs_behind_them).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn retries_then_dead_then_admin() {
