@@ -132,11 +132,17 @@ async fn claims_find_jobs_behind_them(t: Arc<TestDb>) {
     }
     let mut numbers: Vec<i64> = seen.iter().filter_map(|p| p["n"].as_i64()).collect();
     numbers.sort_unstable();
-    assert_eq!(numbers, (0..40).collect::<Vec<_>>(), "every job once: {seen:?}");
+    assert_eq!(
+        numbers,
+        (0..40).collect::<Vec<_>>(),
+        "every job once: {seen:?}"
+    );
     assert_eq!(seen.len(), 41, "and the urgent one: {seen:?}");
     let urgent_at = urgent_at.expect("the urgent job was claimed");
     assert!(
-        seen[urgent_at..].iter().any(|p| p["n"].as_i64().is_some_and(|n| n < 10)),
+        seen[urgent_at..]
+            .iter()
+            .any(|p| p["n"].as_i64().is_some_and(|n| n < 10)),
         "the urgent job came before some of the jobs given back: {seen:?}"
     );
     let left = "SELECT COUNT(*) FROM rowclaim_jobs WHERE status <> 'completed'";
