@@ -76,16 +76,23 @@ async fn several_workers(t: Arc<TestDb>) {
     );
 }
 
-/// A worker is SIGKILLed while its commands run; a worker started later finishes its rows once
-/// their lease has expired.
+/// A worker is SIGKILLed while its commands run: its commands are told to stop too (they run in
+/// process groups of their own, so only the kernel's parent-death signal reaches them), and a
+/// worker started later finishes its rows once their lease has expired.
 async fn killed_worker(t: Arc<TestDb>) {
     t.jobs(12).await;
     let dir = tempfile::tempdir().unwrap();
-    let (started, finished) = (
+    let (started, finished, pids) = (
         dir.path().join("started.log"),
         dir.path().join("finished.log"),
+        dir.path().join("pids.log"),
     );
-    let slow = format!("echo \"$ROWCLAIM_ID\" >> {}; sleep 30", started.display());
+    // `exec`: the process rowclaim started becomes the sleep, so the signal reaches the sleep.
+    let slow = format!(
+        "echo $$ >> {}; echo \"$ROWCLAIM_ID\" >> {}; exec sleep 120",
+        pids.display(),
+        started.display()
+    );
     let mut args: Vec<&str> = FULL.to_vec();
     args.extend([
         "--lease",
@@ -117,6 +124,35 @@ async fn killed_worker(t: Arc<TestDb>) {
         .unwrap();
     assert!(killed.success());
     let _ = doomed.wait().await;
+    let commands: Vec<String> = std::fs::read_to_string(&pids)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(commands.len(), 3, "three commands started");
+    let alive = || {
+        commands
+            .iter()
+            .filter(|pid| {
+                // Gone, or a zombie nobody has reaped yet: either way it stopped.
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                    stat.rsplit_once(") ")
+                        .is_some_and(|(_, r)| !r.starts_with('Z'))
+                })
+            })
+            .count()
+    };
+    for _ in 0..300 {
+        if alive() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        alive(),
+        0,
+        "the killed worker's commands stopped: {commands:?}"
+    );
     let claimed = t
         .count("SELECT COUNT(*) FROM jobs WHERE status = 'claimed'")
         .await;
