@@ -384,11 +384,13 @@ where
 /// The fencing condition "`token` holds this row" for strategies that mark rows in the table:
 /// claimed, by this owner, and (for [`Target::Ids`]) one of the named rows, written by the
 /// dialect's `id_in(binder, column, ids)`. Without an owner column only named rows can be meant.
-/// The row is claimed (by anyone).
-pub(crate) fn claimed_cond(m: &Mapping) -> String {
-    format!("{} = {}", m.status, status_literal(&m.claimed))
-}
-
+///
+/// With named rows the status test is written `(status = claimed) IS TRUE`: the same test, but
+/// one a planner cannot match to a partial index over claimed rows (the managed queue's lease
+/// index), so the rows are found through their key. Otherwise PostgreSQL, when statistics say
+/// few rows are claimed, walks that index instead, and until vacuum it also holds an entry for
+/// every row claimed since; with a transaction open elsewhere for minutes, hundreds of
+/// thousands, each looked up in the table.
 pub(crate) fn held_by<DB: sqlx::Database>(
     m: &Mapping,
     b: &mut Binder<DB>,
@@ -401,7 +403,11 @@ where
     String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
 {
-    let mut cond = claimed_cond(m);
+    let claimed = format!("{} = {}", m.status, status_literal(&m.claimed));
+    let mut cond = match target {
+        Target::Ids(..) => format!("({claimed}) IS TRUE"),
+        Target::All => claimed,
+    };
     match &m.owner {
         Some(ow) => cond.push_str(&format!(" AND {ow} = {}", b.bind(token.to_owned()))),
         None if matches!(target, Target::All) => return Err(no_owner(m)),
@@ -411,6 +417,15 @@ where
         cond.push_str(&format!(" AND {}", id_in(b, &m.id, list)));
     }
     Ok(cond)
+}
+
+/// The statement that changes the rows `cond` picks: `UPDATE … SET set`, or `DELETE` when there
+/// is no `set` (a settle whose outcome deletes, see [`Outcome::deletes`]).
+pub(crate) fn change_sql(m: &Mapping, set: Option<&str>, cond: &str) -> String {
+    match set {
+        Some(set) => format!("UPDATE {} SET {set} WHERE {cond}", m.table),
+        None => format!("DELETE FROM {} WHERE {cond}", m.table),
+    }
 }
 
 /// The SET list that settles rows. A row given back loses its owner and lease; a retried row

@@ -640,14 +640,10 @@ impl Driver for My {
         let t = &m.table;
         if strategy != Strategy::LeaseTable {
             let mut b = B::new();
-            let sql = if outcome.deletes(m) {
-                let cond = held_by(m, &mut b, token, &target)?;
-                format!("DELETE FROM {t} WHERE {cond}")
-            } else {
-                let set = super::outcome_set(m, &mut b, &outcome, "UTC_TIMESTAMP(6)", lease_until);
-                let cond = held_by(m, &mut b, token, &target)?;
-                format!("UPDATE {t} SET {set} WHERE {cond}")
-            };
+            let set = (!outcome.deletes(m))
+                .then(|| super::outcome_set(m, &mut b, &outcome, NOW, lease_until));
+            let cond = held_by(m, &mut b, token, &target)?;
+            let sql = super::change_sql(m, set.as_deref(), &cond);
             return self.change_all_or_nothing(sql, b, &target).await;
         }
         // Lock and delete the token's leases, then settle their rows. (MariaDB could do the first
@@ -703,14 +699,11 @@ impl Driver for My {
         if strategy == Strategy::LeaseTable || !keeps_owner || outcome.deletes(m) {
             return Ok(None);
         }
-        let n = match list {
-            IdList::Int(v) => v.len(),
-            IdList::Text(v) => v.len(),
-        };
+        let n = list.len();
         let mut b = B::new();
         let set = super::outcome_set(m, &mut b, &outcome, NOW, lease_until);
         let cond = held_by(m, &mut b, token, &Target::Ids(list, n))?;
-        let sql = format!("UPDATE {} SET {set} WHERE {cond}", m.table);
+        let sql = super::change_sql(m, Some(&set), &cond);
         let changed = b.query(sql)?.execute(&self.pool).await?.rows_affected();
         if changed == n as u64 {
             return Ok(Some(list_ids(list)));

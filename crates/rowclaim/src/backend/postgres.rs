@@ -139,23 +139,9 @@ fn claim_set(m: &Mapping, b: &mut B, token: &str, lease: Duration) -> String {
 }
 
 /// The condition "`token` holds this row" for strategies that mark rows in the table itself.
-///
-/// With named rows the status test is written `(status = claimed) IS TRUE`: the same test, but
-/// one the planner cannot match to a partial index over claimed rows (the managed queue's lease
-/// index), so the rows are found through their key. Otherwise, when statistics say few rows are
-/// claimed, it walks that index instead, and until vacuum it also holds an entry for every row
-/// claimed since; with a transaction open elsewhere for minutes, hundreds of thousands, each
-/// looked up in the table.
 fn held_by(m: &Mapping, b: &mut B, token: &str, target: &Target<'_>) -> Result<String> {
-    let cond = super::held_by(m, b, token, target, |b, col, list| {
+    super::held_by(m, b, token, target, |b, col, list| {
         format!("{col} = ANY({})", ids(b, list))
-    })?;
-    Ok(match target {
-        Target::Ids(..) => {
-            let claimed = super::claimed_cond(m);
-            cond.replacen(&claimed, &format!("({claimed}) IS TRUE"), 1)
-        }
-        Target::All => cond,
     })
 }
 
@@ -185,8 +171,9 @@ const CREATE_COUNTERS: &str = "CREATE TABLE IF NOT EXISTS rowclaim_counters (
 
 impl Pg {
     /// Runs a statement that changes rows; with several named rows it commits only if all of them
-    /// changed (all or nothing). For the lease table, whose changes span two tables; changes to
-    /// rows marked in the source table go through [`Pg::fenced_change`], in one statement.
+    /// changed (all or nothing). A transaction of three round trips costs the server less than
+    /// one statement that locks the rows first and then changes them (a lock is a WAL record of
+    /// its own).
     async fn change_all_or_nothing(&self, sql: String, b: B, target: &Target<'_>) -> Result<u64> {
         match target {
             Target::Ids(_, n) if *n > 1 => {
@@ -201,43 +188,6 @@ impl Pg {
             }
             _ => Ok(b.query(sql)?.execute(&self.pool).await?.rows_affected()),
         }
-    }
-
-    /// `UPDATE … SET set WHERE cond` (or, with no `set`, `DELETE … WHERE cond`) on rows a
-    /// token holds. For several named rows it is all or nothing: in a transaction that is
-    /// committed only if every named row changed. Returns how many rows changed, or, when some
-    /// named row is no longer held, how many are (fewer than named; nothing changed).
-    async fn fenced_change(
-        &self,
-        m: &Mapping,
-        set: Option<&str>,
-        cond: &str,
-        b: B,
-        target: &Target<'_>,
-    ) -> Result<u64> {
-        let t = &m.table;
-        let change = match set {
-            Some(set) => format!("UPDATE {t} SET {set} WHERE {cond}"),
-            None => format!("DELETE FROM {t} WHERE {cond}"),
-        };
-        let sql = format!("WITH u AS ({change} RETURNING 1) SELECT count(*) FROM u");
-        let changed: i64 = match target {
-            // All or nothing: change what is still held, keep it only if that was every row.
-            // A transaction of three round trips costs the server less than one statement that
-            // locks the rows first and then changes them (a lock is a WAL record of its own).
-            Target::Ids(_, n) if *n > 1 => {
-                let mut tx = self.pool.begin().await?;
-                let changed: i64 = b.scalar(sql)?.fetch_one(&mut *tx).await?;
-                if changed == *n as i64 {
-                    tx.commit().await?;
-                } else {
-                    tx.rollback().await?;
-                }
-                changed
-            }
-            _ => b.scalar(sql)?.fetch_one(&self.pool).await?,
-        };
-        Ok(changed.max(0) as u64)
     }
 
     async fn claimable_exists(&self, m: &Mapping) -> Result<bool> {
@@ -342,9 +292,8 @@ impl Driver for Pg {
                 if a.expired {
                     arms.extend(super::expired_arm(m, &mut b, "now()"));
                 }
-                let resume = a.after.zip(m.priority.as_ref()).zip(m.run_at.as_ref());
-                match resume {
-                    Some(((p, prio), run_at)) => {
+                match (a.after, &m.priority, &m.run_at) {
+                    (Some(p), Some(prio), Some(run_at)) => {
                         let (pv, rv, iv) = (b.bind(p.priority), b.bind(p.run_at_us), b.bind(p.id));
                         arms.push(format!(
                             "{ready} AND {prio} = {pv} AND ({run_at}, {id}) > \
@@ -352,7 +301,7 @@ impl Driver for Pg {
                         ));
                         arms.push(format!("{ready} AND {prio} < {pv}"));
                     }
-                    None => arms.push(ready),
+                    _ => arms.push(ready),
                 }
                 // Each arm takes what the arms before it left of the batch.
                 let mut ctes = Vec::new();
@@ -381,12 +330,7 @@ impl Driver for Pg {
                 );
                 // A managed job comes back as plain columns: building a JSON object per row
                 // costs the server about as much as the rest of the claim (10 µs of 26 per job).
-                let Some(((prio, run_at), _)) = m
-                    .priority
-                    .as_ref()
-                    .zip(m.run_at.as_ref())
-                    .zip(m.queues.as_ref())
-                else {
+                let (Some(prio), Some(run_at)) = (&m.priority, &m.run_at) else {
                     let sql = sql + &row;
                     return Ok(Claimed {
                         rows: json_rows(b.scalar(sql)?.fetch_all(&self.pool).await?),
@@ -599,9 +543,8 @@ impl Driver for Pg {
             let set = (!outcome.deletes(m))
                 .then(|| super::outcome_set(m, &mut b, &outcome, "now()", lease_until));
             let cond = held_by(m, &mut b, token, &target)?;
-            return self
-                .fenced_change(m, set.as_deref(), &cond, b, &target)
-                .await;
+            let sql = super::change_sql(m, set.as_deref(), &cond);
+            return self.change_all_or_nothing(sql, b, &target).await;
         }
         // The lease table says who holds a row: drop the token's leases, settle those rows.
         let held = held_leases(&mut b, m, token, &target);
@@ -629,15 +572,15 @@ impl Driver for Pg {
         if strategy == Strategy::LeaseTable || m.owner.is_none() {
             return Ok(None);
         }
-        let (t, id) = (&m.table, &m.id);
         let mut b = B::new();
         let set = (!outcome.deletes(m))
             .then(|| super::outcome_set(m, &mut b, &outcome, "now()", lease_until));
         let cond = held_by(m, &mut b, token, &Target::Ids(list, list.len()))?;
-        let sql = match set {
-            Some(set) => format!("UPDATE {t} SET {set} WHERE {cond} RETURNING {id}::text"),
-            None => format!("DELETE FROM {t} WHERE {cond} RETURNING {id}::text"),
-        };
+        let sql = format!(
+            "{} RETURNING {}::text",
+            super::change_sql(m, set.as_deref(), &cond),
+            m.id
+        );
         let done: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
         Ok(Some(parse_ids(m, done)?))
     }
@@ -655,7 +598,8 @@ impl Driver for Pg {
             let le = m.lease.as_deref().unwrap_or_default();
             let set = format!("{le} = {}", lease_until(&mut b, lease));
             let cond = held_by(m, &mut b, token, &target)?;
-            return self.fenced_change(m, Some(&set), &cond, b, &target).await;
+            let sql = super::change_sql(m, Some(&set), &cond);
+            return self.change_all_or_nothing(sql, b, &target).await;
         }
         let until = lease_until(&mut b, lease);
         let held = held_leases(&mut b, m, token, &target);

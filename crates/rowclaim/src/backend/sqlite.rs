@@ -387,18 +387,10 @@ impl Driver for Lite {
     ) -> Result<u64> {
         if strategy != Strategy::LeaseTable {
             let mut b = B::new();
-            let sql = match (!outcome.deletes(m))
-                .then(|| super::outcome_set(m, &mut b, &outcome, NOW, lease_until))
-            {
-                Some(set) => {
-                    let cond = held_by(m, &mut b, token, &target)?;
-                    format!("UPDATE {} SET {set} WHERE {cond}", m.table)
-                }
-                None => {
-                    let cond = held_by(m, &mut b, token, &target)?;
-                    format!("DELETE FROM {} WHERE {cond}", m.table)
-                }
-            };
+            let set = (!outcome.deletes(m))
+                .then(|| super::outcome_set(m, &mut b, &outcome, NOW, lease_until));
+            let cond = held_by(m, &mut b, token, &target)?;
+            let sql = super::change_sql(m, set.as_deref(), &cond);
             return self.change_all_or_nothing(sql, b, &target).await;
         }
         let mut tx = self.write().await?;
@@ -444,20 +436,16 @@ impl Driver for Lite {
             return Ok(None);
         }
         let mut b = B::new();
-        let target = Target::Ids(list, 0);
         let set = (!outcome.deletes(m))
             .then(|| super::outcome_set(m, &mut b, &outcome, NOW, lease_until));
-        let cond = held_by(m, &mut b, token, &target)?;
-        let key = format!("CAST({} AS TEXT)", m.id);
-        let sql = match set {
-            Some(set) => format!("UPDATE {} SET {set} WHERE {cond} RETURNING {key}", m.table),
-            None => format!("DELETE FROM {} WHERE {cond} RETURNING {key}", m.table),
-        };
+        let cond = held_by(m, &mut b, token, &Target::Ids(list, list.len()))?;
+        let sql = format!(
+            "{} RETURNING CAST({} AS TEXT)",
+            super::change_sql(m, set.as_deref(), &cond),
+            m.id
+        );
         let done: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
-        done.iter()
-            .map(|t| m.id_kind.parse(t, "row id"))
-            .collect::<Result<_>>()
-            .map(Some)
+        Ok(Some(parse_ids(m, done)?))
     }
 
     async fn extend(
