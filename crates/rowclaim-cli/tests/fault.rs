@@ -11,8 +11,7 @@
 //! running, and a row run twice only where its first run was in flight at a fault. Each scenario
 //! also writes one row of the fault table (RELIABILITY.md) to `target/tmp/fault-table/`.
 
-#[path = "../../rowclaim/tests/common/mod.rs"]
-mod common;
+use rowclaim_testkit as common;
 mod support;
 
 use std::collections::HashMap;

@@ -2,8 +2,7 @@
 //! servers start, restart and kill sessions as promised, and the proxy's faults do what they
 //! say — on PostgreSQL and MariaDB.
 
-#[path = "../../rowclaim/tests/common/mod.rs"]
-mod common;
+use rowclaim_testkit as common;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -4,12 +4,21 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "mysql")]
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+#[cfg(feature = "postgres")]
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+#[cfg(feature = "sqlite")]
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 
-use crate::backend::{mysql::My, postgres::Pg, sqlite::Lite, Backend, ServerInfo};
-use crate::source::TableName;
+#[cfg(feature = "mysql")]
+use crate::backend::mysql::My;
+#[cfg(feature = "postgres")]
+use crate::backend::postgres::Pg;
+#[cfg(feature = "sqlite")]
+use crate::backend::sqlite::Lite;
+use crate::backend::{Backend, ServerInfo};
+use crate::mapping::TableName;
 use crate::{Claimer, Error, Result, Source, Strategy};
 
 /// A pool of connections to PostgreSQL, MySQL/MariaDB or SQLite.
@@ -129,6 +138,7 @@ where
     }
 }
 
+#[cfg(feature = "postgres")]
 fn pg_endpoint(o: &PgConnectOptions) -> String {
     match o.get_socket() {
         Some(dir) => format!("PostgreSQL at {}", dir.display()),
@@ -136,6 +146,7 @@ fn pg_endpoint(o: &PgConnectOptions) -> String {
     }
 }
 
+#[cfg(feature = "mysql")]
 fn my_endpoint(o: &MySqlConnectOptions) -> String {
     match o.get_socket() {
         Some(path) => format!("MySQL/MariaDB at {}", path.display()),
@@ -143,8 +154,100 @@ fn my_endpoint(o: &MySqlConnectOptions) -> String {
     }
 }
 
+#[cfg(feature = "sqlite")]
 fn sqlite_endpoint(o: &SqliteConnectOptions) -> String {
     format!("SQLite file {}", o.get_filename().display())
+}
+
+/// A URL the driver could not read.
+fn bad_url(url: &str, e: sqlx::Error) -> Error {
+    Error::InvalidInput(format!(
+        "database URL {}: {}",
+        redact(url),
+        crate::error::describe(&e)
+    ))
+}
+
+/// A URL for a database whose driver this build left out.
+#[cfg(not(all(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+fn not_built(url: &str, feature: &str, database: &str) -> Error {
+    Error::Unsupported(format!(
+        "database URL {}: this rowclaim was built without {database} support (cargo feature \"{feature}\")",
+        redact(url)
+    ))
+}
+
+#[cfg(feature = "postgres")]
+async fn connect_postgres(url: &str, opts: &ConnectOptions) -> Result<(Backend, String)> {
+    let bad_url = |e: sqlx::Error| bad_url(url, e);
+    let mut options = PgConnectOptions::from_str(url).map_err(bad_url)?;
+    if opts.async_commit {
+        options = options.options([("synchronous_commit", "off")]);
+    }
+    let endpoint = pg_endpoint(&options);
+    probe(&options, &endpoint, opts.connect_timeout).await?;
+    let pool = PgPoolOptions::new()
+        .max_connections(opts.max_connections)
+        .acquire_timeout(opts.acquire_timeout)
+        .connect_lazy_with(options);
+    let pg = if opts.async_commit {
+        Pg::with_async_commit(pool)
+    } else {
+        Pg::new(pool)
+    };
+    Ok((Backend::Postgres(pg), endpoint))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn connect_postgres(url: &str, _: &ConnectOptions) -> Result<(Backend, String)> {
+    Err(not_built(url, "postgres", "PostgreSQL"))
+}
+
+#[cfg(feature = "mysql")]
+async fn connect_mysql(url: &str, opts: &ConnectOptions) -> Result<(Backend, String)> {
+    let bad_url = |e: sqlx::Error| bad_url(url, e);
+    let url = url.replacen("mariadb:", "mysql:", 1);
+    let options = MySqlConnectOptions::from_str(&url).map_err(bad_url)?;
+    let endpoint = my_endpoint(&options);
+    probe(&options, &endpoint, opts.connect_timeout).await?;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(opts.max_connections)
+        .acquire_timeout(opts.acquire_timeout)
+        .connect_lazy_with(options);
+    Ok((Backend::MySql(My::new(pool)), endpoint))
+}
+
+#[cfg(not(feature = "mysql"))]
+async fn connect_mysql(url: &str, _: &ConnectOptions) -> Result<(Backend, String)> {
+    Err(not_built(url, "mysql", "MySQL/MariaDB"))
+}
+
+#[cfg(feature = "sqlite")]
+async fn connect_sqlite(url: &str, opts: &ConnectOptions) -> Result<(Backend, String)> {
+    let bad_url = |e: sqlx::Error| bad_url(url, e);
+    let options = SqliteConnectOptions::from_str(url)
+        .map_err(bad_url)?
+        .create_if_missing(true)
+        // WAL lets readers run beside the one writer; NORMAL sync is durable in WAL.
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
+        .busy_timeout(opts.sqlite_busy_timeout);
+    let endpoint = sqlite_endpoint(&options);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(opts.max_connections)
+        .acquire_timeout(opts.acquire_timeout)
+        .connect_with(options)
+        .await
+        .map_err(|source| Error::Connect {
+            endpoint: endpoint.clone(),
+            source,
+        })?;
+    Ok((Backend::Sqlite(Lite::new(pool)), endpoint))
+}
+
+#[cfg(not(feature = "sqlite"))]
+async fn connect_sqlite(url: &str, _: &ConnectOptions) -> Result<(Backend, String)> {
+    Err(not_built(url, "sqlite", "SQLite"))
 }
 
 impl Db {
@@ -160,63 +263,10 @@ impl Db {
     /// the host and port and says what the operating system reported.
     pub async fn connect_with(url: &str, opts: ConnectOptions) -> Result<Db> {
         let scheme = url.split(':').next().unwrap_or_default();
-        let bad_url = |e: sqlx::Error| {
-            Error::InvalidInput(format!(
-                "database URL {}: {}",
-                redact(url),
-                crate::error::describe(&e)
-            ))
-        };
         let (backend, endpoint) = match scheme {
-            "postgres" | "postgresql" => {
-                let mut options = PgConnectOptions::from_str(url).map_err(bad_url)?;
-                if opts.async_commit {
-                    options = options.options([("synchronous_commit", "off")]);
-                }
-                let endpoint = pg_endpoint(&options);
-                probe(&options, &endpoint, opts.connect_timeout).await?;
-                let pool = PgPoolOptions::new()
-                    .max_connections(opts.max_connections)
-                    .acquire_timeout(opts.acquire_timeout)
-                    .connect_lazy_with(options);
-                let pg = if opts.async_commit {
-                    Pg::with_async_commit(pool)
-                } else {
-                    Pg::new(pool)
-                };
-                (Backend::Postgres(pg), endpoint)
-            }
-            "mysql" | "mariadb" => {
-                let url = url.replacen("mariadb:", "mysql:", 1);
-                let options = MySqlConnectOptions::from_str(&url).map_err(bad_url)?;
-                let endpoint = my_endpoint(&options);
-                probe(&options, &endpoint, opts.connect_timeout).await?;
-                let pool = MySqlPoolOptions::new()
-                    .max_connections(opts.max_connections)
-                    .acquire_timeout(opts.acquire_timeout)
-                    .connect_lazy_with(options);
-                (Backend::MySql(My::new(pool)), endpoint)
-            }
-            "sqlite" => {
-                let options = SqliteConnectOptions::from_str(url)
-                    .map_err(bad_url)?
-                    .create_if_missing(true)
-                    // WAL lets readers run beside the one writer; NORMAL sync is durable in WAL.
-                    .journal_mode(SqliteJournalMode::Wal)
-                    .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
-                    .busy_timeout(opts.sqlite_busy_timeout);
-                let endpoint = sqlite_endpoint(&options);
-                let pool = SqlitePoolOptions::new()
-                    .max_connections(opts.max_connections)
-                    .acquire_timeout(opts.acquire_timeout)
-                    .connect_with(options)
-                    .await
-                    .map_err(|source| Error::Connect {
-                        endpoint: endpoint.clone(),
-                        source,
-                    })?;
-                (Backend::Sqlite(Lite::new(pool)), endpoint)
-            }
+            "postgres" | "postgresql" => connect_postgres(url, &opts).await?,
+            "mysql" | "mariadb" => connect_mysql(url, &opts).await?,
+            "sqlite" => connect_sqlite(url, &opts).await?,
             _ => return Err(Error::InvalidUrl(redact(url))),
         };
         Ok(Db {
@@ -250,7 +300,7 @@ impl Db {
             });
         }
         let key = self.backend.table_key(&table).await?;
-        let mapping = source.check(self.backend.dialect(), &columns, key)?;
+        let mapping = source.check(&self.backend.naming(), &columns, key)?;
         let server = self.backend.server().await?;
         let chosen = strategy.resolve(&server, &mapping)?;
         if chosen == Strategy::LeaseTable {
@@ -269,6 +319,7 @@ impl Db {
     }
 }
 
+#[cfg(feature = "postgres")]
 impl From<PgPool> for Db {
     fn from(pool: PgPool) -> Db {
         let endpoint = pg_endpoint(&pool.connect_options()).into();
@@ -279,6 +330,7 @@ impl From<PgPool> for Db {
     }
 }
 
+#[cfg(feature = "mysql")]
 impl From<MySqlPool> for Db {
     fn from(pool: MySqlPool) -> Db {
         let endpoint = my_endpoint(&pool.connect_options()).into();
@@ -289,6 +341,7 @@ impl From<MySqlPool> for Db {
     }
 }
 
+#[cfg(feature = "sqlite")]
 impl From<SqlitePool> for Db {
     /// Note: for several claimers on one SQLite file, open it in WAL mode with a busy timeout, as
     /// [`Db::connect`] does.
@@ -317,6 +370,16 @@ fn redact(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// A build without a driver says which cargo feature would have it (the PostgreSQL-only
+    /// build of the suite runs this).
+    #[cfg(not(feature = "sqlite"))]
+    #[tokio::test]
+    async fn a_left_out_driver_names_its_feature() {
+        let e = super::Db::connect("sqlite://x.db").await.unwrap_err();
+        assert!(matches!(e, crate::Error::Unsupported(_)), "{e:?}");
+        assert!(e.to_string().contains("cargo feature \"sqlite\""), "{e}");
+    }
+
     #[test]
     fn redacts_passwords() {
         assert_eq!(super::redact("x://u:secret@h/db"), "x://u:***@h/db");

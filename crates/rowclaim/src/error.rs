@@ -133,13 +133,108 @@ pub enum Error {
     #[error("{0}")]
     HandlerAborted(String),
 
+    /// rowclaim broke one of its own rules (a bug): please report it with this message.
+    #[error("internal error (a bug in rowclaim, please report it): {0}")]
+    Internal(String),
+
     /// An error from the database driver that rowclaim did not handle (after retrying transient
     /// ones: deadlocks, lock-wait timeouts, serialization failures, SQLite busy).
     #[error("database error: {}", describe(.0))]
     Database(#[from] sqlx::Error),
 }
 
+/// What kind of failure an [`Error`] is: what a caller may do about it. Database errors are
+/// sorted by the driver that raised them (each knows its server's codes); the retry of transient
+/// errors, the worker's outage handling and the command's exit codes all go by this.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Input to fix before running again: a name that is not an identifier, a missing column, a
+    /// strategy the server cannot do, a bad URL, a zero lease, …
+    BadInput,
+    /// A table rowclaim needs does not exist: the source's table, or the managed queue's before
+    /// `init`.
+    MissingTable,
+    /// The token no longer holds the rows; nothing was changed.
+    LeaseLost,
+    /// A `NOWAIT` locking read found a row locked by another transaction.
+    LockConflict,
+    /// Worth running again at once: a deadlock, a lock-wait timeout, a serialization failure,
+    /// SQLite busy (rowclaim retries these itself before reporting one).
+    Transient,
+    /// The server could not be reached or the connection broke: worth retrying later.
+    ConnectionGone,
+    /// The connection broke while a commit was under way; look before doing it again.
+    OutcomeUnknown,
+    /// A worker stopped: it gave up on an outage, or its handler could not run.
+    Stopped,
+    /// A bug in rowclaim.
+    Internal,
+    /// Any other database error.
+    Other,
+}
+
+/// What a server's error code means to rowclaim, as the driver that raised it sorts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DbKind {
+    /// Deadlock, lock-wait timeout, serialization failure, SQLite busy: worth running again.
+    Transient,
+    /// A `NOWAIT` lock found the row locked.
+    LockConflict,
+    /// The statement named a table that does not exist.
+    MissingTable,
+    /// The statement named a column that does not exist (a table of an older schema).
+    MissingColumn,
+    /// The server or session went away (shutdown, killed session, idle timeout).
+    ConnectionGone,
+}
+
+/// How the driver that raised `e` sorts it; `None` for errors that mean nothing special.
+pub(crate) fn db_kind(e: &sqlx::Error) -> Option<DbKind> {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => Some(DbKind::ConnectionGone),
+        sqlx::Error::Database(db) => crate::backend::classify(db.as_ref()),
+        _ => None,
+    }
+}
+
+fn database_kind(e: &sqlx::Error) -> ErrorKind {
+    match db_kind(e) {
+        Some(DbKind::Transient) => ErrorKind::Transient,
+        Some(DbKind::LockConflict) => ErrorKind::LockConflict,
+        Some(DbKind::MissingTable) => ErrorKind::MissingTable,
+        Some(DbKind::ConnectionGone) => ErrorKind::ConnectionGone,
+        Some(DbKind::MissingColumn) | None => ErrorKind::Other,
+    }
+}
+
 impl Error {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidIdentifier { .. }
+            | Error::MissingColumn { .. }
+            | Error::WrongColumnType { .. }
+            | Error::UnsupportedStrategy { .. }
+            | Error::Unsupported(_)
+            | Error::InvalidInput(_)
+            | Error::InvalidUrl(_) => ErrorKind::BadInput,
+            Error::MissingTable { .. } => ErrorKind::MissingTable,
+            Error::LeaseLost { .. } => ErrorKind::LeaseLost,
+            Error::Locked => ErrorKind::LockConflict,
+            Error::Connect { .. } => ErrorKind::ConnectionGone,
+            Error::OutcomeUnknown { .. } => ErrorKind::OutcomeUnknown,
+            Error::GaveUp { .. } | Error::HandlerAborted(_) => ErrorKind::Stopped,
+            Error::Internal(_) => ErrorKind::Internal,
+            Error::Database(e) => database_kind(e),
+        }
+    }
+
     /// Whether this error means the database could not be reached or the connection broke (as
     /// opposed to the database refusing a statement). Such errors are worth retrying later: the
     /// worker runtime treats them as an outage and waits them out.
@@ -173,20 +268,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub(crate) fn describe(e: &sqlx::Error) -> String {
     match e {
         sqlx::Error::Database(db) => {
-            if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
-                let mut text = format!("{} (SQLSTATE {})", pg.message(), pg.code());
-                if let Some(detail) = pg.detail() {
-                    text.push_str(&format!("; {detail}"));
-                }
-                return text;
-            }
-            if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-                return format!("{} (error {})", my.message(), my.number());
-            }
-            match db.code() {
+            crate::backend::describe(db.as_ref()).unwrap_or_else(|| match db.code() {
                 Some(code) => format!("{} (code {code})", db.message()),
                 None => db.message().to_owned(),
-            }
+            })
         }
         sqlx::Error::Io(io) => io.to_string(),
         // sqlx ends these with where in its own source they were raised: "(sqlx_postgres::…:95)".
@@ -204,31 +289,7 @@ pub(crate) fn describe(e: &sqlx::Error) -> String {
 /// Whether the connection broke or could not be had: the server is down or restarting, the
 /// network cut it, an administrator killed the session, or the pool ran dry.
 pub(crate) fn connection_broke(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => {
-            if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
-                // 08xxx connection exceptions; 57P01 admin shutdown (also pg_terminate_backend),
-                // 57P02 crash shutdown, 57P03 cannot connect now (starting up, shutting down),
-                // 57P05 idle-session timeout, 25P03 idle-in-transaction timeout.
-                let code = pg.code();
-                return code.starts_with("08")
-                    || matches!(code, "57P01" | "57P02" | "57P03" | "57P05" | "25P03");
-            }
-            if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-                // 1053 server shutdown, 1927 connection killed, 2006/2013 server gone or lost,
-                // 4031 disconnected for inactivity, 1040 too many connections.
-                return matches!(my.number(), 1040 | 1053 | 1927 | 2006 | 2013 | 4031);
-            }
-            false
-        }
-        _ => false,
-    }
+    db_kind(e) == Some(DbKind::ConnectionGone)
 }
 
 /// Whether a statement that failed with `e` may nevertheless have been carried out: it was sent,

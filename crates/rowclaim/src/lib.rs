@@ -51,23 +51,29 @@
 //! must come from the operator, not from end users.
 
 #![warn(missing_docs)]
+// Helpers shared by some drivers go unused in a build with only the others.
+#![cfg_attr(
+    not(all(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
 
 mod backend;
 mod claim;
 mod db;
 mod error;
+mod mapping;
 mod queue;
 mod source;
 mod strategy;
 mod value;
 mod worker;
 
-pub use backend::ServerInfo;
+pub use backend::{Capability, ServerInfo};
 pub use claim::{
     Backlog, Claim, ClaimedRow, Claimer, LockMode, LockWait, LockedRows, Stats, Token,
 };
 pub use db::{ConnectOptions, Db};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 pub use queue::{
     backoff, Enqueued, Job, JobFailure, NewJob, Queue, QueueStats, Retention, Wakeups,
     DEFAULT_MAX_ATTEMPTS,

@@ -3,9 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{ColType, Column, Dialect};
+use crate::mapping::{ident, is_ident, ColType, Column, Mapping, Naming, TableName};
 use crate::value::Kind;
-use crate::{Error, Result, RowId};
+use crate::{Error, Result};
 
 /// A table of work and its column mapping.
 ///
@@ -265,7 +265,7 @@ impl Source {
     /// Checks the mapping against the table's live columns and builds the quoted SQL pieces.
     pub(crate) fn check(
         &self,
-        dialect: Dialect,
+        naming: &Naming,
         columns: &[Column],
         source_key: String,
     ) -> Result<Mapping> {
@@ -316,21 +316,17 @@ impl Source {
                     ColType::Text { max_len } if max_len.is_none_or(|n| n >= 36) => {}
                     _ => return Err(wrong(c, "owner column", "text that holds 36 characters")),
                 }
-                Some(dialect.quote(&c.name))
+                Some((naming.quote)(&c.name))
             }
         };
         let lease = match &p.lease {
             None => None,
             Some(l) => {
                 let c = find(l, "lease column")?;
-                let ok = match dialect {
-                    Dialect::Postgres | Dialect::MySql => c.ty == ColType::Timestamp,
-                    Dialect::Sqlite => c.ty == ColType::Int,
-                };
-                if !ok {
-                    return Err(wrong(c, "lease column", dialect.lease_type()));
+                if c.ty != naming.lease_column {
+                    return Err(wrong(c, "lease column", naming.lease_type));
                 }
-                Some(dialect.quote(&c.name))
+                Some((naming.quote)(&c.name))
             }
         };
         let attempts = match &p.attempts {
@@ -340,22 +336,22 @@ impl Source {
                 if c.ty != ColType::Int {
                     return Err(wrong(c, "attempts column", "an integer type"));
                 }
-                Some(dialect.quote(&c.name))
+                Some((naming.quote)(&c.name))
             }
         };
         let mut order = Vec::new();
         for (col, dir) in &p.order {
             let c = find(col, "order-by column")?;
-            order.push(format!("{} {dir}", dialect.quote(&c.name)));
+            order.push(format!("{} {dir}", (naming.quote)(&c.name)));
         }
         Ok(Mapping {
-            table: p.table.quoted(dialect),
+            table: p.table.quoted(naming.quote),
             table_display: table,
             source_key,
-            id: dialect.quote(&id_col.name),
+            id: (naming.quote)(&id_col.name),
             id_name: id_col.name.clone(),
             id_kind,
-            status: dialect.quote(&status_col.name),
+            status: (naming.quote)(&status_col.name),
             ready: status(&self.ready, "ready value")?,
             claimed: status(&self.claimed, "claimed value")?,
             done: status(&self.done, "done value")?,
@@ -365,14 +361,14 @@ impl Source {
             attempts,
             order_by: order.join(", "),
             filter: p.filter.map(|f| format!(" AND ({f})")).unwrap_or_default(),
-            run_at: self.managed.as_ref().map(|_| dialect.quote("run_at")),
-            priority: self.managed.as_ref().map(|_| dialect.quote("priority")),
+            run_at: self.managed.as_ref().map(|_| (naming.quote)("run_at")),
+            priority: self.managed.as_ref().map(|_| (naming.quote)("priority")),
             queues: self
                 .managed
                 .as_ref()
-                .map(|q| (dialect.quote("queue"), q.queues.clone())),
-            error_column: self.managed.as_ref().map(|_| dialect.quote("last_error")),
-            finished_column: self.managed.as_ref().map(|_| dialect.quote("finished_at")),
+                .map(|q| ((naming.quote)("queue"), q.queues.clone())),
+            error_column: self.managed.as_ref().map(|_| (naming.quote)("last_error")),
+            finished_column: self.managed.as_ref().map(|_| (naming.quote)("finished_at")),
             // Only plainly named columns go into a row's JSON: their names are safe as literals.
             columns: columns
                 .iter()
@@ -401,100 +397,6 @@ struct Parts {
     filter: Option<String>,
 }
 
-/// A checked source: every identifier validated and quoted for one dialect, status values parsed
-/// to the status column's kind. The backends build all their SQL from this.
-#[derive(Clone, Debug)]
-pub(crate) struct Mapping {
-    /// Quoted, possibly schema-qualified.
-    pub table: String,
-    /// As the user wrote it, for messages.
-    pub table_display: String,
-    /// The catalog's `schema.table`: keys the source's rows in the lease table.
-    pub source_key: String,
-    pub id: String,
-    pub id_name: String,
-    pub id_kind: Kind,
-    pub status: String,
-    pub ready: RowId,
-    pub claimed: RowId,
-    pub done: RowId,
-    pub failed: RowId,
-    pub owner: Option<String>,
-    pub lease: Option<String>,
-    pub attempts: Option<String>,
-    /// `"col" ASC, "id" ASC`
-    pub order_by: String,
-    /// `" AND (<operator's condition>)"` or empty.
-    pub filter: String,
-    /// Every column with a plain name, unquoted, for building a row's JSON.
-    pub columns: Vec<String>,
-    /// The columns a claimed row's JSON holds: all of them for a user's table; for the managed
-    /// queue the job's own (not the claim's bookkeeping: status, owner, lease, …), which keeps
-    /// a claim of many jobs cheap to build and to read.
-    pub claim_columns: Vec<String>,
-    /// Managed queue: a completed job is deleted, not kept as `completed`.
-    pub delete_done: bool,
-    /// Managed queue: rows are claimable once their run-at has come.
-    pub run_at: Option<String>,
-    /// Managed queue: the priority column. Claims take jobs by priority (descending), run-at and
-    /// id, and PostgreSQL's resume after a [`crate::backend::Position`] in that order.
-    pub priority: Option<String>,
-    /// Managed queue: the queue column and the queue names to claim from (bound, never pasted).
-    pub queues: Option<(String, Vec<String>)>,
-    /// Managed queue: where a failure's error goes.
-    pub error_column: Option<String>,
-    /// Managed queue: when a job completed or died.
-    pub finished_column: Option<String>,
-}
-
-/// A table name, optionally qualified by a schema (PostgreSQL) or database (MySQL).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct TableName {
-    pub schema: Option<String>,
-    pub name: String,
-    pub display: String,
-}
-
-impl TableName {
-    pub(crate) fn parse(text: &str) -> Result<TableName> {
-        let (schema, name) = match text.split_once('.') {
-            Some((s, n)) => (Some(ident(s, "table schema")?), ident(n, "table")?),
-            None => (None, ident(text, "table")?),
-        };
-        Ok(TableName {
-            schema,
-            name,
-            display: text.to_owned(),
-        })
-    }
-
-    pub(crate) fn quoted(&self, d: Dialect) -> String {
-        match &self.schema {
-            Some(s) => format!("{}.{}", d.quote(s), d.quote(&self.name)),
-            None => d.quote(&self.name),
-        }
-    }
-}
-
-fn is_ident(s: &str) -> bool {
-    let mut chars = s.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && s.len() <= 63
-}
-
-/// Validates a plain identifier; the error names the setting it came from.
-pub(crate) fn ident(s: &str, what: &'static str) -> Result<String> {
-    if is_ident(s) {
-        Ok(s.to_owned())
-    } else {
-        Err(Error::InvalidIdentifier {
-            what,
-            value: s.to_owned(),
-        })
-    }
-}
-
 /// Status values are part of the mapping, like the column names, and go into the SQL text as
 /// literals rather than bound values: PostgreSQL and SQLite can use a partial index such as
 /// `WHERE status = 'ready'` only when the query says `status = 'ready'` too (a prepared statement's
@@ -509,14 +411,6 @@ fn check_status_value(v: &str, what: &str) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// A checked status value (see [`check_status_value`]) as an SQL literal.
-pub(crate) fn status_literal(v: &RowId) -> String {
-    match v {
-        RowId::Int(i) => i.to_string(),
-        RowId::Text(s) => format!("'{s}'"),
-    }
 }
 
 fn parse_order_by(text: &str) -> Result<Vec<(String, &'static str)>> {
@@ -546,6 +440,8 @@ fn parse_order_by(text: &str) -> Result<Vec<(String, &'static str)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mapping::status_literal;
+    use crate::RowId;
 
     #[test]
     fn identifiers_are_validated() {

@@ -6,7 +6,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::ServerInfo;
-use crate::source::Mapping;
+use crate::mapping::Mapping;
 use crate::{Error, Result};
 
 /// How rows are claimed. See the crate docs for the SQL of each.

@@ -1,7 +1,7 @@
 //! The managed queue on every backend: init, enqueue (bulk, unique keys, inside a caller's
 //! transaction), claiming due jobs by queue and priority, retries and dead jobs, admin, stats.
 
-mod common;
+use rowclaim_testkit as common;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -267,6 +267,7 @@ async fn in_transaction(t: Arc<TestDb>) {
     let job = NewJob::new(json!({"order": 7}));
     for commit in [false, true] {
         match t.backend {
+            #[cfg(feature = "postgres")]
             Backend::Postgres => {
                 let pool = sqlx::PgPool::connect(&t.url).await.unwrap();
                 let mut tx = pool.begin().await.unwrap();
@@ -277,6 +278,7 @@ async fn in_transaction(t: Arc<TestDb>) {
                     tx.rollback().await.unwrap()
                 }
             }
+            #[cfg(feature = "mysql")]
             Backend::MySql => {
                 let pool = sqlx::MySqlPool::connect(&t.url).await.unwrap();
                 let mut tx = pool.begin().await.unwrap();
@@ -287,6 +289,7 @@ async fn in_transaction(t: Arc<TestDb>) {
                     tx.rollback().await.unwrap()
                 }
             }
+            #[cfg(feature = "sqlite")]
             Backend::Sqlite => {
                 let pool = sqlx::SqlitePool::connect(&t.url).await.unwrap();
                 let mut tx = pool.begin().await.unwrap();
@@ -297,6 +300,8 @@ async fn in_transaction(t: Arc<TestDb>) {
                     tx.rollback().await.unwrap()
                 }
             }
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("the case runs only for backends this build has"),
         }
         let expected = i64::from(commit);
         assert_eq!(
@@ -444,6 +449,7 @@ macro_rules! queue_cases {
     };
 }
 
+#[cfg(feature = "postgres")]
 /// With `async_commit`, claims run in sessions that do not wait for the WAL flush, while enqueue,
 /// the counter and admin changes still work (they ask for a durable commit in their own
 /// transaction). The claim's filter reads the session's setting, so a claim finds the row only
@@ -505,6 +511,7 @@ async fn async_commit_sessions(t: Arc<TestDb>) {
     );
 }
 
+#[cfg(feature = "postgres")]
 mod postgres {
     queue_cases!(Backend::Postgres);
 
@@ -513,9 +520,11 @@ mod postgres {
         with_db(Backend::Postgres, super::async_commit_sessions).await
     }
 }
+#[cfg(feature = "sqlite")]
 mod sqlite {
     queue_cases!(Backend::Sqlite);
 }
+#[cfg(feature = "mysql")]
 mod mysql {
     queue_cases!(Backend::MySql);
 }

@@ -3,7 +3,7 @@
 //! gives rows back; a handler that cannot run stops the worker. (Database outages are in the
 //! CLI crate's fault suite, on private servers.)
 
-mod common;
+use rowclaim_testkit as common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -502,17 +502,21 @@ macro_rules! worker_cases {
     };
 }
 
+#[cfg(feature = "postgres")]
 mod postgres {
     worker_cases!(Backend::Postgres);
 }
+#[cfg(feature = "mysql")]
 mod mysql {
     worker_cases!(Backend::MySql);
 }
+#[cfg(feature = "sqlite")]
 mod sqlite {
     worker_cases!(Backend::Sqlite);
 }
 
 /// Settings that cannot work are refused before anything is claimed.
+#[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_settings_are_refused() {
     with_db(Backend::Sqlite, |t: Arc<TestDb>| async move {

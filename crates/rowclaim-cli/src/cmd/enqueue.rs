@@ -1,0 +1,118 @@
+//! `rowclaim enqueue`: add jobs to the managed queue, one from the argument or many from JSON
+//! lines on stdin (all or nothing).
+
+use std::time::Duration;
+
+use clap::Args;
+use rowclaim::Db;
+
+use crate::error::CliError;
+
+#[derive(Args, Debug)]
+pub struct EnqueueArgs {
+    /// The queue.
+    #[arg(long, value_name = "Q", default_value = "default")]
+    queue: String,
+    /// The job's kind, for routing to a handler.
+    #[arg(long, value_name = "K", default_value = "")]
+    kind: String,
+    /// Higher runs first.
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    priority: i32,
+    /// Run no earlier than this long from now, e.g. 10s, 5m.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, conflicts_with = "run_at")]
+    delay: Option<Duration>,
+    /// Run no earlier than this time, e.g. 2026-12-01T08:00:00Z.
+    #[arg(long, value_name = "RFC3339", value_parser = humantime::parse_rfc3339_weak)]
+    run_at: Option<std::time::SystemTime>,
+    /// Runs before the job is dead.
+    #[arg(long, value_name = "N", default_value_t = rowclaim::DEFAULT_MAX_ATTEMPTS)]
+    max_attempts: i32,
+    /// While a job with this key is ready or running, return it instead of adding another.
+    #[arg(long, value_name = "K")]
+    unique_key: Option<String>,
+    /// Stop a run of the job that takes longer than this, e.g. 5m; it then fails ("timed out
+    /// after 5m") and is retried like any failure. Default: the worker's --timeout.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    timeout: Option<Duration>,
+    /// The payload; without it, one payload per line is read from stdin.
+    #[arg(value_name = "JSON")]
+    json: Option<String>,
+}
+
+/// `rowclaim enqueue`: one job from the argument, or JSON lines from stdin, all or nothing.
+pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
+    let template = |payload: serde_json::Value| {
+        let mut job = rowclaim::NewJob::new(payload)
+            .queue(&a.queue)
+            .kind(&a.kind)
+            .priority(a.priority)
+            .max_attempts(a.max_attempts);
+        if let Some(d) = a.delay {
+            job = job.delay(d);
+        }
+        if let Some(t) = a.run_at {
+            job = job.run_at(t);
+        }
+        if let Some(k) = &a.unique_key {
+            job = job.unique_key(k);
+        }
+        if let Some(limit) = a.timeout {
+            job = job.timeout(limit);
+        }
+        job
+    };
+    let db = Db::connect(url).await?;
+    let queue = db.queue();
+    if let Some(text) = &a.json {
+        let payload: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| CliError::BadInput(format!("the JSON argument is not valid JSON: {e}")))?;
+        let done = queue.enqueue(&template(payload)).await?;
+        let text =
+            serde_json::to_string(&done).map_err(|e| CliError::io("writing the job")(e.into()))?;
+        println!("{text}");
+        if done.existing {
+            eprintln!(
+                "rowclaim: job {} with that unique key is pending already",
+                done.id
+            );
+        }
+        return Ok(());
+    }
+    if a.unique_key.is_some() {
+        let why = "--unique-key goes with one job given as an argument, not with JSON lines";
+        return Err(CliError::BadInput(why.into()));
+    }
+    let progress = indicatif::ProgressBar::new_spinner();
+    progress.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    let mut jobs = Vec::new();
+    let stdin = std::io::stdin();
+    for (i, line) in std::io::BufRead::lines(stdin.lock()).enumerate() {
+        let line = line.map_err(CliError::io("reading stdin"))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let payload: serde_json::Value = serde_json::from_str(&line).map_err(|e| {
+            CliError::BadInput(format!(
+                "line {}: not valid JSON ({e}); nothing was enqueued",
+                i + 1
+            ))
+        })?;
+        jobs.push(template(payload));
+        if jobs.len() % 10_000 == 0 {
+            progress.set_message(format!("read {} jobs", jobs.len()));
+            progress.tick();
+        }
+    }
+    progress.set_message(format!("enqueueing {} jobs", jobs.len()));
+    progress.enable_steady_tick(Duration::from_millis(200));
+    let added = queue.enqueue_many(&jobs).await?;
+    progress.finish_and_clear();
+    eprintln!("rowclaim: enqueued {added} jobs on queue {}", a.queue);
+    Ok(())
+}

@@ -1,0 +1,25 @@
+//! `rowclaim extend`: push the lease of rows a token holds, so a slow script keeps them.
+
+use std::time::Duration;
+
+use clap::Args;
+
+use super::settle::{settle, TokenArgs};
+use crate::error::CliError;
+
+#[derive(Args, Debug)]
+pub struct ExtendArgs {
+    #[command(flatten)]
+    token: TokenArgs,
+    /// The new lease, from now.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    lease: Duration,
+}
+
+pub async fn run(url: &str, a: ExtendArgs) -> Result<(), CliError> {
+    let lease = a.lease;
+    settle(url, &a.token, "extended", move |c, t, ids| async move {
+        c.extend(&t, &ids, lease).await
+    })
+    .await
+}

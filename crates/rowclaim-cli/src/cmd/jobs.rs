@@ -1,0 +1,87 @@
+//! `rowclaim jobs`: look at and change jobs of the managed queue.
+
+use std::io::Write;
+use std::time::Duration;
+
+use clap::Subcommand;
+use rowclaim::Db;
+
+use crate::error::CliError;
+
+#[derive(Subcommand, Debug)]
+pub enum JobsCommand {
+    /// List jobs, newest first, as JSON lines.
+    List {
+        /// Only this queue (repeat for several).
+        #[arg(long = "queue", value_name = "Q")]
+        queues: Vec<String>,
+        /// Only jobs in this state: ready, running, completed, dead, cancelled.
+        #[arg(long, value_name = "S")]
+        status: Option<String>,
+        /// At most this many.
+        #[arg(long, value_name = "N", default_value_t = 50)]
+        limit: u32,
+    },
+    /// Show one job as JSON. Exits 1 when there is no such job.
+    Show {
+        /// The job's id.
+        id: i64,
+    },
+    /// Make a dead or cancelled job ready again, its attempts reset.
+    Retry {
+        /// The job's id.
+        id: i64,
+    },
+    /// Cancel a ready or running job (a running job's result is then refused).
+    Cancel {
+        /// The job's id.
+        id: i64,
+    },
+    /// Delete completed, dead and cancelled jobs that finished longer ago than --older-than.
+    Prune {
+        /// e.g. 7d, 12h.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        older_than: Duration,
+    },
+}
+
+pub async fn run(url: &str, op: JobsCommand) -> Result<(), CliError> {
+    let db = Db::connect(url).await?;
+    let queue = db.queue();
+    let (changed, what) = match op {
+        JobsCommand::List {
+            queues,
+            status,
+            limit,
+        } => {
+            let mut out = std::io::stdout().lock();
+            for job in queue.list(&queues, status.as_deref(), limit).await? {
+                writeln!(out, "{job}").map_err(CliError::io("writing to stdout"))?;
+            }
+            return Ok(());
+        }
+        JobsCommand::Show { id } => {
+            let Some(job) = queue.get(id).await? else {
+                return Err(CliError::NothingClaimed(format!("no job {id}")));
+            };
+            let text = serde_json::to_string_pretty(&job)
+                .map_err(|e| CliError::io("writing the job")(e.into()))?;
+            println!("{text}");
+            return Ok(());
+        }
+        JobsCommand::Retry { id } => (u64::from(queue.retry(id).await?), "retried"),
+        JobsCommand::Cancel { id } => (u64::from(queue.cancel(id).await?), "cancelled"),
+        JobsCommand::Prune { older_than } => {
+            let n = queue.prune(older_than).await?;
+            eprintln!("rowclaim: pruned {n} job(s)");
+            return Ok(());
+        }
+    };
+    let said = format!("{what} {changed} job(s)");
+    if changed == 0 {
+        // Exit 1: a script retrying or cancelling learns that the job was not in that state.
+        return Err(CliError::NothingClaimed(said));
+    }
+    eprintln!("rowclaim: {said}");
+    Ok(())
+}

@@ -1,0 +1,170 @@
+//! The command line: the global flags, the commands, and which file runs each.
+//!
+//! One file per command (or family of commands), each holding its flags and what it does:
+//! `work`, `claim`, `settle` (complete, fail, release), `extend`, `stats`, `init`, `enqueue`,
+//! `jobs`, `demo` and `bench` (which hands over to the `rowclaim-bench` crate). What several of
+//! them share is here ([`claimer`], [`say_strategy`]) and in `source_args.rs` (the table flags).
+
+mod bench;
+mod claim;
+mod demo;
+mod enqueue;
+mod extend;
+mod init;
+mod jobs;
+mod settle;
+mod source_args;
+mod stats;
+mod work;
+
+use clap::{Parser, Subcommand};
+use rowclaim::{Claimer, Db, Retention};
+
+use crate::error::CliError;
+use crate::exit;
+use source_args::{SourceArgs, Target};
+
+/// Share the rows of one SQL table between many workers: each row is processed by exactly one of
+/// them at a time, and rows of a worker that dies come back when its lease expires.
+///
+/// Works on PostgreSQL, MySQL 8 / MariaDB 10.6+ and SQLite, on a table you already have: an id
+/// column and a status column are all it needs; owner, lease and attempts columns unlock more.
+#[derive(Parser, Debug)]
+#[command(name = "rowclaim", version, after_help = exit::AFTER_HELP.as_str(), max_term_width = 100)]
+pub struct Cli {
+    /// Database URL: postgres://user@host/db, mysql://user@host/db (also MariaDB),
+    /// sqlite://path/to/file.db.
+    #[arg(
+        long,
+        global = true,
+        env = "DATABASE_URL",
+        default_value = "sqlite://rowclaim.db",
+        hide_env_values = true
+    )]
+    pub database: String,
+    /// Log more on stderr (-v: what rowclaim decides, -vv: every retry).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Claim rows and run COMMAND once per row: the row as a JSON object on its stdin (for
+    /// --queue: the job's payload), its id in $ROWCLAIM_ID and the claim token in
+    /// $ROWCLAIM_TOKEN (for --queue also $ROWCLAIM_KIND, $ROWCLAIM_QUEUE, $ROWCLAIM_ATTEMPT).
+    /// Exit 0 marks the row done; any other exit fails it (a job is retried with backoff until
+    /// its last attempt). COMMAND's stdout and stderr go to this terminal.
+    ///
+    /// While a command runs its lease is renewed, so a slow command keeps its row. If the
+    /// database goes away, running commands go on, claims pause and resume when it answers, and
+    /// results are retried until their lease would end. A command whose row is no longer this
+    /// worker's (lease lost, job cancelled) or that runs past --timeout is stopped: SIGTERM to
+    /// its process group, SIGKILL after --kill-after.
+    ///
+    /// Each command runs in a process group of its own, so a Ctrl-C at the terminal reaches
+    /// rowclaim only. The first SIGINT or SIGTERM stops claiming, gives back rows not started,
+    /// and lets running commands finish within --grace; then they are stopped and their rows
+    /// given back. A second signal (a second or more after the first) stops them at once and
+    /// exits 130.
+    #[command(after_help = exit::AFTER_HELP.as_str())]
+    Work(work::WorkArgs),
+    /// Claim rows and print them as JSON lines, each with its token: {"token":…,"id":…,"row":{…}}.
+    /// Settle them later with complete, fail or release --token. Exits 1 when nothing was claimable.
+    #[command(after_help = exit::AFTER_HELP.as_str())]
+    Claim(claim::ClaimArgs),
+    /// Mark rows a token holds as done.
+    #[command(after_help = exit::AFTER_HELP.as_str())]
+    Complete(settle::TokenArgs),
+    /// Mark rows a token holds as failed.
+    #[command(after_help = exit::AFTER_HELP.as_str())]
+    Fail(settle::TokenArgs),
+    /// Give rows a token holds back: ready to be claimed again.
+    #[command(after_help = exit::AFTER_HELP.as_str())]
+    Release(settle::TokenArgs),
+    /// Push the lease of rows a token holds to now + --lease (by the database's clock).
+    #[command(after_help = exit::AFTER_HELP.as_str())]
+    Extend(extend::ExtendArgs),
+    /// Show rows per status, claimed rows per owner, and expired leases; without a table, the
+    /// managed queue's jobs per queue and status, the oldest ready job's wait and the jobs
+    /// completed in the last minute.
+    #[command(after_help = exit::AFTER_HELP.as_str())]
+    Stats(stats::StatsArgs),
+    /// Create or migrate the managed job queue (table rowclaim_jobs). Idempotent; safe to run
+    /// from several processes at once.
+    #[command(after_help = exit::AFTER_HELP.as_str())]
+    Init,
+    /// Look at and change jobs of the managed queue: list, show, retry a dead or cancelled job,
+    /// cancel a ready or running one, prune finished ones. show, retry and cancel exit 1 when
+    /// there was no such job to show or change.
+    #[command(subcommand, after_help = exit::AFTER_HELP.as_str())]
+    Jobs(jobs::JobsCommand),
+    /// Add jobs to the managed queue: one JSON payload as the argument, or JSON lines on stdin
+    /// (all or nothing: one malformed line adds none, and the error names its line).
+    #[command(after_help = exit::AFTER_HELP.as_str())]
+    Enqueue(enqueue::EnqueueArgs),
+    /// Measure, on whatever --database points at: `drain` (jobs per second and claim latency;
+    /// --plain for the yardstick of a hand-written queue), `latency` (enqueue to start),
+    /// `scale` (claim latency as the table grows), `contention` (jobs per second against workers,
+    /// per strategy, with an SVG chart). Every run checks its own work and fails loudly if a row
+    /// was processed twice or left behind. Use a scratch database: the bench drops and recreates
+    /// its tables (rowclaim_bench, rowclaim_plain) and deletes the jobs of the queue "bench".
+    #[command(subcommand)]
+    Bench(rowclaim_bench::BenchCommand),
+    /// Create a SQLite table of jobs and let several workers drain it: shows how many rows each
+    /// worker took and checks that no row was processed twice. Needs no server.
+    Demo(demo::DemoArgs),
+}
+
+/// Runs the command; `Err` says how it failed (and so with which exit code).
+pub async fn run(cli: Cli) -> Result<(), CliError> {
+    let url = cli.database.as_str();
+    match cli.command {
+        Command::Work(a) => work::run(url, a).await,
+        Command::Claim(a) => claim::run(url, a).await,
+        Command::Complete(a) => settle::complete(url, a).await,
+        Command::Fail(a) => settle::fail(url, a).await,
+        Command::Release(a) => settle::release(url, a).await,
+        Command::Extend(a) => extend::run(url, a).await,
+        Command::Stats(a) => stats::run(url, a).await,
+        Command::Init => init::run(url).await,
+        Command::Jobs(op) => jobs::run(url, op).await,
+        Command::Enqueue(a) => enqueue::run(url, a).await,
+        Command::Bench(scenario) => bench::run(url, scenario).await,
+        Command::Demo(a) => demo::run(a).await,
+    }
+}
+
+/// Connects and checks the source against the live table, on a pool of `connections`.
+async fn claimer(url: &str, source: &SourceArgs, connections: u32) -> Result<Claimer, CliError> {
+    claimer_keeping(url, source, connections, Retention::Keep).await
+}
+
+/// [`claimer`], with what becomes of completed jobs of the managed queue.
+async fn claimer_keeping(
+    url: &str,
+    source: &SourceArgs,
+    connections: u32,
+    completed: Retention,
+) -> Result<Claimer, CliError> {
+    let opts = rowclaim::ConnectOptions::default().max_connections(connections.max(2));
+    let db = Db::connect_with(url, opts).await?;
+    let claimer = match source.target()? {
+        Target::Table(table) => db.claimer(*table, source.strategy).await?,
+        Target::Queues(queues) => db.queue().claimer_with(&queues, completed).await?,
+    };
+    Ok(claimer)
+}
+
+/// Says on stderr which strategy `auto` chose, for the commands that claim.
+fn say_strategy(claimer: &Claimer, asked: rowclaim::Strategy) {
+    if asked == rowclaim::Strategy::Auto {
+        eprintln!(
+            "rowclaim: strategy auto chose {} for {} on {}",
+            claimer.strategy(),
+            claimer.table_name(),
+            claimer.server().description
+        );
+    }
+}

@@ -1,0 +1,132 @@
+//! `rowclaim work`: claim rows and run a COMMAND per row until stopped (or, with
+//! `--until-empty`, until no row is left). The library's worker runtime does the claiming,
+//! heartbeats, time limits and outages; `run_command.rs` is the handler that runs the COMMAND,
+//! `signals.rs` turns signals into the runtime's drain and stop.
+
+use std::time::Duration;
+
+use clap::Args;
+use rowclaim::Retention;
+
+use super::source_args::SourceArgs;
+use crate::error::CliError;
+use crate::run_command::{self, RunCommand};
+use crate::signals::{stop_on_signal, StopSignals};
+
+#[derive(Args, Debug)]
+pub struct WorkArgs {
+    #[command(flatten)]
+    source: SourceArgs,
+    /// Rows claimed at once (default: the free slots). Rows beyond the free slots wait, claimed.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    batch: Option<u32>,
+    /// Rows to claim ahead, beyond the running ones, waiting for a free slot with their leases
+    /// renewed. Claims then come in batches of about N/2: for short commands, a few hundred.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    prefetch: usize,
+    /// How long a claim holds its rows without a heartbeat, e.g. 30s, 5m.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    lease: Duration,
+    /// Commands run at once.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    concurrency: u64,
+    /// Stop a command that runs longer than this and fail its row ("timed out after …"); a
+    /// job's own --timeout from enqueue wins. Default: no limit.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    timeout: Option<Duration>,
+    /// At the first signal, how long running commands may take to finish before they are
+    /// stopped and their rows given back.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    grace: Duration,
+    /// How long a stopped command gets between SIGTERM and SIGKILL.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    kill_after: Duration,
+    /// With --queue: what becomes of completed jobs: keep (as `completed`, until `jobs prune`)
+    /// or delete.
+    #[arg(long, value_name = "WHAT", default_value = "keep", value_parser = parse_retention)]
+    completed: Retention,
+    /// Exit (code 4) once the database has been unreachable this long, e.g. 10m. Default: keep
+    /// waiting for it.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    give_up_after: Option<Duration>,
+    /// Exit 0 once no row is left to work on (none ready, none claimed by a worker that might
+    /// still die and give it back). Without it, keep polling for new rows.
+    #[arg(long)]
+    until_empty: bool,
+    /// How long to wait before looking again when nothing was claimable. With --queue on
+    /// PostgreSQL a new job wakes the worker at once (LISTEN/NOTIFY), so this is only a fallback.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
+    poll: Duration,
+    /// With --queue on PostgreSQL: do not LISTEN for new jobs, only poll (e.g. behind a
+    /// connection pooler in transaction mode, where LISTEN does not work).
+    #[arg(long)]
+    no_listen: bool,
+    /// The command to run per row, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND [ARGS]")]
+    command: Vec<String>,
+}
+
+pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
+    let concurrency = a.concurrency as usize;
+    // Connections: results go in batches, so a few beside the running commands serve claims,
+    // heartbeats, results and LISTEN; with the transaction strategy each claim holds one for as
+    // long as its rows wait.
+    let ahead = if a.source.strategy == rowclaim::Strategy::Transaction {
+        a.prefetch
+    } else {
+        a.prefetch.min(32)
+    };
+    let connections = (concurrency + ahead + 3).min(u32::MAX as usize) as u32;
+    if a.completed == Retention::Delete && a.source.queues.is_empty() {
+        let why = "--completed delete is for jobs of the managed queue (--queue); rows of your \
+                   own table are marked done";
+        return Err(CliError::BadInput(why.into()));
+    }
+    let claimer = super::claimer_keeping(url, &a.source, connections, a.completed).await?;
+    super::say_strategy(&claimer, a.source.strategy);
+    let mut worker = rowclaim::Worker::for_claimer(claimer)
+        .handler(RunCommand {
+            command: a.command,
+            kill_after: a.kill_after,
+        })
+        .concurrency(concurrency)
+        .prefetch(a.prefetch)
+        .lease(a.lease)
+        .poll(a.poll)
+        .grace(a.grace)
+        .until_empty(a.until_empty)
+        .listen(!a.no_listen);
+    if let Some(n) = a.batch {
+        worker = worker.batch(n);
+    }
+    if let Some(limit) = a.timeout {
+        worker = worker.timeout(limit);
+    }
+    if let Some(outage) = a.give_up_after {
+        worker = worker.give_up_after(outage);
+    }
+    tokio::spawn(stop_on_signal(
+        StopSignals::listen()?,
+        worker.shutdown_handle(),
+    ));
+    let report = worker.run(std::future::pending()).await?;
+    let summary = run_command::summary(&report);
+    // The summary is said once: as the error's text when the run did not end well.
+    if report.interrupted {
+        return Err(CliError::Interrupted(summary));
+    }
+    if a.until_empty && report.troubled() > 0 {
+        return Err(CliError::Incomplete(summary));
+    }
+    eprintln!("rowclaim: {summary}");
+    Ok(())
+}
+
+/// `keep` or `delete`, for `--completed`.
+fn parse_retention(s: &str) -> Result<Retention, String> {
+    match s {
+        "keep" => Ok(Retention::Keep),
+        "delete" => Ok(Retention::Delete),
+        other => Err(format!("{other:?}: use keep or delete")),
+    }
+}

@@ -1,0 +1,385 @@
+//! The contract cases run once per backend: locking reads, bad input, the lease table's edges,
+//! what `auto` picks, status-only tables, the counter, stats.
+//!
+//! Each case takes the test's database (empty: the case makes its tables). Where a case depends
+//! on what the server can do, it asks ([`rowclaim::ServerInfo::supports`]); it matches on
+//! [`Backend`] only for the SQL dialect of its own raw SQL and for a driver's own wording. A new
+//! backend proves itself by a driver and one `contract_suite!` invocation (see
+//! [`crate::contract`]), adding an arm here only where its dialect differs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rowclaim::{Capability, Error, LockMode, LockWait, RowId, Source, Strategy};
+
+use super::full_source;
+use crate::{Backend, TestDb};
+
+/// (e) Locking reads: NOWAIT on a locked row fails with `Locked`; SKIP LOCKED leaves it out.
+pub async fn locking_reads(t: Arc<TestDb>) {
+    t.jobs(5).await;
+    let (db1, db2) = (t.db().await, t.db().await);
+    let c1 = db1
+        .claimer(Source::new("jobs"), Strategy::LeaseTable)
+        .await
+        .unwrap();
+    let c2 = db2
+        .claimer(Source::new("jobs"), Strategy::LeaseTable)
+        .await
+        .unwrap();
+    let one = [RowId::Int(1)];
+    let held = c1
+        .lock(Some(&one), None, LockMode::Update, LockWait::Wait)
+        .await
+        .unwrap();
+    assert_eq!(held.rows().len(), 1);
+    assert_eq!(held.rows()[0].data["payload"], "job 1");
+
+    let err = c2
+        .lock(Some(&one), None, LockMode::Update, LockWait::NoWait)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Locked),
+        "NOWAIT on a locked row: {err}"
+    );
+
+    let server = c1.server().clone();
+    if server.supports(Capability::SkipLocked) {
+        let rest = c2
+            .lock(None, Some(10), LockMode::Update, LockWait::SkipLocked)
+            .await
+            .unwrap();
+        let ids: Vec<RowId> = rest.rows().iter().map(|r| r.id.clone()).collect();
+        assert_eq!(
+            ids,
+            (2..=5).map(RowId::Int).collect::<Vec<_>>(),
+            "row 1 is skipped"
+        );
+        rest.rollback().await.unwrap();
+    } else {
+        let err = c2
+            .lock(None, Some(10), LockMode::Update, LockWait::SkipLocked)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("SKIP LOCKED"), "{err}");
+    }
+    // Shared and update locks are row locks only where writers do not wait for each other;
+    // with one writer at a time (SQLite) every lock is the database's write lock, tested below.
+    if server.supports(Capability::ConcurrentWriters) {
+        // Shared locks do not exclude each other, but exclude an update lock.
+        held.rollback().await.unwrap();
+        let s1 = c1
+            .lock(Some(&one), None, LockMode::Share, LockWait::Wait)
+            .await
+            .unwrap();
+        let s2 = c2
+            .lock(Some(&one), None, LockMode::Share, LockWait::NoWait)
+            .await
+            .unwrap();
+        assert_eq!(s2.rows().len(), 1);
+        s2.commit().await.unwrap();
+        let db3 = t.db().await;
+        let c3 = db3
+            .claimer(Source::new("jobs"), Strategy::LeaseTable)
+            .await
+            .unwrap();
+        let err = c3
+            .lock(Some(&one), None, LockMode::Update, LockWait::NoWait)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Locked), "{err}");
+        s1.commit().await.unwrap();
+        return;
+    }
+    held.commit().await.unwrap();
+    let after = c2
+        .lock(Some(&one), None, LockMode::Update, LockWait::NoWait)
+        .await
+        .unwrap();
+    after.commit().await.unwrap();
+}
+
+/// (f) Bad input: each error names the problem, and the table is untouched.
+pub async fn bad_input(t: Arc<TestDb>) {
+    t.jobs(5).await;
+    let snapshot =
+        || t.strings("SELECT status || ':' || COALESCE(owner, '-') FROM jobs ORDER BY id");
+    let snapshot = if t.backend == Backend::MySql {
+        t.strings("SELECT CONCAT(status, ':', COALESCE(owner, '-')) FROM jobs ORDER BY id")
+            .await
+    } else {
+        snapshot().await
+    };
+    let db = t.db().await;
+
+    let err = db
+        .claimer(Source::new("x; drop table jobs"), Strategy::Auto)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidIdentifier { what: "table", .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("x; drop table jobs"), "{err}");
+
+    let err = db
+        .claimer(
+            full_source().status_column("x; drop table y"),
+            Strategy::Auto,
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("status column"), "{err}");
+
+    let err = db
+        .claimer(Source::new("nope"), Strategy::Auto)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::MissingTable { .. }), "{err}");
+
+    let err = db
+        .claimer(full_source().lease_column("lease_ends"), Strategy::Auto)
+        .await
+        .unwrap_err();
+    match &err {
+        Error::MissingColumn { column, what, .. } => {
+            assert_eq!(column, "lease_ends");
+            assert_eq!(*what, "lease column");
+        }
+        other => panic!("expected MissingColumn, got {other}"),
+    }
+
+    let err = db
+        .claimer(full_source().lease_column("payload"), Strategy::Auto)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::WrongColumnType { .. }), "{err}");
+    assert!(err.to_string().contains("payload"), "{err}");
+
+    let err = db
+        .claimer(
+            Source::new("jobs").status_values("ready", "claimed", "done", "ready"),
+            Strategy::Auto,
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("\"ready\""), "{err}");
+
+    // A strategy the mapping or server cannot do.
+    let err = db
+        .claimer(Source::new("jobs"), Strategy::Token)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::UnsupportedStrategy { .. }), "{err}");
+    assert!(err.to_string().contains("owner column"), "{err}");
+    let err = db
+        .claimer(Source::new("jobs"), Strategy::SkipLocked)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::UnsupportedStrategy { .. }), "{err}");
+    // With every column it needs mapped, skip-locked stands or falls with the server.
+    let server = db.server().await.unwrap();
+    let skip_locked = db.claimer(full_source(), Strategy::SkipLocked).await;
+    if server.supports(Capability::SkipLocked) {
+        let c = skip_locked.unwrap();
+        assert_eq!(c.strategy(), Strategy::SkipLocked);
+    } else {
+        let Err(err) = skip_locked else {
+            panic!(
+                "{} has no SKIP LOCKED, yet a skip-locked claimer was made",
+                server.description
+            )
+        };
+        assert!(matches!(err, Error::UnsupportedStrategy { .. }), "{err}");
+        assert!(err.to_string().contains("SKIP LOCKED"), "{err}");
+        // The driver's own words, which say why.
+        if t.backend == Backend::Sqlite {
+            assert!(
+                err.to_string().contains("SQLite has no SKIP LOCKED"),
+                "{err}"
+            );
+        }
+    }
+
+    let lease_no_owner = Source::new("jobs").lease_column("lease_until");
+    let err = db
+        .claimer(lease_no_owner, Strategy::Optimistic)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("owner column"), "{err}");
+
+    let c = db.claimer(full_source(), Strategy::Auto).await.unwrap();
+    let err = c.claim(5, Duration::ZERO).await.unwrap_err();
+    assert!(
+        err.to_string().contains("lease must be longer than zero"),
+        "{err}"
+    );
+    let err = c.claim(0, Duration::from_secs(1)).await.unwrap_err();
+    assert!(err.to_string().contains("batch"), "{err}");
+    let err = c.parse_id("abc").unwrap_err();
+    assert!(err.to_string().contains("\"abc\""), "{err}");
+    let token = "0190a1b2-0000-7000-8000-000000000000".parse().unwrap();
+    let err = c.complete(&token, &[RowId::Int(1)]).await.unwrap_err();
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err}");
+
+    let after = if t.backend == Backend::MySql {
+        t.strings("SELECT CONCAT(status, ':', COALESCE(owner, '-')) FROM jobs ORDER BY id")
+            .await
+    } else {
+        t.strings("SELECT status || ':' || COALESCE(owner, '-') FROM jobs ORDER BY id")
+            .await
+    };
+    assert_eq!(snapshot, after, "bad input left the table untouched");
+}
+
+/// Review findings: spellings of one table share leases; a settle never touches a finished row;
+/// repeated ids count once.
+pub async fn lease_table_edges(t: Arc<TestDb>) {
+    t.jobs(3).await;
+    let other_spelling = match t.backend {
+        Backend::Postgres => "public.jobs".to_owned(),
+        Backend::MySql => format!("{}.jobs", t.name),
+        Backend::Sqlite => "main.jobs".to_owned(),
+    };
+    let (db_a, db_b) = (t.db().await, t.db().await);
+    let a = db_a
+        .claimer(Source::new("jobs"), Strategy::LeaseTable)
+        .await
+        .unwrap();
+    let b = db_b
+        .claimer(Source::new(other_spelling.as_str()), Strategy::LeaseTable)
+        .await
+        .unwrap();
+    let claim = a.claim(3, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(claim.len(), 3);
+    let again = b.claim(3, Duration::from_secs(30)).await.unwrap();
+    assert!(
+        again.is_empty(),
+        "{other_spelling} is the same table: its rows are taken"
+    );
+
+    // Row 1 is finished behind the claim's back: releasing it must not bring it back.
+    t.exec("UPDATE jobs SET status = 'done' WHERE id = 1").await;
+    let err = a
+        .release(claim.token(), &[RowId::Int(1)])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err}");
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE status = 'done'")
+            .await,
+        1
+    );
+
+    let two = RowId::Int(2);
+    assert_eq!(
+        a.complete(claim.token(), &[two.clone(), two])
+            .await
+            .unwrap(),
+        1
+    );
+}
+
+/// `auto` picks skip-locked where the server has SKIP LOCKED, else token; lease-table without
+/// owner/lease columns.
+pub async fn auto_choice(t: Arc<TestDb>) {
+    t.jobs(1).await;
+    let db = t.db().await;
+    let full = db
+        .claimer(full_source(), Strategy::Auto)
+        .await
+        .unwrap()
+        .strategy();
+    // `capabilities_are_as_documented` pins what each known server says here, so this cannot
+    // pass by a server wrongly saying it has no SKIP LOCKED.
+    let expected = if db.server().await.unwrap().supports(Capability::SkipLocked) {
+        Strategy::SkipLocked
+    } else {
+        Strategy::Token
+    };
+    assert_eq!(full, expected);
+    let bare = db
+        .claimer(Source::new("jobs"), Strategy::Auto)
+        .await
+        .unwrap()
+        .strategy();
+    assert_eq!(bare, Strategy::LeaseTable);
+}
+
+/// Status-only tables work with the strategies that need nothing else.
+pub async fn status_only(t: Arc<TestDb>, strategy: Strategy) {
+    t.exec("CREATE TABLE tasks (code VARCHAR(20) PRIMARY KEY, state INTEGER NOT NULL)")
+        .await;
+    t.exec("INSERT INTO tasks VALUES ('a', 0), ('b', 0), ('c', 0)")
+        .await;
+    let db = t.db().await;
+    let source = Source::new("tasks")
+        .id_column("code")
+        .status_column("state")
+        .status_values("0", "1", "2", "3");
+    let c = db.claimer(source, strategy).await.unwrap();
+    let claim = c.claim(2, Duration::from_secs(30)).await.unwrap();
+    let ids: Vec<RowId> = claim.rows().iter().map(|r| r.id.clone()).collect();
+    assert_eq!(ids.len(), 2);
+    assert!(ids.contains(&RowId::Text("a".into())));
+    claim.complete(&ids[0]).await.unwrap();
+    claim.fail(&ids[1]).await.unwrap();
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM tasks WHERE state = 2").await,
+        1
+    );
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM tasks WHERE state = 3").await,
+        1
+    );
+    let next = c.claim(5, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(next.len(), 1);
+    let err = rowclaim::Source::new("tasks")
+        .status_column("state")
+        .status_values("new", "1", "2", "3");
+    let err = db
+        .claimer(err.id_column("code"), strategy)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("\"new\" is not an integer"),
+        "{err}"
+    );
+}
+
+/// A counter handed out concurrently gives every value once.
+pub async fn counter(t: Arc<TestDb>) {
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let db = t.db().await;
+        tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            for _ in 0..25 {
+                got.push(db.next_counter_value("invoice").await.expect("counter"));
+            }
+            got
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    all.sort();
+    assert_eq!(all, (1..=100).collect::<Vec<i64>>());
+    assert_eq!(t.db().await.next_counter_value("other").await.unwrap(), 1);
+}
+
+/// Stats count by status, owner and expired lease.
+pub async fn stats(t: Arc<TestDb>, strategy: Strategy) {
+    t.jobs(10).await;
+    let db = t.db().await;
+    let c = db.claimer(full_source(), strategy).await.unwrap();
+    let claim = c.claim(4, Duration::from_secs(30)).await.unwrap();
+    claim.complete(&claim.rows()[0].id).await.unwrap();
+    let s = c.stats().await.unwrap();
+    assert_eq!(s.by_status.get("done"), Some(&1));
+    assert_eq!(s.by_status.get("ready"), Some(&6));
+    assert_eq!(s.claimed_by_owner.get(&claim.token().to_string()), Some(&3));
+    assert_eq!(s.expired_leases, 0);
+}

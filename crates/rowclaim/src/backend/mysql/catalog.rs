@@ -1,0 +1,115 @@
+//! The catalog role on MySQL/MariaDB: the server, a table's columns and key, the lease and counter
+//! tables.
+
+use super::*;
+
+impl Catalog for My {
+    async fn server(&self) -> Result<ServerInfo> {
+        let info = self
+            .server
+            .get_or_try_init(|| async {
+                let v: String = sqlx::query_scalar("SELECT CAST(VERSION() AS CHAR)")
+                    .fetch_one(&self.pool)
+                    .await?;
+                // `10.11.6-MariaDB-0+deb12u1` or `8.0.36`.
+                let kind = if v.contains("MariaDB") {
+                    ServerKind::MariaDb
+                } else {
+                    ServerKind::MySql
+                };
+                Ok::<_, Error>(ServerInfo::new(kind, &v))
+            })
+            .await?;
+        Ok(info.clone())
+    }
+
+    async fn columns(&self, table: &TableName) -> Result<Vec<Column>> {
+        // MariaDB returns some information_schema columns as binary strings: cast them to text.
+        let rows = sqlx::query(
+            "SELECT CAST(COLUMN_NAME AS CHAR), CAST(COLUMN_TYPE AS CHAR), CAST(DATA_TYPE AS CHAR),
+                    CAST(CHARACTER_MAXIMUM_LENGTH AS SIGNED)
+             FROM information_schema.COLUMNS
+             WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?
+             ORDER BY ORDINAL_POSITION",
+        )
+        .bind(table.schema.clone())
+        .bind(table.name.clone())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let data_type: String = r.try_get(2)?;
+                let len: Option<i64> = r.try_get(3)?;
+                let ty = match data_type.to_ascii_lowercase().as_str() {
+                    "tinyint" | "smallint" | "mediumint" | "int" | "bigint" => ColType::Int,
+                    "char" | "varchar" | "text" | "tinytext" | "mediumtext" | "longtext" => {
+                        ColType::Text {
+                            max_len: len.and_then(|l| u32::try_from(l).ok()),
+                        }
+                    }
+                    "datetime" | "timestamp" => ColType::Timestamp,
+                    _ => ColType::Other,
+                };
+                Ok(Column {
+                    name: r.try_get(0)?,
+                    sql_type: r.try_get(1)?,
+                    ty,
+                })
+            })
+            .collect()
+    }
+
+    async fn table_key(&self, table: &TableName) -> Result<String> {
+        let key: Option<String> = sqlx::query_scalar(
+            "SELECT CAST(CONCAT(TABLE_SCHEMA, '.', TABLE_NAME) AS CHAR) FROM information_schema.TABLES \
+             WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?",
+        )
+        .bind(table.schema.clone())
+        .bind(table.name.clone())
+        .fetch_optional(&self.pool)
+        .await?;
+        key.ok_or_else(|| Error::MissingTable {
+            table: table.display.clone(),
+        })
+    }
+
+    async fn ensure_lease_table(&self) -> Result<()> {
+        if let Err(e) = sqlx::query(CREATE_LEASES).execute(&self.pool).await {
+            // Two processes creating it at once: one of them may fail, and the table is there
+            // all the same.
+            let exists: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'rowclaim_leases'",
+            )
+            .fetch_one(&self.pool)
+            .await?;
+            if exists == 0 {
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+
+    async fn counter_next(&self, name: &str) -> Result<i64> {
+        // `LAST_INSERT_ID(expr)` makes the statement report the new value as its insert id, for
+        // a new counter and an existing one alike: no second round trip to read it.
+        let next = || {
+            sqlx::query(
+                "INSERT INTO rowclaim_counters (name, value) VALUES (?, LAST_INSERT_ID(1)) \
+                 ON DUPLICATE KEY UPDATE value = LAST_INSERT_ID(value + 1)",
+            )
+            .bind(name.to_owned())
+        };
+        let done = match next().execute(&self.pool).await {
+            Err(e) if crate::error::db_kind(&e) == Some(DbKind::MissingTable) => {
+                if let Err(e) = sqlx::query(CREATE_COUNTERS).execute(&self.pool).await {
+                    tracing::debug!(error = %e, "creating rowclaim_counters raced");
+                }
+                next().execute(&self.pool).await?
+            }
+            other => other?,
+        };
+        i64::try_from(done.last_insert_id())
+            .map_err(|_| Error::InvalidInput(format!("counter {name} is out of range")))
+    }
+}

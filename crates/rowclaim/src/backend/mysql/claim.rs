@@ -1,0 +1,246 @@
+//! Claiming on MySQL/MariaDB: one function per strategy, each holding all of its SQL.
+
+use super::*;
+
+impl My {
+    /// Takes up to `a.batch` rows with the strategy `a.strategy`.
+    pub(super) async fn claim_rows(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+        match a.strategy {
+            Resolved::SkipLocked => self.skip_locked(a).await,
+            Resolved::Token => self.token(a).await,
+            Resolved::Optimistic => self.optimistic(a).await,
+            Resolved::LeaseTable => self.lease_table(a).await,
+            Resolved::Transaction => self.transaction(a).await,
+        }
+    }
+
+    /// The `skip-locked` strategy on MySQL/MariaDB: one transaction: lock the first unlocked
+    /// candidates, mark them ours, read them back. Expired leases first, then ready rows, each arm
+    /// its own locking read so each walks its own index; the arms may lock up to twice the batch
+    /// for the moment of this transaction when leases have expired.
+    async fn skip_locked(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+        let (m, t, id, order, filter) = (a.m, &a.m.table, &a.m.id, &a.m.order_by, &a.m.filter);
+        let mut b = B::new();
+        let batch = i64::from(a.batch);
+        let arm = |b: &mut B, cond: String| {
+            format!(
+                "(SELECT {} FROM {t} AS t WHERE {cond}{filter} ORDER BY {order} \
+                 LIMIT {} FOR UPDATE SKIP LOCKED)",
+                id_text(m),
+                b.bind(batch)
+            )
+        };
+        let sql = match a.expired.then(|| sql::expired_arm(m, &mut b)).flatten() {
+            Some(expired) => {
+                let e = arm(&mut b, expired);
+                let ready = sql::ready_arm(m, &mut b);
+                let r = arm(&mut b, ready);
+                format!("{e} UNION ALL {r} LIMIT {}", b.bind(batch))
+            }
+            None => {
+                let ready = sql::ready_arm(m, &mut b);
+                arm(&mut b, ready)
+            }
+        };
+        let mut tx = self.begin().await?;
+        let found: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
+        if found.is_empty() {
+            tx.rollback().await?;
+            return Ok(Claimed::none());
+        }
+        let list = id_list(m, &found)?;
+        let mut b = B::new();
+        let set = sql::claim_set(m, &mut b, a.token, a.lease);
+        let which = in_ids(&mut b, id, &list);
+        let sql = format!("UPDATE {t} SET {set} WHERE {which}");
+        b.query(sql)?.execute(&mut *tx).await?;
+        let mut b = B::new();
+        let sql = rows_sql(m, &mut b, &list);
+        let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
+        tx.commit().await?;
+        Ok(Claimed::rows(rows))
+    }
+
+    /// The `token` strategy on MySQL/MariaDB: mark the first candidates with the token (the
+    /// candidates come from a derived table, which MySQL materialises, so the UPDATE may name its
+    /// own table there), then read the rows that carry it. The condition is checked again after
+    /// waiting for another claimer's row lock, so a row is never taken twice; a claimer that lost
+    /// every row to others gets none and tries again.
+    async fn token(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+        let (m, t, id, filter) = (a.m, &a.m.table, &a.m.id, &a.m.filter);
+        let mut b = B::new();
+        let batch = i64::from(a.batch);
+        let set = sql::claim_set(m, &mut b, a.token, a.lease);
+        let pick = sql::candidates(m, &mut b, id, batch, a.expired);
+        let cond = sql::claimable(m, &mut b);
+        let sql = format!(
+            "UPDATE {t} SET {set} WHERE {id} IN (SELECT {id} FROM ({pick}) AS c) \
+             AND {cond}{filter}"
+        );
+        let changed = b.query(sql)?.execute(&self.pool).await?.rows_affected();
+        if changed == 0 {
+            return Ok(Claimed::raced(
+                vec![],
+                run::claimable_exists(self, m).await?,
+            ));
+        }
+        Ok(Claimed::rows(self.rows_of_owner(m, a.token).await?))
+    }
+
+    /// The `optimistic` strategy on MySQL/MariaDB: read candidates without locks; the update wins
+    /// only the rows still claimable.
+    async fn optimistic(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+        let (m, t, id, filter) = (a.m, &a.m.table, &a.m.id, &a.m.filter);
+        let mut b = B::new();
+        let batch = i64::from(a.batch);
+        let pick = sql::candidates(
+            m,
+            &mut b,
+            &format!("CAST({id} AS CHAR) AS rowclaim_id"),
+            batch,
+            a.expired,
+        );
+        let sql = format!("SELECT rowclaim_id FROM ({pick}) AS c");
+        let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+        if found.is_empty() {
+            return Ok(Claimed::none());
+        }
+        let rows = if m.owner.is_some() {
+            // One statement for all candidates; the token tells which it won.
+            let list = id_list(m, &found)?;
+            let mut b = B::new();
+            let set = sql::claim_set(m, &mut b, a.token, a.lease);
+            let which = in_ids(&mut b, id, &list);
+            let cond = sql::claimable(m, &mut b);
+            let sql = format!("UPDATE {t} SET {set} WHERE {which} AND {cond}{filter}");
+            b.query(sql)?.execute(&self.pool).await?;
+            self.rows_of_owner(m, a.token).await?
+        } else {
+            // Without an owner column only the affected-row count tells who won: one
+            // statement per candidate.
+            let mut won = Vec::new();
+            for row in m.parse_ids(&found)? {
+                let mut b = B::new();
+                let set = sql::claim_set(m, &mut b, a.token, a.lease);
+                let key = b.value(&row);
+                let cond = sql::claimable(m, &mut b);
+                let sql = format!("UPDATE {t} SET {set} WHERE {id} = {key} AND {cond}{filter}");
+                if b.query(sql)?.execute(&self.pool).await?.rows_affected() == 1 {
+                    won.push(row);
+                }
+            }
+            if won.is_empty() {
+                vec![]
+            } else {
+                let list = IdList::new(m.id_kind, &won)?;
+                let mut b = B::new();
+                let sql = rows_sql(m, &mut b, &list);
+                parse_rows(b.scalar(sql)?.fetch_all(&self.pool).await?)?
+            }
+        };
+        Ok(Claimed::contested(rows))
+    }
+
+    /// The `lease-table` strategy on MySQL/MariaDB: candidates are rows without a live lease;
+    /// inserting the lease key is the claim (an expired lease is taken over in the same statement),
+    /// then the rows are marked, all in one transaction.
+    async fn lease_table(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+        let (m, t, id, order, filter) = (a.m, &a.m.table, &a.m.id, &a.m.order_by, &a.m.filter);
+        let mut b = B::new();
+        let batch = i64::from(a.batch);
+        let st = &m.status;
+        let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
+        let source = b.bind(m.source_key.clone());
+        let limit = b.bind(batch);
+        let sql = format!(
+            "SELECT {} FROM {t} AS t WHERE ({st} = {ready} OR {st} = {claimed}){filter} \
+             AND NOT EXISTS (SELECT 1 FROM rowclaim_leases l WHERE l.source = {source} \
+             AND l.row_id = CAST(t.{id} AS CHAR) AND l.lease_until >= UTC_TIMESTAMP(6)) \
+             ORDER BY {order} LIMIT {limit}",
+            id_text(m)
+        );
+        let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+        if found.is_empty() {
+            return Ok(Claimed::none());
+        }
+        // On a duplicate key the assignments run left to right, so the second one sees
+        // the token the first one wrote: an expired lease changes hands, a live one stays.
+        // (`VALUES(col)` is deprecated from MySQL 8.0.20 in favour of a row alias, which
+        // MariaDB lacks; both still accept it.)
+        let mut b = B::new();
+        let mut values = Vec::with_capacity(found.len());
+        for key in &found {
+            let source = b.bind(m.source_key.clone());
+            let key = b.bind(key.clone());
+            let token = b.bind(a.token.to_owned());
+            let until = Sql::later(&mut b, a.lease);
+            values.push(format!("({source}, {key}, {token}, {until})"));
+        }
+        let sql = format!(
+            "INSERT INTO rowclaim_leases (source, row_id, token, lease_until) VALUES {} \
+             ON DUPLICATE KEY UPDATE \
+             token = IF(lease_until < UTC_TIMESTAMP(6), VALUES(token), token), \
+             lease_until = IF(token = VALUES(token), VALUES(lease_until), lease_until)",
+            values.join(", ")
+        );
+        let mut tx = self.begin().await?;
+        b.query(sql)?.execute(&mut *tx).await?;
+        let mut b = B::new();
+        let source = b.bind(m.source_key.clone());
+        let token = b.bind(a.token.to_owned());
+        let sql = format!(
+            "SELECT row_id FROM rowclaim_leases WHERE source = {source} AND token = {token}"
+        );
+        let won: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
+        if won.is_empty() {
+            tx.rollback().await?;
+            return Ok(Claimed::raced(vec![], true));
+        }
+        let list = id_list(m, &won)?;
+        // A lease won for a row that was finished meanwhile stays until it expires; it
+        // blocks nothing, since only ready and claimed rows are candidates.
+        let mut b = B::new();
+        let set = sql::claim_set(m, &mut b, a.token, a.lease);
+        let which = in_ids(&mut b, id, &list);
+        let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
+        let sql =
+            format!("UPDATE {t} SET {set} WHERE {which} AND ({st} = {ready} OR {st} = {claimed})");
+        b.query(sql)?.execute(&mut *tx).await?;
+        let mut b = B::new();
+        let sql = rows_sql(m, &mut b, &list);
+        let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
+        tx.commit().await?;
+        Ok(Claimed::contested(rows))
+    }
+
+    /// The `transaction` strategy on MySQL/MariaDB: lock the rows in a transaction that stays open;
+    /// the session's idle timeout (`wait_timeout`, whole seconds) is the lease: past it the server
+    /// closes the connection, the transaction rolls back and the rows are free again.
+    async fn transaction(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+        let (m, t, order, filter) = (a.m, &a.m.table, &a.m.order_by, &a.m.filter);
+        let mut b = B::new();
+        let batch = i64::from(a.batch);
+        let ready = status_literal(&m.ready);
+        let limit = b.bind(batch);
+        let sql = format!(
+            "SELECT {} FROM {t} AS t WHERE {} = {ready}{filter} \
+             ORDER BY {order} LIMIT {limit} FOR UPDATE SKIP LOCKED",
+            Sql::row_json(m),
+            m.status
+        );
+        let mut tx = self.begin().await?;
+        let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
+        if rows.is_empty() {
+            tx.rollback().await?;
+            return Ok(Claimed::none());
+        }
+        // The lease starts now. `@rowclaim_open` counts the rows still to settle, so that
+        // the last settle gives the pooled connection its usual timeout back.
+        sqlx::query("SET SESSION wait_timeout = ?, @rowclaim_open = ?")
+            .bind(lease_secs(a.lease))
+            .bind(rows.len() as i64)
+            .execute(&mut *tx)
+            .await?;
+        Ok(Claimed::held(rows, Some(tx)))
+    }
+}

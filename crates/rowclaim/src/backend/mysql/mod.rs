@@ -1,0 +1,305 @@
+//! MySQL 8 and MariaDB 10.6+: rowclaim's claim SQL for them (the managed queue's is in
+//! `queue/mysql.rs`).
+//!
+//! Leases are `DATETIME(6)` holding UTC, computed from `UTC_TIMESTAMP(6)`; rows come back as
+//! `CAST(JSON_OBJECT(…) AS CHAR)`; id lists are `IN (?, ?, …)`. Neither server has
+//! `UPDATE … RETURNING`, so a claim marks rows and then reads them back (by token, or by id inside
+//! the claiming transaction). Placeholders are positional, so every statement binds its values in
+//! the order its text uses them.
+//!
+//! Where MySQL 8 and MariaDB differ (only `FOR SHARE` so far), the code branches on
+//! [`ServerKind`], detected once per pool from `SELECT VERSION()`.
+//!
+//! Every transaction opened here runs at READ COMMITTED, as PostgreSQL's do: a locking read then
+//! keeps locks on the rows it returns only, with no gap locks, so a claim held open (transaction
+//! strategy, locking reads) does not block inserts or the claims and settles of other rows.
+
+mod catalog;
+mod claim;
+mod store;
+
+use std::time::Duration;
+
+use super::run;
+use super::sql::{self, binder_queries, Binder, Dialect, Value};
+use super::{
+    Catalog, ClaimArgs, ClaimStore, Claimed, Outcome, Resolved, ServerInfo, ServerKind, Target,
+};
+use crate::error::DbKind;
+use crate::mapping::{status_literal, ColType, Column, Mapping, TableName};
+use crate::value::IdList;
+use crate::{Error, LockMode, LockWait, Result, RowId, Strategy};
+use std::sync::Arc;
+
+use sqlx::mysql::MySqlDatabaseError;
+use sqlx::{MySql, MySqlPool, Row};
+use tokio::sync::OnceCell;
+
+type B = Binder<Sql>;
+
+/// The open transaction of this driver's transaction strategy and locking reads.
+type Held = <My as ClaimStore>::Held;
+
+/// The server's clock, in the UTC that lease columns hold.
+pub(crate) const NOW: &str = "UTC_TIMESTAMP(6)";
+
+/// MySQL's and MariaDB's SQL.
+pub(crate) struct Sql;
+
+impl Dialect for Sql {
+    type DB = MySql;
+    const NOW: &'static str = NOW;
+    const TEXT: &'static str = "CHAR";
+    const LEASE_COLUMN: ColType = ColType::Timestamp;
+    const LEASE_TYPE: &'static str = "DATETIME(6) (holding UTC)";
+
+    fn quote(ident: &str) -> String {
+        format!("`{ident}`")
+    }
+
+    fn placeholder(_: usize) -> String {
+        "?".to_owned()
+    }
+
+    fn later(b: &mut B, after: Duration) -> String {
+        format!("{NOW} + INTERVAL {} MICROSECOND", b.bind(lease_us(after)))
+    }
+
+    fn id_in(b: &mut B, column: &str, list: &IdList) -> String {
+        in_ids(b, column, list)
+    }
+
+    fn row_json(m: &Mapping) -> String {
+        claimed_json(m)
+    }
+
+    fn arguments(values: Vec<Value>) -> Result<<MySql as sqlx::Database>::Arguments> {
+        sql::arguments::<MySql>(values, |_, _| {
+            Err(Error::Internal("MySQL has no array parameters".into()))
+        })
+    }
+}
+
+binder_queries!(Sql, MySql, My);
+
+#[derive(Clone, Debug)]
+pub(crate) struct My {
+    pub(crate) pool: MySqlPool,
+    /// The server, asked once and shared by the clones of this driver.
+    server: Arc<OnceCell<ServerInfo>>,
+}
+
+impl My {
+    pub(crate) fn new(pool: MySqlPool) -> My {
+        My {
+            pool,
+            server: Arc::new(OnceCell::new()),
+        }
+    }
+}
+
+/// Starts every transaction of this driver (see the module docs). `SET TRANSACTION` without
+/// `SESSION` applies to the next transaction only, so the pooled connection keeps its defaults.
+pub(crate) const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+
+/// A lease in whole microseconds (at least 1), for `INTERVAL ? MICROSECOND`.
+pub(crate) fn lease_us(lease: Duration) -> i64 {
+    i64::try_from(lease.as_micros()).unwrap_or(i64::MAX).max(1)
+}
+
+/// A lease in whole seconds, rounded up (at least 1): the unit of `wait_timeout`.
+pub(crate) fn lease_secs(lease: Duration) -> i64 {
+    let secs = lease
+        .as_secs()
+        .saturating_add(u64::from(lease.subsec_nanos() > 0));
+    i64::try_from(secs).unwrap_or(i64::MAX).max(1)
+}
+
+fn is_empty(list: &IdList) -> bool {
+    match list {
+        IdList::Int(v) => v.is_empty(),
+        IdList::Text(v) => v.is_empty(),
+    }
+}
+
+/// `expr IN (?, ?, …)` over the ids as the id column's type (`FALSE` for no ids: `IN ()` is not
+/// SQL).
+pub(crate) fn in_ids(b: &mut B, expr: &str, list: &IdList) -> String {
+    if is_empty(list) {
+        return "FALSE".to_owned();
+    }
+    format!("{expr} IN ({})", b.list(list))
+}
+
+/// `expr IN (?, ?, …)` over the ids as text, to match the lease table's `row_id`.
+fn in_texts(b: &mut B, expr: &str, list: &IdList) -> String {
+    let texts: Vec<String> = match list {
+        IdList::Int(v) => v.iter().map(ToString::to_string).collect(),
+        IdList::Text(v) => v.clone(),
+    };
+    if texts.is_empty() {
+        return "FALSE".to_owned();
+    }
+    let marks: Vec<String> = texts.into_iter().map(|t| b.bind(t)).collect();
+    format!("{expr} IN ({})", marks.join(", "))
+}
+
+/// A row as JSON text: `CAST(JSON_OBJECT('col', t.`col`, …) AS CHAR)`. The table must be aliased
+/// `t`. Only plainly named columns are listed, so their names are safe as string literals.
+pub(crate) fn row_json(m: &Mapping) -> String {
+    json_of(&m.columns)
+}
+
+/// A claimed row as JSON text: the whole row of a user's table, the job's own columns for the
+/// managed queue (`Mapping::claim_columns`).
+fn claimed_json(m: &Mapping) -> String {
+    json_of(&m.claim_columns)
+}
+
+pub(crate) fn json_of(columns: &[String]) -> String {
+    let pairs: Vec<String> = columns
+        .iter()
+        .map(|c| format!("'{c}', t.{}", Sql::quote(c)))
+        .collect();
+    format!("CAST(JSON_OBJECT({}) AS CHAR)", pairs.join(", "))
+}
+
+pub(crate) fn parse_rows(texts: Vec<String>) -> Result<Vec<serde_json::Value>> {
+    texts.iter().map(|t| sql::parse_row(t)).collect()
+}
+
+/// The id column as text, aliased so that an `ORDER BY` on the id column still sorts by the
+/// column and not by its text.
+fn id_text(m: &Mapping) -> String {
+    format!("CAST(t.{} AS CHAR) AS rowclaim_id", m.id)
+}
+
+/// The ids of a list, as row ids.
+fn list_ids(list: &IdList) -> Vec<RowId> {
+    match list {
+        IdList::Int(v) => v.iter().map(|i| RowId::Int(*i)).collect(),
+        IdList::Text(v) => v.iter().map(|t| RowId::Text(t.clone())).collect(),
+    }
+}
+
+fn id_list(m: &Mapping, texts: &[String]) -> Result<IdList> {
+    IdList::new(m.id_kind, &m.parse_ids(texts)?)
+}
+
+/// The lease table's condition "these leases belong to `token`" (all of them, or those of `ids`).
+fn leases_of(m: &Mapping, b: &mut B, token: &str, target: &Target<'_>) -> String {
+    let source = b.bind(m.source_key.clone());
+    let tok = b.bind(token.to_owned());
+    let only = match target {
+        Target::All => String::new(),
+        Target::Ids(list, _) => format!(" AND {}", in_texts(b, "row_id", list)),
+    };
+    format!("source = {source} AND token = {tok}{only}")
+}
+
+/// MySQL's error number, if `e` is a MySQL/MariaDB error.
+pub(crate) fn error_number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .map(MySqlDatabaseError::number),
+        _ => None,
+    }
+}
+
+/// 1146: the table does not exist.
+const NO_SUCH_TABLE: u16 = 1146;
+
+const CREATE_LEASES: &str = "CREATE TABLE IF NOT EXISTS rowclaim_leases (
+    source VARCHAR(255) NOT NULL,
+    row_id VARCHAR(255) NOT NULL,
+    token CHAR(36) NOT NULL,
+    lease_until DATETIME(6) NOT NULL,
+    PRIMARY KEY (source, row_id),
+    KEY rowclaim_leases_token (token)
+) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
+
+const CREATE_COUNTERS: &str = "CREATE TABLE IF NOT EXISTS rowclaim_counters (
+    name VARCHAR(255) NOT NULL PRIMARY KEY,
+    value BIGINT NOT NULL
+) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
+
+impl My {
+    pub(crate) async fn begin(&self) -> Result<sqlx::Transaction<'static, MySql>> {
+        Ok(self.pool.begin_with(BEGIN).await?)
+    }
+
+    /// Runs a statement that changes rows; with several named rows it commits only if all of them
+    /// changed (all or nothing). The count is of rows matched: sqlx connects with
+    /// `CLIENT_FOUND_ROWS`.
+    async fn change_all_or_nothing(&self, sql: String, b: B, target: &Target<'_>) -> Result<u64> {
+        match target {
+            Target::Ids(_, n) if *n > 1 => {
+                let mut tx = self.begin().await?;
+                let changed = b.query(sql)?.execute(&mut *tx).await?.rows_affected();
+                if changed == *n as u64 {
+                    tx.commit().await?;
+                } else {
+                    tx.rollback().await?;
+                }
+                Ok(changed)
+            }
+            _ => Ok(b.query(sql)?.execute(&self.pool).await?.rows_affected()),
+        }
+    }
+
+    /// The rows `token` marked in the table, as JSON, in the source's order.
+    async fn rows_of_owner(&self, m: &Mapping, token: &str) -> Result<Vec<serde_json::Value>> {
+        let Some(ow) = &m.owner else {
+            return Ok(vec![]);
+        };
+        let mut b = B::new();
+        let tok = b.bind(token.to_owned());
+        let claimed = status_literal(&m.claimed);
+        let sql = format!(
+            "SELECT {} FROM {} AS t WHERE t.{ow} = {tok} AND t.{} = {claimed} ORDER BY {}",
+            claimed_json(m),
+            m.table,
+            m.status,
+            m.order_by
+        );
+        parse_rows(b.scalar(sql)?.fetch_all(&self.pool).await?)
+    }
+}
+
+/// The claimed rows `list` as JSON, in the source's order.
+fn rows_sql(m: &Mapping, b: &mut B, list: &IdList) -> String {
+    let which = in_ids(b, &format!("t.{}", m.id), list);
+    let claimed = status_literal(&m.claimed);
+    format!(
+        "SELECT {} FROM {} AS t WHERE {which} AND t.{} = {claimed} ORDER BY {}",
+        claimed_json(m),
+        m.table,
+        m.status,
+        m.order_by
+    )
+}
+
+/// Sorts a MySQL/MariaDB error by its number.
+pub(crate) fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
+    let my = e.try_downcast_ref::<MySqlDatabaseError>()?;
+    match my.number() {
+        // 1213 deadlock (also a Galera certification failure), 1205 lock wait timeout (MariaDB
+        // also answers NOWAIT with it: a caller that asked for NOWAIT reads it as a conflict).
+        1213 | 1205 => Some(DbKind::Transient),
+        // MySQL's ER_LOCK_NOWAIT.
+        3572 => Some(DbKind::LockConflict),
+        NO_SUCH_TABLE => Some(DbKind::MissingTable),
+        1054 => Some(DbKind::MissingColumn),
+        // 1053 server shutdown, 1927 connection killed, 2006/2013 server gone or lost, 4031
+        // disconnected for inactivity, 1040 too many connections.
+        1040 | 1053 | 1927 | 2006 | 2013 | 4031 => Some(DbKind::ConnectionGone),
+        _ => None,
+    }
+}
+
+/// A MySQL/MariaDB error with its number.
+pub(crate) fn describe(e: &dyn sqlx::error::DatabaseError) -> Option<String> {
+    let my = e.try_downcast_ref::<MySqlDatabaseError>()?;
+    Some(format!("{} (error {})", my.message(), my.number()))
+}

@@ -1,0 +1,109 @@
+//! The catalog role on PostgreSQL: the server, a table's columns and key, the lease and counter
+//! tables.
+
+use super::*;
+
+impl Catalog for Pg {
+    async fn server(&self) -> Result<ServerInfo> {
+        let v: String = sqlx::query_scalar("SELECT current_setting('server_version')")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(ServerInfo::new(ServerKind::Postgres, &v))
+    }
+
+    async fn columns(&self, table: &TableName) -> Result<Vec<Column>> {
+        let rows = sqlx::query(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.typname::text,
+                    CASE WHEN a.atttypmod > 4 THEN a.atttypmod - 4 END
+             FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+             ORDER BY a.attnum",
+        )
+        .bind(table.quoted(Sql::quote))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let typname: String = r.try_get(2)?;
+                let len: Option<i32> = r.try_get(3)?;
+                let ty = match typname.as_str() {
+                    "int2" | "int4" | "int8" => ColType::Int,
+                    "text" | "name" | "citext" => ColType::Text { max_len: None },
+                    "varchar" | "bpchar" => ColType::Text {
+                        max_len: len.and_then(|l| u32::try_from(l).ok()),
+                    },
+                    "timestamptz" => ColType::Timestamp,
+                    _ => ColType::Other,
+                };
+                Ok(Column {
+                    name: r.try_get(0)?,
+                    sql_type: r.try_get(1)?,
+                    ty,
+                })
+            })
+            .collect()
+    }
+
+    async fn table_key(&self, table: &TableName) -> Result<String> {
+        let key: Option<String> = sqlx::query_scalar(
+            "SELECT n.nspname || '.' || c.relname FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)",
+        )
+        .bind(table.quoted(Sql::quote))
+        .fetch_optional(&self.pool)
+        .await?;
+        key.ok_or_else(|| Error::MissingTable {
+            table: table.display.clone(),
+        })
+    }
+
+    async fn ensure_lease_table(&self) -> Result<()> {
+        // CREATE … IF NOT EXISTS is not safe against a concurrent create (a duplicate key in the
+        // catalog): take turns on an advisory lock, in one transaction.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_leases'))")
+            .execute(&mut *tx)
+            .await?;
+        for sql in [CREATE_LEASES, CREATE_LEASES_TOKEN] {
+            sqlx::query(sql).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn counter_next(&self, name: &str) -> Result<i64> {
+        let next = || {
+            sqlx::query_scalar(
+                "INSERT INTO rowclaim_counters (name, value) VALUES ($1, 1) \
+                 ON CONFLICT (name) DO UPDATE SET value = rowclaim_counters.value + 1 \
+                 RETURNING value",
+            )
+            .bind(name.to_owned())
+        };
+        let first = if self.async_commit {
+            // A number handed out must never be handed out again after a crash.
+            let mut tx = self.durable().await?;
+            let value = next().fetch_one(&mut *tx).await;
+            if value.is_ok() {
+                tx.commit().await?;
+            }
+            value
+        } else {
+            next().fetch_one(&self.pool).await
+        };
+        match first {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => {
+                // Create the table and take the first number in one durable transaction.
+                let mut tx = self.durable().await?;
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_counters'))")
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(CREATE_COUNTERS).execute(&mut *tx).await?;
+                let value = next().fetch_one(&mut *tx).await?;
+                tx.commit().await?;
+                Ok(value)
+            }
+            other => Ok(other?),
+        }
+    }
+}

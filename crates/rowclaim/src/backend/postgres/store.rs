@@ -1,0 +1,183 @@
+//! The claim store on PostgreSQL: settling, extending and reading rows a token holds, locking
+//! reads, listing rows (the reports are shared: `sql::stats`, `sql::backlog`).
+
+use super::*;
+
+impl ClaimStore for Pg {
+    type Held = sqlx::Transaction<'static, Postgres>;
+
+    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Self::Held>> {
+        self.claim_rows(a).await
+    }
+
+    async fn settle(
+        &self,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        target: Target<'_>,
+        outcome: Outcome,
+    ) -> Result<u64> {
+        let t = &m.table;
+        let mut b = B::new();
+        if strategy != Strategy::LeaseTable {
+            let set = (!outcome.deletes(m)).then(|| sql::outcome_set(m, &mut b, &outcome));
+            let cond = sql::held_by(m, &mut b, token, &target)?;
+            let sql = sql::change_sql(m, set.as_deref(), &cond);
+            return self.change_all_or_nothing(sql, b, &target).await;
+        }
+        // The lease table says who holds a row: drop the token's leases, settle those rows.
+        let held = held_leases(&mut b, m, token, &target);
+        let set = sql::outcome_set(m, &mut b, &outcome);
+        let claimed = status_literal(&m.claimed);
+        let gone_id = row_id_as_id(m, "gone.row_id");
+        let sql = format!(
+            "WITH gone AS (DELETE FROM rowclaim_leases WHERE {held} RETURNING row_id) \
+             UPDATE {t} AS t SET {set} FROM gone WHERE t.{} = {gone_id} AND t.{} = {claimed}",
+            m.id, m.status
+        );
+        self.change_all_or_nothing(sql, b, &target).await
+    }
+
+    async fn settle_each(
+        &self,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        list: &IdList,
+        outcome: Outcome,
+    ) -> Result<Option<Vec<RowId>>> {
+        run::settle_returning(self, m, strategy, token, list, outcome).await
+    }
+
+    async fn extend(
+        &self,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        target: Target<'_>,
+        lease: Duration,
+    ) -> Result<u64> {
+        let mut b = B::new();
+        if strategy != Strategy::LeaseTable {
+            let le = m.lease.as_deref().unwrap_or_default();
+            let set = format!("{le} = {}", Sql::later(&mut b, lease));
+            let cond = sql::held_by(m, &mut b, token, &target)?;
+            let sql = sql::change_sql(m, Some(&set), &cond);
+            return self.change_all_or_nothing(sql, b, &target).await;
+        }
+        let until = Sql::later(&mut b, lease);
+        let held = held_leases(&mut b, m, token, &target);
+        let sql = format!("UPDATE rowclaim_leases SET lease_until = {until} WHERE {held}");
+        self.change_all_or_nothing(sql, b, &target).await
+    }
+
+    async fn still_held(
+        &self,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        list: &IdList,
+    ) -> Result<Vec<RowId>> {
+        let mut b = B::new();
+        let target = Target::Ids(list, 0);
+        let sql = if strategy == Strategy::LeaseTable {
+            let held = held_leases(&mut b, m, token, &target);
+            format!("SELECT row_id FROM rowclaim_leases WHERE {held}")
+        } else {
+            let cond = sql::held_by(m, &mut b, token, &target)?;
+            format!("SELECT {}::text FROM {} WHERE {cond}", m.id, m.table)
+        };
+        let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+        m.parse_ids(&found)
+    }
+
+    async fn held_settle(
+        &self,
+        held: &mut Self::Held,
+        m: &Mapping,
+        list: &IdList,
+        outcome: Outcome,
+    ) -> Result<()> {
+        let tx = held;
+        if matches!(outcome, Outcome::Ready) {
+            return Ok(()); // still ready in the table; the lock goes at commit
+        }
+        let mut b = B::new();
+        let st = status_literal(outcome.status(m));
+        let any = ids(&mut b, list);
+        let sql = format!(
+            "UPDATE {} SET {} = {st} WHERE {} = ANY({any})",
+            m.table, m.status, m.id
+        );
+        b.query(sql)?.execute(&mut **tx).await?;
+        Ok(())
+    }
+
+    async fn held_extend(&self, held: &mut Self::Held, lease: Duration) -> Result<()> {
+        let tx = held;
+        sqlx::query("SELECT set_config('idle_in_transaction_session_timeout', $1, true)")
+            .bind(sql::lease_ms(lease).to_string())
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    async fn lock_rows(
+        &self,
+        m: &Mapping,
+        list: Option<&IdList>,
+        limit: Option<u32>,
+        mode: LockMode,
+        wait: LockWait,
+    ) -> Result<(Self::Held, Vec<serde_json::Value>)> {
+        let mut b = B::new();
+        let which = match list {
+            Some(l) => format!("{} = ANY({})", m.id, ids(&mut b, l)),
+            None => "true".to_owned(),
+        };
+        let limit = limit
+            .map(|n| format!(" LIMIT {}", b.bind(i64::from(n))))
+            .unwrap_or_default();
+        let lock = match mode {
+            LockMode::Share => "FOR SHARE",
+            LockMode::Update => "FOR UPDATE",
+        };
+        let wait = match wait {
+            LockWait::Wait => "",
+            LockWait::NoWait => " NOWAIT",
+            LockWait::SkipLocked => " SKIP LOCKED",
+        };
+        let sql = format!(
+            "SELECT to_jsonb(t) FROM {} AS t WHERE {which}{} ORDER BY {}{limit} {lock}{wait}",
+            m.table, m.filter, m.order_by
+        );
+        let mut tx = self.pool.begin().await?;
+        let rows: Vec<sqlx::types::Json<serde_json::Value>> =
+            b.scalar(sql)?.fetch_all(&mut *tx).await?;
+        Ok((tx, json_rows(rows)))
+    }
+
+    async fn held_end(held: Self::Held, commit: bool) -> Result<()> {
+        if commit {
+            held.commit().await?;
+        } else {
+            held.rollback().await?;
+        }
+        Ok(())
+    }
+
+    async fn list_rows(
+        &self,
+        m: &Mapping,
+        id: Option<i64>,
+        status: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<serde_json::Value>> {
+        let mut b = B::new();
+        let sql = sql::list_sql(m, &mut b, "to_jsonb(t)", id, status, limit);
+        let rows: Vec<sqlx::types::Json<serde_json::Value>> =
+            b.scalar(sql)?.fetch_all(&self.pool).await?;
+        Ok(json_rows(rows))
+    }
+}

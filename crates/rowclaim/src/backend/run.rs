@@ -1,0 +1,163 @@
+//! The statements every driver runs the same way, written once over a driver's [`Run`]: a
+//! source's stats and backlog, the "did this claim lose a race?" check, and the settle that
+//! says which rows it changed (`RETURNING`). Each driver gets `Run` from `binder_queries!`.
+
+use super::sql::{
+    candidates, change_sql, held_by, outcome_set, queue_condition, Binder, Dialect, Stmt,
+};
+use super::{Outcome, Target};
+use crate::mapping::{status_literal, Mapping, Naming};
+use crate::value::IdList;
+use crate::{Result, Stats, Strategy};
+
+/// How a driver runs the statements every driver writes the same way (the reports and the "did
+/// this claim lose a race?" check below), on its own pool. Implemented for each driver by
+/// `binder_queries!`.
+pub(crate) trait Run {
+    /// The driver's dialect.
+    type Sql: Dialect;
+    /// A statement answering one number.
+    async fn count(&self, s: Stmt<Self::Sql>) -> Result<i64>;
+    /// A statement answering (text, number) rows.
+    async fn count_by(&self, s: Stmt<Self::Sql>) -> Result<Vec<(Option<String>, i64)>>;
+    /// A statement answering one text per row.
+    async fn texts(&self, s: Stmt<Self::Sql>) -> Result<Vec<String>>;
+}
+
+/// Settles each named row the token still holds, on its own, in one statement that says which
+/// rows it changed (`UPDATE … RETURNING`, for servers with [`crate::Capability::Returning`]);
+/// `None` where a token cannot name its rows this way (lease table, no owner column).
+pub(crate) async fn settle_returning<R: Run + ?Sized>(
+    r: &R,
+    m: &Mapping,
+    strategy: Strategy,
+    token: &str,
+    list: &IdList,
+    outcome: Outcome,
+) -> Result<Option<Vec<crate::RowId>>> {
+    if strategy == Strategy::LeaseTable || m.owner.is_none() {
+        return Ok(None);
+    }
+    let mut b = Binder::new();
+    let set = (!outcome.deletes(m)).then(|| outcome_set(m, &mut b, &outcome));
+    let cond = held_by(m, &mut b, token, &Target::Ids(list, list.len()))?;
+    let sql = format!(
+        "{} RETURNING CAST({} AS {})",
+        change_sql(m, set.as_deref(), &cond),
+        m.id,
+        R::Sql::TEXT
+    );
+    let done = r.texts(Stmt::new(sql, b)).await?;
+    Ok(Some(m.parse_ids(&done)?))
+}
+
+/// Rows waiting for a worker: ready rows that are due or await a retry (a row scheduled for
+/// later that never ran is not work yet), and claimed rows; both within the source's queues and
+/// filter.
+pub(crate) async fn backlog<R: Run + ?Sized>(r: &R, m: &Mapping) -> Result<(u64, u64)> {
+    let now = R::Sql::NOW;
+    let due = match (&m.run_at, &m.attempts) {
+        (Some(r), Some(a)) => format!(" AND ({r} <= {now} OR {a} > 0)"),
+        (Some(r), None) => format!(" AND {r} <= {now}"),
+        _ => String::new(),
+    };
+    let mut counts = [0u64; 2];
+    for (cond, n) in [
+        format!("{} = {}{due}", m.status, status_literal(&m.ready)),
+        format!("{} = {}", m.status, status_literal(&m.claimed)),
+    ]
+    .into_iter()
+    .zip(counts.iter_mut())
+    {
+        let mut b = Binder::new();
+        let queues = queue_condition(m, &mut b);
+        let sql = format!(
+            "SELECT COUNT(*) FROM {} WHERE {cond}{queues}{}",
+            m.table, m.filter
+        );
+        *n = u64::try_from(r.count(Stmt::new(sql, b)).await?).unwrap_or(0);
+    }
+    Ok((counts[0], counts[1]))
+}
+
+/// Whether any row could be claimed now: asked when a claim that can lose races (token) came
+/// back empty, to tell "lost to others, try again" from "nothing to do".
+pub(crate) async fn claimable_exists<R: Run + ?Sized>(r: &R, m: &Mapping) -> Result<bool> {
+    let mut b = Binder::new();
+    let sql = format!(
+        "SELECT COUNT(*) FROM ({}) AS c",
+        candidates(m, &mut b, "1 AS one", 1, true)
+    );
+    Ok(r.count(Stmt::new(sql, b)).await? > 0)
+}
+
+/// A source's stats: rows per status, claimed rows per owner (token), expired leases (none
+/// without a lease column or lease table).
+pub(crate) async fn stats<R: Run + ?Sized>(
+    r: &R,
+    m: &Mapping,
+    strategy: Strategy,
+) -> Result<Stats> {
+    let (t, st, filter) = (&m.table, &m.status, &m.filter);
+    let (now, text) = (R::Sql::NOW, R::Sql::TEXT);
+    let by_status = r
+        .count_by(Stmt::new(
+            format!(
+                "SELECT CAST({st} AS {text}), COUNT(*) FROM {t} WHERE 1 = 1{filter} GROUP BY 1"
+            ),
+            Binder::new(),
+        ))
+        .await?;
+    let mut b = Binder::new();
+    let owners = if strategy == Strategy::LeaseTable {
+        let s = b.bind(m.source_key.clone());
+        format!(
+            "SELECT CAST(token AS {text}), COUNT(*) FROM rowclaim_leases \
+             WHERE source = {s} AND lease_until >= {now} GROUP BY 1"
+        )
+    } else {
+        let owner = m.owner.as_deref().unwrap_or("NULL");
+        let c = status_literal(&m.claimed);
+        format!(
+            "SELECT CAST({owner} AS {text}), COUNT(*) FROM {t} WHERE {st} = {c}{filter} GROUP BY 1"
+        )
+    };
+    let by_owner = r.count_by(Stmt::new(owners, b)).await?;
+    let mut b = Binder::new();
+    let expired = if strategy == Strategy::LeaseTable {
+        let s = b.bind(m.source_key.clone());
+        Some(format!(
+            "SELECT COUNT(*) FROM rowclaim_leases WHERE source = {s} AND lease_until < {now}"
+        ))
+    } else {
+        m.lease.as_ref().map(|le| {
+            let c = status_literal(&m.claimed);
+            format!("SELECT COUNT(*) FROM {t} WHERE {st} = {c} AND {le} < {now}{filter}")
+        })
+    };
+    let expired = match expired {
+        Some(sql) => r.count(Stmt::new(sql, b)).await?,
+        None => 0,
+    };
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    Ok(Stats {
+        by_status: by_status
+            .into_iter()
+            .map(|(s, n)| (s.unwrap_or_else(|| "(null)".into()), count(n)))
+            .collect(),
+        claimed_by_owner: by_owner
+            .into_iter()
+            .map(|(o, n)| (o.unwrap_or_else(|| "(no owner)".into()), count(n)))
+            .collect(),
+        expired_leases: count(expired),
+    })
+}
+
+/// How the database of driver `R` names things, for checking a source against its catalog.
+pub(crate) fn naming<R: Run + ?Sized>(_: &R) -> Naming {
+    Naming {
+        quote: R::Sql::quote,
+        lease_column: R::Sql::LEASE_COLUMN,
+        lease_type: R::Sql::LEASE_TYPE,
+    }
+}

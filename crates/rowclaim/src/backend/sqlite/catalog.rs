@@ -1,0 +1,78 @@
+//! The catalog role on SQLite: the server, a table's columns and key, the lease and counter tables.
+
+use super::*;
+
+impl Catalog for Lite {
+    async fn server(&self) -> Result<ServerInfo> {
+        let v: String = sqlx::query_scalar("SELECT sqlite_version()")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(ServerInfo::new(ServerKind::Sqlite, &v))
+    }
+
+    async fn columns(&self, table: &TableName) -> Result<Vec<Column>> {
+        let rows = sqlx::query("SELECT name, type FROM pragma_table_info(?, ?)")
+            .bind(table.name.clone())
+            .bind(table.schema.clone().unwrap_or_else(|| "main".into()))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let sql_type: String = r.try_get(1)?;
+                // SQLite's type affinity rules.
+                let upper = sql_type.to_ascii_uppercase();
+                let ty = if upper.contains("INT") {
+                    ColType::Int
+                } else if ["CHAR", "CLOB", "TEXT"].iter().any(|t| upper.contains(t)) {
+                    ColType::Text { max_len: None }
+                } else {
+                    ColType::Other
+                };
+                Ok(Column {
+                    name: r.try_get(0)?,
+                    sql_type,
+                    ty,
+                })
+            })
+            .collect()
+    }
+
+    async fn table_key(&self, table: &TableName) -> Result<String> {
+        let schema = table.schema.clone().unwrap_or_else(|| "main".into());
+        let key: Option<String> = sqlx::query_scalar(
+            "SELECT schema || '.' || name FROM pragma_table_list \
+             WHERE schema = ? COLLATE NOCASE AND name = ? COLLATE NOCASE",
+        )
+        .bind(schema)
+        .bind(table.name.clone())
+        .fetch_optional(&self.pool)
+        .await?;
+        key.ok_or_else(|| Error::MissingTable {
+            table: table.display.clone(),
+        })
+    }
+
+    async fn ensure_lease_table(&self) -> Result<()> {
+        for sql in [CREATE_LEASES, CREATE_LEASES_TOKEN] {
+            sqlx::query(sql).execute(&self.pool).await?;
+        }
+        Ok(())
+    }
+
+    async fn counter_next(&self, name: &str) -> Result<i64> {
+        let next = || {
+            sqlx::query_scalar(
+                "INSERT INTO rowclaim_counters (name, value) VALUES (?, 1) \
+                 ON CONFLICT (name) DO UPDATE SET value = value + 1 RETURNING value",
+            )
+            .bind(name.to_owned())
+        };
+        match next().fetch_one(&self.pool).await {
+            Err(e) if crate::error::db_kind(&e) == Some(DbKind::MissingTable) => {
+                sqlx::query(CREATE_COUNTERS).execute(&self.pool).await?;
+                Ok(next().fetch_one(&self.pool).await?)
+            }
+            other => Ok(other?),
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! SQLite: rowclaim's claim SQL for SQLite (the managed queue's is in `queue/sqlite.rs`).
+//!
+//! SQLite has one writer at a time and no row locks, so a claim that takes the write lock
+//! (`BEGIN IMMEDIATE`) is alone: no `SKIP LOCKED` is needed, and none exists. Leases are `INTEGER`
+//! unix epoch milliseconds from `unixepoch('subsec')`; rows come back as `json_object(…)`; id lists
+//! are bound as one JSON array (`IN (SELECT value FROM json_each(?))`), so statement texts are stable.
+//! Placeholders are positional `?`: every statement binds in the order its text uses them.
+
+mod catalog;
+mod claim;
+mod store;
+
+use std::time::Duration;
+
+use super::run;
+use super::sql::{self, binder_queries, Binder, Dialect, Value};
+use super::{
+    Catalog, ClaimArgs, ClaimStore, Claimed, Outcome, Resolved, ServerInfo, ServerKind, Target,
+};
+use crate::error::DbKind;
+use crate::mapping::{status_literal, ColType, Column, Mapping, TableName};
+use crate::value::{IdList, Kind};
+use crate::{Error, LockMode, LockWait, Result, RowId, Strategy};
+use sqlx::{Row, Sqlite, SqlitePool};
+
+type B = Binder<Sql>;
+
+/// The open transaction of this driver's transaction strategy and locking reads.
+type Held = <Lite as ClaimStore>::Held;
+
+/// SQLite's SQL.
+pub(crate) struct Sql;
+
+impl Dialect for Sql {
+    type DB = Sqlite;
+    const NOW: &'static str = NOW;
+    const TEXT: &'static str = "TEXT";
+    const LEASE_COLUMN: ColType = ColType::Int;
+    const LEASE_TYPE: &'static str = "INTEGER (unix epoch milliseconds)";
+
+    fn quote(ident: &str) -> String {
+        format!("\"{ident}\"")
+    }
+
+    fn placeholder(_: usize) -> String {
+        "?".to_owned()
+    }
+
+    fn later(b: &mut B, after: Duration) -> String {
+        format!("{NOW} + {}", b.bind(sql::lease_ms(after)))
+    }
+
+    /// One bound JSON array for any number of ids (a stable statement text).
+    fn id_in(b: &mut B, column: &str, list: &IdList) -> String {
+        format!("{column} {}", in_ids(b, list))
+    }
+
+    fn row_json(m: &Mapping) -> String {
+        claimed_json(m)
+    }
+
+    fn arguments(values: Vec<Value>) -> Result<<Sqlite as sqlx::Database>::Arguments> {
+        sql::arguments::<Sqlite>(values, |_, _| {
+            Err(Error::Internal("SQLite has no array parameters".into()))
+        })
+    }
+}
+
+binder_queries!(Sql, Sqlite, Lite);
+
+/// Now, in unix epoch milliseconds, by SQLite's clock.
+pub(crate) const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+/// A transaction holding SQLite's write lock. SQLite cannot time a lease out on its own, so
+/// the deadline (database clock, ms) is checked before each write.
+pub(crate) struct LiteHeld {
+    tx: sqlx::Transaction<'static, Sqlite>,
+    deadline_ms: i64,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Lite {
+    pub(crate) pool: SqlitePool,
+}
+
+impl Lite {
+    pub(crate) fn new(pool: SqlitePool) -> Lite {
+        Lite { pool }
+    }
+}
+
+/// A row as a JSON object; only plainly named columns, so their names are safe as literals.
+pub(crate) fn row_json(m: &Mapping) -> String {
+    json_of(&m.columns)
+}
+
+/// A claimed row as JSON text: the whole row of a user's table, the job's own columns for the
+/// managed queue (`Mapping::claim_columns`).
+fn claimed_json(m: &Mapping) -> String {
+    json_of(&m.claim_columns)
+}
+
+pub(crate) fn json_of(columns: &[String]) -> String {
+    let pairs: Vec<String> = columns.iter().map(|c| format!("'{c}', \"{c}\"")).collect();
+    format!("json_object({})", pairs.join(", "))
+}
+
+/// `IN (…)` over a bound JSON array of ids.
+pub(crate) fn in_ids(b: &mut B, list: &IdList) -> String {
+    format!(
+        "IN (SELECT value FROM json_each({}))",
+        b.bind(list.to_json())
+    )
+}
+
+/// The ids as a JSON array of text, to match the lease table's `row_id`.
+fn in_text_ids(b: &mut B, list: &IdList) -> String {
+    let texts: Vec<String> = match list {
+        IdList::Int(v) => v.iter().map(ToString::to_string).collect(),
+        IdList::Text(v) => v.clone(),
+    };
+    in_ids(b, &IdList::Text(texts))
+}
+
+fn row_id_as_id(m: &Mapping, expr: &str) -> String {
+    match m.id_kind {
+        Kind::Int => format!("CAST({expr} AS INTEGER)"),
+        Kind::Text => expr.to_owned(),
+    }
+}
+
+pub(crate) fn parse_rows(texts: Vec<String>) -> Result<Vec<serde_json::Value>> {
+    texts.iter().map(|t| sql::parse_row(t)).collect()
+}
+
+/// The error a held transaction reports once its deadline has passed; the facade fills in the
+/// token and rows.
+fn expired() -> Error {
+    Error::LeaseLost {
+        token: String::new(),
+        ids: vec![],
+    }
+}
+
+const CREATE_LEASES: &str = "CREATE TABLE IF NOT EXISTS rowclaim_leases (
+    source TEXT NOT NULL,
+    row_id TEXT NOT NULL,
+    token TEXT NOT NULL,
+    lease_until INTEGER NOT NULL,
+    PRIMARY KEY (source, row_id)) WITHOUT ROWID";
+
+const CREATE_LEASES_TOKEN: &str =
+    "CREATE INDEX IF NOT EXISTS rowclaim_leases_token ON rowclaim_leases (token)";
+
+const CREATE_COUNTERS: &str = "CREATE TABLE IF NOT EXISTS rowclaim_counters (
+    name TEXT PRIMARY KEY,
+    value INTEGER NOT NULL)";
+
+impl Lite {
+    /// A write transaction: takes the write lock at once (waiting up to the busy timeout), so a
+    /// read inside it can never be outdated by another writer.
+    pub(crate) async fn write(&self) -> Result<sqlx::Transaction<'static, Sqlite>> {
+        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    /// Runs one changing statement in a write transaction; with several named rows it commits
+    /// only if all of them changed.
+    async fn change_all_or_nothing(&self, sql: String, b: B, target: &Target<'_>) -> Result<u64> {
+        let mut tx = self.write().await?;
+        let changed = b.query(sql)?.execute(&mut *tx).await?.rows_affected();
+        match target {
+            Target::Ids(_, n) if changed != *n as u64 => tx.rollback().await?,
+            _ => tx.commit().await?,
+        }
+        Ok(changed)
+    }
+
+    async fn deadline_passed(
+        tx: &mut sqlx::Transaction<'static, Sqlite>,
+        deadline_ms: i64,
+    ) -> Result<bool> {
+        let sql = format!("SELECT {NOW} > ?");
+        Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(deadline_ms)
+            .fetch_one(&mut **tx)
+            .await?)
+    }
+}
+
+/// Sorts an SQLite error by its (extended) result code; SQLite has no code for a missing table
+/// or column, only the message.
+pub(crate) fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
+    e.try_downcast_ref::<sqlx::sqlite::SqliteError>()?;
+    let code: i64 = e.code().and_then(|c| c.parse().ok()).unwrap_or(0);
+    match code & 0xff {
+        // SQLITE_BUSY, SQLITE_LOCKED.
+        5 | 6 => Some(DbKind::Transient),
+        _ if e.message().contains("no such table") => Some(DbKind::MissingTable),
+        _ if e.message().contains("has no column named")
+            || e.message().contains("no such column") =>
+        {
+            Some(DbKind::MissingColumn)
+        }
+        _ => None,
+    }
+}
+
+/// SQLite's errors are worded well by the driver.
+pub(crate) fn describe(_: &dyn sqlx::error::DatabaseError) -> Option<String> {
+    None
+}

@@ -1,0 +1,255 @@
+//! The claim store on SQLite: settling, extending and reading rows a token holds, locking reads,
+//! listing rows (the reports are shared: `sql::stats`, `sql::backlog`).
+
+use super::*;
+
+impl ClaimStore for Lite {
+    type Held = LiteHeld;
+
+    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Self::Held>> {
+        self.claim_rows(a).await
+    }
+
+    async fn settle(
+        &self,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        target: Target<'_>,
+        outcome: Outcome,
+    ) -> Result<u64> {
+        if strategy != Strategy::LeaseTable {
+            let mut b = B::new();
+            let set = (!outcome.deletes(m)).then(|| sql::outcome_set(m, &mut b, &outcome));
+            let cond = sql::held_by(m, &mut b, token, &target)?;
+            let sql = sql::change_sql(m, set.as_deref(), &cond);
+            return self.change_all_or_nothing(sql, b, &target).await;
+        }
+        let mut tx = self.write().await?;
+        let mut b = B::new();
+        let source = b.bind(m.source_key.clone());
+        let tok = b.bind(token.to_owned());
+        let only = match &target {
+            Target::All => String::new(),
+            Target::Ids(list, _) => format!(" AND row_id {}", in_text_ids(&mut b, list)),
+        };
+        let sql = format!(
+            "DELETE FROM rowclaim_leases WHERE source = {source} AND token = {tok}{only} RETURNING row_id"
+        );
+        let gone: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
+        let mut b = B::new();
+        let set = sql::outcome_set(m, &mut b, &outcome);
+        let gone = b.bind(IdList::Text(gone).to_json());
+        let claimed = status_literal(&m.claimed);
+        let sql = format!(
+            "UPDATE {} SET {set} WHERE {} IN (SELECT {} FROM json_each({gone})) AND {} = {claimed}",
+            m.table,
+            m.id,
+            row_id_as_id(m, "value"),
+            m.status,
+        );
+        let changed = b.query(sql)?.execute(&mut *tx).await?.rows_affected();
+        match target {
+            Target::Ids(_, n) if changed != n as u64 => tx.rollback().await?,
+            _ => tx.commit().await?,
+        }
+        Ok(changed)
+    }
+
+    async fn settle_each(
+        &self,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        list: &IdList,
+        outcome: Outcome,
+    ) -> Result<Option<Vec<RowId>>> {
+        run::settle_returning(self, m, strategy, token, list, outcome).await
+    }
+
+    async fn extend(
+        &self,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        target: Target<'_>,
+        lease: Duration,
+    ) -> Result<u64> {
+        let mut b = B::new();
+        let sql = if strategy == Strategy::LeaseTable {
+            let until = Sql::later(&mut b, lease);
+            let source = b.bind(m.source_key.clone());
+            let tok = b.bind(token.to_owned());
+            let only = match &target {
+                Target::All => String::new(),
+                Target::Ids(list, _) => format!(" AND row_id {}", in_text_ids(&mut b, list)),
+            };
+            format!(
+                "UPDATE rowclaim_leases SET lease_until = {until} \
+                 WHERE source = {source} AND token = {tok}{only}"
+            )
+        } else {
+            let le = m.lease.as_deref().unwrap_or_default();
+            let until = Sql::later(&mut b, lease);
+            let cond = sql::held_by(m, &mut b, token, &target)?;
+            format!("UPDATE {} SET {le} = {until} WHERE {cond}", m.table)
+        };
+        self.change_all_or_nothing(sql, b, &target).await
+    }
+
+    async fn still_held(
+        &self,
+        m: &Mapping,
+        strategy: Strategy,
+        token: &str,
+        list: &IdList,
+    ) -> Result<Vec<RowId>> {
+        let mut b = B::new();
+        let sql = if strategy == Strategy::LeaseTable {
+            let source = b.bind(m.source_key.clone());
+            let tok = b.bind(token.to_owned());
+            let keys = in_text_ids(&mut b, list);
+            format!(
+                "SELECT row_id FROM rowclaim_leases WHERE source = {source} AND token = {tok} \
+                 AND row_id {keys}"
+            )
+        } else {
+            let cond = sql::held_by(m, &mut b, token, &Target::Ids(list, 0))?;
+            format!(
+                "SELECT CAST({} AS TEXT) AS rowclaim_id FROM {} WHERE {cond}",
+                m.id, m.table
+            )
+        };
+        let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+        m.parse_ids(&found)
+    }
+
+    async fn held_settle(
+        &self,
+        held: &mut Self::Held,
+        m: &Mapping,
+        list: &IdList,
+        outcome: Outcome,
+    ) -> Result<()> {
+        let LiteHeld { tx, deadline_ms } = held;
+        if Lite::deadline_passed(tx, *deadline_ms).await? {
+            return Err(expired());
+        }
+        if matches!(outcome, Outcome::Ready) {
+            return Ok(());
+        }
+        let mut b = B::new();
+        let st = status_literal(outcome.status(m));
+        let ids = in_ids(&mut b, list);
+        let sql = format!(
+            "UPDATE {} SET {} = {st} WHERE {} {ids}",
+            m.table, m.status, m.id
+        );
+        b.query(sql)?.execute(&mut **tx).await?;
+        Ok(())
+    }
+
+    async fn held_extend(&self, held: &mut Self::Held, lease: Duration) -> Result<()> {
+        let LiteHeld { tx, deadline_ms } = held;
+        if Lite::deadline_passed(tx, *deadline_ms).await? {
+            return Err(expired());
+        }
+        let sql = format!("SELECT {NOW} + ?");
+        *deadline_ms = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(sql::lease_ms(lease))
+            .fetch_one(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    async fn lock_rows(
+        &self,
+        m: &Mapping,
+        list: Option<&IdList>,
+        limit: Option<u32>,
+        mode: LockMode,
+        wait: LockWait,
+    ) -> Result<(Self::Held, Vec<serde_json::Value>)> {
+        if wait == LockWait::SkipLocked {
+            return Err(Error::Unsupported(
+                "SQLite has no SKIP LOCKED: its locks cover the whole database, one writer at a time"
+                    .into(),
+            ));
+        }
+        // SQLite locks the database, not rows, and in WAL mode readers never block writers: the
+        // only lock that keeps others from changing the rows is the write lock, for both modes.
+        let _ = mode;
+        let mut tx = match wait {
+            LockWait::Wait => self.write().await?,
+            _ => {
+                // NOWAIT: ask for the write lock with no busy wait, then restore the timeout.
+                let mut tx = self.pool.begin().await?;
+                let timeout: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+                    .fetch_one(&mut *tx)
+                    .await?;
+                sqlx::query("PRAGMA busy_timeout = 0")
+                    .execute(&mut *tx)
+                    .await?;
+                // A write statement takes the write lock even when it changes nothing.
+                let sql = format!("UPDATE {} SET {} = {} WHERE 0", m.table, m.id, m.id);
+                let locked = sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .execute(&mut *tx)
+                    .await;
+                let restore = format!("PRAGMA busy_timeout = {timeout}");
+                sqlx::query(sqlx::AssertSqlSafe(restore))
+                    .execute(&mut *tx)
+                    .await?;
+                // Busy with no busy wait is exactly "locked by another writer".
+                locked.map_err(|e| match crate::error::db_kind(&e) {
+                    Some(DbKind::Transient) => Error::Locked,
+                    _ => Error::Database(e),
+                })?;
+                tx
+            }
+        };
+        let mut b = B::new();
+        let which = match list {
+            Some(l) => format!("{} {}", m.id, in_ids(&mut b, l)),
+            None => "1".to_owned(),
+        };
+        let limit = limit
+            .map(|n| format!(" LIMIT {}", b.bind(i64::from(n))))
+            .unwrap_or_default();
+        let sql = format!(
+            "SELECT {} FROM {} WHERE {which}{} ORDER BY {}{limit}",
+            row_json(m),
+            m.table,
+            m.filter,
+            m.order_by
+        );
+        let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
+        Ok((
+            LiteHeld {
+                tx,
+                deadline_ms: i64::MAX,
+            },
+            rows,
+        ))
+    }
+
+    async fn held_end(held: Self::Held, commit: bool) -> Result<()> {
+        if commit {
+            held.tx.commit().await?;
+        } else {
+            held.tx.rollback().await?;
+        }
+        Ok(())
+    }
+
+    async fn list_rows(
+        &self,
+        m: &Mapping,
+        id: Option<i64>,
+        status: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<serde_json::Value>> {
+        let mut b = B::new();
+        let sql = sql::list_sql(m, &mut b, &row_json(m), id, status, limit);
+        parse_rows(b.scalar(sql)?.fetch_all(&self.pool).await?)
+    }
+}

@@ -1,0 +1,335 @@
+//! Jobs of the managed queue: what is enqueued ([`NewJob`]), what a handler gets ([`Job`]), how
+//! a failure is retried, and what a queue reports.
+
+use super::*;
+
+/// What becomes of a job that completed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Retention {
+    /// Kept, as `completed`, until `rowclaim jobs prune` deletes it. The default.
+    #[default]
+    Keep,
+    /// Deleted at once. A completion then writes a row away instead of a new version of it
+    /// (about a third less write-ahead log on PostgreSQL), and the table stays small; the job's
+    /// history is gone, as in graphile-worker.
+    Delete,
+}
+
+/// A job to enqueue.
+///
+/// ```
+/// use rowclaim::NewJob;
+/// use std::time::Duration;
+/// let job = NewJob::new(serde_json::json!({"to": "ada@example.com"}))
+///     .queue("mail")
+///     .kind("welcome")
+///     .priority(10)
+///     .delay(Duration::from_secs(60))
+///     .unique_key("welcome:ada");
+/// assert_eq!(job.queue_name(), "mail");
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NewJob {
+    queue: String,
+    kind: String,
+    payload: serde_json::Value,
+    priority: i32,
+    delay: Duration,
+    run_at_ms: Option<i64>,
+    max_attempts: i32,
+    unique_key: Option<String>,
+    #[serde(default)]
+    timeout_ms: Option<i64>,
+}
+
+/// The attempts a job gets unless told otherwise.
+pub const DEFAULT_MAX_ATTEMPTS: i32 = 25;
+
+impl NewJob {
+    /// A job with this payload on queue `default`, kind `""`, priority 0, to run now, with
+    /// [`DEFAULT_MAX_ATTEMPTS`] attempts.
+    pub fn new(payload: serde_json::Value) -> NewJob {
+        NewJob {
+            queue: "default".into(),
+            kind: String::new(),
+            payload,
+            priority: 0,
+            delay: Duration::ZERO,
+            run_at_ms: None,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            unique_key: None,
+            timeout_ms: None,
+        }
+    }
+
+    /// The queue it goes to.
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+
+    /// The queue's name.
+    pub fn queue_name(&self) -> &str {
+        &self.queue
+    }
+
+    /// Its kind, for routing to a handler.
+    pub fn kind(mut self, kind: impl Into<String>) -> Self {
+        self.kind = kind.into();
+        self
+    }
+
+    /// Higher runs first. Default 0.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Run no earlier than `delay` from now (the database's now).
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self.run_at_ms = None;
+        self
+    }
+
+    /// Run no earlier than `at`.
+    pub fn run_at(mut self, at: SystemTime) -> Self {
+        let ms = match at.duration_since(UNIX_EPOCH) {
+            Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+            Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
+        };
+        self.run_at_ms = Some(ms);
+        self
+    }
+
+    /// How many times it may run before it is dead. Default [`DEFAULT_MAX_ATTEMPTS`].
+    pub fn max_attempts(mut self, n: i32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// While a job with this key is ready or running, enqueueing another returns that job.
+    pub fn unique_key(mut self, key: impl Into<String>) -> Self {
+        self.unique_key = Some(key.into());
+        self
+    }
+
+    /// How long one run may take: a run still going after `limit` is stopped and counts as a
+    /// failure ("timed out after …"), retried like any other. Overrides the worker's own limit
+    /// ([`crate::Worker::timeout`]). Needs the queue's schema version 3 (`rowclaim init`).
+    pub fn timeout(mut self, limit: Duration) -> Self {
+        self.timeout_ms = Some(i64::try_from(limit.as_millis()).unwrap_or(i64::MAX));
+        self
+    }
+
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.queue.is_empty() || self.queue.len() > 255 {
+            return Err(Error::InvalidInput(
+                "queue name must have 1 to 255 characters".into(),
+            ));
+        }
+        if self.max_attempts < 1 {
+            return Err(Error::InvalidInput(format!(
+                "max attempts must be at least 1, not {}",
+                self.max_attempts
+            )));
+        }
+        if self.unique_key.as_ref().is_some_and(|k| k.len() > 255) {
+            return Err(Error::InvalidInput(
+                "unique key is longer than 255 characters".into(),
+            ));
+        }
+        if self.timeout_ms.is_some_and(|ms| ms <= 0) {
+            return Err(Error::InvalidInput(
+                "timeout must be longer than zero".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn parts(&self) -> JobParts<'_> {
+        JobParts {
+            queue: &self.queue,
+            kind: &self.kind,
+            payload: self.payload.to_string(),
+            priority: self.priority,
+            delay_ms: crate::backend::sql::lease_ms(self.delay).min(i64::MAX / 1000)
+                * i64::from(!self.delay.is_zero()),
+            run_at_ms: self.run_at_ms,
+            max_attempts: self.max_attempts,
+            unique_key: self.unique_key.as_deref(),
+            timeout_ms: self.timeout_ms,
+        }
+    }
+}
+
+/// A job's columns as the drivers bind them.
+pub(crate) struct JobParts<'a> {
+    pub queue: &'a str,
+    pub kind: &'a str,
+    pub payload: String,
+    pub priority: i32,
+    pub delay_ms: i64,
+    pub run_at_ms: Option<i64>,
+    pub max_attempts: i32,
+    pub unique_key: Option<&'a str>,
+    pub timeout_ms: Option<i64>,
+}
+
+/// What enqueueing one job did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Enqueued {
+    /// The job's id.
+    pub id: i64,
+    /// True when a job with the same unique key was pending already: `id` is that job's.
+    pub existing: bool,
+}
+
+/// Counts of the managed queue, per queue and status.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct QueueStats {
+    /// queue → status → jobs.
+    pub by_queue: BTreeMap<String, BTreeMap<String, u64>>,
+    /// How long the oldest due ready job has waited, in seconds, per queue.
+    pub oldest_ready_secs: BTreeMap<String, f64>,
+    /// Jobs completed in the last minute, per queue.
+    pub completed_last_minute: BTreeMap<String, u64>,
+}
+
+/// A claimed job, read from its row.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct Job {
+    /// The job's id.
+    pub id: i64,
+    /// Its queue.
+    pub queue: String,
+    /// Its kind.
+    pub kind: String,
+    /// Its payload.
+    pub payload: serde_json::Value,
+    /// This run's number: 1 on the first run.
+    pub attempt: i64,
+    /// Runs it may have in all.
+    pub max_attempts: i64,
+    /// Its own time limit per run, if it was enqueued with one ([`NewJob::timeout`]).
+    pub timeout: Option<Duration>,
+}
+
+impl Job {
+    /// Whether the job has no attempts left: its lease ran out on its last attempt (the worker
+    /// died), so it must not run again.
+    pub fn exhausted(&self) -> bool {
+        self.attempt > self.max_attempts
+    }
+
+    /// Reads a job out of a claimed row of `rowclaim_jobs`, moving its payload out of the row
+    /// rather than copying it (the worker runtime's way: the row's data then lacks `payload`).
+    pub(crate) fn take_from_row(row: &mut crate::ClaimedRow) -> Result<Job> {
+        let payload = match row.data.as_object_mut().and_then(|o| o.remove("payload")) {
+            Some(serde_json::Value::String(s)) => {
+                serde_json::from_str(&s).unwrap_or(serde_json::Value::String(s))
+            }
+            Some(v) => v,
+            None => serde_json::Value::Null,
+        };
+        let mut job = Job::from_row(row)?;
+        job.payload = payload;
+        Ok(job)
+    }
+
+    /// Reads a job out of a claimed row of `rowclaim_jobs`.
+    pub fn from_row(row: &crate::ClaimedRow) -> Result<Job> {
+        let d = &row.data;
+        let id = match &row.id {
+            RowId::Int(i) => *i,
+            RowId::Text(t) => t
+                .parse()
+                .map_err(|_| Error::InvalidInput(format!("job id {t:?} is not an integer")))?,
+        };
+        let text = |k: &str| {
+            d.get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let int = |k: &str| d.get(k).and_then(serde_json::Value::as_i64).unwrap_or(0);
+        // MySQL and SQLite store the payload as text; PostgreSQL as jsonb.
+        let payload = match d.get("payload") {
+            Some(serde_json::Value::String(s)) => {
+                serde_json::from_str(s).unwrap_or_else(|_| serde_json::Value::String(s.clone()))
+            }
+            Some(v) => v.clone(),
+            None => serde_json::Value::Null,
+        };
+        Ok(Job {
+            id,
+            queue: text("queue"),
+            kind: text("kind"),
+            payload,
+            attempt: int("attempts"),
+            max_attempts: int("max_attempts"),
+            timeout: d
+                .get("timeout_ms")
+                .and_then(serde_json::Value::as_i64)
+                .filter(|ms| *ms > 0)
+                .map(|ms| Duration::from_millis(ms as u64)),
+        })
+    }
+}
+
+/// What [`Claim::fail_job`] did with a failed job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum JobFailure {
+    /// It runs again later.
+    Retried,
+    /// It had no attempts left: it is dead.
+    Dead,
+}
+
+/// How long a failed job waits before its next run: exponential in the attempt (1 s, 2 s, 4 s …,
+/// at most an hour), with ±25% jitter so that jobs that failed together do not retry together.
+pub fn backoff(attempt: i64) -> Duration {
+    let base = 2f64.powi(attempt.clamp(1, 30) as i32 - 1).min(3600.0);
+    let jitter = f64::from(uuid::Uuid::now_v7().as_bytes()[15]) / 255.0; // 0..=1
+    Duration::from_secs_f64(base * (0.75 + 0.5 * jitter))
+}
+
+impl Claim {
+    /// Gives a row back to run again after `after`, keeping `error` (where the source has a
+    /// run-at and an error column, as the managed queue does; elsewhere it is ready at once).
+    pub async fn retry(&self, id: &RowId, after: Duration, error: impl Into<String>) -> Result<()> {
+        self.settle_as(
+            id,
+            Outcome::Retry {
+                after,
+                error: Some(error.into()),
+            },
+        )
+        .await
+    }
+
+    /// Settles a failed run of `job`: again after [`backoff`] while it has attempts left, else
+    /// `dead`; the error is kept either way.
+    pub async fn fail_job(&self, job: &Job, error: impl Into<String>) -> Result<JobFailure> {
+        let id = RowId::Int(job.id);
+        if job.attempt < job.max_attempts {
+            self.retry(&id, backoff(job.attempt), error).await?;
+            Ok(JobFailure::Retried)
+        } else {
+            self.fail_with(&id, error).await?;
+            Ok(JobFailure::Dead)
+        }
+    }
+
+    /// Marks a row failed for good (`dead` in the managed queue), keeping `error` where the source
+    /// has a column for it.
+    pub async fn fail_with(&self, id: &RowId, error: impl Into<String>) -> Result<()> {
+        self.settle_as(id, Outcome::Failed(Some(error.into())))
+            .await
+    }
+}

@@ -1,0 +1,299 @@
+//! The managed job queue: `rowclaim_jobs`, a table whose mapping rowclaim owns.
+//!
+//! Jobs carry a queue name, a kind, a JSON payload, a priority, a time to run at, a most-attempts
+//! count and an optional unique key. Their states: `ready` → `running` → `completed`, or back to
+//! `ready` with a later run-at after a failure, or `dead` after the last attempt; `cancelled` by
+//! hand. Claiming, fencing and lease expiry are the same as for any source.
+
+mod wakeups;
+
+pub(crate) use job::JobParts;
+pub use job::{
+    backoff, Enqueued, Job, JobFailure, NewJob, QueueStats, Retention, DEFAULT_MAX_ATTEMPTS,
+};
+pub use wakeups::Wakeups;
+#[cfg(feature = "postgres")]
+pub(crate) use wakeups::CHANNEL;
+
+mod job;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{dispatch, retry_transient, Outcome};
+use crate::error::DbKind;
+use crate::{Claim, Claimer, Db, Error, Result, RowId, Source, Strategy};
+
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+/// The queue store role: what each database implements for the managed queue (one file per
+/// database beside this one). Enqueueing inside a caller's transaction is a function of each
+/// file (`enqueue_one`), since its connection type is the database's own.
+pub(crate) trait QueueStore {
+    /// Creates or migrates the managed queue's tables (versioned; concurrent runs take turns).
+    async fn init(&self) -> Result<()>;
+    /// Enqueues jobs in one transaction, all or none.
+    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>>;
+    /// Cancels, retries or prunes jobs; returns how many changed.
+    async fn admin(&self, op: Admin) -> Result<u64>;
+    /// Jobs per queue and status, oldest due ready job, recent throughput.
+    async fn stats(&self, queue: Option<&str>) -> Result<QueueStats>;
+    /// A connection that hears of new jobs, where the database can push them
+    /// ([`crate::Capability::Listen`]); `None` elsewhere.
+    async fn listen(&self) -> Result<Option<Listener>>;
+}
+
+/// A connection listening for enqueues.
+#[derive(Debug)]
+pub(crate) enum Listener {
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::postgres::PgListener),
+}
+
+impl Listener {
+    /// The queue of the next job enqueued.
+    async fn recv(&mut self) -> Result<String> {
+        #[cfg(feature = "postgres")]
+        match self {
+            Listener::Postgres(l) => Ok(l.recv().await?.payload().to_owned()),
+        }
+        // Without PostgreSQL there is no listener to have.
+        #[cfg(not(feature = "postgres"))]
+        match *self {}
+    }
+}
+
+/// The managed job queue of a database. Get one with [`Db::queue`].
+#[derive(Clone, Debug)]
+pub struct Queue {
+    db: Db,
+}
+
+impl Db {
+    /// The managed job queue in this database (create it with [`Queue::init`]).
+    pub fn queue(&self) -> Queue {
+        Queue { db: self.clone() }
+    }
+}
+
+impl Queue {
+    /// Creates or migrates `rowclaim_jobs` and its indexes. Versioned and idempotent; safe when
+    /// several processes run it at once (they take turns on a lock).
+    pub async fn init(&self) -> Result<()> {
+        dispatch!(&self.db.backend, d => d.init().await)
+    }
+
+    /// Enqueues one job. With a unique key that is pending already, returns that job instead.
+    pub async fn enqueue(&self, job: &NewJob) -> Result<Enqueued> {
+        job.check()?;
+        let mut got = retry_transient!(
+            dispatch!(&self.db.backend, d => d.enqueue(std::slice::from_ref(job)).await)
+        )
+        .map_err(not_initialised)?;
+        got.pop()
+            .ok_or_else(|| Error::InvalidInput("enqueue returned nothing".into()))
+    }
+
+    /// Enqueues many jobs in one transaction: all of them or, on any error, none. Returns how many
+    /// new jobs were added (jobs whose unique key was pending already are not added).
+    pub async fn enqueue_many(&self, jobs: &[NewJob]) -> Result<u64> {
+        for (i, job) in jobs.iter().enumerate() {
+            job.check()
+                .map_err(|e| Error::InvalidInput(format!("job {}: {e}", i + 1)))?;
+        }
+        let got = retry_transient!(dispatch!(&self.db.backend, d => d.enqueue(jobs).await))
+            .map_err(not_initialised)?;
+        Ok(got.iter().filter(|e| !e.existing).count() as u64)
+    }
+
+    /// Enqueues a job inside the caller's PostgreSQL transaction: it exists only if that
+    /// transaction commits. Pass `&mut tx`.
+    #[cfg(feature = "postgres")]
+    pub async fn enqueue_postgres(conn: &mut sqlx::PgConnection, job: &NewJob) -> Result<Enqueued> {
+        job.check()?;
+        postgres::enqueue_one(conn, &job.parts()).await
+    }
+
+    /// Enqueues a job inside the caller's MySQL/MariaDB transaction. Pass `&mut tx`.
+    #[cfg(feature = "mysql")]
+    pub async fn enqueue_mysql(conn: &mut sqlx::MySqlConnection, job: &NewJob) -> Result<Enqueued> {
+        job.check()?;
+        mysql::enqueue_one(conn, &job.parts()).await
+    }
+
+    /// Enqueues a job inside the caller's SQLite transaction. Pass `&mut tx`.
+    #[cfg(feature = "sqlite")]
+    pub async fn enqueue_sqlite(
+        conn: &mut sqlx::SqliteConnection,
+        job: &NewJob,
+    ) -> Result<Enqueued> {
+        job.check()?;
+        sqlite::enqueue_one(conn, &job.parts()).await
+    }
+
+    /// A claimer of due jobs from `queues` (all queues when empty), highest priority first, then
+    /// oldest run-at. It uses skip-locked where the server has it, token elsewhere. Completed
+    /// jobs are kept.
+    pub async fn claimer(&self, queues: &[String]) -> Result<Claimer> {
+        self.claimer_with(queues, Retention::Keep).await
+    }
+
+    /// [`Queue::claimer`], with what becomes of the jobs it completes.
+    pub async fn claimer_with(&self, queues: &[String], completed: Retention) -> Result<Claimer> {
+        for q in queues {
+            if q.is_empty() {
+                return Err(Error::InvalidInput("queue name must not be empty".into()));
+            }
+        }
+        let source = Source::managed(queues.to_vec(), completed == Retention::Delete);
+        self.db
+            .claimer(source, Strategy::Auto)
+            .await
+            .map_err(not_initialised)
+    }
+
+    /// Cancels a ready or running job (a running one's result is then refused by fencing).
+    /// Returns whether a job was cancelled.
+    pub async fn cancel(&self, id: i64) -> Result<bool> {
+        Ok(
+            retry_transient!(dispatch!(&self.db.backend, d => d.admin(Admin::Cancel(id)).await))?
+                > 0,
+        )
+    }
+
+    /// Makes a dead or cancelled job ready again, with its attempts reset. Returns whether one was.
+    pub async fn retry(&self, id: i64) -> Result<bool> {
+        Ok(
+            retry_transient!(dispatch!(&self.db.backend, d => d.admin(Admin::Retry(id)).await))?
+                > 0,
+        )
+    }
+
+    /// Deletes completed, dead and cancelled jobs that finished longer than `age` ago.
+    pub async fn prune(&self, age: Duration) -> Result<u64> {
+        retry_transient!(dispatch!(&self.db.backend, d => d.admin(Admin::Prune(age)).await))
+    }
+
+    /// Jobs of `queues` (all when empty), newest first, optionally only those in `status` (`ready`,
+    /// `running`, `completed`, `dead`, `cancelled`): each as a JSON object of its columns.
+    pub async fn list(
+        &self,
+        queues: &[String],
+        status: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<serde_json::Value>> {
+        let rows = self
+            .claimer(queues)
+            .await?
+            .list_rows(None, status, limit)
+            .await?;
+        Ok(rows.into_iter().map(payload_as_json).collect())
+    }
+
+    /// One job by id, as a JSON object of its columns.
+    pub async fn get(&self, id: i64) -> Result<Option<serde_json::Value>> {
+        let rows = self
+            .claimer(&[])
+            .await?
+            .list_rows(Some(id), None, 1)
+            .await?;
+        Ok(rows.into_iter().next().map(payload_as_json))
+    }
+
+    /// Jobs per queue and status, the oldest due ready job's wait, and recent throughput.
+    pub async fn stats(&self, queue: Option<&str>) -> Result<QueueStats> {
+        retry_transient!(dispatch!(&self.db.backend, d => d.stats(queue).await))
+            .map_err(not_initialised)
+    }
+}
+
+/// MySQL and SQLite keep the payload as text: show it as the JSON it is.
+fn payload_as_json(mut row: serde_json::Value) -> serde_json::Value {
+    if let Some(p) = row.get_mut("payload") {
+        if let Some(parsed) = p.as_str().and_then(|s| serde_json::from_str(s).ok()) {
+            *p = parsed;
+        }
+    }
+    row
+}
+
+/// Says what to do when the managed queue's table is missing, or older than this rowclaim.
+fn not_initialised(e: Error) -> Error {
+    let (missing, old) = match &e {
+        Error::MissingTable { .. } => (true, false),
+        Error::Database(d) => {
+            let kind = crate::error::db_kind(d);
+            (
+                kind == Some(DbKind::MissingTable),
+                kind == Some(DbKind::MissingColumn),
+            )
+        }
+        _ => (false, false),
+    };
+    if missing {
+        Error::InvalidInput(
+            "the managed queue does not exist here yet: run `rowclaim init` first".into(),
+        )
+    } else if old {
+        Error::InvalidInput(format!(
+            "the managed queue's schema is older than this rowclaim: run `rowclaim init` to \
+             migrate it ({e})"
+        ))
+    } else {
+        e
+    }
+}
+
+impl Queue {
+    /// Starts listening for new jobs of `queues` (all when empty). Create it before the first
+    /// claim, so that no job enqueued in between is missed.
+    pub async fn wakeups(&self, queues: &[String]) -> Result<Wakeups> {
+        let listener = dispatch!(&self.db.backend, d => d.listen().await)?;
+        Ok(Wakeups {
+            listener,
+            queues: queues.to_vec(),
+        })
+    }
+}
+
+/// Administrative changes to jobs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Admin {
+    Cancel(i64),
+    Retry(i64),
+    Prune(Duration),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let first = backoff(1).as_secs_f64();
+        assert!((0.75..=1.25).contains(&first), "{first}");
+        let tenth = backoff(10).as_secs_f64();
+        assert!((384.0..=640.0).contains(&tenth), "{tenth}");
+        assert!(backoff(50).as_secs_f64() <= 4500.0);
+    }
+
+    #[test]
+    fn bad_jobs_are_refused() {
+        assert!(NewJob::new(serde_json::json!({}))
+            .queue("")
+            .check()
+            .is_err());
+        let err = NewJob::new(serde_json::json!({}))
+            .max_attempts(0)
+            .check()
+            .unwrap_err();
+        assert!(err.to_string().contains("max attempts"), "{err}");
+    }
+}

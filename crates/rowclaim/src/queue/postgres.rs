@@ -1,0 +1,277 @@
+//! The managed queue's store on PostgreSQL: its tables and migrations, enqueue, admin, stats.
+
+use super::{Admin, Enqueued, JobParts, Listener, NewJob, QueueStats, QueueStore};
+use crate::backend::postgres::*;
+use sqlx::{PgConnection, Row};
+
+use crate::{Error, Result};
+
+impl QueueStore for Pg {
+    async fn listen(&self) -> Result<Option<Listener>> {
+        let mut l = sqlx::postgres::PgListener::connect_with(self.pool()).await?;
+        l.listen(super::CHANNEL).await?;
+        Ok(Some(Listener::Postgres(l)))
+    }
+
+    async fn init(&self) -> Result<()> {
+        let mut tx = self.durable().await?;
+        // Concurrent inits take turns; DDL is transactional here, so a failed step leaves nothing.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_init'))")
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS rowclaim_schema \
+             (component text PRIMARY KEY, version integer NOT NULL)",
+        )
+        .execute(&mut *tx)
+        .await?;
+        let version: Option<i32> =
+            sqlx::query_scalar("SELECT version FROM rowclaim_schema WHERE component = 'jobs'")
+                .fetch_optional(&mut *tx)
+                .await?;
+        let version = version.unwrap_or(0);
+        for (i, steps) in QUEUE_MIGRATIONS.iter().enumerate() {
+            let to = i as i32 + 1;
+            if to <= version {
+                continue;
+            }
+            for step in *steps {
+                sqlx::query(*step).execute(&mut *tx).await?;
+            }
+            sqlx::query(
+                "INSERT INTO rowclaim_schema (component, version) VALUES ('jobs', $1) \
+                 ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version",
+            )
+            .bind(to)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
+        let mut tx = self.durable().await?;
+        let mut out = Vec::with_capacity(jobs.len());
+        // Jobs without a unique key go in bulk, many rows per statement; the others one by one.
+        let mut bulk: Vec<JobParts<'_>> = Vec::new();
+        for job in jobs {
+            let parts = job.parts();
+            if parts.unique_key.is_some() {
+                out.extend(insert_bulk(&mut tx, std::mem::take(&mut bulk)).await?);
+                out.push(enqueue_one(&mut tx, &parts).await?);
+            } else {
+                bulk.push(parts);
+                if bulk.len() >= 5000 {
+                    out.extend(insert_bulk(&mut tx, std::mem::take(&mut bulk)).await?);
+                }
+            }
+        }
+        out.extend(insert_bulk(&mut tx, bulk).await?);
+        crate::backend::commit(tx, || crate::backend::enqueue_what(jobs.len())).await?;
+        Ok(out)
+    }
+
+    async fn admin(&self, op: Admin) -> Result<u64> {
+        let q = match op {
+            Admin::Cancel(id) => sqlx::query(
+                "UPDATE rowclaim_jobs SET status = 'cancelled', owner = NULL, lease_until = NULL, \
+                 finished_at = now() WHERE id = $1 AND status IN ('ready', 'running')",
+            )
+            .bind(id),
+            Admin::Retry(id) => sqlx::query(
+                "UPDATE rowclaim_jobs SET status = 'ready', attempts = 0, run_at = now(), \
+                 owner = NULL, lease_until = NULL, finished_at = NULL \
+                 WHERE id = $1 AND status IN ('dead', 'cancelled')",
+            )
+            .bind(id),
+            Admin::Prune(age) => sqlx::query(
+                "DELETE FROM rowclaim_jobs WHERE status IN ('completed', 'dead', 'cancelled') \
+                 AND finished_at < now() - make_interval(secs => $1)",
+            )
+            .bind(age.as_secs_f64()),
+        };
+        let mut tx = self.durable().await?;
+        let changed = q.execute(&mut *tx).await?.rows_affected();
+        tx.commit().await?;
+        Ok(changed)
+    }
+
+    async fn stats(&self, queue: Option<&str>) -> Result<QueueStats> {
+        let mut stats = QueueStats::default();
+        let queue = queue.map(str::to_owned);
+        let rows = sqlx::query(
+            "SELECT queue, status, count(*) FROM rowclaim_jobs \
+             WHERE ($1::text IS NULL OR queue = $1) GROUP BY 1, 2",
+        )
+        .bind(queue.clone())
+        .fetch_all(&self.pool)
+        .await?;
+        for r in rows {
+            let (q, st, n): (String, String, i64) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
+            stats.by_queue.entry(q).or_default().insert(st, n as u64);
+        }
+        let rows = sqlx::query(
+            "SELECT queue, extract(epoch FROM now() - min(run_at))::float8 FROM rowclaim_jobs \
+             WHERE status = 'ready' AND run_at <= now() AND ($1::text IS NULL OR queue = $1) \
+             GROUP BY 1",
+        )
+        .bind(queue.clone())
+        .fetch_all(&self.pool)
+        .await?;
+        for r in rows {
+            stats.oldest_ready_secs.insert(r.try_get(0)?, r.try_get(1)?);
+        }
+        let rows = sqlx::query(
+            "SELECT queue, count(*) FROM rowclaim_jobs WHERE status = 'completed' \
+             AND finished_at > now() - interval '1 minute' AND ($1::text IS NULL OR queue = $1) \
+             GROUP BY 1",
+        )
+        .bind(queue)
+        .fetch_all(&self.pool)
+        .await?;
+        for r in rows {
+            let n: i64 = r.try_get(1)?;
+            stats.completed_last_minute.insert(r.try_get(0)?, n as u64);
+        }
+        Ok(stats)
+    }
+}
+
+/// The managed queue's schema, one list of statements per version. Append, never edit.
+const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
+    "CREATE TABLE IF NOT EXISTS rowclaim_jobs (
+        id bigserial PRIMARY KEY,
+        queue text NOT NULL DEFAULT 'default',
+        kind text NOT NULL DEFAULT '',
+        payload jsonb NOT NULL DEFAULT '{}',
+        status text NOT NULL DEFAULT 'ready',
+        priority integer NOT NULL DEFAULT 0,
+        run_at timestamptz NOT NULL DEFAULT now(),
+        attempts integer NOT NULL DEFAULT 0,
+        max_attempts integer NOT NULL DEFAULT 25,
+        owner text,
+        lease_until timestamptz,
+        unique_key text,
+        last_error text,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        finished_at timestamptz)",
+    // Claims read only ready jobs of a queue in priority order: a partial index stays small
+    // however many finished jobs the table keeps.
+    "CREATE INDEX IF NOT EXISTS rowclaim_jobs_ready \
+     ON rowclaim_jobs (queue, priority DESC, run_at, id) WHERE status = 'ready'",
+    "CREATE INDEX IF NOT EXISTS rowclaim_jobs_running \
+     ON rowclaim_jobs (lease_until) WHERE status = 'running'",
+    "CREATE INDEX IF NOT EXISTS rowclaim_jobs_owner ON rowclaim_jobs (owner) WHERE status = 'running'",
+    "CREATE UNIQUE INDEX IF NOT EXISTS rowclaim_jobs_unique ON rowclaim_jobs (unique_key) \
+     WHERE unique_key IS NOT NULL AND status IN ('ready', 'running')",
+    "CREATE INDEX IF NOT EXISTS rowclaim_jobs_finished ON rowclaim_jobs (finished_at) \
+     WHERE status IN ('completed', 'dead', 'cancelled')",
+],
+    // v2: a claim looks for expired leases through the lease index. The owner index matched the
+    // same rows, and the planner sometimes walked all of it (every job run since the last vacuum)
+    // instead; lookups by token read the small set of running jobs through the lease index.
+    &["DROP INDEX IF EXISTS rowclaim_jobs_owner"],
+    // v3: a job's own time limit (NULL: the worker's).
+    &["ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS timeout_ms bigint"],
+];
+
+/// When a job runs: at its absolute time (epoch ms) if it has one, else now + its delay.
+const RUN_AT: &str = "COALESCE(to_timestamp({at}::float8 / 1000), now() + make_interval(secs => {delay}::float8 / 1000))";
+
+/// Enqueues one job on a connection (in the caller's transaction when they hold one). A unique key
+/// that is pending already returns that job; a partial unique index makes this hold under
+/// concurrent enqueues (a second insert waits for the first to commit, then conflicts).
+pub(crate) async fn enqueue_one(conn: &mut PgConnection, job: &JobParts<'_>) -> Result<Enqueued> {
+    let run_at = RUN_AT.replace("{at}", "$5").replace("{delay}", "$6");
+    let insert = format!(
+        "INSERT INTO rowclaim_jobs \
+         (queue, kind, payload, priority, run_at, max_attempts, unique_key, timeout_ms) \
+         VALUES ($1, $2, $3::jsonb, $4, {run_at}, $7, $8, $9) \
+         ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('ready', 'running') \
+         DO NOTHING RETURNING id"
+    );
+    for _ in 0..5 {
+        let id: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(insert.clone()))
+            .bind(job.queue.to_owned())
+            .bind(job.kind.to_owned())
+            .bind(job.payload.clone())
+            .bind(job.priority)
+            .bind(job.run_at_ms)
+            .bind(job.delay_ms)
+            .bind(job.max_attempts)
+            .bind(job.unique_key.map(str::to_owned))
+            .bind(job.timeout_ms)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if let Some(id) = id {
+            notify(conn, job.queue).await?;
+            return Ok(Enqueued {
+                id,
+                existing: false,
+            });
+        }
+        let existing: Option<i64> = sqlx::query_scalar(
+            "SELECT id FROM rowclaim_jobs WHERE unique_key = $1 AND status IN ('ready', 'running')",
+        )
+        .bind(job.unique_key.map(str::to_owned))
+        .fetch_optional(&mut *conn)
+        .await?;
+        if let Some(id) = existing {
+            return Ok(Enqueued { id, existing: true });
+        }
+        // The pending job finished between the two statements: try the insert again.
+    }
+    Err(Error::InvalidInput(format!(
+        "unique key {:?} keeps changing hands; try again",
+        job.unique_key.unwrap_or_default()
+    )))
+}
+
+/// Inserts jobs without unique keys in one statement (arrays unnested into rows).
+async fn insert_bulk(conn: &mut PgConnection, jobs: Vec<JobParts<'_>>) -> Result<Vec<Enqueued>> {
+    if jobs.is_empty() {
+        return Ok(vec![]);
+    }
+    let run_at = RUN_AT.replace("{at}", "j.at").replace("{delay}", "j.delay");
+    let sql = format!(
+        "INSERT INTO rowclaim_jobs (queue, kind, payload, priority, run_at, max_attempts, timeout_ms) \
+         SELECT j.queue, j.kind, j.payload::jsonb, j.priority, {run_at}, j.max_attempts, j.timeout_ms \
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::int4[], $5::int8[], $6::int8[], $7::int4[], \
+         $8::int8[]) AS j(queue, kind, payload, priority, at, delay, max_attempts, timeout_ms) \
+         RETURNING id"
+    );
+    let mut queues: Vec<&str> = jobs.iter().map(|j| j.queue).collect();
+    let ids: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(jobs.iter().map(|j| j.queue.to_owned()).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| j.kind.to_owned()).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| j.payload.clone()).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| j.priority).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| j.run_at_ms).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| j.delay_ms).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| j.max_attempts).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| j.timeout_ms).collect::<Vec<_>>())
+        .fetch_all(&mut *conn)
+        .await?;
+    queues.sort_unstable();
+    queues.dedup();
+    for q in queues {
+        notify(conn, q).await?;
+    }
+    Ok(ids
+        .into_iter()
+        .map(|id| Enqueued {
+            id,
+            existing: false,
+        })
+        .collect())
+}
+
+/// Wakes listening workers of `queue` when the enqueueing transaction commits.
+async fn notify(conn: &mut PgConnection, queue: &str) -> Result<()> {
+    sqlx::query("SELECT pg_notify('rowclaim_jobs', $1)") // crate::queue::CHANNEL
+        .bind(queue.to_owned())
+        .execute(conn)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,217 @@
+//! The managed queue's store on SQLite: its tables and migrations, enqueue, admin, stats.
+
+use super::{Admin, Enqueued, JobParts, Listener, NewJob, QueueStats, QueueStore};
+use crate::backend::sql::{self};
+use crate::backend::sqlite::*;
+use sqlx::Row;
+
+use crate::{Error, Result};
+
+impl QueueStore for Lite {
+    /// No LISTEN here: workers poll.
+    async fn listen(&self) -> Result<Option<Listener>> {
+        Ok(None)
+    }
+
+    async fn init(&self) -> Result<()> {
+        // The write lock makes concurrent inits take turns; DDL is transactional here.
+        let mut tx = self.write().await?;
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS rowclaim_schema \
+             (component TEXT PRIMARY KEY, version INTEGER NOT NULL)",
+        )
+        .execute(&mut *tx)
+        .await?;
+        let version: Option<i64> =
+            sqlx::query_scalar("SELECT version FROM rowclaim_schema WHERE component = 'jobs'")
+                .fetch_optional(&mut *tx)
+                .await?;
+        let version = version.unwrap_or(0);
+        for (i, steps) in QUEUE_MIGRATIONS.iter().enumerate() {
+            let to = i as i64 + 1;
+            if to <= version {
+                continue;
+            }
+            for step in *steps {
+                sqlx::query(*step).execute(&mut *tx).await?;
+            }
+            sqlx::query(
+                "INSERT INTO rowclaim_schema (component, version) VALUES ('jobs', ?) \
+                 ON CONFLICT (component) DO UPDATE SET version = excluded.version",
+            )
+            .bind(to)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
+        // One writer at a time: inserting row by row inside one write transaction is as fast as
+        // a multi-row statement here, and keeps unique keys simple.
+        let mut tx = self.write().await?;
+        let mut out = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            out.push(enqueue_one(&mut tx, &job.parts()).await?);
+        }
+        crate::backend::commit(tx, || crate::backend::enqueue_what(jobs.len())).await?;
+        Ok(out)
+    }
+
+    async fn admin(&self, op: Admin) -> Result<u64> {
+        let (sql, arg) = match op {
+            Admin::Cancel(id) => (
+                format!(
+                    "UPDATE rowclaim_jobs SET status = 'cancelled', owner = NULL, lease_until = NULL, \
+                     finished_at = {NOW} WHERE id = ? AND status IN ('ready', 'running')"
+                ),
+                id,
+            ),
+            Admin::Retry(id) => (
+                format!(
+                    "UPDATE rowclaim_jobs SET status = 'ready', attempts = 0, run_at = {NOW}, \
+                     owner = NULL, lease_until = NULL, finished_at = NULL \
+                     WHERE id = ? AND status IN ('dead', 'cancelled')"
+                ),
+                id,
+            ),
+            Admin::Prune(age) => (
+                format!(
+                    "DELETE FROM rowclaim_jobs WHERE status IN ('completed', 'dead', 'cancelled') \
+                     AND finished_at < {NOW} - ?"
+                ),
+                sql::lease_ms(age),
+            ),
+        };
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(arg)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn stats(&self, queue: Option<&str>) -> Result<QueueStats> {
+        let mut stats = QueueStats::default();
+        let queue = queue.map(str::to_owned);
+        let rows = sqlx::query(
+            "SELECT queue, status, COUNT(*) FROM rowclaim_jobs \
+             WHERE ?1 IS NULL OR queue = ?1 GROUP BY 1, 2",
+        )
+        .bind(queue.clone())
+        .fetch_all(&self.pool)
+        .await?;
+        for r in rows {
+            let (q, st, n): (String, String, i64) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
+            stats.by_queue.entry(q).or_default().insert(st, n as u64);
+        }
+        let sql = format!(
+            "SELECT queue, ({NOW} - MIN(run_at)) / 1000.0 FROM rowclaim_jobs \
+             WHERE status = 'ready' AND run_at <= {NOW} AND (?1 IS NULL OR queue = ?1) GROUP BY 1"
+        );
+        for r in sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(queue.clone())
+            .fetch_all(&self.pool)
+            .await?
+        {
+            stats.oldest_ready_secs.insert(r.try_get(0)?, r.try_get(1)?);
+        }
+        let sql = format!(
+            "SELECT queue, COUNT(*) FROM rowclaim_jobs WHERE status = 'completed' \
+             AND finished_at > {NOW} - 60000 AND (?1 IS NULL OR queue = ?1) GROUP BY 1"
+        );
+        for r in sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(queue)
+            .fetch_all(&self.pool)
+            .await?
+        {
+            let n: i64 = r.try_get(1)?;
+            stats.completed_last_minute.insert(r.try_get(0)?, n as u64);
+        }
+        Ok(stats)
+    }
+}
+
+/// The managed queue's schema, one list of statements per version. Append, never edit.
+const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
+    "CREATE TABLE IF NOT EXISTS rowclaim_jobs (
+        id INTEGER PRIMARY KEY,
+        queue TEXT NOT NULL DEFAULT 'default',
+        kind TEXT NOT NULL DEFAULT '',
+        payload TEXT NOT NULL DEFAULT '{}',
+        status TEXT NOT NULL DEFAULT 'ready',
+        priority INTEGER NOT NULL DEFAULT 0,
+        run_at INTEGER NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        max_attempts INTEGER NOT NULL DEFAULT 25,
+        owner TEXT,
+        lease_until INTEGER,
+        unique_key TEXT,
+        last_error TEXT,
+        created_at INTEGER NOT NULL,
+        finished_at INTEGER)",
+    "CREATE INDEX IF NOT EXISTS rowclaim_jobs_ready \
+     ON rowclaim_jobs (queue, priority DESC, run_at, id) WHERE status = 'ready'",
+    "CREATE INDEX IF NOT EXISTS rowclaim_jobs_running \
+     ON rowclaim_jobs (lease_until) WHERE status = 'running'",
+    "CREATE INDEX IF NOT EXISTS rowclaim_jobs_owner ON rowclaim_jobs (owner) WHERE status = 'running'",
+    "CREATE UNIQUE INDEX IF NOT EXISTS rowclaim_jobs_unique ON rowclaim_jobs (unique_key) \
+     WHERE unique_key IS NOT NULL AND status IN ('ready', 'running')",
+    "CREATE INDEX IF NOT EXISTS rowclaim_jobs_finished ON rowclaim_jobs (finished_at) \
+     WHERE status IN ('completed', 'dead', 'cancelled')",
+],
+    // v2: a claim looks for expired leases through the lease index. The owner index matched the
+    // same rows, and the planner sometimes walked all of it (every job run since the last vacuum)
+    // instead; lookups by token read the small set of running jobs through the lease index.
+    &["DROP INDEX IF EXISTS rowclaim_jobs_owner"],
+    // v3: a job's own time limit (NULL: the worker's).
+    &["ALTER TABLE rowclaim_jobs ADD COLUMN timeout_ms INTEGER"],
+];
+
+/// Enqueues one job on a connection (in the caller's transaction when they hold one). A unique key
+/// that is pending already returns that job.
+pub(crate) async fn enqueue_one(
+    conn: &mut sqlx::SqliteConnection,
+    job: &JobParts<'_>,
+) -> Result<Enqueued> {
+    let insert = format!(
+        "INSERT INTO rowclaim_jobs \
+         (queue, kind, payload, priority, run_at, max_attempts, unique_key, timeout_ms, created_at) \
+         VALUES (?, ?, json(?), ?, COALESCE(?, {NOW} + ?), ?, ?, ?, {NOW}) \
+         ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('ready', 'running') \
+         DO NOTHING RETURNING id"
+    );
+    for _ in 0..5 {
+        let id: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(insert.clone()))
+            .bind(job.queue.to_owned())
+            .bind(job.kind.to_owned())
+            .bind(job.payload.clone())
+            .bind(job.priority)
+            .bind(job.run_at_ms)
+            .bind(job.delay_ms)
+            .bind(job.max_attempts)
+            .bind(job.unique_key.map(str::to_owned))
+            .bind(job.timeout_ms)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if let Some(id) = id {
+            return Ok(Enqueued {
+                id,
+                existing: false,
+            });
+        }
+        let existing: Option<i64> = sqlx::query_scalar(
+            "SELECT id FROM rowclaim_jobs WHERE unique_key = ? AND status IN ('ready', 'running')",
+        )
+        .bind(job.unique_key.map(str::to_owned))
+        .fetch_optional(&mut *conn)
+        .await?;
+        if let Some(id) = existing {
+            return Ok(Enqueued { id, existing: true });
+        }
+    }
+    Err(Error::InvalidInput(format!(
+        "unique key {:?} keeps changing hands; try again",
+        job.unique_key.unwrap_or_default()
+    )))
+}
