@@ -72,6 +72,10 @@ pub struct ConnectOptions {
     /// How long a statement waits for a connection from the pool (all busy, or the server
     /// unreachable) before it fails. Default 10 s.
     pub acquire_timeout: Duration,
+    /// PostgreSQL behind a transaction-mode pooler (`pgbouncer=true`): a direct `postgres://`
+    /// URL of the same database for `LISTEN`, which cannot pass the pooler. Without it, idle
+    /// workers of the managed queue poll. Default none.
+    pub listen_database: Option<String>,
 }
 
 impl Default for ConnectOptions {
@@ -82,6 +86,7 @@ impl Default for ConnectOptions {
             async_commit: false,
             connect_timeout: Duration::from_secs(10),
             acquire_timeout: Duration::from_secs(10),
+            listen_database: None,
         }
     }
 }
@@ -102,6 +107,12 @@ impl ConnectOptions {
     /// Sets [`ConnectOptions::connect_timeout`].
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets [`ConnectOptions::listen_database`].
+    pub fn listen_database(mut self, url: impl Into<String>) -> Self {
+        self.listen_database = Some(url.into());
         self
     }
 
@@ -179,23 +190,72 @@ fn not_built(url: &str, feature: &str, database: &str) -> Error {
 
 #[cfg(feature = "postgres")]
 async fn connect_postgres(url: &str, opts: &ConnectOptions) -> Result<(Backend, String)> {
-    let bad_url = |e: sqlx::Error| bad_url(url, e);
-    let mut options = PgConnectOptions::from_str(url).map_err(bad_url)?;
-    if opts.async_commit {
-        options = options.options([("synchronous_commit", "off")]);
+    use crate::backend::postgres::route::{first_wanted, Route, Target};
+    let bad = |why: String| Error::InvalidInput(format!("database URL {}: {why}", redact(url)));
+    let mut target = Target::parse(url).map_err(bad)?;
+    if target.pooled && opts.async_commit {
+        return Err(bad(
+            "async commit cannot be set through a transaction-mode pooler (pgbouncer=true): \
+             set it for the role instead (ALTER ROLE … SET synchronous_commit = off)"
+                .to_owned(),
+        ));
     }
-    let endpoint = pg_endpoint(&options);
-    probe(&options, &endpoint, opts.connect_timeout).await?;
-    let pool = PgPoolOptions::new()
-        .max_connections(opts.max_connections)
-        .acquire_timeout(opts.acquire_timeout)
-        .connect_lazy_with(options);
-    let pg = if opts.async_commit {
-        Pg::with_async_commit(pool)
-    } else {
-        Pg::new(pool)
+    for (_, options) in &mut target.hosts {
+        if target.pooled {
+            // PgBouncer refuses startup parameters it does not track, such as this one.
+            *options = options.clone().extra_float_digits(None);
+        }
+        if opts.async_commit {
+            *options = options.clone().options([("synchronous_commit", "off")]);
+        }
+    }
+    let listen = match &opts.listen_database {
+        Some(listen_url) => Some(listen_options(listen_url)?),
+        None => None,
     };
-    Ok((Backend::Postgres(pg), endpoint))
+    let pool_options = PgPoolOptions::new()
+        .max_connections(opts.max_connections)
+        .acquire_timeout(opts.acquire_timeout);
+    let (route, endpoint) = if target.hosts.len() == 1 {
+        let options = target.hosts[0].1.clone();
+        let endpoint = pg_endpoint(&options);
+        probe(&options, &endpoint, opts.connect_timeout).await?;
+        let pool = pool_options.connect_lazy_with(options);
+        (Route::single(pool, target.pooled, listen), endpoint)
+    } else {
+        let endpoint = format!("PostgreSQL at {}", target.label());
+        let first = first_wanted(&target.hosts, target.wanted, opts.connect_timeout)
+            .await
+            .map_err(|why| Error::Connect {
+                endpoint: endpoint.clone(),
+                source: sqlx::Error::Io(std::io::Error::other(why)),
+            })?;
+        let route = Route::with_hosts(target, first, pool_options, opts.connect_timeout, listen);
+        (route, endpoint)
+    };
+    Ok((
+        Backend::Postgres(Pg::routed(route, opts.async_commit)),
+        endpoint,
+    ))
+}
+
+/// The direct URL LISTEN connects to when the pool goes through a pooler.
+#[cfg(feature = "postgres")]
+fn listen_options(listen_url: &str) -> Result<PgConnectOptions> {
+    use crate::backend::postgres::route::Target;
+    let bad = |why: &str| {
+        Error::InvalidInput(format!("listen database URL {}: {why}", redact(listen_url)))
+    };
+    if !listen_url.starts_with("postgres://") && !listen_url.starts_with("postgresql://") {
+        return Err(bad("wake-ups need a postgres:// URL"));
+    }
+    let mut t = Target::parse(listen_url).map_err(|e| bad(&e))?;
+    if t.pooled || t.hosts.len() != 1 {
+        return Err(bad(
+            "LISTEN needs one server reached directly (one host, no pgbouncer=true)",
+        ));
+    }
+    Ok(t.hosts.remove(0).1)
 }
 
 #[cfg(not(feature = "postgres"))]
@@ -253,6 +313,12 @@ async fn connect_sqlite(url: &str, _: &ConnectOptions) -> Result<(Backend, Strin
 impl Db {
     /// Connects to `postgres://…`, `mysql://…` (also MariaDB; `mariadb://` works too) or
     /// `sqlite://path` (created if missing, in WAL mode).
+    ///
+    /// PostgreSQL URLs may list several hosts, libpq's way
+    /// (`postgres://u@h1:5432,h2:5432/db`): rowclaim connects to the first that takes writes
+    /// (`target_session_attrs=read-write`, the default here; `any` takes the first that answers)
+    /// and, when that server goes away or turns read-only, moves to the one that takes writes
+    /// then. `pgbouncer=true` says a transaction-mode pooler is in between (see DEPLOYING.md).
     pub async fn connect(url: &str) -> Result<Db> {
         Db::connect_with(url, ConnectOptions::default()).await
     }

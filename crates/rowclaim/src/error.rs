@@ -187,6 +187,9 @@ pub(crate) enum DbKind {
     MissingColumn,
     /// The server or session went away (shutdown, killed session, idle timeout).
     ConnectionGone,
+    /// The server takes no writes (a standby, or after a failover the old primary): like a lost
+    /// connection, worth retrying once the writable server is reached.
+    ReadOnly,
 }
 
 /// How the driver that raised `e` sorts it; `None` for errors that mean nothing special.
@@ -208,7 +211,7 @@ fn database_kind(e: &sqlx::Error) -> ErrorKind {
         Some(DbKind::Transient) => ErrorKind::Transient,
         Some(DbKind::LockConflict) => ErrorKind::LockConflict,
         Some(DbKind::MissingTable) => ErrorKind::MissingTable,
-        Some(DbKind::ConnectionGone) => ErrorKind::ConnectionGone,
+        Some(DbKind::ConnectionGone | DbKind::ReadOnly) => ErrorKind::ConnectionGone,
         Some(DbKind::MissingColumn) | None => ErrorKind::Other,
     }
 }
@@ -289,7 +292,7 @@ pub(crate) fn describe(e: &sqlx::Error) -> String {
 /// Whether the connection broke or could not be had: the server is down or restarting, the
 /// network cut it, an administrator killed the session, or the pool ran dry.
 pub(crate) fn connection_broke(e: &sqlx::Error) -> bool {
-    db_kind(e) == Some(DbKind::ConnectionGone)
+    matches!(db_kind(e), Some(DbKind::ConnectionGone | DbKind::ReadOnly))
 }
 
 /// Whether a statement that failed with `e` may nevertheless have been carried out: it was sent,

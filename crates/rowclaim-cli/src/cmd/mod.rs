@@ -138,17 +138,17 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
 
 /// Connects and checks the source against the live table, on a pool of `connections`.
 async fn claimer(url: &str, source: &SourceArgs, connections: u32) -> Result<Claimer, CliError> {
-    claimer_keeping(url, source, connections, Retention::Keep).await
+    let opts = rowclaim::ConnectOptions::default().max_connections(connections.max(2));
+    claimer_keeping(url, source, opts, Retention::Keep).await
 }
 
-/// [`claimer`], with what becomes of completed jobs of the managed queue.
+/// [`claimer`] with pool options, and with what becomes of completed jobs of the managed queue.
 async fn claimer_keeping(
     url: &str,
     source: &SourceArgs,
-    connections: u32,
+    opts: rowclaim::ConnectOptions,
     completed: Retention,
 ) -> Result<Claimer, CliError> {
-    let opts = rowclaim::ConnectOptions::default().max_connections(connections.max(2));
     let db = Db::connect_with(url, opts).await?;
     let claimer = match source.target()? {
         Target::Table(table) => db.claimer(*table, source.strategy).await?,

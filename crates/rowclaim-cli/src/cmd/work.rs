@@ -57,10 +57,19 @@ pub struct WorkArgs {
     /// PostgreSQL a new job wakes the worker at once (LISTEN/NOTIFY), so this is only a fallback.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
     poll: Duration,
-    /// With --queue on PostgreSQL: do not LISTEN for new jobs, only poll (e.g. behind a
-    /// connection pooler in transaction mode, where LISTEN does not work).
-    #[arg(long)]
+    /// With --queue on PostgreSQL: do not LISTEN for new jobs, only poll.
+    #[arg(long, conflicts_with = "listen_database")]
     no_listen: bool,
+    /// With --queue on PostgreSQL behind a transaction-mode pooler (pgbouncer=true in
+    /// --database): a direct URL of the same database for LISTEN, which cannot pass the pooler.
+    /// Without it, idle workers poll (and say so once).
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "ROWCLAIM_LISTEN_DATABASE",
+        hide_env_values = true
+    )]
+    listen_database: Option<String>,
     /// The command to run per row, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND [ARGS]")]
     command: Vec<String>,
@@ -82,7 +91,11 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
                    own table are marked done";
         return Err(CliError::BadInput(why.into()));
     }
-    let claimer = super::claimer_keeping(url, &a.source, connections, a.completed).await?;
+    let mut opts = rowclaim::ConnectOptions::default().max_connections(connections.max(2));
+    if let Some(listen) = &a.listen_database {
+        opts = opts.listen_database(listen.clone());
+    }
+    let claimer = super::claimer_keeping(url, &a.source, opts, a.completed).await?;
     super::say_strategy(&claimer, a.source.strategy);
     let mut worker = rowclaim::Worker::for_claimer(claimer)
         .handler(RunCommand {

@@ -92,7 +92,7 @@ async fn raw(db: &Db, sql: &str) {
     let sql = sqlx::AssertSqlSafe(sql.to_owned());
     let done = match &db.backend {
         #[cfg(feature = "postgres")]
-        Backend::Postgres(d) => sqlx::raw_sql(sql).execute(&d.pool).await.map(|_| ()),
+        Backend::Postgres(d) => sqlx::raw_sql(sql).execute(d.exec()).await.map(|_| ()),
         #[cfg(feature = "mysql")]
         Backend::MySql(d) => sqlx::raw_sql(sql).execute(&d.pool).await.map(|_| ()),
         #[cfg(feature = "sqlite")]

@@ -166,9 +166,19 @@ impl<D: Dialect> Stmt<D> {
 }
 
 /// `query`, `scalar` and `query_as` over a [`Binder`], and `run::Run` for the driver, for one
-/// concrete dialect (sqlx's execution functions need the concrete database).
+/// concrete dialect (sqlx's execution functions need the concrete database). `Run` sends its
+/// statements to `&self.pool`, or to `self.<method>()` when a method is named (PostgreSQL's
+/// route: pooler and failover rules).
 macro_rules! binder_queries {
     ($dialect:ty, $db:ty, $driver:ty) => {
+        $crate::backend::sql::binder_queries!(@ $dialect, $db, $driver, pool);
+    };
+    ($dialect:ty, $db:ty, $driver:ty, exec) => {
+        $crate::backend::sql::binder_queries!(@ $dialect, $db, $driver, exec);
+    };
+    (@exec pool, $s:ident) => { &$s.pool };
+    (@exec exec, $s:ident) => { $s.exec() };
+    (@ $dialect:ty, $db:ty, $driver:ty, $exec:ident) => {
         impl $crate::backend::sql::Binder<$dialect> {
             pub(crate) fn query<'q>(
                 self,
@@ -211,21 +221,21 @@ macro_rules! binder_queries {
             type Sql = $dialect;
 
             async fn count(&self, s: $crate::backend::sql::Stmt<$dialect>) -> $crate::Result<i64> {
-                Ok(s.binder.scalar(s.sql)?.fetch_one(&self.pool).await?)
+                Ok(s.binder.scalar(s.sql)?.fetch_one($crate::backend::sql::binder_queries!(@exec $exec, self)).await?)
             }
 
             async fn count_by(
                 &self,
                 s: $crate::backend::sql::Stmt<$dialect>,
             ) -> $crate::Result<Vec<(Option<String>, i64)>> {
-                Ok(s.binder.query_as(s.sql)?.fetch_all(&self.pool).await?)
+                Ok(s.binder.query_as(s.sql)?.fetch_all($crate::backend::sql::binder_queries!(@exec $exec, self)).await?)
             }
 
             async fn texts(
                 &self,
                 s: $crate::backend::sql::Stmt<$dialect>,
             ) -> $crate::Result<Vec<String>> {
-                Ok(s.binder.scalar(s.sql)?.fetch_all(&self.pool).await?)
+                Ok(s.binder.scalar(s.sql)?.fetch_all($crate::backend::sql::binder_queries!(@exec $exec, self)).await?)
             }
         }
     };

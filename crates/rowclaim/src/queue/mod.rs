@@ -53,8 +53,9 @@ pub(crate) trait QueueStore {
 /// A connection listening for enqueues.
 #[derive(Debug)]
 pub(crate) enum Listener {
+    /// The listener, and the driver to make a new one after a failover moved the pool.
     #[cfg(feature = "postgres")]
-    Postgres(sqlx::postgres::PgListener),
+    Postgres(sqlx::postgres::PgListener, crate::backend::postgres::Pg),
 }
 
 impl Listener {
@@ -62,7 +63,17 @@ impl Listener {
     async fn recv(&mut self) -> Result<String> {
         #[cfg(feature = "postgres")]
         match self {
-            Listener::Postgres(l) => Ok(l.recv().await?.payload().to_owned()),
+            Listener::Postgres(l, pg) => match l.recv().await {
+                Ok(n) => Ok(n.payload().to_owned()),
+                Err(e) => {
+                    // The listener reconnects by itself, but to the pool it was made from,
+                    // which a failover may have closed: make it again from where the pool is now.
+                    if let Ok(Some(fresh)) = pg.listener().await {
+                        *l = fresh;
+                    }
+                    Err(e.into())
+                }
+            },
         }
         // Without PostgreSQL there is no listener to have.
         #[cfg(not(feature = "postgres"))]
@@ -114,11 +125,12 @@ impl Queue {
     }
 
     /// Enqueues a job inside the caller's PostgreSQL transaction: it exists only if that
-    /// transaction commits. Pass `&mut tx`.
+    /// transaction commits. Pass `&mut tx`. Its statements are not kept prepared, so this
+    /// also works through a transaction-mode pooler (PgBouncer).
     #[cfg(feature = "postgres")]
     pub async fn enqueue_postgres(conn: &mut sqlx::PgConnection, job: &NewJob) -> Result<Enqueued> {
         job.check()?;
-        postgres::enqueue_one(conn, &job.parts()).await
+        postgres::enqueue_one(conn, &job.parts(), false).await
     }
 
     /// Enqueues a job inside the caller's MySQL/MariaDB transaction. Pass `&mut tx`.

@@ -6,28 +6,53 @@ use sqlx::{PgConnection, Row};
 
 use crate::{Error, Result};
 
+impl Pg {
+    /// A connection listening on the enqueue channel: on the pool's server, or on the direct
+    /// URL given for it; None through a pooler without one.
+    pub(crate) async fn listener(&self) -> Result<Option<sqlx::postgres::PgListener>> {
+        let pool = match self.route().listen_target() {
+            None => return Ok(None),
+            Some(sqlx::Either::Right(pool)) => pool,
+            Some(sqlx::Either::Left(direct)) => sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect_lazy_with(direct),
+        };
+        let mut l = sqlx::postgres::PgListener::connect_with(&pool).await?;
+        l.listen(super::CHANNEL).await?;
+        Ok(Some(l))
+    }
+}
+
 impl QueueStore for Pg {
     async fn listen(&self) -> Result<Option<Listener>> {
-        let mut l = sqlx::postgres::PgListener::connect_with(self.pool()).await?;
-        l.listen(super::CHANNEL).await?;
-        Ok(Some(Listener::Postgres(l)))
+        match self.listener().await? {
+            Some(l) => Ok(Some(Listener::Postgres(l, self.clone()))),
+            None => {
+                tracing::warn!(
+                    "LISTEN cannot pass a transaction-mode pooler (pgbouncer=true): idle \
+                     workers poll for new jobs; give a direct URL for wake-ups \
+                     (--listen-database)"
+                );
+                Ok(None)
+            }
+        }
     }
 
     async fn init(&self) -> Result<()> {
         let mut tx = self.durable().await?;
         // Concurrent inits take turns; DDL is transactional here, so a failed step leaves nothing.
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_init'))")
-            .execute(&mut *tx)
+            .execute(self.on(&mut tx))
             .await?;
         sqlx::query(
             "CREATE TABLE IF NOT EXISTS rowclaim_schema \
              (component text PRIMARY KEY, version integer NOT NULL)",
         )
-        .execute(&mut *tx)
+        .execute(self.on(&mut tx))
         .await?;
         let version: Option<i32> =
             sqlx::query_scalar("SELECT version FROM rowclaim_schema WHERE component = 'jobs'")
-                .fetch_optional(&mut *tx)
+                .fetch_optional(self.on(&mut tx))
                 .await?;
         let version = version.unwrap_or(0);
         for (i, steps) in QUEUE_MIGRATIONS.iter().enumerate() {
@@ -36,14 +61,14 @@ impl QueueStore for Pg {
                 continue;
             }
             for step in *steps {
-                sqlx::query(*step).execute(&mut *tx).await?;
+                sqlx::query(*step).execute(self.on(&mut tx)).await?;
             }
             sqlx::query(
                 "INSERT INTO rowclaim_schema (component, version) VALUES ('jobs', $1) \
                  ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version",
             )
             .bind(to)
-            .execute(&mut *tx)
+            .execute(self.on(&mut tx))
             .await?;
         }
         tx.commit().await?;
@@ -52,22 +77,23 @@ impl QueueStore for Pg {
 
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
         let mut tx = self.durable().await?;
+        let keep = !self.route().pooled();
         let mut out = Vec::with_capacity(jobs.len());
         // Jobs without a unique key go in bulk, many rows per statement; the others one by one.
         let mut bulk: Vec<JobParts<'_>> = Vec::new();
         for job in jobs {
             let parts = job.parts();
             if parts.unique_key.is_some() {
-                out.extend(insert_bulk(&mut tx, std::mem::take(&mut bulk)).await?);
-                out.push(enqueue_one(&mut tx, &parts).await?);
+                out.extend(insert_bulk(&mut tx, std::mem::take(&mut bulk), keep).await?);
+                out.push(enqueue_one(&mut tx, &parts, keep).await?);
             } else {
                 bulk.push(parts);
                 if bulk.len() >= 5000 {
-                    out.extend(insert_bulk(&mut tx, std::mem::take(&mut bulk)).await?);
+                    out.extend(insert_bulk(&mut tx, std::mem::take(&mut bulk), keep).await?);
                 }
             }
         }
-        out.extend(insert_bulk(&mut tx, bulk).await?);
+        out.extend(insert_bulk(&mut tx, bulk, keep).await?);
         crate::backend::commit(tx, || crate::backend::enqueue_what(jobs.len())).await?;
         Ok(out)
     }
@@ -92,7 +118,7 @@ impl QueueStore for Pg {
             .bind(age.as_secs_f64()),
         };
         let mut tx = self.durable().await?;
-        let changed = q.execute(&mut *tx).await?.rows_affected();
+        let changed = q.execute(self.on(&mut tx)).await?.rows_affected();
         tx.commit().await?;
         Ok(changed)
     }
@@ -105,7 +131,7 @@ impl QueueStore for Pg {
              WHERE ($1::text IS NULL OR queue = $1) GROUP BY 1, 2",
         )
         .bind(queue.clone())
-        .fetch_all(&self.pool)
+        .fetch_all(self.exec())
         .await?;
         for r in rows {
             let (q, st, n): (String, String, i64) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
@@ -117,7 +143,7 @@ impl QueueStore for Pg {
              GROUP BY 1",
         )
         .bind(queue.clone())
-        .fetch_all(&self.pool)
+        .fetch_all(self.exec())
         .await?;
         for r in rows {
             stats.oldest_ready_secs.insert(r.try_get(0)?, r.try_get(1)?);
@@ -128,7 +154,7 @@ impl QueueStore for Pg {
              GROUP BY 1",
         )
         .bind(queue)
-        .fetch_all(&self.pool)
+        .fetch_all(self.exec())
         .await?;
         for r in rows {
             let n: i64 = r.try_get(1)?;
@@ -182,7 +208,12 @@ const RUN_AT: &str = "COALESCE(to_timestamp({at}::float8 / 1000), now() + make_i
 /// Enqueues one job on a connection (in the caller's transaction when they hold one). A unique key
 /// that is pending already returns that job; a partial unique index makes this hold under
 /// concurrent enqueues (a second insert waits for the first to commit, then conflicts).
-pub(crate) async fn enqueue_one(conn: &mut PgConnection, job: &JobParts<'_>) -> Result<Enqueued> {
+/// `keep`: let sqlx keep the statements prepared (not behind a transaction-mode pooler).
+pub(crate) async fn enqueue_one(
+    conn: &mut PgConnection,
+    job: &JobParts<'_>,
+    keep: bool,
+) -> Result<Enqueued> {
     let run_at = RUN_AT.replace("{at}", "$5").replace("{delay}", "$6");
     let insert = format!(
         "INSERT INTO rowclaim_jobs \
@@ -202,10 +233,11 @@ pub(crate) async fn enqueue_one(conn: &mut PgConnection, job: &JobParts<'_>) -> 
             .bind(job.max_attempts)
             .bind(job.unique_key.map(str::to_owned))
             .bind(job.timeout_ms)
+            .persistent(keep)
             .fetch_optional(&mut *conn)
             .await?;
         if let Some(id) = id {
-            notify(conn, job.queue).await?;
+            notify(conn, job.queue, keep).await?;
             return Ok(Enqueued {
                 id,
                 existing: false,
@@ -215,6 +247,7 @@ pub(crate) async fn enqueue_one(conn: &mut PgConnection, job: &JobParts<'_>) -> 
             "SELECT id FROM rowclaim_jobs WHERE unique_key = $1 AND status IN ('ready', 'running')",
         )
         .bind(job.unique_key.map(str::to_owned))
+        .persistent(keep)
         .fetch_optional(&mut *conn)
         .await?;
         if let Some(id) = existing {
@@ -229,7 +262,11 @@ pub(crate) async fn enqueue_one(conn: &mut PgConnection, job: &JobParts<'_>) -> 
 }
 
 /// Inserts jobs without unique keys in one statement (arrays unnested into rows).
-async fn insert_bulk(conn: &mut PgConnection, jobs: Vec<JobParts<'_>>) -> Result<Vec<Enqueued>> {
+async fn insert_bulk(
+    conn: &mut PgConnection,
+    jobs: Vec<JobParts<'_>>,
+    keep: bool,
+) -> Result<Vec<Enqueued>> {
     if jobs.is_empty() {
         return Ok(vec![]);
     }
@@ -251,12 +288,13 @@ async fn insert_bulk(conn: &mut PgConnection, jobs: Vec<JobParts<'_>>) -> Result
         .bind(jobs.iter().map(|j| j.delay_ms).collect::<Vec<_>>())
         .bind(jobs.iter().map(|j| j.max_attempts).collect::<Vec<_>>())
         .bind(jobs.iter().map(|j| j.timeout_ms).collect::<Vec<_>>())
+        .persistent(keep)
         .fetch_all(&mut *conn)
         .await?;
     queues.sort_unstable();
     queues.dedup();
     for q in queues {
-        notify(conn, q).await?;
+        notify(conn, q, keep).await?;
     }
     Ok(ids
         .into_iter()
@@ -268,9 +306,10 @@ async fn insert_bulk(conn: &mut PgConnection, jobs: Vec<JobParts<'_>>) -> Result
 }
 
 /// Wakes listening workers of `queue` when the enqueueing transaction commits.
-async fn notify(conn: &mut PgConnection, queue: &str) -> Result<()> {
+async fn notify(conn: &mut PgConnection, queue: &str, keep: bool) -> Result<()> {
     sqlx::query("SELECT pg_notify('rowclaim_jobs', $1)") // crate::queue::CHANNEL
         .bind(queue.to_owned())
+        .persistent(keep)
         .execute(conn)
         .await?;
     Ok(())

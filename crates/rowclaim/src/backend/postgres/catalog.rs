@@ -6,7 +6,7 @@ use super::*;
 impl Catalog for Pg {
     async fn server(&self) -> Result<ServerInfo> {
         let v: String = sqlx::query_scalar("SELECT current_setting('server_version')")
-            .fetch_one(&self.pool)
+            .fetch_one(self.exec())
             .await?;
         Ok(ServerInfo::new(ServerKind::Postgres, &v))
     }
@@ -20,7 +20,7 @@ impl Catalog for Pg {
              ORDER BY a.attnum",
         )
         .bind(table.quoted(Sql::quote))
-        .fetch_all(&self.pool)
+        .fetch_all(self.exec())
         .await?;
         rows.iter()
             .map(|r| {
@@ -50,7 +50,7 @@ impl Catalog for Pg {
              JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)",
         )
         .bind(table.quoted(Sql::quote))
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.exec())
         .await?;
         key.ok_or_else(|| Error::MissingTable {
             table: table.display.clone(),
@@ -60,12 +60,12 @@ impl Catalog for Pg {
     async fn ensure_lease_table(&self) -> Result<()> {
         // CREATE … IF NOT EXISTS is not safe against a concurrent create (a duplicate key in the
         // catalog): take turns on an advisory lock, in one transaction.
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_leases'))")
-            .execute(&mut *tx)
+            .execute(self.on(&mut tx))
             .await?;
         for sql in [CREATE_LEASES, CREATE_LEASES_TOKEN] {
-            sqlx::query(sql).execute(&mut *tx).await?;
+            sqlx::query(sql).execute(self.on(&mut tx)).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -83,23 +83,25 @@ impl Catalog for Pg {
         let first = if self.async_commit {
             // A number handed out must never be handed out again after a crash.
             let mut tx = self.durable().await?;
-            let value = next().fetch_one(&mut *tx).await;
+            let value = next().fetch_one(self.on(&mut tx)).await;
             if value.is_ok() {
                 tx.commit().await?;
             }
             value
         } else {
-            next().fetch_one(&self.pool).await
+            next().fetch_one(self.exec()).await
         };
         match first {
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => {
                 // Create the table and take the first number in one durable transaction.
                 let mut tx = self.durable().await?;
                 sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_counters'))")
-                    .execute(&mut *tx)
+                    .execute(self.on(&mut tx))
                     .await?;
-                sqlx::query(CREATE_COUNTERS).execute(&mut *tx).await?;
-                let value = next().fetch_one(&mut *tx).await?;
+                sqlx::query(CREATE_COUNTERS)
+                    .execute(self.on(&mut tx))
+                    .await?;
+                let value = next().fetch_one(self.on(&mut tx)).await?;
                 tx.commit().await?;
                 Ok(value)
             }

@@ -74,7 +74,7 @@ impl Pg {
         let (Some(prio), Some(run_at)) = (&m.priority, &m.run_at) else {
             let sql = sql + &row;
             return Ok(Claimed::rows(json_rows(
-                b.scalar(sql)?.fetch_all(&self.pool).await?,
+                b.scalar(sql)?.fetch_all(self.exec()).await?,
             )));
         };
         let cols: Vec<String> = m
@@ -87,7 +87,7 @@ impl Pg {
              (extract(epoch FROM t.{run_at}) * 1000000)::int8 AS rowclaim_run_at_us",
             cols.join(", ")
         );
-        let fetched = b.query(sql)?.fetch_all(&self.pool).await?;
+        let fetched = b.query(sql)?.fetch_all(self.exec()).await?;
         let mut position: Option<Position> = None;
         let mut rows = Vec::with_capacity(fetched.len());
         for r in &fetched {
@@ -122,7 +122,7 @@ impl Pg {
              WHERE {id} IN (SELECT {id} FROM ({pick}) AS c) ORDER BY {id} FOR UPDATE) AS l \
              WHERE t.{id} = l.rowclaim_id AND {outer}{filter} RETURNING {row}"
         );
-        let rows = json_rows(b.scalar(sql)?.fetch_all(&self.pool).await?);
+        let rows = json_rows(b.scalar(sql)?.fetch_all(self.exec()).await?);
         let lost_race = rows.is_empty() && run::claimable_exists(self, m).await?;
         Ok(Claimed::raced(rows, lost_race))
     }
@@ -142,7 +142,7 @@ impl Pg {
             a.expired,
         );
         let sql = format!("SELECT rowclaim_id FROM ({pick}) AS c");
-        let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+        let found: Vec<String> = b.scalar(sql)?.fetch_all(self.exec()).await?;
         if found.is_empty() {
             return Ok(Claimed::none());
         }
@@ -155,7 +155,7 @@ impl Pg {
             "UPDATE {t} AS t SET {set} WHERE {id} = ANY({any}) AND {cond}{filter} \
              RETURNING {row}"
         );
-        let rows = json_rows(b.scalar(sql)?.fetch_all(&self.pool).await?);
+        let rows = json_rows(b.scalar(sql)?.fetch_all(self.exec()).await?);
         Ok(Claimed::contested(rows))
     }
 
@@ -177,13 +177,13 @@ impl Pg {
              AND l.row_id = t.{id}::text AND l.lease_until >= now()) \
              ORDER BY {order} LIMIT {limit}"
         );
-        let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+        let found: Vec<String> = b.scalar(sql)?.fetch_all(self.exec()).await?;
         if found.is_empty() {
             return Ok(Claimed::none());
         }
         // One transaction: win the lease keys (taking over expired ones), mark the rows,
         // and drop leases won on rows that were finished meanwhile.
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let mut b = B::new();
         let source = b.bind(m.source_key.clone());
         let token = b.bind(a.token.to_owned());
@@ -196,7 +196,7 @@ impl Pg {
              SET token = EXCLUDED.token, lease_until = EXCLUDED.lease_until \
              WHERE l.lease_until < now() RETURNING row_id"
         );
-        let won: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
+        let won: Vec<String> = b.scalar(sql)?.fetch_all(self.on(&mut tx)).await?;
         let mut b = B::new();
         let set = sql::claim_set(m, &mut b, a.token, a.lease);
         let keys = b.bind(won.clone());
@@ -206,7 +206,7 @@ impl Pg {
             "UPDATE {t} AS t SET {set} WHERE t.{id} IN (SELECT {key_id} FROM unnest({keys}::text[]) AS k) \
              AND ({st} = {ready} OR {st} = {claimed}) RETURNING {row}"
         );
-        let rows = json_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?);
+        let rows = json_rows(b.scalar(sql)?.fetch_all(self.on(&mut tx)).await?);
         if rows.len() < won.len() {
             sqlx::query(
                 "DELETE FROM rowclaim_leases WHERE source = $1 AND token = $2 \
@@ -220,7 +220,7 @@ impl Pg {
                     .filter_map(|r| r.get(&m.id_name).map(json_key))
                     .collect::<Vec<_>>(),
             )
-            .execute(&mut *tx)
+            .execute(self.on(&mut tx))
             .await?;
         }
         tx.commit().await?;
@@ -235,10 +235,10 @@ impl Pg {
         let row = Sql::row_json(a.m);
         let mut b = B::new();
         let batch = i64::from(a.batch);
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         sqlx::query("SELECT set_config('idle_in_transaction_session_timeout', $1, true)")
             .bind(sql::lease_ms(a.lease).to_string())
-            .execute(&mut *tx)
+            .execute(self.on(&mut tx))
             .await?;
         let ready = status_literal(&m.ready);
         let limit = b.bind(batch);
@@ -247,7 +247,7 @@ impl Pg {
              ORDER BY {order} LIMIT {limit} FOR UPDATE SKIP LOCKED",
             m.status
         );
-        let rows = json_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?);
+        let rows = json_rows(b.scalar(sql)?.fetch_all(self.on(&mut tx)).await?);
         let held = if rows.is_empty() {
             tx.rollback().await?;
             None

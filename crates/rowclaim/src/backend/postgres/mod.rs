@@ -5,9 +5,13 @@
 
 mod catalog;
 mod claim;
+pub(crate) mod route;
 mod store;
 
+use std::sync::Arc;
 use std::time::Duration;
+
+pub(crate) use route::Route;
 
 use super::run;
 use super::sql::{self, binder_queries, Binder, Dialect, Value};
@@ -70,11 +74,12 @@ impl Dialect for Sql {
     }
 }
 
-binder_queries!(Sql, Postgres, Pg);
+binder_queries!(Sql, Postgres, Pg, exec);
 
 #[derive(Clone, Debug)]
 pub(crate) struct Pg {
-    pub(crate) pool: PgPool,
+    /// Where statements go: one server, a pooler, or the writable one of several hosts.
+    route: Arc<Route>,
     /// The pool's sessions commit without waiting for the WAL flush
     /// ([`crate::ConnectOptions::async_commit`]); enqueues, counters and admin changes then ask
     /// for a durable commit in their own transaction.
@@ -83,32 +88,44 @@ pub(crate) struct Pg {
 
 impl Pg {
     pub(crate) fn new(pool: PgPool) -> Pg {
+        Pg::routed(Route::single(pool, false, None), false)
+    }
+
+    pub(crate) fn routed(route: Route, async_commit: bool) -> Pg {
         Pg {
-            pool,
-            async_commit: false,
+            route: Arc::new(route),
+            async_commit,
         }
     }
 
-    pub(crate) fn with_async_commit(pool: PgPool) -> Pg {
-        Pg {
-            pool,
-            async_commit: true,
-        }
+    /// An executor for one statement outside a transaction.
+    pub(crate) fn exec(&self) -> route::Exec {
+        self.route.exec()
+    }
+
+    /// An executor for statements inside a transaction of [`Pg::begin`].
+    pub(crate) fn on<'c>(&'c self, conn: &'c mut sqlx::PgConnection) -> route::On<'c> {
+        self.route.on(conn)
+    }
+
+    /// Starts a transaction.
+    pub(crate) async fn begin(&self) -> Result<sqlx::Transaction<'static, Postgres>> {
+        self.route.begin().await
     }
 
     /// A transaction whose commit waits for the WAL flush, whatever the session's setting.
     pub(crate) async fn durable(&self) -> Result<sqlx::Transaction<'static, Postgres>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         if self.async_commit {
             sqlx::query("SET LOCAL synchronous_commit = on")
-                .execute(&mut *tx)
+                .execute(self.on(&mut tx))
                 .await?;
         }
         Ok(tx)
     }
 
-    pub(crate) fn pool(&self) -> &PgPool {
-        &self.pool
+    pub(crate) fn route(&self) -> &Route {
+        &self.route
     }
 }
 
@@ -203,8 +220,12 @@ impl Pg {
     async fn change_all_or_nothing(&self, sql: String, b: B, target: &Target<'_>) -> Result<u64> {
         match target {
             Target::Ids(_, n) if *n > 1 => {
-                let mut tx = self.pool.begin().await?;
-                let changed = b.query(sql)?.execute(&mut *tx).await?.rows_affected();
+                let mut tx = self.begin().await?;
+                let changed = b
+                    .query(sql)?
+                    .execute(self.on(&mut tx))
+                    .await?
+                    .rows_affected();
                 if changed == *n as u64 {
                     tx.commit().await?;
                 } else {
@@ -212,7 +233,7 @@ impl Pg {
                 }
                 Ok(changed)
             }
-            _ => Ok(b.query(sql)?.execute(&self.pool).await?.rows_affected()),
+            _ => Ok(b.query(sql)?.execute(self.exec()).await?.rows_affected()),
         }
     }
 }
@@ -260,6 +281,8 @@ pub(crate) fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
         // idle-in-transaction timeout.
         c if c.starts_with("08") => Some(DbKind::ConnectionGone),
         "57P01" | "57P02" | "57P03" | "57P05" | "25P03" => Some(DbKind::ConnectionGone),
+        // read_only_sql_transaction: a standby, or the old primary after a failover.
+        "25006" => Some(DbKind::ReadOnly),
         _ => None,
     }
 }
@@ -270,6 +293,18 @@ pub(crate) fn describe(e: &dyn sqlx::error::DatabaseError) -> Option<String> {
     let mut text = format!("{} (SQLSTATE {})", pg.message(), pg.code());
     if let Some(detail) = pg.detail() {
         text.push_str(&format!("; {detail}"));
+    }
+    match pg.code() {
+        "25006" => text.push_str(
+            "; this server takes no writes (a standby?): rowclaim needs the primary; to follow \
+             failovers, list every host in the URL (postgres://u@h1:5432,h2:5432/db)",
+        ),
+        // A named statement met one of another client's (42P05), or a statement's second round
+        // trip reached another server connection (26000): a transaction-mode pooler.
+        "42P05" | "26000" => text.push_str(
+            "; is a transaction-mode pooler (PgBouncer) in between? add pgbouncer=true to the URL",
+        ),
+        _ => {}
     }
     Some(text)
 }

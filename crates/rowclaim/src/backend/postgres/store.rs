@@ -88,7 +88,7 @@ impl ClaimStore for Pg {
             let cond = sql::held_by(m, &mut b, token, &target)?;
             format!("SELECT {}::text FROM {} WHERE {cond}", m.id, m.table)
         };
-        let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+        let found: Vec<String> = b.scalar(sql)?.fetch_all(self.exec()).await?;
         m.parse_ids(&found)
     }
 
@@ -110,7 +110,7 @@ impl ClaimStore for Pg {
             "UPDATE {} SET {} = {st} WHERE {} = ANY({any})",
             m.table, m.status, m.id
         );
-        b.query(sql)?.execute(&mut **tx).await?;
+        b.query(sql)?.execute(self.on(&mut **tx)).await?;
         Ok(())
     }
 
@@ -118,7 +118,7 @@ impl ClaimStore for Pg {
         let tx = held;
         sqlx::query("SELECT set_config('idle_in_transaction_session_timeout', $1, true)")
             .bind(sql::lease_ms(lease).to_string())
-            .execute(&mut **tx)
+            .execute(self.on(&mut **tx))
             .await?;
         Ok(())
     }
@@ -152,9 +152,9 @@ impl ClaimStore for Pg {
             "SELECT to_jsonb(t) FROM {} AS t WHERE {which}{} ORDER BY {}{limit} {lock}{wait}",
             m.table, m.filter, m.order_by
         );
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let rows: Vec<sqlx::types::Json<serde_json::Value>> =
-            b.scalar(sql)?.fetch_all(&mut *tx).await?;
+            b.scalar(sql)?.fetch_all(self.on(&mut tx)).await?;
         Ok((tx, json_rows(rows)))
     }
 
@@ -177,7 +177,7 @@ impl ClaimStore for Pg {
         let mut b = B::new();
         let sql = sql::list_sql(m, &mut b, "to_jsonb(t)", id, status, limit);
         let rows: Vec<sqlx::types::Json<serde_json::Value>> =
-            b.scalar(sql)?.fetch_all(&self.pool).await?;
+            b.scalar(sql)?.fetch_all(self.exec()).await?;
         Ok(json_rows(rows))
     }
 }

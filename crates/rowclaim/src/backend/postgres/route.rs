@@ -1,0 +1,518 @@
+//! How PostgreSQL statements reach the server, for the deployments users have:
+//!
+//! - **Straight** to one server: the pool, with sqlx's prepared-statement cache.
+//! - **Through a transaction-mode pooler** (PgBouncer, Supavisor, PgCat: `pgbouncer=true` in the
+//!   URL): a statement's two round trips (parse, then bind and execute) must land on one server
+//!   connection, and a named prepared statement would outlive the transaction on a server
+//!   connection that another client gets next. So each statement is unnamed and runs in a
+//!   transaction of its own (`BEGIN`, statement, `COMMIT`: more round trips, the price of the
+//!   pooler). LISTEN does not pass a pooler: wake-ups need a direct URL (`listen_database`).
+//! - **Several hosts** (`postgres://u@h1:5432,h2:5433/db`, libpq's form): the first host that
+//!   takes writes (`target_session_attrs=read-write`, the default here since every claim writes;
+//!   `any` takes the first that answers). When a statement finds the server gone or read-only,
+//!   the hosts are tried again in order and the pool moves to the writable one: after a
+//!   failover, the runtime's retries land on the new primary by themselves.
+//!
+//! Every statement of the PostgreSQL driver goes through [`Route::exec`] (outside a transaction)
+//! or [`Route::on`] (inside one), so none can bypass these rules.
+
+use std::str::FromStr;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use futures_core::future::BoxFuture;
+use futures_core::stream::BoxStream;
+use futures_util::{FutureExt, StreamExt, TryStreamExt};
+use sqlx::postgres::{
+    PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgQueryResult, PgRow, PgStatement,
+    PgTypeInfo,
+};
+use sqlx::{Connection, Either, Execute, Executor, Postgres};
+
+use crate::error::DbKind;
+use crate::Result;
+
+/// Which server of a multi-host URL is wanted (libpq's `target_session_attrs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wanted {
+    /// One that takes writes (`SHOW transaction_read_only` is off).
+    ReadWrite,
+    /// The first that answers.
+    Any,
+}
+
+/// A PostgreSQL URL as rowclaim reads it: the hosts (each as sqlx options), and the URL options
+/// that are rowclaim's rather than sqlx's.
+#[derive(Debug)]
+pub(crate) struct Target {
+    /// `host:port` (for messages) and the options to reach it, in the URL's order.
+    pub(crate) hosts: Vec<(String, PgConnectOptions)>,
+    pub(crate) wanted: Wanted,
+    /// `pgbouncer=true`: a transaction-mode pooler is in between.
+    pub(crate) pooled: bool,
+}
+
+impl Target {
+    /// Reads `postgres://user:pass@h1[:p1][,h2[:p2]…]/db?…`. `target_session_attrs` and
+    /// `pgbouncer` are taken out; the rest goes to sqlx for each host.
+    pub(crate) fn parse(url: &str) -> std::result::Result<Target, String> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| "expected postgres://".to_owned())?;
+        let (before_query, query) = match rest.split_once('?') {
+            Some((b, q)) => (b, Some(q)),
+            None => (rest, None),
+        };
+        let (authority, path) = match before_query.find('/') {
+            Some(i) => before_query.split_at(i),
+            None => (before_query, ""),
+        };
+        let (userinfo, hostlist) = match authority.rfind('@') {
+            Some(i) => (&authority[..=i], &authority[i + 1..]),
+            None => ("", authority),
+        };
+
+        let mut wanted = None;
+        let mut pooled = false;
+        let mut kept = Vec::new();
+        for pair in query
+            .unwrap_or_default()
+            .split('&')
+            .filter(|p| !p.is_empty())
+        {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match key {
+                "target_session_attrs" => {
+                    wanted = Some(match value {
+                        "read-write" => Wanted::ReadWrite,
+                        "any" => Wanted::Any,
+                        other => {
+                            return Err(format!(
+                                "target_session_attrs={other} is not supported: use read-write \
+                                 (the default: the first host that takes writes) or any"
+                            ))
+                        }
+                    })
+                }
+                "pgbouncer" => {
+                    pooled = match value {
+                        "true" | "1" | "yes" | "on" => true,
+                        "false" | "0" | "no" | "off" => false,
+                        other => return Err(format!("pgbouncer={other}: use true or false")),
+                    }
+                }
+                _ => kept.push(pair),
+            }
+        }
+        let query = if kept.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", kept.join("&"))
+        };
+
+        let mut hosts = Vec::new();
+        for host in hostlist.split(',') {
+            if host.is_empty() && hostlist.contains(',') {
+                return Err("an empty host in the host list".to_owned());
+            }
+            let one = format!("{scheme}://{userinfo}{host}{path}{query}");
+            let options = PgConnectOptions::from_str(&one).map_err(|e| {
+                let e = crate::error::describe(&e);
+                if hostlist.contains(',') {
+                    format!("host {host}: {e}")
+                } else {
+                    e
+                }
+            })?;
+            let label = match options.get_socket() {
+                Some(dir) => dir.display().to_string(),
+                None => format!("{}:{}", options.get_host(), options.get_port()),
+            };
+            hosts.push((label, options));
+        }
+        Ok(Target {
+            hosts,
+            wanted: wanted.unwrap_or(Wanted::ReadWrite),
+            pooled,
+        })
+    }
+
+    /// `host:port` for messages: the one host, or all of them.
+    pub(crate) fn label(&self) -> String {
+        let labels: Vec<&str> = self.hosts.iter().map(|(l, _)| l.as_str()).collect();
+        labels.join(",")
+    }
+}
+
+/// Where a pool's statements go, and how (see the module's notes).
+#[derive(Debug)]
+pub(crate) struct Route {
+    pool: RwLock<PgPool>,
+    /// A transaction-mode pooler is in between.
+    pooled: bool,
+    /// The hosts of a multi-host URL; None for one host (nothing to move to).
+    failover: Option<Failover>,
+    /// Where LISTEN connects when the pool cannot (through a pooler): a direct URL.
+    listen: Option<PgConnectOptions>,
+}
+
+#[derive(Debug)]
+struct Failover {
+    hosts: Vec<(String, PgConnectOptions)>,
+    wanted: Wanted,
+    pool_options: PgPoolOptions,
+    connect_timeout: Duration,
+    /// The host the pool reaches now, and when the hosts were last tried (one search at a
+    /// time, at most one a second).
+    state: tokio::sync::Mutex<(usize, Option<Instant>)>,
+}
+
+impl Route {
+    /// One pool, no failover.
+    pub(crate) fn single(pool: PgPool, pooled: bool, listen: Option<PgConnectOptions>) -> Route {
+        Route {
+            pool: RwLock::new(pool),
+            pooled,
+            failover: None,
+            listen,
+        }
+    }
+
+    /// A route over the hosts of `target`; the pool reaches host `current` first.
+    pub(crate) fn with_hosts(
+        target: Target,
+        current: usize,
+        pool_options: PgPoolOptions,
+        connect_timeout: Duration,
+        listen: Option<PgConnectOptions>,
+    ) -> Route {
+        let pool = pool_options
+            .clone()
+            .connect_lazy_with(target.hosts[current].1.clone());
+        let failover = (target.hosts.len() > 1).then(|| Failover {
+            hosts: target.hosts,
+            wanted: target.wanted,
+            pool_options,
+            connect_timeout,
+            state: tokio::sync::Mutex::new((current, None)),
+        });
+        Route {
+            pool: RwLock::new(pool),
+            pooled: target.pooled,
+            failover,
+            listen,
+        }
+    }
+
+    /// The pool statements go to now.
+    pub(crate) fn pool(&self) -> PgPool {
+        match self.pool.read() {
+            Ok(p) => p.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Whether a transaction-mode pooler is in between.
+    pub(crate) fn pooled(&self) -> bool {
+        self.pooled
+    }
+
+    /// Where LISTEN can connect: a direct URL given for it, else the pool (None through a
+    /// pooler without one).
+    pub(crate) fn listen_target(&self) -> Option<Either<PgConnectOptions, PgPool>> {
+        match (&self.listen, self.pooled) {
+            (Some(o), _) => Some(Either::Left(o.clone())),
+            (None, false) => Some(Either::Right(self.pool())),
+            (None, true) => None,
+        }
+    }
+
+    /// An executor for one statement outside a transaction.
+    pub(crate) fn exec(self: &Arc<Self>) -> Exec {
+        Exec(self.clone())
+    }
+
+    /// An executor for statements inside a transaction (of [`Route::begin`]).
+    pub(crate) fn on<'c>(&'c self, conn: &'c mut PgConnection) -> On<'c> {
+        On { conn, route: self }
+    }
+
+    /// Starts a transaction.
+    pub(crate) async fn begin(self: &Arc<Self>) -> Result<sqlx::Transaction<'static, Postgres>> {
+        let pool = self.pool();
+        match pool.begin().await {
+            Ok(tx) => Ok(tx),
+            Err(e) => {
+                self.noticed(&e);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Called with every failed statement: when the server is gone or read-only and there are
+    /// other hosts, looks for the writable one (in the background; the caller's retry finds the
+    /// pool moved).
+    fn noticed(self: &Arc<Self>, e: &sqlx::Error) {
+        if self.failover.is_none() {
+            return;
+        }
+        let worth = matches!(
+            crate::error::db_kind(e),
+            Some(DbKind::ConnectionGone | DbKind::ReadOnly)
+        );
+        if worth {
+            let route = self.clone();
+            tokio::spawn(async move { route.find_primary().await });
+        }
+    }
+
+    /// Tries the hosts in order and moves the pool to the first one wanted, if it is not the
+    /// one the pool reaches now.
+    async fn find_primary(&self) {
+        let Some(f) = &self.failover else { return };
+        let Ok(mut state) = f.state.try_lock() else {
+            return; // a search is under way
+        };
+        if state
+            .1
+            .is_some_and(|at| at.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        state.1 = Some(Instant::now());
+        let found = match first_wanted(&f.hosts, f.wanted, f.connect_timeout).await {
+            Ok(i) => i,
+            Err(why) => {
+                tracing::debug!("PostgreSQL failover: no host to move to yet: {why}");
+                return;
+            }
+        };
+        if found == state.0 {
+            return;
+        }
+        let pool = f
+            .pool_options
+            .clone()
+            .connect_lazy_with(f.hosts[found].1.clone());
+        let old = match self.pool.write() {
+            Ok(mut p) => std::mem::replace(&mut *p, pool),
+            Err(poisoned) => std::mem::replace(&mut *poisoned.into_inner(), pool),
+        };
+        tracing::warn!(
+            "PostgreSQL: {} {}; statements now go to {}",
+            f.hosts[state.0].0,
+            match f.wanted {
+                Wanted::ReadWrite => "no longer takes writes",
+                Wanted::Any => "no longer answers",
+            },
+            f.hosts[found].0
+        );
+        state.0 = found;
+        // Statements still running on the old pool finish or fail there; its idle
+        // connections close now.
+        tokio::spawn(async move { old.close().await });
+    }
+}
+
+/// The index of the first host that answers and is as wanted, or why there is none (each host's
+/// reason).
+pub(crate) async fn first_wanted(
+    hosts: &[(String, PgConnectOptions)],
+    wanted: Wanted,
+    connect_timeout: Duration,
+) -> std::result::Result<usize, String> {
+    let mut why = Vec::new();
+    for (i, (label, options)) in hosts.iter().enumerate() {
+        match tokio::time::timeout(connect_timeout, check(options, wanted)).await {
+            Ok(Ok(true)) => return Ok(i),
+            Ok(Ok(false)) => why.push(format!("{label}: read-only (a standby?)")),
+            Ok(Err(e)) => why.push(format!("{label}: {}", crate::error::describe(&e))),
+            Err(_) => why.push(format!(
+                "{label}: no answer within {}",
+                humantime::format_duration(connect_timeout)
+            )),
+        }
+    }
+    Err(why.join("; "))
+}
+
+/// Whether the server at `options` answers and is as wanted.
+async fn check(options: &PgConnectOptions, wanted: Wanted) -> sqlx::Result<bool> {
+    let mut conn = PgConnection::connect_with(options).await?;
+    let ok = match wanted {
+        Wanted::Any => true,
+        Wanted::ReadWrite => {
+            // A simple query: nothing is prepared, so this also works through a pooler.
+            let row = conn.fetch_one("SHOW transaction_read_only").await?;
+            let value: String = sqlx::Row::try_get(&row, 0)?;
+            value == "off"
+        }
+    };
+    let _ = conn.close().await;
+    Ok(ok)
+}
+
+/// A statement that sqlx must not keep prepared (behind a pooler): `persistent` is false.
+struct Prepared<E> {
+    query: E,
+    keep: bool,
+}
+
+impl<'q, E: Execute<'q, Postgres>> Execute<'q, Postgres> for Prepared<E> {
+    fn sql(self) -> sqlx::SqlStr {
+        self.query.sql()
+    }
+
+    fn statement(&self) -> Option<&PgStatement> {
+        self.query.statement()
+    }
+
+    fn take_arguments(
+        &mut self,
+    ) -> std::result::Result<Option<sqlx::postgres::PgArguments>, sqlx::error::BoxDynError> {
+        self.query.take_arguments()
+    }
+
+    fn persistent(&self) -> bool {
+        self.keep && self.query.persistent()
+    }
+}
+
+/// Runs one statement outside a transaction (see [`Route::exec`]). Results are read whole
+/// before they are handed on: rowclaim's statements return a batch of rows at most.
+#[derive(Debug)]
+pub(crate) struct Exec(Arc<Route>);
+
+type Step = Either<PgQueryResult, PgRow>;
+
+impl Exec {
+    async fn steps<'q, E: Execute<'q, Postgres> + 'q>(self, query: E) -> sqlx::Result<Vec<Step>> {
+        let route = self.0;
+        let pool = route.pool();
+        let result = if route.pooled {
+            async {
+                let mut tx = pool.begin().await?;
+                let steps: Vec<Step> = tx
+                    .fetch_many(Prepared { query, keep: false })
+                    .try_collect()
+                    .await?;
+                tx.commit().await?;
+                Ok(steps)
+            }
+            .await
+        } else {
+            pool.fetch_many(query).try_collect().await
+        };
+        if let Err(e) = &result {
+            route.noticed(e);
+        }
+        result
+    }
+}
+
+impl<'c> Executor<'c> for Exec {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(self, query: E) -> BoxStream<'e, sqlx::Result<Step>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        futures_util::stream::once(self.steps(query))
+            .map_ok(|steps| futures_util::stream::iter(steps.into_iter().map(Ok)))
+            .try_flatten()
+            .boxed()
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(self, query: E) -> BoxFuture<'e, sqlx::Result<Option<PgRow>>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        async move {
+            let steps = self.steps(query).await?;
+            Ok(steps.into_iter().find_map(|s| s.right()))
+        }
+        .boxed()
+    }
+
+    fn prepare_with<'e>(
+        self,
+        sql: sqlx::SqlStr,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, sqlx::Result<PgStatement>>
+    where
+        'c: 'e,
+    {
+        let pool = self.0.pool();
+        async move { pool.prepare_with(sql, parameters).await }.boxed()
+    }
+}
+
+/// Runs statements inside a transaction (see [`Route::on`]).
+#[derive(Debug)]
+pub(crate) struct On<'c> {
+    conn: &'c mut PgConnection,
+    route: &'c Route,
+}
+
+impl<'c> Executor<'c> for On<'c> {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(self, query: E) -> BoxStream<'e, sqlx::Result<Step>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let keep = !self.route.pooled;
+        self.conn.fetch_many(Prepared { query, keep })
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(self, query: E) -> BoxFuture<'e, sqlx::Result<Option<PgRow>>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let keep = !self.route.pooled;
+        self.conn.fetch_optional(Prepared { query, keep })
+    }
+
+    fn prepare_with<'e>(
+        self,
+        sql: sqlx::SqlStr,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, sqlx::Result<PgStatement>>
+    where
+        'c: 'e,
+    {
+        self.conn.prepare_with(sql, parameters)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_multi_host_urls() {
+        let t = Target::parse(
+            "postgres://u:pw@h1:5432,h2:5433/db?target_session_attrs=any&sslmode=disable",
+        )
+        .unwrap();
+        assert_eq!(t.label(), "h1:5432,h2:5433");
+        assert_eq!(t.wanted, Wanted::Any);
+        assert!(!t.pooled);
+        assert_eq!(t.hosts[1].1.get_database(), Some("db"));
+        assert_eq!(t.hosts[1].1.get_username(), "u");
+
+        let t = Target::parse("postgres://u@h1/db?pgbouncer=true").unwrap();
+        assert_eq!(t.label(), "h1:5432");
+        assert_eq!(t.wanted, Wanted::ReadWrite);
+        assert!(t.pooled);
+
+        let e = Target::parse("postgres://u@h1/db?target_session_attrs=standby").unwrap_err();
+        assert!(e.contains("target_session_attrs=standby"), "{e}");
+        let e = Target::parse("postgres://u@h1:1,h2:x/db").unwrap_err();
+        assert!(e.starts_with("host h2:x"), "{e}");
+    }
+}
