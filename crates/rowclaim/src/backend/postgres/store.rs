@@ -110,7 +110,7 @@ impl ClaimStore for Pg {
             "UPDATE {} SET {} = {st} WHERE {} = ANY({any})",
             m.table, m.status, m.id
         );
-        b.query(sql)?.execute(self.on(&mut **tx)).await?;
+        b.query(sql)?.execute(self.on(tx)).await?;
         Ok(())
     }
 
@@ -118,7 +118,7 @@ impl ClaimStore for Pg {
         let tx = held;
         sqlx::query("SELECT set_config('idle_in_transaction_session_timeout', $1, true)")
             .bind(sql::lease_ms(lease).to_string())
-            .execute(self.on(&mut **tx))
+            .execute(self.on(tx))
             .await?;
         Ok(())
     }
