@@ -5,6 +5,8 @@
 //!   and of the CLI gets its database this way, so tests never see each other's rows.
 //! - [`servers`]: private PostgreSQL/MariaDB servers on spare ports, for fault tests that stop,
 //!   crash and restart a server or kill its sessions without touching the machine's shared ones.
+//! - [`pgbouncer`]: a PgBouncer in transaction pooling mode in front of a server; a test's
+//!   database reached through one is [`Via::PgBouncer`].
 //! - [`proxy`]: a TCP proxy between clients and such a server, to cut or black-hole connections.
 //! - [`contract`] and [`contract_suite!`]: the contract every backend × strategy must pass
 //!   (exclusive claims, expired leases re-claimed and fenced, release, order, locking reads, bad
@@ -24,11 +26,12 @@
 //! whenever the tests need it to.
 
 pub mod contract;
+pub mod pgbouncer;
 pub mod proxy;
 pub mod servers;
 pub mod testdb;
 
-pub use testdb::{with_db, Backend, TestDb};
+pub use testdb::{with_db, with_db_via, Backend, TestDb, Via};
 
 /// What [`contract_suite!`]'s expansion names through `$crate`, so that the test file invoking it
 /// needs no dependency of its own on tokio or rowclaim. Not for anything else.

@@ -773,7 +773,7 @@ where
 /// A port nobody listens on now. Taken below the kernel's ephemeral range when there is room,
 /// so that while a server is down for a restart its port is unlikely to be handed out to an
 /// outgoing connection or a `bind(0)` (the proxies use those).
-fn spare_port() -> u16 {
+pub(crate) fn spare_port() -> u16 {
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
@@ -812,7 +812,7 @@ fn port_taken(log: &str) -> bool {
         || log.contains("Bind on TCP/IP port")
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     match std::fs::metadata("/proc/self") {
         Ok(m) => m.uid() == 0,
         Err(_) => std::process::Command::new("id")
@@ -824,7 +824,7 @@ fn is_root() -> bool {
 }
 
 /// (uid, gid) of an OS user, from /etc/passwd.
-fn os_user(name: &str) -> Option<(u32, u32)> {
+pub(crate) fn os_user(name: &str) -> Option<(u32, u32)> {
     let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
     passwd.lines().find_map(|line| {
         let f: Vec<&str> = line.split(':').collect();
@@ -849,7 +849,7 @@ fn temp_root() -> PathBuf {
 }
 
 /// A new temp dir with an `owner` file naming this process (see `sweep_leftovers`).
-fn new_dir(prefix: &str) -> tempfile::TempDir {
+pub(crate) fn new_dir(prefix: &str) -> tempfile::TempDir {
     let root = temp_root();
     let dir = tempfile::Builder::new()
         .prefix(prefix)
@@ -956,7 +956,7 @@ fn append(path: &Path, text: &str) {
 }
 
 /// The last `lines` lines of a file (or why it could not be read).
-fn tail(path: &Path, lines: usize) -> String {
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
     match std::fs::read(path) {
         Ok(bytes) => {
             let text = String::from_utf8_lossy(&bytes);

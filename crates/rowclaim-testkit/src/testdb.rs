@@ -27,6 +27,16 @@ pub enum Backend {
     Sqlite,
 }
 
+/// How the library reaches a test's database (the test's own raw SQL always goes direct).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// Straight to the server.
+    Direct,
+    /// PostgreSQL only: through a PgBouncer of the test's own in transaction pooling mode
+    /// ([`crate::pgbouncer`]), with `pgbouncer=true` in [`TestDb::url`].
+    PgBouncer,
+}
+
 /// One test's own database. Tests reach it two ways: through the library ([`TestDb::db`]), as a
 /// process of the user's would, and by raw SQL ([`TestDb::exec`], [`TestDb::count`], …) to set
 /// up tables and check what the library wrote, behind its back.
@@ -43,6 +53,8 @@ pub struct TestDb {
     _dir: Option<tempfile::TempDir>,
     /// A pool of the test's own for raw SQL, apart from any pool the library opens.
     raw: Raw,
+    /// The PgBouncer [`TestDb::url`] goes through ([`Via::PgBouncer`]); stopped when dropped.
+    pub pooler: Option<crate::pgbouncer::PgBouncer>,
 }
 
 enum Raw {
@@ -94,6 +106,7 @@ impl TestDb {
                     admin: None,
                     _dir: Some(dir),
                     raw,
+                    pooler: None,
                 }
             }
         }
@@ -137,7 +150,24 @@ impl TestDb {
             admin: Some(admin.to_owned()),
             _dir: None,
             raw,
+            pooler: None,
         }
+    }
+
+    /// A fresh database of `backend`, reached by the library `via` a route (see [`Via`]).
+    pub async fn new_via(backend: Backend, via: Via) -> TestDb {
+        let mut t = TestDb::new(backend).await;
+        if via == Via::PgBouncer {
+            assert_eq!(backend, Backend::Postgres, "PgBouncer is for PostgreSQL");
+            let opts: sqlx::postgres::PgConnectOptions = pg_admin()
+                .parse()
+                .unwrap_or_else(|e| panic!("ROWCLAIM_TEST_POSTGRES: {e}"));
+            let bouncer =
+                crate::pgbouncer::PgBouncer::start(opts.get_host(), opts.get_port()).await;
+            t.url = bouncer.url(&t.name);
+            t.pooler = Some(bouncer);
+        }
+        t
     }
 
     /// A new pool of its own (separate connections), as another process would have.
@@ -311,7 +341,16 @@ where
     F: FnOnce(Arc<TestDb>) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let t = Arc::new(TestDb::new(backend).await);
+    with_db_via(backend, Via::Direct, test).await
+}
+
+/// [`with_db`], the library reaching the database `via` a route (see [`Via`]).
+pub async fn with_db_via<F, Fut>(backend: Backend, via: Via, test: F)
+where
+    F: FnOnce(Arc<TestDb>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let t = Arc::new(TestDb::new_via(backend, via).await);
     let outcome = tokio::spawn(test(t.clone())).await;
     t.cleanup().await;
     if let Err(e) = outcome {

@@ -13,6 +13,16 @@ mod postgres {
     rowclaim_testkit::contract_suite!(rowclaim_testkit::Backend::Postgres);
 }
 
+/// PostgreSQL through PgBouncer in transaction pooling mode: every claim, settle, locking read
+/// and counter passes a pooler whose few server connections the test's clients share.
+#[cfg(feature = "postgres")]
+mod postgres_pgbouncer {
+    rowclaim_testkit::contract_suite!(
+        rowclaim_testkit::Backend::Postgres,
+        rowclaim_testkit::Via::PgBouncer
+    );
+}
+
 #[cfg(feature = "mysql")]
 mod mysql {
     rowclaim_testkit::contract_suite!(rowclaim_testkit::Backend::MySql);

@@ -126,7 +126,8 @@ where
 }
 
 /// Every case of the contract as its own `#[tokio::test]`, on the backend given (an expression
-/// of type [`Backend`](crate::Backend)), in modules named as the failures will show them:
+/// of type [`Backend`](crate::Backend); optionally a [`Via`](crate::Via) after it, for the
+/// library to reach the database through a pooler), in modules named as the failures will show them:
 /// `backend::…` for the cases run once per backend, then one module per strategy
 /// (`skip_locked::…`, `token::…`, `optimistic::…`, `lease_table::…`, `transaction::…`).
 ///
@@ -145,8 +146,13 @@ where
 #[macro_export]
 macro_rules! contract_suite {
     ($backend:expr) => {
+        $crate::contract_suite!($backend, $crate::Via::Direct);
+    };
+    ($backend:expr, $via:expr) => {
         /// The backend this module's suite runs on.
         const BACKEND: $crate::Backend = $backend;
+        /// How the library reaches it.
+        const VIA: $crate::Via = $via;
 
         mod backend {
             $crate::__contract_backend_cases!();
@@ -246,7 +252,7 @@ macro_rules! __contract_strategy_case {
         $crate::__contract_test!(
             $name,
             $threads,
-            $crate::with_db(super::BACKEND, |t| $crate::contract::for_strategy(
+            $crate::with_db_via(super::BACKEND, super::VIA, |t| $crate::contract::for_strategy(
                 t,
                 $strategy,
                 $crate::contract::strategy::$case
@@ -313,6 +319,6 @@ macro_rules! __contract_backend_cases {
 #[macro_export]
 macro_rules! __contract_backend_case {
     ($name:ident, $case:expr) => {
-        $crate::__contract_test!($name, 2, $crate::with_db(super::BACKEND, $case));
+        $crate::__contract_test!($name, 2, $crate::with_db_via(super::BACKEND, super::VIA, $case));
     };
 }
