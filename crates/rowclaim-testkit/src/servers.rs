@@ -133,6 +133,108 @@ impl PrivatePostgres {
         self.port
     }
 
+    /// A streaming standby of `primary`: a base backup of it (`pg_basebackup -R`, so it follows
+    /// the primary's WAL) started on a spare port of its own. Promote it with
+    /// [`PrivatePostgres::promote`].
+    pub async fn standby_of(primary: &PrivatePostgres) -> PrivatePostgres {
+        let dir = new_dir(PG_PREFIX);
+        if let Some((uid, gid)) = primary.run_as {
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
+                .unwrap_or_else(|e| panic!("chown {} to postgres: {e}", dir.path().display()));
+        }
+        let mut pg = PrivatePostgres {
+            port: 0,
+            bin: primary.bin.clone(),
+            run_as: primary.run_as,
+            running: tokio::sync::Mutex::new(false),
+            dir,
+        };
+        let out = pg
+            .cmd("pg_basebackup")
+            .arg("-D")
+            .arg(pg.data())
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-R",
+                "-X",
+                "stream",
+                "--no-sync",
+            ])
+            .arg("-p")
+            .arg(primary.port.to_string())
+            .output()
+            .await
+            .unwrap_or_else(|e| panic!("run pg_basebackup: {e}"));
+        if !out.status.success() {
+            panic!(
+                "pg_basebackup failed ({}):\n{}",
+                out.status,
+                output_text(&out)
+            );
+        }
+        // The name the primary's synchronous_standby_names can ask for.
+        append(
+            &pg.data().join("postgresql.auto.conf"),
+            "\ncluster_name = 'standby'\n",
+        );
+        for attempt in 1..=3 {
+            pg.port = spare_port();
+            match pg.launch().await {
+                Ok(()) => {
+                    *pg.running.get_mut() = true;
+                    return pg;
+                }
+                Err(e) if attempt < 3 && port_taken(&pg.log_tail()) => {
+                    eprintln!(
+                        "private standby: port {} taken, trying another ({e})",
+                        pg.port
+                    );
+                    let _ = pg.pg_ctl_stop("immediate").await;
+                }
+                Err(e) => panic!(
+                    "private standby did not start on port {}: {e}\n--- server log tail ---\n{}",
+                    pg.port,
+                    pg.log_tail()
+                ),
+            }
+        }
+        unreachable!()
+    }
+
+    /// Makes a standby the primary (`pg_ctl promote`, waiting until it takes writes).
+    pub async fn promote(&self) {
+        let out = self
+            .cmd("pg_ctl")
+            .arg("promote")
+            .arg("-D")
+            .arg(self.data())
+            .args(["-w", "-t", "60"])
+            .output()
+            .await
+            .unwrap_or_else(|e| panic!("run pg_ctl promote: {e}"));
+        if !out.status.success() {
+            panic!(
+                "pg_ctl promote failed ({}): {}\n--- server log tail ---\n{}",
+                out.status,
+                output_text(&out),
+                self.log_tail()
+            );
+        }
+    }
+
+    /// Runs `sql` (simple protocol, several statements allowed) as the superuser.
+    pub async fn admin_sql(&self, sql: &str) {
+        let mut c = self.admin().await;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&mut c)
+            .await
+            .unwrap_or_else(|e| panic!("{sql} on private PostgreSQL: {e}"));
+        let _ = c.close().await;
+    }
+
     /// `postgres://postgres@127.0.0.1:PORT/postgres`
     pub fn admin_url(&self) -> String {
         self.url("postgres")

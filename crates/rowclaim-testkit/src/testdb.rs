@@ -170,6 +170,14 @@ impl TestDb {
         t
     }
 
+    /// The URL of this database straight on its server, whatever [`TestDb::url`] goes through.
+    pub fn direct_url(&self) -> String {
+        match &self.admin {
+            Some(admin) => with_database(admin, &self.name),
+            None => self.url.clone(),
+        }
+    }
+
     /// A new pool of its own (separate connections), as another process would have.
     pub async fn db(&self) -> rowclaim::Db {
         let opts = rowclaim::ConnectOptions::default().max_connections(3);

@@ -252,11 +252,9 @@ macro_rules! __contract_strategy_case {
         $crate::__contract_test!(
             $name,
             $threads,
-            $crate::with_db_via(super::BACKEND, super::VIA, |t| $crate::contract::for_strategy(
-                t,
-                $strategy,
-                $crate::contract::strategy::$case
-            ))
+            $crate::with_db_via(super::BACKEND, super::VIA, |t| {
+                $crate::contract::for_strategy(t, $strategy, $crate::contract::strategy::$case)
+            })
         );
     };
 }
@@ -319,6 +317,10 @@ macro_rules! __contract_backend_cases {
 #[macro_export]
 macro_rules! __contract_backend_case {
     ($name:ident, $case:expr) => {
-        $crate::__contract_test!($name, 2, $crate::with_db_via(super::BACKEND, super::VIA, $case));
+        $crate::__contract_test!(
+            $name,
+            2,
+            $crate::with_db_via(super::BACKEND, super::VIA, $case)
+        );
     };
 }

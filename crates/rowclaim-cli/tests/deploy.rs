@@ -1,0 +1,315 @@
+//! Deployments users have, each on servers of the test's own:
+//!
+//! - PostgreSQL through PgBouncer in transaction pooling mode (a private PgBouncer with four
+//!   server connections per database, in front of the shared server): `rowclaim work` over every
+//!   strategy on an own table, and the managed queue with wake-ups degraded to polling (one
+//!   warning) or taken from a direct `--listen-database` URL.
+//! - A private PostgreSQL primary with a streaming standby (synchronous replication, so that the
+//!   failover loses nothing the primary acknowledged): the primary is killed mid-run and the
+//!   standby promoted while the same `rowclaim work` processes keep going on a multi-host URL.
+//!
+//! Each asserts invariants, never timings: every row ran and ended done, none ran twice except
+//! where an earlier run was in flight at the fault, and the workers never stopped.
+//! (MariaDB Galera has its own file, `galera.rs`.)
+
+use rowclaim_testkit as common;
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::servers::{PrivatePostgres, StopMode};
+use common::{with_db_via, Backend, TestDb, Via};
+use tokio::process::Child;
+
+use support::{rowclaim, TABLE};
+
+/// Microseconds since the epoch: the clock bash's `$EPOCHREALTIME` reads too.
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// A bash command that logs `S <id> <µs>` when it starts and `E <id> <µs>` when it ends.
+fn logged(log: &Path, work: &str) -> Vec<String> {
+    let log = log.display();
+    vec![
+        "bash".into(),
+        "-c".into(),
+        format!(
+            "echo \"S $ROWCLAIM_ID ${{EPOCHREALTIME/./}}\" >> {log}; {work}; \
+             echo \"E $ROWCLAIM_ID ${{EPOCHREALTIME/./}}\" >> {log}"
+        ),
+    ]
+}
+
+/// `rowclaim work ARGS… -- <logged command>`, stderr kept.
+fn worker(url: &str, args: &[&str], log: &Path, work: &str) -> Child {
+    let cmd = logged(log, work);
+    let mut all: Vec<&str> = vec!["work"];
+    all.extend(args);
+    all.push("--");
+    all.extend(cmd.iter().map(String::as_str));
+    rowclaim(url, &all)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start rowclaim work")
+}
+
+/// Runs of each id: (start, end) in µs, end None for a run that never ended.
+fn runs(log: &Path) -> HashMap<String, Vec<(u64, Option<u64>)>> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut out: HashMap<String, Vec<(u64, Option<u64>)>> = HashMap::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let [kind, id, at] = f[..] else { continue };
+        let at: u64 = at.parse().unwrap_or(0);
+        let list = out.entry(id.to_owned()).or_default();
+        match kind {
+            "S" => list.push((at, None)),
+            "E" => {
+                if let Some(open) = list.iter_mut().rev().find(|r| r.1.is_none()) {
+                    open.1 = Some(at);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Waits for a worker to exit by itself; its exit code and stderr.
+async fn finish(child: Child) -> (Option<i32>, String) {
+    let out = tokio::time::timeout(Duration::from_secs(300), child.wait_with_output())
+        .await
+        .expect("the worker exits within 5 minutes")
+        .expect("wait for the worker");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs a one-shot rowclaim command that must succeed, with `stdin` fed to it.
+async fn ok(url: &str, args: &[&str], stdin: &str) {
+    let mut c = rowclaim(url, args);
+    c.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("start rowclaim");
+    let mut input = child.stdin.take().expect("stdin");
+    tokio::io::AsyncWriteExt::write_all(&mut input, stdin.as_bytes())
+        .await
+        .expect("write stdin");
+    drop(input);
+    let out = child.wait_with_output().await.expect("wait for rowclaim");
+    assert!(
+        out.status.success(),
+        "rowclaim {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `n` jobs as JSON lines for `rowclaim enqueue`.
+fn payloads(n: usize) -> String {
+    (0..n).map(|i| format!("{{\"n\":{i}}}\n")).collect()
+}
+
+const WARNING: &str = "LISTEN cannot pass a transaction-mode pooler";
+
+// ------------------------------------------------------------------------------ PgBouncer
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgbouncer_transaction_pooling() {
+    with_db_via(Backend::Postgres, Via::PgBouncer, through_pgbouncer).await;
+}
+
+async fn through_pgbouncer(t: Arc<TestDb>) {
+    const ROWS: i64 = 60;
+    let dir = tempfile::tempdir().expect("temp dir");
+    // An own table, every strategy: two workers share it through the pooler.
+    for strategy in [
+        "skip-locked",
+        "token",
+        "optimistic",
+        "lease-table",
+        "transaction",
+    ] {
+        t.exec("DROP TABLE IF EXISTS jobs").await;
+        t.jobs(ROWS).await;
+        let log = dir.path().join(format!("{strategy}.log"));
+        let mut args: Vec<&str> = TABLE.to_vec();
+        args.extend(["--strategy", strategy, "--until-empty", "--batch", "5"]);
+        let a = worker(&t.url, &args, &log, "cat >/dev/null");
+        let b = worker(&t.url, &args, &log, "cat >/dev/null");
+        for (code, stderr) in [finish(a).await, finish(b).await] {
+            assert_eq!(code, Some(0), "{strategy}: a worker failed:\n{stderr}");
+        }
+        let runs = runs(&log);
+        for id in 1..=ROWS {
+            let n = runs.get(&id.to_string()).map_or(0, Vec::len);
+            assert_eq!(n, 1, "{strategy}: row {id} ran {n} times");
+        }
+        assert_eq!(
+            t.count("SELECT count(*) FROM jobs WHERE status <> 'done'")
+                .await,
+            0,
+            "{strategy}: every row done"
+        );
+    }
+
+    // The managed queue: one worker polls (LISTEN cannot pass the pooler, and it says so
+    // once), one listens on a direct URL.
+    const JOBS: usize = 200;
+    ok(&t.url, &["init"], "").await;
+    ok(&t.url, &["enqueue", "--queue", "q"], &payloads(JOBS)).await;
+    let direct = t.direct_url();
+    let log = dir.path().join("queue.log");
+    let args = ["--queue", "q", "--until-empty", "--poll", "200ms"];
+    let polling = worker(&t.url, &args, &log, "cat >/dev/null");
+    let mut listening_args = args.to_vec();
+    listening_args.extend(["--listen-database", &direct]);
+    let listening = worker(&t.url, &listening_args, &log, "cat >/dev/null");
+    let (code, polled) = finish(polling).await;
+    assert_eq!(code, Some(0), "the polling worker failed:\n{polled}");
+    let (code, listened) = finish(listening).await;
+    assert_eq!(code, Some(0), "the listening worker failed:\n{listened}");
+    assert_eq!(
+        polled.matches(WARNING).count(),
+        1,
+        "the polling worker says once why it polls:\n{polled}"
+    );
+    assert!(
+        !listened.contains(WARNING),
+        "the worker with --listen-database listens:\n{listened}"
+    );
+    let runs = runs(&log);
+    assert_eq!(runs.len(), JOBS, "every job ran");
+    let twice: Vec<_> = runs.iter().filter(|(_, r)| r.len() > 1).collect();
+    assert!(twice.is_empty(), "jobs ran twice: {twice:?}");
+    assert_eq!(
+        t.count("SELECT count(*) FROM rowclaim_jobs WHERE status <> 'completed'")
+            .await,
+        0
+    );
+}
+
+// ------------------------------------------------------------------------------- failover
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_follow_a_postgres_failover() {
+    const JOBS: usize = 300;
+    let primary = PrivatePostgres::start().await;
+    let standby = PrivatePostgres::standby_of(&primary).await;
+    // Synchronous replication: what the primary acknowledged is on the standby, and visible
+    // there (remote_apply).
+    primary
+        .admin_sql("ALTER SYSTEM SET synchronous_standby_names = 'standby'")
+        .await;
+    primary
+        .admin_sql("ALTER SYSTEM SET synchronous_commit = 'remote_apply'")
+        .await;
+    primary.admin_sql("SELECT pg_reload_conf()").await;
+    let primary_db = primary.create_database("jobs").await;
+    let standby_db = standby.url("jobs");
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/jobs",
+        primary.port(),
+        standby.port()
+    );
+    ok(&url, &["init"], "").await;
+    ok(&url, &["enqueue", "--queue", "q"], &payloads(JOBS)).await;
+    let count = |db: &str, sql: &'static str| {
+        let db = db.to_owned();
+        async move {
+            let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&db).await?;
+            sqlx::query_scalar::<_, i64>(sql).fetch_one(&mut c).await
+        }
+    };
+    // The standby has the jobs (synchronous replication: once the enqueue returned).
+    assert_eq!(
+        count(&standby_db, "SELECT count(*) FROM rowclaim_jobs")
+            .await
+            .expect("read the standby"),
+        JOBS as i64
+    );
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("runs.log");
+    let args = ["--queue", "q", "--lease", "20s", "--poll", "200ms"];
+    let mut workers = vec![
+        worker(&url, &args, &log, "cat >/dev/null; sleep 0.02"),
+        worker(&url, &args, &log, "cat >/dev/null; sleep 0.02"),
+    ];
+
+    // Mid-run: the primary dies, the standby takes over.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while runs(&log).values().filter(|r| r[0].1.is_some()).count() < JOBS / 4 {
+        assert!(Instant::now() < deadline, "the workers did not get going");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let killed_at = now_us();
+    primary.stop(StopMode::Immediate).await;
+    standby.promote().await;
+    let promoted_at = now_us();
+    let _ = primary_db;
+
+    // The same processes finish the queue on the new primary.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let left = count(
+            &standby_db,
+            "SELECT count(*) FROM rowclaim_jobs WHERE status <> 'completed'",
+        )
+        .await;
+        if left.as_ref().is_ok_and(|n| *n == 0) {
+            break;
+        }
+        for w in &mut workers {
+            if let Ok(Some(status)) = w.try_wait() {
+                panic!("a worker exited during the failover ({status})");
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "jobs left after 4 minutes on the new primary: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut said = String::new();
+    for w in workers {
+        let pid = w.id().expect("a running worker has a pid");
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        let (_, stderr) = finish(w).await;
+        said.push_str(&stderr);
+    }
+    assert!(
+        said.contains("statements now go to"),
+        "a worker said where its statements went after the failover:\n{said}"
+    );
+
+    let runs = runs(&log);
+    assert_eq!(runs.len(), JOBS, "every job ran");
+    for (id, list) in &runs {
+        for (i, run) in list.iter().enumerate().skip(1) {
+            // A job runs again only if an earlier run was in flight when the primary died.
+            let in_flight = list[..i]
+                .iter()
+                .any(|(start, end)| *start < promoted_at && end.is_none_or(|e| e > killed_at));
+            assert!(
+                in_flight,
+                "job {id} ran again at {} though no earlier run was in flight at the failover: \
+                 {list:?}\n{said}",
+                run.0
+            );
+        }
+    }
+}
