@@ -162,6 +162,9 @@ async fn through_pgbouncer(t: Arc<TestDb>) {
             0,
             "{strategy}: every row done"
         );
+        let mut stats: Vec<&str> = vec!["stats"];
+        stats.extend(TABLE);
+        ok(&t.url, &stats, "").await;
     }
 
     // The managed queue: one worker polls (LISTEN cannot pass the pooler, and it says so
@@ -198,6 +201,11 @@ async fn through_pgbouncer(t: Arc<TestDb>) {
             .await,
         0
     );
+    // The operator's commands pass the pooler too.
+    ok(&t.url, &["stats"], "").await;
+    ok(&t.url, &["jobs", "list", "--limit", "5"], "").await;
+    ok(&t.url, &["jobs", "show", "1"], "").await;
+    ok(&t.url, &["jobs", "prune", "--older-than", "1h"], "").await;
 }
 
 // ------------------------------------------------------------------------------- failover
@@ -238,6 +246,18 @@ async fn workers_follow_a_postgres_failover() {
             .await
             .expect("read the standby"),
         JOBS as i64
+    );
+
+    // A claim on the standby alone is refused, and the message says why.
+    let out = rowclaim(&standby_db, &["claim", "--queue", "q"])
+        .output()
+        .await
+        .expect("run rowclaim claim");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a claim on a standby fails");
+    assert!(
+        stderr.contains("takes no writes (a standby?)"),
+        "the error says the server is read-only:\n{stderr}"
     );
 
     let dir = tempfile::tempdir().expect("temp dir");
