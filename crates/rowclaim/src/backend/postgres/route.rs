@@ -10,15 +10,16 @@
 //! - **Several hosts** (`postgres://u@h1:5432,h2:5433/db`, libpq's form): the first host that
 //!   takes writes (`target_session_attrs=read-write`, the default here since every claim writes;
 //!   `any` takes the first that answers). When a statement finds the server gone or read-only,
-//!   the hosts are tried again in order and the pool moves to the writable one: after a
-//!   failover, the runtime's retries land on the new primary by themselves.
+//!   the hosts are tried again in order, once a second until one takes writes, and the pool
+//!   moves there: after a failover, the runtime's retries land on the new primary by themselves.
 //!
 //! Every statement of the PostgreSQL driver goes through [`Route::exec`] (outside a transaction)
 //! or [`Route::on`] (inside one), so none can bypass these rules.
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_core::future::BoxFuture;
 use futures_core::stream::BoxStream;
@@ -162,9 +163,10 @@ struct Failover {
     wanted: Wanted,
     pool_options: PgPoolOptions,
     connect_timeout: Duration,
-    /// The host the pool reaches now, and when the hosts were last tried (one search at a
-    /// time, at most one a second).
-    state: tokio::sync::Mutex<(usize, Option<Instant>)>,
+    /// The host the pool reaches now.
+    current: tokio::sync::Mutex<usize>,
+    /// A search for the writable host is under way (one at a time).
+    searching: AtomicBool,
 }
 
 impl Route {
@@ -194,7 +196,8 @@ impl Route {
             wanted: target.wanted,
             pool_options,
             connect_timeout,
-            state: tokio::sync::Mutex::new((current, None)),
+            current: tokio::sync::Mutex::new(current),
+            searching: AtomicBool::new(false),
         });
         Route {
             pool: RwLock::new(pool),
@@ -250,45 +253,44 @@ impl Route {
     }
 
     /// Called with every failed statement: when the server is gone or read-only and there are
-    /// other hosts, looks for the writable one (in the background; the caller's retry finds the
-    /// pool moved).
+    /// other hosts, looks for the one that takes writes, in the background, until a host answers
+    /// as wanted (the caller's retry finds the pool moved). Statements that the runtime cuts off
+    /// never report here, so one report keeps the search going: a standby is often promoted a
+    /// few seconds after the primary died.
     fn noticed(self: &Arc<Self>, e: &sqlx::Error) {
-        if self.failover.is_none() {
-            return;
-        }
+        let Some(f) = &self.failover else { return };
         let worth = matches!(
             crate::error::db_kind(e),
             Some(DbKind::ConnectionGone | DbKind::ReadOnly)
         );
-        if worth {
-            let route = self.clone();
-            tokio::spawn(async move { route.find_primary().await });
-        }
-    }
-
-    /// Tries the hosts in order and moves the pool to the first one wanted, if it is not the
-    /// one the pool reaches now.
-    async fn find_primary(&self) {
-        let Some(f) = &self.failover else { return };
-        let Ok(mut state) = f.state.try_lock() else {
-            return; // a search is under way
-        };
-        if state
-            .1
-            .is_some_and(|at| at.elapsed() < Duration::from_secs(1))
-        {
+        if !worth || f.searching.swap(true, Ordering::AcqRel) {
             return;
         }
-        state.1 = Some(Instant::now());
+        let route = self.clone();
+        tokio::spawn(async move {
+            while !route.find_primary().await {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            if let Some(f) = &route.failover {
+                f.searching.store(false, Ordering::Release);
+            }
+        });
+    }
+
+    /// Tries the hosts in order; moves the pool to the first one wanted if it is not the one the
+    /// pool reaches now. Whether a host answered as wanted.
+    async fn find_primary(&self) -> bool {
+        let Some(f) = &self.failover else { return true };
         let found = match first_wanted(&f.hosts, f.wanted, f.connect_timeout).await {
             Ok(i) => i,
             Err(why) => {
                 tracing::debug!("PostgreSQL failover: no host to move to yet: {why}");
-                return;
+                return false;
             }
         };
-        if found == state.0 {
-            return;
+        let mut current = f.current.lock().await;
+        if found == *current {
+            return true;
         }
         let pool = f
             .pool_options
@@ -300,17 +302,18 @@ impl Route {
         };
         tracing::warn!(
             "PostgreSQL: {} {}; statements now go to {}",
-            f.hosts[state.0].0,
+            f.hosts[*current].0,
             match f.wanted {
                 Wanted::ReadWrite => "no longer takes writes",
                 Wanted::Any => "no longer answers",
             },
             f.hosts[found].0
         );
-        state.0 = found;
+        *current = found;
         // Statements still running on the old pool finish or fail there; its idle
         // connections close now.
         tokio::spawn(async move { old.close().await });
+        true
     }
 }
 
