@@ -71,12 +71,22 @@ impl Raw {
             }
         }
         let raw = match kind(url)? {
-            Kind::Postgres => Raw::Pg(
-                PgPoolOptions::new()
-                    .max_connections(max)
-                    .connect_with(hush(PgConnectOptions::from_str(url)?, quiet))
-                    .await?,
-            ),
+            Kind::Postgres => {
+                // Through a transaction-mode pooler (pgbouncer=true, which is rowclaim's and not
+                // sqlx's), the raw connection sends only simple queries (`exec`, `int`), and no
+                // startup parameter PgBouncer would refuse.
+                let (url, pooled) = without_pgbouncer(url);
+                let mut options = PgConnectOptions::from_str(&url)?;
+                if pooled {
+                    options = options.extra_float_digits(None);
+                }
+                Raw::Pg(
+                    PgPoolOptions::new()
+                        .max_connections(max)
+                        .connect_with(hush(options, quiet))
+                        .await?,
+                )
+            }
             Kind::MySql => {
                 let url = url.replacen("mariadb:", "mysql:", 1);
                 Raw::My(
@@ -128,7 +138,11 @@ impl Raw {
         let sql: String = sql.into();
         let q = AssertSqlSafe(sql.clone());
         match self {
-            Raw::Pg(p) => sqlx::query_scalar::<_, i64>(q).fetch_one(p).await,
+            // A simple query: it passes a transaction-mode pooler.
+            Raw::Pg(p) => sqlx::raw_sql(q)
+                .fetch_one(p)
+                .await
+                .and_then(|row| sqlx::Row::try_get::<i64, _>(&row, 0)),
             Raw::My(p) => sqlx::query_scalar::<_, i64>(q).fetch_one(p).await,
             Raw::Lite(p) => sqlx::query_scalar::<_, i64>(q).fetch_one(p).await,
         }
@@ -212,6 +226,21 @@ impl Raw {
             from = to + 1;
         }
         Ok(())
+    }
+}
+
+/// `url` without rowclaim's `pgbouncer=true`, and whether it had it.
+fn without_pgbouncer(url: &str) -> (String, bool) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), false);
+    };
+    let (ours, rest): (Vec<&str>, Vec<&str>) =
+        query.split('&').partition(|p| p.starts_with("pgbouncer="));
+    let pooled = ours.iter().any(|p| *p == "pgbouncer=true");
+    if rest.is_empty() {
+        (base.to_owned(), pooled)
+    } else {
+        (format!("{base}?{}", rest.join("&")), pooled)
     }
 }
 
