@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use futures_core::future::BoxFuture;
 use futures_core::stream::BoxStream;
-use futures_util::{FutureExt, StreamExt, TryStreamExt};
+use futures_util::{FutureExt, StreamExt, TryFutureExt, TryStreamExt};
 use sqlx::postgres::{
     PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgQueryResult, PgRow, PgStatement,
     PgTypeInfo,
@@ -236,7 +236,7 @@ impl Route {
     }
 
     /// An executor for statements inside a transaction (of [`Route::begin`]).
-    pub(crate) fn on<'c>(&'c self, conn: &'c mut PgConnection) -> On<'c> {
+    pub(crate) fn on<'c>(self: &'c Arc<Self>, conn: &'c mut PgConnection) -> On<'c> {
         On { conn, route: self }
     }
 
@@ -456,7 +456,7 @@ impl<'c> Executor<'c> for Exec {
 #[derive(Debug)]
 pub(crate) struct On<'c> {
     conn: &'c mut PgConnection,
-    route: &'c Route,
+    route: &'c Arc<Route>,
 }
 
 impl<'c> Executor<'c> for On<'c> {
@@ -468,7 +468,11 @@ impl<'c> Executor<'c> for On<'c> {
         E: 'q + Execute<'q, Postgres>,
     {
         let keep = !self.route.pooled;
-        self.conn.fetch_many(Prepared { query, keep })
+        let route = self.route;
+        self.conn
+            .fetch_many(Prepared { query, keep })
+            .inspect_err(move |e| route.noticed(e))
+            .boxed()
     }
 
     fn fetch_optional<'e, 'q: 'e, E>(self, query: E) -> BoxFuture<'e, sqlx::Result<Option<PgRow>>>
@@ -477,7 +481,11 @@ impl<'c> Executor<'c> for On<'c> {
         E: 'q + Execute<'q, Postgres>,
     {
         let keep = !self.route.pooled;
-        self.conn.fetch_optional(Prepared { query, keep })
+        let route = self.route;
+        self.conn
+            .fetch_optional(Prepared { query, keep })
+            .inspect_err(move |e| route.noticed(e))
+            .boxed()
     }
 
     fn prepare_with<'e>(
