@@ -5,6 +5,7 @@
 //!   and of the CLI gets its database this way, so tests never see each other's rows.
 //! - [`servers`]: private PostgreSQL/MariaDB servers on spare ports, for fault tests that stop,
 //!   crash and restart a server or kill its sessions without touching the machine's shared ones.
+//! - [`galera`]: a 3-node MariaDB Galera cluster on spare ports, for the Galera test.
 //! - [`proxy`]: a TCP proxy between clients and such a server, to cut or black-hole connections.
 //! - [`contract`] and [`contract_suite!`]: the contract every backend × strategy must pass
 //!   (exclusive claims, expired leases re-claimed and fenced, release, order, locking reads, bad
@@ -24,6 +25,7 @@
 //! whenever the tests need it to.
 
 pub mod contract;
+pub mod galera;
 pub mod proxy;
 pub mod servers;
 pub mod testdb;

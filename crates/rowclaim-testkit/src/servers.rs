@@ -30,10 +30,10 @@ use tokio::process::{Child, Command};
 
 /// How long a server may take to start or stop (a loaded 2-core machine is slow).
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
-const POLL: Duration = Duration::from_millis(100);
+pub(crate) const POLL: Duration = Duration::from_millis(100);
 /// Temp dir name prefixes; a file `owner` in each holds the PID of the test process.
 const PG_PREFIX: &str = "rowclaim-pg-";
-const MY_PREFIX: &str = "rowclaim-my-";
+pub(crate) const MY_PREFIX: &str = "rowclaim-my-";
 
 /// How a private server is stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -411,7 +411,7 @@ pub struct PrivateMariadb {
 }
 
 /// Server flags besides datadir, port, socket, pid and log files.
-const MARIADB_FLAGS: [&str; 12] = [
+pub(crate) const MARIADB_FLAGS: [&str; 12] = [
     "--bind-address=127.0.0.1",
     "--skip-name-resolve",
     "--skip-log-bin",
@@ -773,7 +773,7 @@ where
 /// A port nobody listens on now. Taken below the kernel's ephemeral range when there is room,
 /// so that while a server is down for a restart its port is unlikely to be handed out to an
 /// outgoing connection or a `bind(0)` (the proxies use those).
-fn spare_port() -> u16 {
+pub(crate) fn spare_port() -> u16 {
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
@@ -806,13 +806,13 @@ fn random() -> u32 {
 }
 
 /// Whether a server log says its port was in use.
-fn port_taken(log: &str) -> bool {
+pub(crate) fn port_taken(log: &str) -> bool {
     log.contains("Address already in use")
         || log.contains("could not bind IPv4")
         || log.contains("Bind on TCP/IP port")
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     match std::fs::metadata("/proc/self") {
         Ok(m) => m.uid() == 0,
         Err(_) => std::process::Command::new("id")
@@ -824,7 +824,7 @@ fn is_root() -> bool {
 }
 
 /// (uid, gid) of an OS user, from /etc/passwd.
-fn os_user(name: &str) -> Option<(u32, u32)> {
+pub(crate) fn os_user(name: &str) -> Option<(u32, u32)> {
     let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
     passwd.lines().find_map(|line| {
         let f: Vec<&str> = line.split(':').collect();
@@ -849,7 +849,7 @@ fn temp_root() -> PathBuf {
 }
 
 /// A new temp dir with an `owner` file naming this process (see `sweep_leftovers`).
-fn new_dir(prefix: &str) -> tempfile::TempDir {
+pub(crate) fn new_dir(prefix: &str) -> tempfile::TempDir {
     let root = temp_root();
     let dir = tempfile::Builder::new()
         .prefix(prefix)
@@ -863,7 +863,7 @@ fn new_dir(prefix: &str) -> tempfile::TempDir {
 /// Once per test process: stops and removes the private servers of test processes that are gone
 /// (killed before their servers were dropped). Only dirs with an `owner` file whose process no
 /// longer exists are touched, and only a server process whose command line names that dir.
-fn sweep_leftovers() {
+pub(crate) fn sweep_leftovers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         if !Path::new("/proc/self").exists() {
@@ -926,7 +926,7 @@ fn read_pid(path: &Path) -> Option<u32> {
 }
 
 /// Sends SIG`name` to `pid` (through the shell's `kill`, present on every machine).
-fn signal(pid: u32, name: &str) {
+pub(crate) fn signal(pid: u32, name: &str) {
     let _ = std::process::Command::new("sh")
         .arg("-c")
         .arg(format!("kill -{name} {pid}"))
@@ -935,14 +935,14 @@ fn signal(pid: u32, name: &str) {
         .status();
 }
 
-fn check_name(name: &str) {
+pub(crate) fn check_name(name: &str) {
     assert!(
         !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
         "database name {name:?}: use letters, digits and _ only"
     );
 }
 
-fn first_existing(paths: &[&str]) -> Option<PathBuf> {
+pub(crate) fn first_existing(paths: &[&str]) -> Option<PathBuf> {
     paths.iter().map(PathBuf::from).find(|p| p.exists())
 }
 
@@ -956,7 +956,7 @@ fn append(path: &Path, text: &str) {
 }
 
 /// The last `lines` lines of a file (or why it could not be read).
-fn tail(path: &Path, lines: usize) -> String {
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
     match std::fs::read(path) {
         Ok(bytes) => {
             let text = String::from_utf8_lossy(&bytes);
@@ -967,7 +967,7 @@ fn tail(path: &Path, lines: usize) -> String {
     }
 }
 
-fn output_text(out: &Output) -> String {
+pub(crate) fn output_text(out: &Output) -> String {
     format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -17,7 +17,17 @@ impl Catalog for My {
                 } else {
                     ServerKind::MySql
                 };
-                Ok::<_, Error>(ServerInfo::new(kind, &v))
+                let info = ServerInfo::new(kind, &v);
+                // Galera (MariaDB's multi-writer cluster) says so in `wsrep_on`; MySQL 8 has no
+                // such variable, and a MariaDB built with wsrep but not in a cluster says OFF.
+                let wsrep: Option<(String, String)> =
+                    sqlx::query_as("SHOW VARIABLES LIKE 'wsrep_on'")
+                        .fetch_optional(&self.pool)
+                        .await?;
+                Ok::<_, Error>(match wsrep {
+                    Some((_, on)) if on.eq_ignore_ascii_case("ON") => info.galera_node(),
+                    _ => info,
+                })
             })
             .await?;
         Ok(info.clone())
@@ -74,20 +84,8 @@ impl Catalog for My {
     }
 
     async fn ensure_lease_table(&self) -> Result<()> {
-        if let Err(e) = sqlx::query(CREATE_LEASES).execute(&self.pool).await {
-            // Two processes creating it at once: one of them may fail, and the table is there
-            // all the same.
-            let exists: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM information_schema.TABLES \
-                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'rowclaim_leases'",
-            )
-            .fetch_one(&self.pool)
-            .await?;
-            if exists == 0 {
-                return Err(e.into());
-            }
-        }
-        Ok(())
+        // On a Galera cluster DDL from several nodes at once can abort one another (1213).
+        crate::backend::retry_transient!(self.create_lease_table().await)
     }
 
     async fn counter_next(&self, name: &str) -> Result<i64> {
@@ -111,5 +109,25 @@ impl Catalog for My {
         };
         i64::try_from(done.last_insert_id())
             .map_err(|_| Error::InvalidInput(format!("counter {name} is out of range")))
+    }
+}
+
+impl My {
+    /// Creates the lease table unless it exists.
+    async fn create_lease_table(&self) -> Result<()> {
+        if let Err(e) = sqlx::query(CREATE_LEASES).execute(&self.pool).await {
+            // Two processes creating it at once: one of them may fail, and the table is there
+            // all the same.
+            let exists: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'rowclaim_leases'",
+            )
+            .fetch_one(&self.pool)
+            .await?;
+            if exists == 0 {
+                return Err(e.into());
+            }
+        }
+        Ok(())
     }
 }

@@ -42,6 +42,7 @@ impl My {
                 arm(&mut b, ready)
             }
         };
+        let verify = self.verify_after_commit().await?;
         let mut tx = self.begin().await?;
         let found: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
         if found.is_empty() {
@@ -54,6 +55,11 @@ impl My {
         let which = in_ids(&mut b, id, &list);
         let sql = format!("UPDATE {t} SET {set} WHERE {which}");
         b.query(sql)?.execute(&mut *tx).await?;
+        if verify {
+            // The locks held off this node's claimers only: what counts is what committed.
+            tx.commit().await?;
+            return Ok(Claimed::contested(self.rows_of_owner(m, a.token).await?));
+        }
         let mut b = B::new();
         let sql = rows_sql(m, &mut b, &list);
         let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
@@ -206,6 +212,19 @@ impl My {
         let sql =
             format!("UPDATE {t} SET {set} WHERE {which} AND ({st} = {ready} OR {st} = {claimed})");
         b.query(sql)?.execute(&mut *tx).await?;
+        if self.verify_after_commit().await? {
+            // Another node's claim of the same keys shows up at commit: read back the leases
+            // that committed with our token.
+            tx.commit().await?;
+            let mut b = B::new();
+            let mine = leases_of(m, &mut b, a.token, &Target::All);
+            let sql = format!("SELECT row_id FROM rowclaim_leases WHERE {mine}");
+            let won: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+            let mut b = B::new();
+            let sql = rows_sql(m, &mut b, &id_list(m, &won)?);
+            let rows = parse_rows(b.scalar(sql)?.fetch_all(&self.pool).await?)?;
+            return Ok(Claimed::contested(rows));
+        }
         let mut b = B::new();
         let sql = rows_sql(m, &mut b, &list);
         let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;

@@ -248,6 +248,16 @@ impl My {
         }
     }
 
+    /// Whether a claim transaction is to be trusted only by what reads back after its COMMIT.
+    /// On a Galera cluster a row lock is seen by this node only: another node's claim of the same
+    /// rows shows up when one of the two commits, and the other is rolled back, possibly after it
+    /// read its rows back inside the transaction. (The token strategy and optimistic claims commit
+    /// each statement on its own and read back afterwards anyway.)
+    pub(crate) async fn verify_after_commit(&self) -> Result<bool> {
+        let server = self.server().await?;
+        Ok(!server.supports(crate::Capability::RowLocksSeenByAllWriters))
+    }
+
     /// The rows `token` marked in the table, as JSON, in the source's order.
     async fn rows_of_owner(&self, m: &Mapping, token: &str) -> Result<Vec<serde_json::Value>> {
         let Some(ow) = &m.owner else {
@@ -284,9 +294,11 @@ fn rows_sql(m: &Mapping, b: &mut B, list: &IdList) -> String {
 pub(crate) fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
     let my = e.try_downcast_ref::<MySqlDatabaseError>()?;
     match my.number() {
-        // 1213 deadlock (also a Galera certification failure), 1205 lock wait timeout (MariaDB
-        // also answers NOWAIT with it: a caller that asked for NOWAIT reads it as a conflict).
-        1213 | 1205 => Some(DbKind::Transient),
+        // 1213 deadlock (also a Galera certification failure or brute-force abort: the whole
+        // transaction is rolled back), 1205 lock wait timeout (MariaDB also answers NOWAIT with
+        // it: a caller that asked for NOWAIT reads it as a conflict), 1047 a Galera node that is
+        // not synced with its cluster for the moment ("WSREP has not yet prepared node").
+        1213 | 1205 | 1047 => Some(DbKind::Transient),
         // MySQL's ER_LOCK_NOWAIT.
         3572 => Some(DbKind::LockConflict),
         NO_SUCH_TABLE => Some(DbKind::MissingTable),
