@@ -84,10 +84,12 @@ async fn run(url: &str, args: &[&str], stdin: &str) -> Output {
     .expect("wait for rowclaim")
 }
 
-/// One `rowclaim work … --until-empty` per node over `source`, all at once; then every row must
-/// have run exactly once, to its end. Returns the rows per second of the whole run.
+/// One `rowclaim work … --until-empty` on each of the first `nodes` nodes over `source`, all at
+/// once; then every row must have run exactly once, to its end. Returns the rows per second of
+/// the whole run.
 async fn one_worker_per_node(
     cluster: &GaleraCluster,
+    nodes: usize,
     db: &TestDb,
     what: &str,
     source: &[&str],
@@ -100,7 +102,7 @@ async fn one_worker_per_node(
     let cmd = logged(&log);
     let name = db.url.rsplit('/').next().expect("a database in the URL");
     let started = Instant::now();
-    let workers: Vec<_> = (0..cluster.len())
+    let workers: Vec<_> = (0..nodes)
         .map(|i| {
             let mut args = vec!["work"];
             args.extend(source);
@@ -266,7 +268,7 @@ async fn galera_cluster() {
         let db = TestDb::on(Backend::MySql, &admin).await;
         db.jobs(ROWS).await;
         let source = [&TABLE[..], &["--strategy", strategy]].concat();
-        let rate = one_worker_per_node(&cluster, &db, strategy, &source, JOB_IDS).await;
+        let rate = one_worker_per_node(&cluster, 3, &db, strategy, &source, JOB_IDS).await;
         assert_eq!(
             db.count("SELECT COUNT(*) FROM jobs WHERE status = 'done'")
                 .await,
@@ -284,13 +286,19 @@ async fn galera_cluster() {
     assert!(out.status.success(), "enqueue: {}", text(&out));
     // Ids step by the cluster's size (Galera sets auto_increment_increment).
     let ids = "SELECT CAST(id AS CHAR) FROM rowclaim_jobs";
-    let rate = one_worker_per_node(&cluster, &db, "queue", &["--queue", "q"], ids).await;
+    let rate = one_worker_per_node(&cluster, 3, &db, "queue", &["--queue", "q"], ids).await;
     assert_eq!(
         db.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'completed'")
             .await,
         ROWS
     );
     rates.push(format!("queue {rate:.0}"));
+    // For comparison (printed, not asserted): one worker on one node of the cluster.
+    let db = TestDb::on(Backend::MySql, &admin).await;
+    db.jobs(ROWS).await;
+    let source = [&TABLE[..], &["--strategy", "skip-locked"]].concat();
+    let rate = one_worker_per_node(&cluster, 1, &db, "one worker", &source, JOB_IDS).await;
+    rates.push(format!("skip-locked with one worker on one node {rate:.0}"));
     eprintln!(
         "galera: rows/s with one worker per node: {}; whole test {:.1} s",
         rates.join(", "),
