@@ -70,6 +70,9 @@ impl Strategy {
             reason,
         };
         match self {
+            // Never `transaction`: its locks are the claim, and on a Galera cluster they hold
+            // off one node's claimers only. What it picks writes its claim to the table, which
+            // the cluster checks at commit.
             Strategy::Auto => Ok(if m.owner.is_some() && m.lease.is_some() {
                 if server.skip_locked().is_ok() {
                     Strategy::SkipLocked

@@ -101,6 +101,11 @@ impl Catalog for My {
         let done = match next().execute(&self.pool).await {
             Err(e) if crate::error::db_kind(&e) == Some(DbKind::MissingTable) => {
                 if let Err(e) = sqlx::query(CREATE_COUNTERS).execute(&self.pool).await {
+                    // A Galera node's DDL aborted by another node's (1213): the caller tries the
+                    // whole call again. Otherwise another process made it first, and it is there.
+                    if crate::error::db_kind(&e) == Some(DbKind::Transient) {
+                        return Err(e.into());
+                    }
                     tracing::debug!(error = %e, "creating rowclaim_counters raced");
                 }
                 next().execute(&self.pool).await?
