@@ -55,6 +55,16 @@ fn runs(log: &Path) -> HashMap<String, (Vec<String>, usize)> {
     by_id
 }
 
+/// The number before `what` in a worker's closing summary
+/// (`rowclaim: 277 done, 0 failed, …, 0 lost to another worker`); 0 without one.
+fn tally(said: &str, what: &str) -> i64 {
+    said.lines()
+        .filter(|l| l.starts_with("rowclaim: ") && l.contains(" done, "))
+        .flat_map(|l| l.trim_start_matches("rowclaim: ").split(", "))
+        .filter_map(|part| part.strip_suffix(what)?.trim().parse::<i64>().ok())
+        .sum()
+}
+
 fn text(out: &Output) -> String {
     format!(
         "{}{}",
@@ -141,6 +151,18 @@ async fn one_worker_per_node(
         );
         said.push(out_text);
     }
+    // The workers' tallies count committed outcomes only: together, each row once.
+    let done: i64 = said.iter().map(|s| tally(s, "done")).sum();
+    let lost: i64 = said
+        .iter()
+        .map(|s| tally(s, "lost to another worker"))
+        .sum();
+    assert_eq!(
+        (done, lost),
+        (ROWS, 0),
+        "{what}: the workers' tallies of done and lost rows; they said:\n{}",
+        said.join("\n---\n")
+    );
     let rate = ROWS as f64 / started.elapsed().as_secs_f64();
     let said = said.join("\n---\n");
 

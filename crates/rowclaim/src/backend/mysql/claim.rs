@@ -17,7 +17,8 @@ impl My {
     /// The `skip-locked` strategy on MySQL/MariaDB: one transaction: lock the first unlocked
     /// candidates, mark them ours, read them back. Expired leases first, then ready rows, each arm
     /// its own locking read so each walks its own index; the arms may lock up to twice the batch
-    /// for the moment of this transaction when leases have expired.
+    /// for the moment of this transaction when leases have expired. On a Galera cluster the rows
+    /// are read back by token after the commit instead (see `verify_after_commit`).
     async fn skip_locked(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
         let (m, t, id, order, filter) = (a.m, &a.m.table, &a.m.id, &a.m.order_by, &a.m.filter);
         let mut b = B::new();
@@ -149,7 +150,8 @@ impl My {
 
     /// The `lease-table` strategy on MySQL/MariaDB: candidates are rows without a live lease;
     /// inserting the lease key is the claim (an expired lease is taken over in the same statement),
-    /// then the rows are marked, all in one transaction.
+    /// then the rows are marked, all in one transaction (on a Galera cluster read back after
+    /// the commit).
     async fn lease_table(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
         let (m, t, id, order, filter) = (a.m, &a.m.table, &a.m.id, &a.m.order_by, &a.m.filter);
         let mut b = B::new();

@@ -4,11 +4,12 @@
 //! Leases are `DATETIME(6)` holding UTC, computed from `UTC_TIMESTAMP(6)`; rows come back as
 //! `CAST(JSON_OBJECT(…) AS CHAR)`; id lists are `IN (?, ?, …)`. Neither server has
 //! `UPDATE … RETURNING`, so a claim marks rows and then reads them back (by token, or by id inside
-//! the claiming transaction). Placeholders are positional, so every statement binds its values in
-//! the order its text uses them.
+//! the claiming transaction; on a Galera cluster always by token after the commit). Placeholders
+//! are positional, so every statement binds its values in the order its text uses them.
 //!
 //! Where MySQL 8 and MariaDB differ (only `FOR SHARE` so far), the code branches on
-//! [`ServerKind`], detected once per pool from `SELECT VERSION()`.
+//! [`ServerKind`], detected once per pool from `SELECT VERSION()` (and a Galera node from
+//! `wsrep_on`, asked as [`crate::Capability::RowLocksSeenByAllWriters`]).
 //!
 //! Every transaction opened here runs at READ COMMITTED, as PostgreSQL's do: a locking read then
 //! keeps locks on the rows it returns only, with no gap locks, so a claim held open (transaction
