@@ -7,6 +7,7 @@
 //!   crash and restart a server or kill its sessions without touching the machine's shared ones.
 //! - [`pgbouncer`]: a PgBouncer in transaction pooling mode in front of a server; a test's
 //!   database reached through one is [`Via::PgBouncer`].
+//! - [`galera`]: a 3-node MariaDB Galera cluster on spare ports, for the Galera test.
 //! - [`proxy`]: a TCP proxy between clients and such a server, to cut or black-hole connections.
 //! - [`contract`] and [`contract_suite!`]: the contract every backend × strategy must pass
 //!   (exclusive claims, expired leases re-claimed and fenced, release, order, locking reads, bad
@@ -26,6 +27,7 @@
 //! whenever the tests need it to.
 
 pub mod contract;
+pub mod galera;
 pub mod pgbouncer;
 pub mod proxy;
 pub mod servers;

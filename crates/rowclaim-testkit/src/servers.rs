@@ -30,10 +30,10 @@ use tokio::process::{Child, Command};
 
 /// How long a server may take to start or stop (a loaded 2-core machine is slow).
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
-const POLL: Duration = Duration::from_millis(100);
+pub(crate) const POLL: Duration = Duration::from_millis(100);
 /// Temp dir name prefixes; a file `owner` in each holds the PID of the test process.
 const PG_PREFIX: &str = "rowclaim-pg-";
-const MY_PREFIX: &str = "rowclaim-my-";
+pub(crate) const MY_PREFIX: &str = "rowclaim-my-";
 
 /// How a private server is stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -513,7 +513,7 @@ pub struct PrivateMariadb {
 }
 
 /// Server flags besides datadir, port, socket, pid and log files.
-const MARIADB_FLAGS: [&str; 12] = [
+pub(crate) const MARIADB_FLAGS: [&str; 12] = [
     "--bind-address=127.0.0.1",
     "--skip-name-resolve",
     "--skip-log-bin",
@@ -908,7 +908,7 @@ fn random() -> u32 {
 }
 
 /// Whether a server log says its port was in use.
-fn port_taken(log: &str) -> bool {
+pub(crate) fn port_taken(log: &str) -> bool {
     log.contains("Address already in use")
         || log.contains("could not bind IPv4")
         || log.contains("Bind on TCP/IP port")
@@ -965,7 +965,7 @@ pub(crate) fn new_dir(prefix: &str) -> tempfile::TempDir {
 /// Once per test process: stops and removes the private servers of test processes that are gone
 /// (killed before their servers were dropped). Only dirs with an `owner` file whose process no
 /// longer exists are touched, and only a server process whose command line names that dir.
-fn sweep_leftovers() {
+pub(crate) fn sweep_leftovers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         if !Path::new("/proc/self").exists() {
@@ -1028,7 +1028,7 @@ fn read_pid(path: &Path) -> Option<u32> {
 }
 
 /// Sends SIG`name` to `pid` (through the shell's `kill`, present on every machine).
-fn signal(pid: u32, name: &str) {
+pub(crate) fn signal(pid: u32, name: &str) {
     let _ = std::process::Command::new("sh")
         .arg("-c")
         .arg(format!("kill -{name} {pid}"))
@@ -1037,14 +1037,14 @@ fn signal(pid: u32, name: &str) {
         .status();
 }
 
-fn check_name(name: &str) {
+pub(crate) fn check_name(name: &str) {
     assert!(
         !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
         "database name {name:?}: use letters, digits and _ only"
     );
 }
 
-fn first_existing(paths: &[&str]) -> Option<PathBuf> {
+pub(crate) fn first_existing(paths: &[&str]) -> Option<PathBuf> {
     paths.iter().map(PathBuf::from).find(|p| p.exists())
 }
 
@@ -1069,7 +1069,7 @@ pub(crate) fn tail(path: &Path, lines: usize) -> String {
     }
 }
 
-fn output_text(out: &Output) -> String {
+pub(crate) fn output_text(out: &Output) -> String {
     format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

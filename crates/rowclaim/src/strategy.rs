@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::ServerInfo;
 use crate::mapping::Mapping;
+use crate::Capability;
 use crate::{Error, Result};
 
 /// How rows are claimed. See the crate docs for the SQL of each.
@@ -69,6 +70,9 @@ impl Strategy {
             reason,
         };
         match self {
+            // Never `transaction`: its locks are the claim, and on a Galera cluster they hold
+            // off one node's claimers only. What it picks writes its claim to the table, which
+            // the cluster checks at commit.
             Strategy::Auto => Ok(if m.owner.is_some() && m.lease.is_some() {
                 if server.skip_locked().is_ok() {
                     Strategy::SkipLocked
@@ -112,6 +116,16 @@ impl Strategy {
                      claimer whose lease expired cannot be told from the one that took the row \
                      over; map --owner-column, or drop --lease-column",
                     m.table_display
+                )))
+            }
+            Strategy::Transaction if !server.supports(Capability::RowLocksSeenByAllWriters) => {
+                Err(unsupported(format!(
+                    "on {} a row lock is seen only by the node that took it, so rows locked for \
+                     a job on one node could be claimed and run again on another; use auto \
+                     (skip-locked on a table with owner and lease columns), token, optimistic \
+                     or lease-table, whose claims are written to the table and checked when \
+                     they commit",
+                    server.description
                 )))
             }
             Strategy::Optimistic | Strategy::LeaseTable | Strategy::Transaction => Ok(self),

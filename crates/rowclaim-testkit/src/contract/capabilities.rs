@@ -20,7 +20,7 @@ pub async fn as_documented(t: Arc<TestDb>) {
     let server = t.server().await;
     let about = &server.description;
     let (name, version) = name_and_version(about);
-    let expected: [(Capability, bool); 4] = match t.backend {
+    let expected: [(Capability, bool); 5] = match t.backend {
         Backend::Postgres => {
             assert_eq!(name, "PostgreSQL", "{about}");
             [
@@ -29,6 +29,7 @@ pub async fn as_documented(t: Arc<TestDb>) {
                 (Capability::Listen, true),
                 (Capability::Returning, true),
                 (Capability::ConcurrentWriters, true),
+                (Capability::RowLocksSeenByAllWriters, true),
             ]
         }
         Backend::MySql => {
@@ -43,6 +44,11 @@ pub async fn as_documented(t: Arc<TestDb>) {
                 // MariaDB has RETURNING on INSERT and DELETE only, not on the UPDATE a claim is.
                 (Capability::Returning, false),
                 (Capability::ConcurrentWriters, true),
+                // Not on a Galera cluster, whose nodes each keep their own locks.
+                (
+                    Capability::RowLocksSeenByAllWriters,
+                    !about.ends_with("(Galera cluster)"),
+                ),
             ]
         }
         Backend::Sqlite => {
@@ -52,6 +58,8 @@ pub async fn as_documented(t: Arc<TestDb>) {
                 (Capability::Listen, false),
                 (Capability::Returning, true),
                 (Capability::ConcurrentWriters, false),
+                // One writer at a time: the whole database is locked.
+                (Capability::RowLocksSeenByAllWriters, true),
             ]
         }
     };
@@ -64,11 +72,13 @@ pub async fn as_documented(t: Arc<TestDb>) {
     }
 }
 
-/// `("MariaDB", (10, 11, 6))` from `MariaDB 10.11.6`, the form of `ServerInfo::description`.
+/// `("MariaDB", (10, 11, 6))` from `MariaDB 10.11.6` (or `MariaDB 10.11.6 (Galera cluster)`),
+/// the form of `ServerInfo::description`.
 fn name_and_version(description: &str) -> (&str, (u32, u32, u32)) {
-    let (name, version) = description
+    let (name, rest) = description
         .split_once(' ')
         .unwrap_or_else(|| panic!("a server description is `NAME VERSION`: {description:?}"));
+    let version = rest.split(' ').next().unwrap_or_default();
     let mut parts = version.split('.').map(|p| {
         p.parse::<u32>()
             .unwrap_or_else(|e| panic!("version {version:?} of {description:?}: {e}"))

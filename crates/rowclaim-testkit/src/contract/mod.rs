@@ -53,11 +53,9 @@ pub fn full_source() -> Source {
 pub fn needs(strategy: Strategy) -> &'static [Capability] {
     match strategy {
         Strategy::SkipLocked => &[Capability::SkipLocked],
-        Strategy::Auto
-        | Strategy::Token
-        | Strategy::Optimistic
-        | Strategy::LeaseTable
-        | Strategy::Transaction => &[],
+        // Its locks are held while the job runs: they must hold off every other claimer.
+        Strategy::Transaction => &[Capability::RowLocksSeenByAllWriters],
+        Strategy::Auto | Strategy::Token | Strategy::Optimistic | Strategy::LeaseTable => &[],
         // `Strategy` is non_exhaustive. A new one must be listed here (and given its module in
         // `contract_suite!`) before the suite can say what applies to it.
         other => panic!("the contract suite does not know what {other} needs: add it to `needs`"),
@@ -69,6 +67,7 @@ pub fn needs(strategy: Strategy) -> &'static [Capability] {
 fn named(c: Capability) -> &'static str {
     match c {
         Capability::SkipLocked => "SKIP LOCKED",
+        Capability::RowLocksSeenByAllWriters => "a row lock is seen only by the node",
         other => unreachable!("no strategy needs {other:?}"),
     }
 }
@@ -298,9 +297,11 @@ macro_rules! __contract_backend_cases {
             )
         });
         $crate::__contract_backend_case!(status_only_table_transaction, |t| {
-            $crate::contract::backend::status_only(
+            // Refused where row locks do not hold off every writer (a Galera cluster).
+            $crate::contract::for_strategy(
                 t,
                 $crate::__private::rowclaim::Strategy::Transaction,
+                $crate::contract::backend::status_only,
             )
         });
         $crate::__contract_backend_case!(stats_token, |t| {

@@ -3,10 +3,14 @@
 /// The server behind a connection and what it can do.
 #[derive(Clone, Debug)]
 pub struct ServerInfo {
-    /// `PostgreSQL 15.4`, `MariaDB 10.11.6`, `MySQL 8.0.36`, `SQLite 3.46.0`.
+    /// `PostgreSQL 15.4`, `MariaDB 10.11.6`, `MySQL 8.0.36`, `SQLite 3.46.0`,
+    /// `MariaDB 10.11.6 (Galera cluster)`.
     pub description: String,
     pub(crate) kind: ServerKind,
     pub(crate) version: (u32, u32, u32),
+    /// A node of a multi-writer cluster (MariaDB Galera, `wsrep_on`): its row locks are its own,
+    /// and conflicts between nodes surface when a transaction commits.
+    pub(crate) cluster_node: bool,
 }
 
 /// Something a server can do that not every server can (see [`ServerInfo::supports`]).
@@ -24,6 +28,12 @@ pub enum Capability {
     /// Writers that do not wait for each other (row locks, not one lock for the whole database
     /// as SQLite has).
     ConcurrentWriters,
+    /// A row lock holds off every writer of the database. Not so on a MariaDB Galera cluster: a
+    /// lock is seen only by the node that took it, writers on other nodes go ahead, and the
+    /// conflict surfaces when one of the transactions commits (the other is rolled back). There
+    /// a claim is trusted only once its commit is known to have taken effect, and the
+    /// `transaction` strategy (which relies on locks held while a job runs) is refused.
+    RowLocksSeenByAllWriters,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,7 +68,15 @@ impl ServerInfo {
             description: format!("{name} {}.{}.{}", v.0, v.1, v.2),
             kind,
             version,
+            cluster_node: false,
         }
+    }
+
+    /// This server as a node of a Galera cluster (MariaDB with `wsrep_on`).
+    pub(crate) fn galera_node(mut self) -> ServerInfo {
+        self.cluster_node = true;
+        self.description.push_str(" (Galera cluster)");
+        self
     }
 
     /// Whether the server can do `what`. Ask this instead of matching on the database: a new
@@ -70,6 +88,7 @@ impl ServerInfo {
             // MariaDB has RETURNING on INSERT and DELETE only; MySQL not at all.
             Capability::Returning => matches!(self.kind, ServerKind::Postgres | ServerKind::Sqlite),
             Capability::ConcurrentWriters => self.kind != ServerKind::Sqlite,
+            Capability::RowLocksSeenByAllWriters => !self.cluster_node,
         }
     }
 
@@ -128,5 +147,10 @@ mod tests {
         let maria = ServerInfo::new(ServerKind::MariaDb, "10.11.6-MariaDB");
         assert!(!maria.supports(Capability::Listen) && !maria.supports(Capability::Returning));
         assert!(maria.supports(Capability::SkipLocked));
+        assert!(maria.supports(Capability::RowLocksSeenByAllWriters));
+        let galera = maria.galera_node();
+        assert_eq!(galera.description, "MariaDB 10.11.6 (Galera cluster)");
+        assert!(!galera.supports(Capability::RowLocksSeenByAllWriters));
+        assert!(galera.supports(Capability::SkipLocked));
     }
 }

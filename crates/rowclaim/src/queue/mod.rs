@@ -96,7 +96,8 @@ impl Db {
 
 impl Queue {
     /// Creates or migrates `rowclaim_jobs` and its indexes. Versioned and idempotent; safe when
-    /// several processes run it at once (they take turns on a lock).
+    /// several processes run it at once (they take turns on a lock; on a Galera cluster, where
+    /// that lock is per node, a step that collides with another node's is run again).
     pub async fn init(&self) -> Result<()> {
         dispatch!(&self.db.backend, d => d.init().await)
     }

@@ -16,37 +16,10 @@ impl QueueStore for My {
     }
 
     async fn init(&self) -> Result<()> {
-        // A named lock belongs to a session, so the lock, the migrations and the release all run
-        // on this one connection. Should this future be dropped halfway, or the release fail, the
-        // connection is closed instead of going back to the pool still holding the lock: the
-        // server frees a session's locks when it ends. (Init is rare; the reconnect is cheap.)
-        let mut conn = self.pool.acquire().await?;
-        conn.close_on_drop();
-        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
-            .bind(INIT_LOCK)
-            .bind(INIT_LOCK_WAIT_SECS)
-            .fetch_one(&mut *conn)
-            .await?;
-        if got != Some(1) {
-            // 0: another process held it for the whole wait; NULL: the server refused.
-            return Err(Error::Database(sqlx::Error::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "could not take the lock {INIT_LOCK} within {INIT_LOCK_WAIT_SECS} s: \
-                     another `rowclaim init` is still running"
-                ),
-            ))));
-        }
-        let migrated = migrate(&mut conn).await;
-        if let Err(e) = sqlx::query("SELECT RELEASE_LOCK(?)")
-            .bind(INIT_LOCK)
-            .execute(&mut *conn)
-            .await
-        {
-            // Closing the connection (on drop, above) releases it all the same.
-            tracing::debug!(error = %e, "releasing {INIT_LOCK} failed");
-        }
-        migrated
+        // On a Galera cluster the named lock below is one node's only: inits on other nodes run
+        // their migrations at the same time, and a write that collides with theirs fails its
+        // certification (1213). Every step is idempotent, so the whole init simply runs again.
+        crate::backend::retry_transient!(self.init_once().await)
     }
 
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
@@ -185,6 +158,43 @@ impl QueueStore for My {
     }
 }
 
+impl My {
+    /// One try of `init`: the migrations under this node's init lock.
+    async fn init_once(&self) -> Result<()> {
+        // A named lock belongs to a session, so the lock, the migrations and the release all run
+        // on this one connection. Should this future be dropped halfway, or the release fail, the
+        // connection is closed instead of going back to the pool still holding the lock: the
+        // server frees a session's locks when it ends. (Init is rare; the reconnect is cheap.)
+        let mut conn = self.pool.acquire().await?;
+        conn.close_on_drop();
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
+            .bind(INIT_LOCK)
+            .bind(INIT_LOCK_WAIT_SECS)
+            .fetch_one(&mut *conn)
+            .await?;
+        if got != Some(1) {
+            // 0: another process held it for the whole wait; NULL: the server refused.
+            return Err(Error::Database(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "could not take the lock {INIT_LOCK} within {INIT_LOCK_WAIT_SECS} s: \
+                     another `rowclaim init` is still running"
+                ),
+            ))));
+        }
+        let migrated = migrate(&mut conn).await;
+        if let Err(e) = sqlx::query("SELECT RELEASE_LOCK(?)")
+            .bind(INIT_LOCK)
+            .execute(&mut *conn)
+            .await
+        {
+            // Closing the connection (on drop, above) releases it all the same.
+            tracing::debug!(error = %e, "releasing {INIT_LOCK} failed");
+        }
+        migrated
+    }
+}
+
 // ---- The managed queue ----
 
 /// The named lock `rowclaim init` runs under. Named locks are server-wide, so inits of different
@@ -253,8 +263,10 @@ async fn migrate(conn: &mut sqlx::MySqlConnection) -> Result<()> {
         sqlx::query(*sql).execute(&mut *conn).await?;
         let to = i as i64 + 1;
         sqlx::query(
+            // Never backwards: a slower init that ran the same migration again must not undo a
+            // later one's record.
             "INSERT INTO rowclaim_schema (component, version) VALUES (?, ?) \
-             ON DUPLICATE KEY UPDATE version = ?",
+             ON DUPLICATE KEY UPDATE version = GREATEST(version, ?)",
         )
         .bind(JOBS_COMPONENT)
         .bind(to)

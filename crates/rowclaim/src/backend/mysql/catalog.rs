@@ -17,7 +17,17 @@ impl Catalog for My {
                 } else {
                     ServerKind::MySql
                 };
-                Ok::<_, Error>(ServerInfo::new(kind, &v))
+                let info = ServerInfo::new(kind, &v);
+                // Galera (MariaDB's multi-writer cluster) says so in `wsrep_on`; MySQL 8 has no
+                // such variable, and a MariaDB built with wsrep but not in a cluster says OFF.
+                let wsrep: Option<(String, String)> =
+                    sqlx::query_as("SHOW VARIABLES LIKE 'wsrep_on'")
+                        .fetch_optional(&self.pool)
+                        .await?;
+                Ok::<_, Error>(match wsrep {
+                    Some((_, on)) if on.eq_ignore_ascii_case("ON") => info.galera_node(),
+                    _ => info,
+                })
             })
             .await?;
         Ok(info.clone())
@@ -74,20 +84,8 @@ impl Catalog for My {
     }
 
     async fn ensure_lease_table(&self) -> Result<()> {
-        if let Err(e) = sqlx::query(CREATE_LEASES).execute(&self.pool).await {
-            // Two processes creating it at once: one of them may fail, and the table is there
-            // all the same.
-            let exists: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM information_schema.TABLES \
-                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'rowclaim_leases'",
-            )
-            .fetch_one(&self.pool)
-            .await?;
-            if exists == 0 {
-                return Err(e.into());
-            }
-        }
-        Ok(())
+        // On a Galera cluster DDL from several nodes at once can abort one another (1213).
+        crate::backend::retry_transient!(self.create_lease_table().await)
     }
 
     async fn counter_next(&self, name: &str) -> Result<i64> {
@@ -103,6 +101,11 @@ impl Catalog for My {
         let done = match next().execute(&self.pool).await {
             Err(e) if crate::error::db_kind(&e) == Some(DbKind::MissingTable) => {
                 if let Err(e) = sqlx::query(CREATE_COUNTERS).execute(&self.pool).await {
+                    // A Galera node's DDL aborted by another node's (1213): the caller tries the
+                    // whole call again. Otherwise another process made it first, and it is there.
+                    if crate::error::db_kind(&e) == Some(DbKind::Transient) {
+                        return Err(e.into());
+                    }
                     tracing::debug!(error = %e, "creating rowclaim_counters raced");
                 }
                 next().execute(&self.pool).await?
@@ -111,5 +114,25 @@ impl Catalog for My {
         };
         i64::try_from(done.last_insert_id())
             .map_err(|_| Error::InvalidInput(format!("counter {name} is out of range")))
+    }
+}
+
+impl My {
+    /// Creates the lease table unless it exists.
+    async fn create_lease_table(&self) -> Result<()> {
+        if let Err(e) = sqlx::query(CREATE_LEASES).execute(&self.pool).await {
+            // Two processes creating it at once: one of them may fail, and the table is there
+            // all the same.
+            let exists: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'rowclaim_leases'",
+            )
+            .fetch_one(&self.pool)
+            .await?;
+            if exists == 0 {
+                return Err(e.into());
+            }
+        }
+        Ok(())
     }
 }

@@ -17,7 +17,8 @@ impl My {
     /// The `skip-locked` strategy on MySQL/MariaDB: one transaction: lock the first unlocked
     /// candidates, mark them ours, read them back. Expired leases first, then ready rows, each arm
     /// its own locking read so each walks its own index; the arms may lock up to twice the batch
-    /// for the moment of this transaction when leases have expired.
+    /// for the moment of this transaction when leases have expired. On a Galera cluster the rows
+    /// are read back by token after the commit instead (see `verify_after_commit`).
     async fn skip_locked(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
         let (m, t, id, order, filter) = (a.m, &a.m.table, &a.m.id, &a.m.order_by, &a.m.filter);
         let mut b = B::new();
@@ -42,6 +43,7 @@ impl My {
                 arm(&mut b, ready)
             }
         };
+        let verify = self.verify_after_commit().await?;
         let mut tx = self.begin().await?;
         let found: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
         if found.is_empty() {
@@ -54,6 +56,11 @@ impl My {
         let which = in_ids(&mut b, id, &list);
         let sql = format!("UPDATE {t} SET {set} WHERE {which}");
         b.query(sql)?.execute(&mut *tx).await?;
+        if verify {
+            // The locks held off this node's claimers only: what counts is what committed.
+            tx.commit().await?;
+            return Ok(Claimed::contested(self.rows_of_owner(m, a.token).await?));
+        }
         let mut b = B::new();
         let sql = rows_sql(m, &mut b, &list);
         let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
@@ -143,7 +150,8 @@ impl My {
 
     /// The `lease-table` strategy on MySQL/MariaDB: candidates are rows without a live lease;
     /// inserting the lease key is the claim (an expired lease is taken over in the same statement),
-    /// then the rows are marked, all in one transaction.
+    /// then the rows are marked, all in one transaction (on a Galera cluster read back after
+    /// the commit).
     async fn lease_table(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
         let (m, t, id, order, filter) = (a.m, &a.m.table, &a.m.id, &a.m.order_by, &a.m.filter);
         let mut b = B::new();
@@ -206,6 +214,19 @@ impl My {
         let sql =
             format!("UPDATE {t} SET {set} WHERE {which} AND ({st} = {ready} OR {st} = {claimed})");
         b.query(sql)?.execute(&mut *tx).await?;
+        if self.verify_after_commit().await? {
+            // Another node's claim of the same keys shows up at commit: read back the leases
+            // that committed with our token.
+            tx.commit().await?;
+            let mut b = B::new();
+            let mine = leases_of(m, &mut b, a.token, &Target::All);
+            let sql = format!("SELECT row_id FROM rowclaim_leases WHERE {mine}");
+            let won: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+            let mut b = B::new();
+            let sql = rows_sql(m, &mut b, &id_list(m, &won)?);
+            let rows = parse_rows(b.scalar(sql)?.fetch_all(&self.pool).await?)?;
+            return Ok(Claimed::contested(rows));
+        }
         let mut b = B::new();
         let sql = rows_sql(m, &mut b, &list);
         let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;

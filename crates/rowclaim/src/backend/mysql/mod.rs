@@ -4,11 +4,12 @@
 //! Leases are `DATETIME(6)` holding UTC, computed from `UTC_TIMESTAMP(6)`; rows come back as
 //! `CAST(JSON_OBJECT(…) AS CHAR)`; id lists are `IN (?, ?, …)`. Neither server has
 //! `UPDATE … RETURNING`, so a claim marks rows and then reads them back (by token, or by id inside
-//! the claiming transaction). Placeholders are positional, so every statement binds its values in
-//! the order its text uses them.
+//! the claiming transaction; on a Galera cluster always by token after the commit). Placeholders
+//! are positional, so every statement binds its values in the order its text uses them.
 //!
 //! Where MySQL 8 and MariaDB differ (only `FOR SHARE` so far), the code branches on
-//! [`ServerKind`], detected once per pool from `SELECT VERSION()`.
+//! [`ServerKind`], detected once per pool from `SELECT VERSION()` (and a Galera node from
+//! `wsrep_on`, asked as [`crate::Capability::RowLocksSeenByAllWriters`]).
 //!
 //! Every transaction opened here runs at READ COMMITTED, as PostgreSQL's do: a locking read then
 //! keeps locks on the rows it returns only, with no gap locks, so a claim held open (transaction
@@ -248,6 +249,16 @@ impl My {
         }
     }
 
+    /// Whether a claim transaction is to be trusted only by what reads back after its COMMIT.
+    /// On a Galera cluster a row lock is seen by this node only: another node's claim of the same
+    /// rows shows up when one of the two commits, and the other is rolled back, possibly after it
+    /// read its rows back inside the transaction. (The token strategy and optimistic claims commit
+    /// each statement on its own and read back afterwards anyway.)
+    pub(crate) async fn verify_after_commit(&self) -> Result<bool> {
+        let server = self.server().await?;
+        Ok(!server.supports(crate::Capability::RowLocksSeenByAllWriters))
+    }
+
     /// The rows `token` marked in the table, as JSON, in the source's order.
     async fn rows_of_owner(&self, m: &Mapping, token: &str) -> Result<Vec<serde_json::Value>> {
         let Some(ow) = &m.owner else {
@@ -284,9 +295,11 @@ fn rows_sql(m: &Mapping, b: &mut B, list: &IdList) -> String {
 pub(crate) fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
     let my = e.try_downcast_ref::<MySqlDatabaseError>()?;
     match my.number() {
-        // 1213 deadlock (also a Galera certification failure), 1205 lock wait timeout (MariaDB
-        // also answers NOWAIT with it: a caller that asked for NOWAIT reads it as a conflict).
-        1213 | 1205 => Some(DbKind::Transient),
+        // 1213 deadlock (also a Galera certification failure or brute-force abort: the whole
+        // transaction is rolled back), 1205 lock wait timeout (MariaDB also answers NOWAIT with
+        // it: a caller that asked for NOWAIT reads it as a conflict), 1047 a Galera node that is
+        // not synced with its cluster for the moment ("WSREP has not yet prepared node").
+        1213 | 1205 | 1047 => Some(DbKind::Transient),
         // MySQL's ER_LOCK_NOWAIT.
         3572 => Some(DbKind::LockConflict),
         NO_SUCH_TABLE => Some(DbKind::MissingTable),

@@ -1,0 +1,329 @@
+//! A MariaDB Galera cluster (three nodes on this machine, started by the test itself): one
+//! `rowclaim work` per node over the same table, for every strategy the cluster accepts and for
+//! the managed queue. Row locks there are per node, so claimers on different nodes meet only
+//! when their transactions commit; a claim must count only once its commit is known good.
+//!
+//! Asserts invariants, never timings: every row done, none lost, and with leases far longer
+//! than the run and no worker failing, every row run exactly once. Also: the server says it is
+//! a Galera node, `transaction` is refused with the reason, and three `rowclaim init`s at once
+//! (one per node) all succeed.
+
+use rowclaim_testkit as common;
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::time::Instant;
+
+use common::galera::GaleraCluster;
+use common::{Backend, TestDb};
+use support::{rowclaim, TABLE};
+
+/// Rows per scenario: enough for the three nodes' claims to collide many times.
+const ROWS: i64 = 600;
+
+/// Far longer than a scenario runs: no lease expires, so no row may run twice.
+const LEASE: &str = "60s";
+
+/// The ids of the own table's rows, as text.
+const JOB_IDS: &str = "SELECT CAST(id AS CHAR) FROM jobs";
+
+/// A bash command that logs `S <id> <worker>` when it starts and `E <id> <worker>` when it ends.
+fn logged(log: &Path) -> String {
+    let log = log.display();
+    format!(
+        "echo \"S $ROWCLAIM_ID $WORKER\" >> {log}; cat >/dev/null; \
+         echo \"E $ROWCLAIM_ID $WORKER\" >> {log}"
+    )
+}
+
+/// (starts, ends) per row id, from a log of `logged` lines.
+fn runs(log: &Path) -> HashMap<String, (Vec<String>, usize)> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut by_id: HashMap<String, (Vec<String>, usize)> = HashMap::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let [kind, id, who] = f[..] else { continue };
+        let e = by_id.entry(id.to_owned()).or_default();
+        match kind {
+            "S" => e.0.push(who.to_owned()),
+            "E" => e.1 += 1,
+            _ => {}
+        }
+    }
+    by_id
+}
+
+/// The number before `what` in a worker's closing summary
+/// (`rowclaim: 277 done, 0 failed, …, 0 lost to another worker`); 0 without one.
+fn tally(said: &str, what: &str) -> i64 {
+    said.lines()
+        .filter(|l| l.starts_with("rowclaim: ") && l.contains(" done, "))
+        .flat_map(|l| l.trim_start_matches("rowclaim: ").split(", "))
+        .filter_map(|part| part.strip_suffix(what)?.trim().parse::<i64>().ok())
+        .sum()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Runs `rowclaim ARGS…` against `url` to its end, with `stdin` fed in.
+async fn run(url: &str, args: &[&str], stdin: &str) -> Output {
+    let mut c = rowclaim(url, args);
+    c.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("start rowclaim");
+    let mut input = child.stdin.take().expect("stdin");
+    tokio::io::AsyncWriteExt::write_all(&mut input, stdin.as_bytes())
+        .await
+        .expect("feed rowclaim");
+    drop(input);
+    tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        child.wait_with_output(),
+    )
+    .await
+    .expect("rowclaim ends within 2 minutes")
+    .expect("wait for rowclaim")
+}
+
+/// One `rowclaim work … --until-empty` on each of the first `nodes` nodes over `source`, all at
+/// once; then every row must have run exactly once, to its end. Returns the rows per second of
+/// the whole run.
+async fn one_worker_per_node(
+    cluster: &GaleraCluster,
+    nodes: usize,
+    db: &TestDb,
+    what: &str,
+    source: &[&str],
+    ids: &str,
+) -> f64 {
+    let ids: Vec<String> = db.strings(ids).await.into_iter().flatten().collect();
+    assert_eq!(ids.len() as i64, ROWS, "{what}: the rows to work on");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("runs.log");
+    let cmd = logged(&log);
+    let name = db.url.rsplit('/').next().expect("a database in the URL");
+    let started = Instant::now();
+    let workers: Vec<_> = (0..nodes)
+        .map(|i| {
+            let mut args = vec!["work"];
+            args.extend(source);
+            args.extend([
+                "--lease",
+                LEASE,
+                "--concurrency",
+                "4",
+                "--poll",
+                "100ms",
+                "--until-empty",
+                "--",
+                "bash",
+                "-c",
+                &cmd,
+            ]);
+            let mut c = rowclaim(&cluster.url(i, name), &args);
+            c.env("WORKER", format!("node{i}"))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            c.spawn().expect("start a worker")
+        })
+        .collect();
+    let mut said = Vec::new();
+    for (i, w) in workers.into_iter().enumerate() {
+        let out = tokio::time::timeout(std::time::Duration::from_secs(120), w.wait_with_output())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: worker {i} did not finish within 2 minutes"))
+            .expect("wait for a worker");
+        let out_text = text(&out);
+        assert!(
+            out.status.success(),
+            "{what}: worker on node {i} failed ({}): {out_text}\n{}",
+            out.status,
+            cluster.log_tails()
+        );
+        said.push(out_text);
+    }
+    // The workers' tallies count committed outcomes only: together, each row once.
+    let done: i64 = said.iter().map(|s| tally(s, "done")).sum();
+    let lost: i64 = said
+        .iter()
+        .map(|s| tally(s, "lost to another worker"))
+        .sum();
+    assert_eq!(
+        (done, lost),
+        (ROWS, 0),
+        "{what}: the workers' tallies of done and lost rows; they said:\n{}",
+        said.join("\n---\n")
+    );
+    let rate = ROWS as f64 / started.elapsed().as_secs_f64();
+    let said = said.join("\n---\n");
+
+    let all = runs(&log);
+    let mut twice = Vec::new();
+    for id in &ids {
+        let Some((starts, ends)) = all.get(id) else {
+            panic!("{what}: row {id} never ran (lost); workers said:\n{said}");
+        };
+        assert!(*ends >= 1, "{what}: row {id} never ran to its end");
+        if starts.len() > 1 {
+            twice.push(format!("{id} by {starts:?}"));
+        }
+    }
+    assert!(
+        twice.is_empty(),
+        "{what}: {} rows ran more than once though no lease expired and no worker failed: \
+         {twice:?}\nworkers said:\n{said}",
+        twice.len()
+    );
+    rate
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn galera_cluster() {
+    let t = Instant::now();
+    let cluster = GaleraCluster::start(3).await;
+    eprintln!(
+        "galera: 3 nodes synced in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let admin = cluster.url(0, "mysql");
+
+    // The server says what it is, and what that means.
+    let db = TestDb::on(Backend::MySql, &admin).await;
+    let server = db.server().await;
+    assert!(
+        server.description.ends_with("(Galera cluster)"),
+        "{}",
+        server.description
+    );
+    assert!(!server.supports(rowclaim::Capability::RowLocksSeenByAllWriters));
+    assert!(server.supports(rowclaim::Capability::SkipLocked));
+
+    // `transaction` is refused, saying why and what to use instead; nothing is claimed.
+    db.jobs(3).await;
+    let name = db.url.rsplit('/').next().expect("a database in the URL");
+    let url = cluster.url(1, name);
+    let out = run(
+        &url,
+        &[
+            "work",
+            "--table",
+            "jobs",
+            "--strategy",
+            "transaction",
+            "--until-empty",
+            "--",
+            "true",
+        ],
+        "",
+    )
+    .await;
+    let said = text(&out);
+    assert!(!out.status.success(), "transaction ran on Galera: {said}");
+    for part in [
+        "transaction",
+        "Galera",
+        "a row lock is seen only by the node",
+        "lease-table",
+    ] {
+        assert!(
+            said.contains(part),
+            "the refusal does not say {part:?}: {said}"
+        );
+    }
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM jobs WHERE status = 'ready'")
+            .await,
+        3
+    );
+
+    // Three `rowclaim init`s at once, one per node, several rounds (each a fresh database):
+    // all succeed and the schema ends at its latest version on every node.
+    for round in 0..3 {
+        let db = TestDb::on(Backend::MySql, &admin).await;
+        let name = db.url.rsplit('/').next().expect("a database in the URL");
+        let inits: Vec<_> = (0..cluster.len())
+            .map(|i| {
+                let url = cluster.url(i, name);
+                tokio::spawn(async move { run(&url, &["init"], "").await })
+            })
+            .collect();
+        let mut outs = Vec::new();
+        for init in inits {
+            outs.push(init.await.expect("an init task"));
+        }
+        for (i, out) in outs.iter().enumerate() {
+            assert!(
+                out.status.success(),
+                "round {round}: init on node {i} failed: {}",
+                text(out)
+            );
+        }
+        assert_eq!(
+            db.count("SELECT version FROM rowclaim_schema WHERE component = 'jobs'")
+                .await,
+            3,
+            "round {round}"
+        );
+        assert_eq!(
+            db.count(
+                "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() \
+                 AND TABLE_NAME = 'rowclaim_jobs' AND COLUMN_NAME = 'timeout_ms'"
+            )
+            .await,
+            1,
+            "round {round}"
+        );
+    }
+
+    // Every strategy the cluster accepts, on an own table; then the managed queue.
+    let mut rates = Vec::new();
+    for strategy in ["auto", "skip-locked", "token", "optimistic", "lease-table"] {
+        let db = TestDb::on(Backend::MySql, &admin).await;
+        db.jobs(ROWS).await;
+        let source = [&TABLE[..], &["--strategy", strategy]].concat();
+        let rate = one_worker_per_node(&cluster, 3, &db, strategy, &source, JOB_IDS).await;
+        assert_eq!(
+            db.count("SELECT COUNT(*) FROM jobs WHERE status = 'done'")
+                .await,
+            ROWS,
+            "{strategy}"
+        );
+        rates.push(format!("{strategy} {rate:.0}"));
+    }
+    let db = TestDb::on(Backend::MySql, &admin).await;
+    let name = db.url.rsplit('/').next().expect("a database in the URL");
+    let url = cluster.url(0, name);
+    assert!(run(&url, &["init"], "").await.status.success());
+    let lines: String = (0..ROWS).map(|i| format!("{{\"n\":{i}}}\n")).collect();
+    let out = run(&url, &["enqueue", "--queue", "q"], &lines).await;
+    assert!(out.status.success(), "enqueue: {}", text(&out));
+    // Ids step by the cluster's size (Galera sets auto_increment_increment).
+    let ids = "SELECT CAST(id AS CHAR) FROM rowclaim_jobs";
+    let rate = one_worker_per_node(&cluster, 3, &db, "queue", &["--queue", "q"], ids).await;
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'completed'")
+            .await,
+        ROWS
+    );
+    rates.push(format!("queue {rate:.0}"));
+    // For comparison (printed, not asserted): one worker on one node of the cluster.
+    let db = TestDb::on(Backend::MySql, &admin).await;
+    db.jobs(ROWS).await;
+    let source = [&TABLE[..], &["--strategy", "skip-locked"]].concat();
+    let rate = one_worker_per_node(&cluster, 1, &db, "one worker", &source, JOB_IDS).await;
+    rates.push(format!("skip-locked with one worker on one node {rate:.0}"));
+    eprintln!(
+        "galera: rows/s with one worker per node: {}; whole test {:.1} s",
+        rates.join(", "),
+        t.elapsed().as_secs_f64()
+    );
+}
