@@ -236,7 +236,7 @@ fn without_pgbouncer(url: &str) -> (String, bool) {
     };
     let (ours, rest): (Vec<&str>, Vec<&str>) =
         query.split('&').partition(|p| p.starts_with("pgbouncer="));
-    let pooled = ours.iter().any(|p| *p == "pgbouncer=true");
+    let pooled = ours.contains(&"pgbouncer=true");
     if rest.is_empty() {
         (base.to_owned(), pooled)
     } else {
