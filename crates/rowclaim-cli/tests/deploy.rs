@@ -325,6 +325,12 @@ async fn workers_follow_a_postgres_failover() {
 
     let runs = runs(&log);
     assert_eq!(runs.len(), JOBS, "every job ran");
+    let reruns: usize = runs.values().map(|r| r.len() - 1).sum();
+    eprintln!(
+        "failover: {JOBS} jobs, {reruns} re-run(s); primary killed at {killed_at} µs, standby \
+         promoted {} ms later",
+        (promoted_at - killed_at) / 1000
+    );
     // Results are written in batches after a run ends: one may still be on its way for a while.
     const RESULT_IN_FLIGHT_US: u64 = 10_000_000;
     for (id, list) in &runs {
