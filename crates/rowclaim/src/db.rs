@@ -1,5 +1,6 @@
 //! [`Db`]: a connection pool to one of the three databases, the entry point of the library.
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
