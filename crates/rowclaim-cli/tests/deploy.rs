@@ -19,21 +19,13 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use common::servers::{PrivatePostgres, StopMode};
 use common::{with_db_via, Backend, TestDb, Via};
 use tokio::process::Child;
 
-use support::{rowclaim, TABLE};
-
-/// Microseconds since the epoch: the clock bash's `$EPOCHREALTIME` reads too.
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
+use support::{finish, now_us, rowclaim, TABLE};
 
 /// A bash command that logs `S <id> <µs>` when it starts and `E <id> <µs>` when it ends.
 fn logged(log: &Path, work: &str) -> Vec<String> {
@@ -84,31 +76,9 @@ fn runs(log: &Path) -> HashMap<String, Vec<(u64, Option<u64>)>> {
     out
 }
 
-/// Waits for a worker to exit by itself; its exit code and stderr.
-async fn finish(child: Child) -> (Option<i32>, String) {
-    let out = tokio::time::timeout(Duration::from_secs(300), child.wait_with_output())
-        .await
-        .expect("the worker exits within 5 minutes")
-        .expect("wait for the worker");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// Runs a one-shot rowclaim command that must succeed, with `stdin` fed to it.
 async fn ok(url: &str, args: &[&str], stdin: &str) {
-    let mut c = rowclaim(url, args);
-    c.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = c.spawn().expect("start rowclaim");
-    let mut input = child.stdin.take().expect("stdin");
-    tokio::io::AsyncWriteExt::write_all(&mut input, stdin.as_bytes())
-        .await
-        .expect("write stdin");
-    drop(input);
-    let out = child.wait_with_output().await.expect("wait for rowclaim");
+    let out = support::run_fed(url, args, stdin).await;
     assert!(
         out.status.success(),
         "rowclaim {args:?}: {}",

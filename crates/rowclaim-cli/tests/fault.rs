@@ -18,20 +18,12 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use common::{with_db, Backend, TestDb};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
-use support::{rowclaim, TABLE};
-
-/// Microseconds since the epoch: the clock the commands' `$EPOCHREALTIME` reads too.
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
+use support::{finish, now_us, rowclaim, TABLE};
 
 /// A bash command that logs `S <id> <µs> <its pid>` when it starts and `E …` when it ends,
 /// doing `work` in between (a shell snippet).
@@ -128,17 +120,6 @@ async fn until(what: &str, mut check: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("gave up waiting until {what}");
-}
-
-async fn finish(child: Child) -> (Option<i32>, String) {
-    let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
-        .await
-        .expect("the worker exits")
-        .expect("wait for the worker");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 fn alive(pid: &str) -> bool {

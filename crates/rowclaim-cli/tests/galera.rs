@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use common::galera::GaleraCluster;
 use common::{Backend, TestDb};
-use support::{rowclaim, TABLE};
+use support::{rowclaim, run_fed, TABLE};
 
 /// Rows per scenario: enough for the three nodes' claims to collide many times.
 const ROWS: i64 = 600;
@@ -71,27 +71,6 @@ fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
-}
-
-/// Runs `rowclaim ARGS…` against `url` to its end, with `stdin` fed in.
-async fn run(url: &str, args: &[&str], stdin: &str) -> Output {
-    let mut c = rowclaim(url, args);
-    c.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = c.spawn().expect("start rowclaim");
-    let mut input = child.stdin.take().expect("stdin");
-    tokio::io::AsyncWriteExt::write_all(&mut input, stdin.as_bytes())
-        .await
-        .expect("feed rowclaim");
-    drop(input);
-    tokio::time::timeout(
-        std::time::Duration::from_secs(120),
-        child.wait_with_output(),
-    )
-    .await
-    .expect("rowclaim ends within 2 minutes")
-    .expect("wait for rowclaim")
 }
 
 /// One `rowclaim work … --until-empty` on each of the first `nodes` nodes over `source`, all at
@@ -211,7 +190,7 @@ async fn galera_cluster() {
     db.jobs(3).await;
     let name = db.url.rsplit('/').next().expect("a database in the URL");
     let url = cluster.url(1, name);
-    let out = run(
+    let out = run_fed(
         &url,
         &[
             "work",
@@ -253,7 +232,7 @@ async fn galera_cluster() {
         let inits: Vec<_> = (0..cluster.len())
             .map(|i| {
                 let url = cluster.url(i, name);
-                tokio::spawn(async move { run(&url, &["init"], "").await })
+                tokio::spawn(async move { run_fed(&url, &["init"], "").await })
             })
             .collect();
         let mut outs = Vec::new();
@@ -302,9 +281,9 @@ async fn galera_cluster() {
     let db = TestDb::on(Backend::MySql, &admin).await;
     let name = db.url.rsplit('/').next().expect("a database in the URL");
     let url = cluster.url(0, name);
-    assert!(run(&url, &["init"], "").await.status.success());
+    assert!(run_fed(&url, &["init"], "").await.status.success());
     let lines: String = (0..ROWS).map(|i| format!("{{\"n\":{i}}}\n")).collect();
-    let out = run(&url, &["enqueue", "--queue", "q"], &lines).await;
+    let out = run_fed(&url, &["enqueue", "--queue", "q"], &lines).await;
     assert!(out.status.success(), "enqueue: {}", text(&out));
     // Ids step by the cluster's size (Galera sets auto_increment_increment).
     let ids = "SELECT CAST(id AS CHAR) FROM rowclaim_jobs";

@@ -104,28 +104,31 @@ impl PrivatePostgres {
             shared_buffers = 32MB\n";
         append(&data.join("postgresql.conf"), conf);
 
+        pg.first_launch("private PostgreSQL").await;
+        pg
+    }
+
+    /// Starts the new server on a spare port, trying another when someone took the port
+    /// meanwhile; panics with the log tail when it does not start.
+    async fn first_launch(&mut self, what: &str) {
         for attempt in 1..=3 {
-            pg.port = spare_port();
-            match pg.launch().await {
+            self.port = spare_port();
+            match self.launch().await {
                 Ok(()) => {
-                    *pg.running.get_mut() = true;
-                    return pg;
+                    *self.running.get_mut() = true;
+                    return;
                 }
-                Err(e) if attempt < 3 && port_taken(&pg.log_tail()) => {
-                    eprintln!(
-                        "private PostgreSQL: port {} taken, trying another ({e})",
-                        pg.port
-                    );
-                    let _ = pg.pg_ctl_stop("immediate").await;
+                Err(e) if attempt < 3 && port_taken(&self.log_tail()) => {
+                    eprintln!("{what}: port {} taken, trying another ({e})", self.port);
+                    let _ = self.pg_ctl_stop("immediate").await;
                 }
                 Err(e) => panic!(
-                    "private PostgreSQL did not start on port {}: {e}\n--- server log tail ---\n{}",
-                    pg.port,
-                    pg.log_tail()
+                    "{what} did not start on port {}: {e}\n--- server log tail ---\n{}",
+                    self.port,
+                    self.log_tail()
                 ),
             }
         }
-        unreachable!()
     }
 
     /// The port it listens on (127.0.0.1); the same after a restart.
@@ -180,28 +183,8 @@ impl PrivatePostgres {
             &pg.data().join("postgresql.auto.conf"),
             "\ncluster_name = 'standby'\n",
         );
-        for attempt in 1..=3 {
-            pg.port = spare_port();
-            match pg.launch().await {
-                Ok(()) => {
-                    *pg.running.get_mut() = true;
-                    return pg;
-                }
-                Err(e) if attempt < 3 && port_taken(&pg.log_tail()) => {
-                    eprintln!(
-                        "private standby: port {} taken, trying another ({e})",
-                        pg.port
-                    );
-                    let _ = pg.pg_ctl_stop("immediate").await;
-                }
-                Err(e) => panic!(
-                    "private standby did not start on port {}: {e}\n--- server log tail ---\n{}",
-                    pg.port,
-                    pg.log_tail()
-                ),
-            }
-        }
-        unreachable!()
+        pg.first_launch("private standby").await;
+        pg
     }
 
     /// Makes a standby the primary (`pg_ctl promote`, waiting until it takes writes).

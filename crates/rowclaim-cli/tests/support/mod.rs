@@ -1,7 +1,8 @@
 //! What the CLI's test binaries share: the binary, the harness table's flags, how to start it.
 #![allow(dead_code)]
 
-use std::process::Stdio;
+use std::process::{Output, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_rowclaim");
 
@@ -27,4 +28,42 @@ pub fn rowclaim(url: &str, args: &[&str]) -> tokio::process::Command {
         .stdin(Stdio::null())
         .kill_on_drop(true);
     c
+}
+
+/// Microseconds since the epoch: the clock bash's `$EPOCHREALTIME` reads too.
+pub fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// Runs `rowclaim ARGS…` against `url` to its end (at most 2 minutes), with `stdin` fed in.
+pub async fn run_fed(url: &str, args: &[&str], stdin: &str) -> Output {
+    let mut c = rowclaim(url, args);
+    c.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("start rowclaim");
+    let mut input = child.stdin.take().expect("stdin");
+    tokio::io::AsyncWriteExt::write_all(&mut input, stdin.as_bytes())
+        .await
+        .expect("feed rowclaim");
+    drop(input);
+    tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+        .await
+        .expect("rowclaim ends within 2 minutes")
+        .expect("wait for rowclaim")
+}
+
+/// Waits (at most 5 minutes) for a rowclaim process to exit by itself: its exit code and stderr.
+pub async fn finish(child: tokio::process::Child) -> (Option<i32>, String) {
+    let out = tokio::time::timeout(Duration::from_secs(300), child.wait_with_output())
+        .await
+        .expect("rowclaim exits within 5 minutes")
+        .expect("wait for rowclaim");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
