@@ -354,10 +354,22 @@ async fn bad_input(t: Arc<TestDb>) {
     } else {
         assert!(err.contains("owner column"), "{err}");
     }
+    // A --where that would leave its parentheses, or that is no condition on the table.
+    t.exec("UPDATE jobs SET status = 'done' WHERE id = 1").await;
+    for filter in ["1=1) or (1=1", "nope = 1"] {
+        let out = output(
+            &t,
+            &[&["claim", "--where", filter], FULL.as_slice()].concat(),
+        )
+        .await;
+        assert_eq!(out.status.code(), Some(2), "--where {filter}");
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(err.contains(&format!("--where {filter:?}")), "{err}");
+    }
     assert_eq!(
         t.count("SELECT COUNT(*) FROM jobs WHERE status = 'ready' AND owner IS NULL")
             .await,
-        2
+        1
     );
 }
 

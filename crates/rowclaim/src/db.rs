@@ -368,12 +368,42 @@ impl Db {
         }
         let key = self.backend.table_key(&table).await?;
         let mapping = source.check(&self.backend.naming(), &columns, key)?;
+        self.check_filter(&mapping, &table.display).await?;
         let server = self.backend.server().await?;
         let chosen = strategy.resolve(&server, &mapping)?;
         if chosen == Strategy::LeaseTable {
             self.backend.ensure_lease_table().await?;
         }
         Ok(Claimer::new(self.clone(), mapping, chosen, server))
+    }
+
+    /// Asks the database whether the source's `--where` is a condition on its table (a statement
+    /// that reads no row), so that a typo is refused here, naming `--where`, instead of failing
+    /// every claim.
+    async fn check_filter(&self, m: &crate::mapping::Mapping, table: &str) -> Result<()> {
+        use crate::backend::run::Run;
+        use crate::backend::sql::{Binder, Stmt};
+        let Some(condition) = m
+            .filter
+            .strip_prefix(" AND (")
+            .and_then(|f| f.strip_suffix(')'))
+        else {
+            return Ok(());
+        };
+        let sql = format!(
+            "SELECT COUNT(*) FROM (SELECT 1 AS probe FROM {} WHERE 1 = 1{} LIMIT 0) AS p",
+            m.table, m.filter
+        );
+        let probe = crate::backend::dispatch!(&self.backend, d => {
+            d.count(Stmt::new(sql, Binder::new())).await
+        });
+        match probe {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_connection() || e.kind() == crate::ErrorKind::Transient => Err(e),
+            Err(e) => Err(Error::InvalidInput(format!(
+                "--where {condition:?} is not a condition on {table}: {e}"
+            ))),
+        }
     }
 
     /// Increments the counter `name` atomically and returns its new value: 1 the first time.

@@ -198,7 +198,11 @@ impl Source {
     /// An extra SQL condition rows must meet to be claimed, e.g. `"queue = 'mail'"`.
     ///
     /// **Trusted input**: it is pasted into the SQL as written, so it must come from the operator,
-    /// never from a user of your application. It must be one expression (no `;`).
+    /// never from a user of your application. It must be one expression: it goes into the claim
+    /// inside parentheses, after rowclaim's own conditions, so it can only narrow what is
+    /// claimed. Refused: unbalanced parentheses, unterminated quotes, comments, `;`, `$` and
+    /// backslashes outside quotes (their meaning differs between databases); and, when a
+    /// claimer is made, anything the database does not accept as a condition on the table.
     pub fn filter(mut self, condition: impl Into<String>) -> Self {
         self.filter = Some(condition.into());
         self
@@ -235,12 +239,14 @@ impl Source {
         }
         let filter = match self.filter.as_deref().map(str::trim) {
             None | Some("") => None,
-            Some(f) if f.contains(';') => {
-                return Err(Error::InvalidInput(format!(
-                    "--where {f:?} must be one SQL condition, without ';'"
-                )))
-            }
-            Some(f) => Some(f.to_owned()),
+            Some(f) => match contained(f) {
+                Ok(()) => Some(f.to_owned()),
+                Err(why) => {
+                    return Err(Error::InvalidInput(format!(
+                        "--where {f:?} must be one SQL condition: {why}"
+                    )))
+                }
+            },
         };
         let statuses = [&self.ready, &self.claimed, &self.done, &self.failed];
         for (i, a) in statuses.iter().enumerate() {
@@ -437,6 +443,51 @@ fn parse_order_by(text: &str) -> Result<Vec<(String, &'static str)>> {
     Ok(out)
 }
 
+/// Whether `condition`, put inside parentheses, stays inside them on every database: quotes
+/// closed, parentheses balanced (never closing one it did not open), and nothing outside quotes
+/// that one database reads differently from another (comments, `;`, `$` quoting, backslash
+/// escapes, MySQL's `#` comments). What is left is one parenthesised piece of SQL that can only
+/// narrow the claim; the database checks that it is a condition (`Db::claimer`).
+pub(crate) fn contained(condition: &str) -> std::result::Result<(), String> {
+    let mut depth = 0usize;
+    let mut chars = condition.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' | '"' | '`' => loop {
+                match chars.next() {
+                    None => return Err(format!("the quote {c} is not closed")),
+                    Some('\\') => {
+                        return Err("no backslashes (escapes differ between databases)".into())
+                    }
+                    // A doubled quote is the quote itself, in every dialect.
+                    Some(q) if q == c && chars.peek() == Some(&c) => {
+                        chars.next();
+                    }
+                    Some(q) if q == c => break,
+                    Some(_) => {}
+                }
+            },
+            '(' => depth += 1,
+            ')' => {
+                depth = depth
+                    .checked_sub(1)
+                    .ok_or("a ')' closes a parenthesis it did not open")?;
+            }
+            ';' => return Err("no ';'".into()),
+            '\\' => return Err("no backslashes (escapes differ between databases)".into()),
+            '$' => return Err("no '$' outside quotes (PostgreSQL's dollar quoting)".into()),
+            '#' => return Err("no '#' outside quotes (a comment on MySQL)".into()),
+            '-' if chars.peek() == Some(&'-') => return Err("no comments (--)".into()),
+            '/' if chars.peek() == Some(&'*') => return Err("no comments (/*)".into()),
+            _ => {}
+        }
+    }
+    if depth > 0 {
+        return Err(format!("{depth} parenthesis(es) not closed"));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -483,7 +534,44 @@ mod tests {
             .filter("1=1; drop table t")
             .validate()
             .unwrap_err();
-        assert!(err.to_string().contains("without ';'"), "{err}");
+        assert!(err.to_string().contains("no ';'"), "{err}");
+    }
+
+    /// Conditions that would leave their parentheses, or be read differently by one database,
+    /// are refused naming --where; ordinary ones pass.
+    #[test]
+    fn filters_stay_inside_their_parentheses() {
+        for bad in [
+            "1=1) or (1=1",
+            ")",
+            "(1=1",
+            "1=1) --",
+            "kind = 'a",
+            "kind = \"a",
+            "kind = `a",
+            "1=1 -- ) or (1=1",
+            "1=1 /* ) or (1=1 */",
+            "1=1 # ) or (1=1",
+            "kind = $$a$$",
+            "kind = 'a\\' or 1=1 or kind = ''",
+            "kind = E'\\'' ) or (1=1 --'",
+            "1=1); delete from t where (1=1",
+            "1=1) union select * from t where (1=1",
+        ] {
+            let err = Source::new("t").filter(bad).validate().unwrap_err();
+            assert!(err.to_string().starts_with("--where "), "{bad}: {err}");
+        }
+        for good in [
+            "kind = 'a'",
+            "kind = 'it''s'",
+            "note = 'a;b -- c /* d */ $e # f) g'",
+            "\"Kind\" = 'x' and (priority > 1 or (attempts < 3))",
+            "`kind` in ('a', 'b')",
+            "payload->>'to' like '%@example.com'",
+            "id - 1 > 0",
+        ] {
+            assert!(Source::new("t").filter(good).validate().is_ok(), "{good}");
+        }
     }
 
     #[test]

@@ -383,3 +383,65 @@ pub async fn stats(t: Arc<TestDb>, strategy: Strategy) {
     assert_eq!(s.claimed_by_owner.get(&claim.token().to_string()), Some(&3));
     assert_eq!(s.expired_leases, 0);
 }
+
+/// `--where` cannot widen a claim: conditions that would leave their parentheses, or that one
+/// database reads differently from another, are refused naming `--where`, as is anything the
+/// database does not take as a condition on the table; an accepted one claims only ready rows.
+pub async fn filter_stays_inside(t: Arc<TestDb>) {
+    t.jobs(10).await;
+    t.exec("UPDATE jobs SET status = 'done' WHERE id <= 5")
+        .await;
+    let db = t.db().await;
+    for bad in [
+        // Escapes on a lax check: the issue's case, closing and reopening.
+        "1=1) or (1=1",
+        "1=1) or status = 'done' or (1=1",
+        // Comments and quotes that databases read differently.
+        "1=1 -- ) or (1=1",
+        "1=1 /* ) or (1=1 */",
+        "1=1 # ) or (1=1",
+        "payload = $$x$$",
+        "payload = 'a\\' or 1=1 or payload = ''",
+        "payload = 'unclosed",
+        // Statements, not conditions.
+        "1=1); delete from jobs where (1=1",
+        "1=1) union select * from jobs where (1=1",
+        // Not a condition on this table, as the database says.
+        "nope = 1",
+        "id ==",
+        "1=1, 2",
+    ] {
+        let err = match db.claimer(full_source().filter(bad), Strategy::Auto).await {
+            Ok(c) => {
+                let got = c.claim(10, Duration::from_secs(30)).await;
+                panic!("--where {bad:?} was accepted; its claim: {got:?}")
+            }
+            Err(e) => e,
+        };
+        assert_eq!(err.kind(), rowclaim::ErrorKind::BadInput, "{bad}: {err}");
+        assert!(err.to_string().starts_with("--where "), "{bad}: {err}");
+    }
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE status = 'ready' AND owner IS NULL")
+            .await,
+        5,
+        "nothing was claimed by a refused condition"
+    );
+
+    // Accepted: parentheses of its own, a string holding what was refused outside quotes.
+    let c = db
+        .claimer(
+            full_source().filter("(id > 0 or id < 0) and payload <> 'x) or (1=1 -- ; $ #'"),
+            Strategy::Auto,
+        )
+        .await
+        .expect("a condition with balanced parentheses and a harmless string");
+    let claim = c.claim(10, Duration::from_secs(30)).await.expect("claim");
+    let mut ids: Vec<String> = claim.rows().iter().map(|r| r.id.to_string()).collect();
+    ids.sort_by_key(|s| s.parse::<i64>().unwrap_or(0));
+    assert_eq!(
+        ids,
+        ["6", "7", "8", "9", "10"],
+        "only ready rows are claimed"
+    );
+}

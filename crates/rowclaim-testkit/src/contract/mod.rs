@@ -284,6 +284,10 @@ macro_rules! __contract_backend_cases {
             $crate::contract::backend::auto_choice
         );
         $crate::__contract_backend_case!(counter_is_atomic, $crate::contract::backend::counter);
+        $crate::__contract_backend_case!(
+            where_cannot_widen_a_claim,
+            $crate::contract::backend::filter_stays_inside
+        );
         $crate::__contract_backend_case!(status_only_table_optimistic, |t| {
             $crate::contract::backend::status_only(
                 t,
