@@ -25,7 +25,7 @@ use common::servers::{PrivatePostgres, StopMode};
 use common::{with_db_via, Backend, TestDb, Via};
 use tokio::process::Child;
 
-use support::{finish, now_us, rowclaim, TABLE};
+use support::{finish, now_us, rowclaim, run_fed, TABLE};
 
 /// A bash command that logs `S <id> <µs>` when it starts and `E <id> <µs>` when it ends.
 fn logged(log: &Path, work: &str) -> Vec<String> {
@@ -78,7 +78,7 @@ fn runs(log: &Path) -> HashMap<String, Vec<(u64, Option<u64>)>> {
 
 /// Runs a one-shot rowclaim command that must succeed, with `stdin` fed to it.
 async fn ok(url: &str, args: &[&str], stdin: &str) {
-    let out = support::run_fed(url, args, stdin).await;
+    let out = run_fed(url, args, stdin).await;
     assert!(
         out.status.success(),
         "rowclaim {args:?}: {}",
@@ -103,6 +103,19 @@ async fn pgbouncer_transaction_pooling() {
 async fn through_pgbouncer(t: Arc<TestDb>) {
     const ROWS: i64 = 60;
     let dir = tempfile::tempdir().expect("temp dir");
+    // Without pgbouncer=true the error says what to add.
+    let plain = t.url.replace("?pgbouncer=true", "");
+    let out = run_fed(&plain, &["stats"], "").await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "stats through PgBouncer without pgbouncer=true"
+    );
+    assert!(
+        stderr.contains("add pgbouncer=true to the URL"),
+        "the error points at pgbouncer=true:\n{stderr}"
+    );
+
     // An own table, every strategy: two workers share it through the pooler.
     for strategy in [
         "skip-locked",

@@ -287,6 +287,9 @@ pub(crate) fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
     }
 }
 
+const POOLER_HINT: &str =
+    "; is a transaction-mode pooler (PgBouncer) in between? add pgbouncer=true to the URL";
+
 /// A PostgreSQL error with its SQLSTATE and detail, without the server's source positions.
 pub(crate) fn describe(e: &dyn sqlx::error::DatabaseError) -> Option<String> {
     let pg = e.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?;
@@ -301,9 +304,11 @@ pub(crate) fn describe(e: &dyn sqlx::error::DatabaseError) -> Option<String> {
         ),
         // A named statement met one of another client's (42P05), or a statement's second round
         // trip reached another server connection (26000): a transaction-mode pooler.
-        "42P05" | "26000" => text.push_str(
-            "; is a transaction-mode pooler (PgBouncer) in between? add pgbouncer=true to the URL",
-        ),
+        "42P05" | "26000" => text.push_str(POOLER_HINT),
+        // PgBouncer refuses the startup parameters it does not track when a client connects.
+        _ if pg.message().starts_with("unsupported startup parameter") => {
+            text.push_str(POOLER_HINT)
+        }
         _ => {}
     }
     Some(text)
