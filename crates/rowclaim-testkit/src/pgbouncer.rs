@@ -152,18 +152,19 @@ fn pgbouncer_program() -> PathBuf {
 /// Waits until a query passes through the PgBouncer on `port` (or it exits).
 async fn wait_ready(child: &mut Child, port: u16) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let url = format!(
-        "postgres://postgres@127.0.0.1:{}/postgres?statement-cache-capacity=0",
-        port
-    );
+    // No startup parameter PgBouncer would refuse.
+    let opts = sqlx::postgres::PgConnectOptions::new()
+        .host("127.0.0.1")
+        .port(port)
+        .username("postgres")
+        .database("postgres")
+        .extra_float_digits(None);
     loop {
         if let Ok(Some(status)) = child.try_wait() {
             return Err(format!("pgbouncer exited ({status})"));
         }
         let attempt = async {
-            let opts: sqlx::postgres::PgConnectOptions =
-                url.parse::<sqlx::postgres::PgConnectOptions>()?;
-            let mut c = PgConnection::connect_with(&opts.extra_float_digits(None)).await?;
+            let mut c = PgConnection::connect_with(&opts).await?;
             // A simple query: no prepared statement to trip over.
             c.execute("SELECT 1").await?;
             c.close().await

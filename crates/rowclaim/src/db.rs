@@ -211,7 +211,12 @@ async fn connect_postgres(url: &str, opts: &ConnectOptions) -> Result<(Backend, 
         }
     }
     let listen = match &opts.listen_database {
-        Some(listen_url) => Some(listen_options(listen_url)?),
+        // One connection, opened when a worker first listens.
+        Some(listen_url) => Some(
+            PgPoolOptions::new()
+                .max_connections(1)
+                .connect_lazy_with(listen_options(listen_url)?),
+        ),
         None => None,
     };
     let pool_options = PgPoolOptions::new()
@@ -368,7 +373,10 @@ impl Db {
         }
         let key = self.backend.table_key(&table).await?;
         let mapping = source.check(&self.backend.naming(), &columns, key)?;
-        self.check_filter(&mapping, &table.display).await?;
+        if let Some(condition) = source.condition() {
+            self.check_filter(&mapping, condition, &table.display)
+                .await?;
+        }
         let server = self.backend.server().await?;
         let chosen = strategy.resolve(&server, &mapping)?;
         if chosen == Strategy::LeaseTable {
@@ -380,16 +388,14 @@ impl Db {
     /// Asks the database whether the source's `--where` is a condition on its table (a statement
     /// that reads no row), so that a typo is refused here, naming `--where`, instead of failing
     /// every claim.
-    async fn check_filter(&self, m: &crate::mapping::Mapping, table: &str) -> Result<()> {
+    async fn check_filter(
+        &self,
+        m: &crate::mapping::Mapping,
+        condition: &str,
+        table: &str,
+    ) -> Result<()> {
         use crate::backend::run::Run;
         use crate::backend::sql::{Binder, Stmt};
-        let Some(condition) = m
-            .filter
-            .strip_prefix(" AND (")
-            .and_then(|f| f.strip_suffix(')'))
-        else {
-            return Ok(());
-        };
         let sql = format!(
             "SELECT COUNT(*) FROM (SELECT 1 AS probe FROM {} WHERE 1 = 1{} LIMIT 0) AS p",
             m.table, m.filter

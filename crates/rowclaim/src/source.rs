@@ -208,6 +208,14 @@ impl Source {
         self
     }
 
+    /// The extra condition, as given (trimmed), when there is one.
+    pub(crate) fn condition(&self) -> Option<&str> {
+        self.filter
+            .as_deref()
+            .map(str::trim)
+            .filter(|f| !f.is_empty())
+    }
+
     /// Checks every name and value that can be checked without a database.
     pub fn validate(&self) -> Result<()> {
         self.parts().map(|_| ())
@@ -237,8 +245,8 @@ impl Source {
             // The id breaks ties, so that the claim order is total and repeatable.
             order.push((id.clone(), "ASC"));
         }
-        let filter = match self.filter.as_deref().map(str::trim) {
-            None | Some("") => None,
+        let filter = match self.condition() {
+            None => None,
             Some(f) => match contained(f) {
                 Ok(()) => Some(f.to_owned()),
                 Err(why) => {

@@ -10,12 +10,8 @@ impl Pg {
     /// A connection listening on the enqueue channel: on the pool's server, or on the direct
     /// URL given for it; None through a pooler without one.
     pub(crate) async fn listener(&self) -> Result<Option<sqlx::postgres::PgListener>> {
-        let pool = match self.route().listen_target() {
-            None => return Ok(None),
-            Some(sqlx::Either::Right(pool)) => pool,
-            Some(sqlx::Either::Left(direct)) => sqlx::postgres::PgPoolOptions::new()
-                .max_connections(1)
-                .connect_lazy_with(direct),
+        let Some(pool) = self.route().listen_pool() else {
+            return Ok(None);
         };
         let mut l = sqlx::postgres::PgListener::connect_with(&pool).await?;
         l.listen(super::CHANNEL).await?;

@@ -111,15 +111,16 @@ impl Target {
             format!("?{}", kept.join("&"))
         };
 
+        let several = hostlist.contains(',');
         let mut hosts = Vec::new();
         for host in hostlist.split(',') {
-            if host.is_empty() && hostlist.contains(',') {
+            if host.is_empty() && several {
                 return Err("an empty host in the host list".to_owned());
             }
             let one = format!("{scheme}://{userinfo}{host}{path}{query}");
             let options = PgConnectOptions::from_str(&one).map_err(|e| {
                 let e = crate::error::describe(&e);
-                if hostlist.contains(',') {
+                if several {
                     format!("host {host}: {e}")
                 } else {
                     e
@@ -153,8 +154,9 @@ pub(crate) struct Route {
     pooled: bool,
     /// The hosts of a multi-host URL; None for one host (nothing to move to).
     failover: Option<Failover>,
-    /// Where LISTEN connects when the pool cannot (through a pooler): a direct URL.
-    listen: Option<PgConnectOptions>,
+    /// Where LISTEN connects when the pool cannot (through a pooler): a one-connection pool of
+    /// the direct URL given for it.
+    listen: Option<PgPool>,
 }
 
 #[derive(Debug)]
@@ -171,7 +173,7 @@ struct Failover {
 
 impl Route {
     /// One pool, no failover.
-    pub(crate) fn single(pool: PgPool, pooled: bool, listen: Option<PgConnectOptions>) -> Route {
+    pub(crate) fn single(pool: PgPool, pooled: bool, listen: Option<PgPool>) -> Route {
         Route {
             pool: RwLock::new(pool),
             pooled,
@@ -186,7 +188,7 @@ impl Route {
         current: usize,
         pool_options: PgPoolOptions,
         connect_timeout: Duration,
-        listen: Option<PgConnectOptions>,
+        listen: Option<PgPool>,
     ) -> Route {
         let pool = pool_options
             .clone()
@@ -220,12 +222,12 @@ impl Route {
         self.pooled
     }
 
-    /// Where LISTEN can connect: a direct URL given for it, else the pool (None through a
-    /// pooler without one).
-    pub(crate) fn listen_target(&self) -> Option<Either<PgConnectOptions, PgPool>> {
+    /// The pool LISTEN connects through: the one of the direct URL given for it, else the pool
+    /// statements go to (None through a pooler without one).
+    pub(crate) fn listen_pool(&self) -> Option<PgPool> {
         match (&self.listen, self.pooled) {
-            (Some(o), _) => Some(Either::Left(o.clone())),
-            (None, false) => Some(Either::Right(self.pool())),
+            (Some(direct), _) => Some(direct.clone()),
+            (None, false) => Some(self.pool()),
             (None, true) => None,
         }
     }
