@@ -358,11 +358,40 @@ impl Db {
         self.backend.server().await
     }
 
-    /// Checks `source` against the live table (names, columns, types) and the strategy against the
-    /// server and the mapping, and returns a claimer for it. `Strategy::Auto` picks the best one;
-    /// [`Claimer::strategy`] says which. Nothing is written, except that the lease-table strategy
-    /// creates `rowclaim_leases` if it is missing.
+    /// Checks `source` against the live table (names, columns, types), the strategy against the
+    /// server and the mapping, and the mapping against the one recorded for the table by its
+    /// first claim (see [`crate::registry`]), and returns a claimer for it. `Strategy::Auto`
+    /// picks the best one; [`Claimer::strategy`] says which.
+    ///
+    /// Nothing is written here, except that the lease-table strategy creates `rowclaim_leases`
+    /// if it is missing. The claimer's first claim records its mapping when the table has no
+    /// record yet (creating `rowclaim_sources` the first time); a claimer that only settles,
+    /// extends or reports writes no record.
     pub async fn claimer(&self, source: Source, strategy: Strategy) -> Result<Claimer> {
+        let (mapping, chosen, server) = self.checked_mapping(&source, strategy).await?;
+        if mapping.queues.is_none() {
+            self.check_recorded(&mapping, chosen).await?;
+        }
+        if chosen == Strategy::LeaseTable {
+            let leases = TableName::parse("rowclaim_leases")?;
+            let missing = self.backend.columns(&leases).await?.is_empty();
+            self.backend.ensure_lease_table().await?;
+            if missing {
+                self.announce_created(
+                    "rowclaim_leases",
+                    "where the lease-table strategy keeps its claims",
+                );
+            }
+        }
+        Ok(Claimer::new(self.clone(), mapping, chosen, server))
+    }
+
+    /// `source` checked against the live table, and the strategy it resolves to.
+    pub(crate) async fn checked_mapping(
+        &self,
+        source: &Source,
+        strategy: Strategy,
+    ) -> Result<(crate::mapping::Mapping, Strategy, ServerInfo)> {
         source.validate()?;
         let table = TableName::parse(source.table_name())?;
         let columns = self.backend.columns(&table).await?;
@@ -379,10 +408,7 @@ impl Db {
         }
         let server = self.backend.server().await?;
         let chosen = strategy.resolve(&server, &mapping)?;
-        if chosen == Strategy::LeaseTable {
-            self.backend.ensure_lease_table().await?;
-        }
-        Ok(Claimer::new(self.clone(), mapping, chosen, server))
+        Ok((mapping, chosen, server))
     }
 
     /// Asks the database whether the source's `--where` is a condition on its table (a statement

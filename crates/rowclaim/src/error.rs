@@ -72,6 +72,24 @@ pub enum Error {
     #[error("{0}")]
     Unsupported(String),
 
+    /// The table's claimers must agree on its mapping (see [`crate::registry`]), and this one
+    /// differs from the mapping recorded by the first claim on it. Nothing was claimed.
+    #[error(
+        "the mapping of {table} differs from the one recorded for it on {recorded_at}: {}. Every \
+         claimer of a table must map it alike, or they can take the same row. Map it as recorded, \
+         or, once no claimer uses the recorded mapping any more, replace the record: \
+         `rowclaim source replace` with this mapping's table flags (Db::record_source)",
+        .differences.join("; ")
+    )]
+    MappingDisagrees {
+        /// The table as it was named.
+        table: String,
+        /// When the record was written (RFC 3339, UTC).
+        recorded_at: String,
+        /// One line per difference: what, recorded, here.
+        differences: Vec<String>,
+    },
+
     /// Any other bad input: a zero lease, a batch of 0, a malformed `ORDER BY`, a status value that
     /// does not fit the status column, …
     #[error("{0}")]
@@ -226,6 +244,7 @@ impl Error {
             | Error::UnsupportedStrategy { .. }
             | Error::Unsupported(_)
             | Error::InvalidInput(_)
+            | Error::MappingDisagrees { .. }
             | Error::InvalidUrl(_) => ErrorKind::BadInput,
             Error::MissingTable { .. } => ErrorKind::MissingTable,
             Error::LeaseLost { .. } => ErrorKind::LeaseLost,
@@ -235,6 +254,14 @@ impl Error {
             Error::GaveUp { .. } | Error::HandlerAborted(_) => ErrorKind::Stopped,
             Error::Internal(_) => ErrorKind::Internal,
             Error::Database(e) => database_kind(e),
+        }
+    }
+
+    /// What the driver says a database error means, if this is one.
+    pub(crate) fn db_kind(&self) -> Option<DbKind> {
+        match self {
+            Error::Database(e) => db_kind(e),
+            _ => None,
         }
     }
 

@@ -63,6 +63,7 @@ mod db;
 mod error;
 mod mapping;
 mod queue;
+pub mod registry;
 mod source;
 mod strategy;
 mod value;

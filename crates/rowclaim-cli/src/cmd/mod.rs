@@ -13,6 +13,7 @@ mod extend;
 mod init;
 mod jobs;
 mod settle;
+mod source;
 mod source_args;
 mod stats;
 mod work;
@@ -100,6 +101,10 @@ pub enum Command {
     /// there was no such job to show or change.
     #[command(subcommand, after_help = exit::AFTER_HELP.as_str())]
     Jobs(jobs::JobsCommand),
+    /// The mapping each table's claimers agree on, recorded by the first claim on it: list the
+    /// records, replace one when every claimer moves to a new mapping, forget one.
+    #[command(subcommand, after_help = exit::AFTER_HELP.as_str())]
+    Source(source::SourceCommand),
     /// Add jobs to the managed queue: one JSON payload as the argument, or JSON lines on stdin
     /// (all or nothing: one malformed line adds none, and the error names its line).
     #[command(after_help = exit::AFTER_HELP.as_str())]
@@ -130,6 +135,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Stats(a) => stats::run(url, a).await,
         Command::Init => init::run(url).await,
         Command::Jobs(op) => jobs::run(url, op).await,
+        Command::Source(op) => source::run(url, op).await,
         Command::Enqueue(a) => enqueue::run(url, a).await,
         Command::Bench(scenario) => bench::run(url, scenario).await,
         Command::Demo(a) => demo::run(a).await,

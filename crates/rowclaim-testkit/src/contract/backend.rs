@@ -445,3 +445,99 @@ pub async fn filter_stays_inside(t: Arc<TestDb>) {
         "only ready rows are claimed"
     );
 }
+
+/// One mapping per table: the first claim records it; a claimer that would break exclusivity
+/// with it is refused, naming each difference, before it claims or creates anything; claimers
+/// that differ only where exclusivity does not depend on it are let in; `record_source`
+/// replaces the record and `forget_source` removes it. Two first claimers that disagree race to
+/// record: one of them is refused at its first claim and no row is held twice.
+pub async fn one_mapping_per_table(t: Arc<TestDb>) {
+    use rowclaim::registry::ClaimsKept;
+    t.jobs(20).await;
+    let db = t.db().await;
+    let lease = Duration::from_secs(300);
+    assert!(db.recorded_source("jobs").await.unwrap().is_none());
+
+    // Looking does not record: a claimer that never claims leaves no record.
+    let looker = db.claimer(Source::new("jobs"), Strategy::Auto).await.unwrap();
+    looker.stats().await.unwrap();
+    assert!(db.recorded_source("jobs").await.unwrap().is_none());
+    drop(looker);
+
+    let first = db.claimer(full_source(), Strategy::Auto).await.unwrap();
+    let held = first.claim(1, lease).await.unwrap();
+    let held_id = held.rows()[0].id.clone();
+    let rec = db
+        .recorded_source("jobs")
+        .await
+        .unwrap()
+        .expect("the first claim records the mapping");
+    assert_eq!(rec.claims, ClaimsKept::InTable);
+    assert_eq!(rec.owner_column.as_deref().map(str::to_lowercase), Some("owner".into()));
+    assert_eq!(rec.lease_column.as_deref().map(str::to_lowercase), Some("lease_until".into()));
+    assert_eq!(rec.strategy, first.strategy());
+    assert!(rec.recorded_at > 1_700_000_000, "{rec:?}");
+    assert_eq!(db.recorded_sources().await.unwrap(), vec![rec.clone()]);
+
+    // The case: no owner and lease columns, so `auto` would keep claims in
+    // rowclaim_leases, where the first claimer never looks.
+    let err = db
+        .claimer(Source::new("jobs"), Strategy::Auto)
+        .await
+        .expect_err("a lease-table claimer of a table claimed in place");
+    assert_eq!(err.kind(), rowclaim::ErrorKind::BadInput, "{err}");
+    let text = err.to_string();
+    for part in ["owner column", "lease column", "claims kept", "rowclaim source replace"] {
+        assert!(text.contains(part), "{part:?} missing from: {text}");
+    }
+    // A different ready value, and another lease column, are refused too.
+    for (bad, what) in [
+        (full_source().status_values("new", "claimed", "done", "failed"), "ready value"),
+        (full_source().id_column("priority"), "id column"),
+    ] {
+        let err = match db.claimer(bad, Strategy::Auto).await {
+            Ok(c) => c.claim(1, lease).await.map(|_| ()).unwrap_err(),
+            Err(e) => e,
+        };
+        assert!(err.to_string().contains(what), "{what}: {err}");
+    }
+
+    // What may differ: the done and failed values, attempts, the order, the condition, and
+    // the strategy among those that keep claims in the table.
+    let other = full_source()
+        .status_values("ready", "claimed", "finished", "broken")
+        .order_by("priority desc, id")
+        .filter("id > 10");
+    let c = db.claimer(other, Strategy::Optimistic).await.unwrap();
+    let claim = c.claim(2, lease).await.unwrap();
+    assert_eq!(claim.rows().len(), 2);
+    for row in claim.rows() {
+        assert_ne!(row.id, held_id, "a row held by the first claimer");
+    }
+
+    // Replacing the record lets the lease-table mapping in and keeps the old one out.
+    let new = db
+        .record_source(Source::new("jobs"), Strategy::Auto)
+        .await
+        .unwrap();
+    assert_eq!(new.claims, ClaimsKept::InLeaseTable);
+    assert_eq!(new.owner_column, None);
+    let bare = db.claimer(Source::new("jobs"), Strategy::Auto).await.unwrap();
+    assert_eq!(bare.strategy(), Strategy::LeaseTable);
+    assert!(db.claimer(full_source(), Strategy::Auto).await.is_err());
+
+    // Forgotten, the next claim records again; and two first claimers that disagree cannot
+    // both claim.
+    assert!(db.forget_source("jobs").await.unwrap());
+    assert!(!db.forget_source("jobs").await.unwrap());
+    let (db1, db2) = (t.db().await, t.db().await);
+    let in_table = db1.claimer(full_source(), Strategy::Auto).await.unwrap();
+    let in_leases = db2.claimer(Source::new("jobs"), Strategy::LeaseTable).await.unwrap();
+    let (a, b) = tokio::join!(in_table.claim(5, lease), in_leases.claim(5, lease));
+    match (&a, &b) {
+        (Ok(_), Err(e)) | (Err(e), Ok(_)) => {
+            assert!(matches!(e, Error::MappingDisagrees { .. }), "{e}")
+        }
+        _ => panic!("exactly one of two disagreeing first claimers may claim: {a:?} / {b:?}"),
+    }
+}

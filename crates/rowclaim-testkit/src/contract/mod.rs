@@ -285,6 +285,10 @@ macro_rules! __contract_backend_cases {
         );
         $crate::__contract_backend_case!(counter_is_atomic, $crate::contract::backend::counter);
         $crate::__contract_backend_case!(
+            one_mapping_per_table,
+            $crate::contract::backend::one_mapping_per_table
+        );
+        $crate::__contract_backend_case!(
             where_cannot_widen_a_claim,
             $crate::contract::backend::filter_stays_inside
         );

@@ -55,6 +55,8 @@ pub(crate) trait Catalog {
     async fn table_key(&self, table: &TableName) -> Result<String>;
     /// Creates `rowclaim_leases` if it is missing (lease-table strategy).
     async fn ensure_lease_table(&self) -> Result<()>;
+    /// Creates `rowclaim_sources`, the source registry, if it is missing.
+    async fn ensure_registry(&self) -> Result<()>;
     /// Increments a named counter atomically and returns its new value (1 the first time).
     async fn counter_next(&self, name: &str) -> Result<i64>;
 }
@@ -272,6 +274,9 @@ impl Backend {
     }
     pub(crate) async fn ensure_lease_table(&self) -> Result<()> {
         dispatch!(self, d => d.ensure_lease_table().await)
+    }
+    pub(crate) async fn ensure_registry(&self) -> Result<()> {
+        dispatch!(self, d => d.ensure_registry().await)
     }
     pub(crate) async fn counter_next(&self, name: &str) -> Result<i64> {
         dispatch!(self, d => d.counter_next(name).await)

@@ -22,6 +22,8 @@ pub(crate) trait Run {
     async fn count_by(&self, s: Stmt<Self::Sql>) -> Result<Vec<(Option<String>, i64)>>;
     /// A statement answering one text per row.
     async fn texts(&self, s: Stmt<Self::Sql>) -> Result<Vec<String>>;
+    /// A statement answering nothing; returns how many rows it changed.
+    async fn execute(&self, s: Stmt<Self::Sql>) -> Result<u64>;
 }
 
 /// Settles each named row the token still holds, on its own, in one statement that says which

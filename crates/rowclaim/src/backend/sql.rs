@@ -20,6 +20,8 @@ pub(crate) trait Dialect: Sized + 'static {
     type DB: sqlx::Database;
     /// The server's clock, as the type lease columns hold.
     const NOW: &'static str;
+    /// The server's clock in whole seconds since the Unix epoch.
+    const EPOCH_SECONDS: &'static str;
     /// The type to `CAST(… AS …)` a value to text.
     const TEXT: &'static str;
     /// What a lease column must be, for messages.
@@ -28,6 +30,8 @@ pub(crate) trait Dialect: Sized + 'static {
     const LEASE_COLUMN: ColType;
     /// Quotes an identifier validated as plain (so it holds no quote characters).
     fn quote(ident: &str) -> String;
+    /// Ends an `INSERT` so that a row whose `key` exists already is kept as it is.
+    fn keep_existing(key: &str) -> String;
     /// The placeholder of the `n`th bound value (1-based).
     fn placeholder(n: usize) -> String;
     /// "now + `after`" by the server's clock, binding `after`.
@@ -236,6 +240,10 @@ macro_rules! binder_queries {
                 s: $crate::backend::sql::Stmt<$dialect>,
             ) -> $crate::Result<Vec<String>> {
                 Ok(s.binder.scalar(s.sql)?.fetch_all($crate::backend::sql::binder_queries!(@exec $exec, self)).await?)
+            }
+
+            async fn execute(&self, s: $crate::backend::sql::Stmt<$dialect>) -> $crate::Result<u64> {
+                Ok(s.binder.query(s.sql)?.execute($crate::backend::sql::binder_queries!(@exec $exec, self)).await?.rows_affected())
             }
         }
     };

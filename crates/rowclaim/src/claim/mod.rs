@@ -8,6 +8,7 @@ pub use claimed::LockedRows;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
@@ -125,6 +126,10 @@ struct Inner {
     m: Mapping,
     strategy: Strategy,
     server: ServerInfo,
+    /// Whether the table's record in the source registry is known to agree with this claimer's
+    /// mapping: written (or checked again) by the first claim, set from the start for the
+    /// managed queue, whose mapping is rowclaim's own.
+    recorded: AtomicBool,
     /// When this claimer last looked for rows whose lease expired, and whether its last claim
     /// came back short of its batch (see [`RESCUE_EVERY`]).
     rescue: StdMutex<Rescue>,
@@ -177,11 +182,13 @@ const LOST_RACE_RETRIES: u32 = 50;
 
 impl Claimer {
     pub(crate) fn new(db: Db, m: Mapping, strategy: Strategy, server: ServerInfo) -> Claimer {
+        let managed = m.queues.is_some();
         Claimer {
             inner: Arc::new(Inner {
                 db,
                 m,
                 strategy,
+                recorded: AtomicBool::new(managed),
                 server,
                 rescue: StdMutex::default(),
             }),
@@ -236,6 +243,10 @@ impl Claimer {
         }
         check_lease(lease)?;
         let i = &self.inner;
+        if !i.recorded.load(Ordering::Relaxed) {
+            i.db.record(&i.m, i.strategy).await?;
+            i.recorded.store(true, Ordering::Relaxed);
+        }
         let mut rounds = 0;
         loop {
             let token = Token::new();

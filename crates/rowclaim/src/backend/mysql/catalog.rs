@@ -88,6 +88,11 @@ impl Catalog for My {
         crate::backend::retry_transient!(self.create_lease_table().await)
     }
 
+    async fn ensure_registry(&self) -> Result<()> {
+        self.create_if_missing(CREATE_SOURCES, "rowclaim_sources")
+            .await
+    }
+
     async fn counter_next(&self, name: &str) -> Result<i64> {
         // `LAST_INSERT_ID(expr)` makes the statement report the new value as its insert id, for
         // a new counter and an existing one alike: no second round trip to read it.
@@ -120,13 +125,20 @@ impl Catalog for My {
 impl My {
     /// Creates the lease table unless it exists.
     async fn create_lease_table(&self) -> Result<()> {
-        if let Err(e) = sqlx::query(CREATE_LEASES).execute(&self.pool).await {
+        self.create_if_missing(CREATE_LEASES, "rowclaim_leases")
+            .await
+    }
+
+    /// Runs `create` (a `CREATE TABLE IF NOT EXISTS` of `table`).
+    async fn create_if_missing(&self, create: &'static str, table: &str) -> Result<()> {
+        if let Err(e) = sqlx::query(create).execute(&self.pool).await {
             // Two processes creating it at once: one of them may fail, and the table is there
             // all the same.
             let exists: i64 = sqlx::query_scalar(
                 "SELECT COUNT(*) FROM information_schema.TABLES \
-                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'rowclaim_leases'",
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
             )
+            .bind(table)
             .fetch_one(&self.pool)
             .await?;
             if exists == 0 {

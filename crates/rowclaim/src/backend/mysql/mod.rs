@@ -50,12 +50,17 @@ pub(crate) struct Sql;
 impl Dialect for Sql {
     type DB = MySql;
     const NOW: &'static str = NOW;
+    const EPOCH_SECONDS: &'static str = "UNIX_TIMESTAMP()";
     const TEXT: &'static str = "CHAR";
     const LEASE_COLUMN: ColType = ColType::Timestamp;
     const LEASE_TYPE: &'static str = "DATETIME(6) (holding UTC)";
 
     fn quote(ident: &str) -> String {
         format!("`{ident}`")
+    }
+
+    fn keep_existing(key: &str) -> String {
+        format!("ON DUPLICATE KEY UPDATE {key} = {key}")
     }
 
     fn placeholder(_: usize) -> String {
@@ -219,6 +224,11 @@ const CREATE_LEASES: &str = "CREATE TABLE IF NOT EXISTS rowclaim_leases (
     PRIMARY KEY (source, row_id),
     KEY rowclaim_leases_token (token)
 ) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
+
+const CREATE_SOURCES: &str = "CREATE TABLE IF NOT EXISTS rowclaim_sources (
+    source VARCHAR(255) NOT NULL PRIMARY KEY,
+    mapping TEXT NOT NULL,
+    recorded_at BIGINT NOT NULL)";
 
 const CREATE_COUNTERS: &str = "CREATE TABLE IF NOT EXISTS rowclaim_counters (
     name VARCHAR(255) NOT NULL PRIMARY KEY,

@@ -71,6 +71,19 @@ impl Catalog for Pg {
         Ok(())
     }
 
+    async fn ensure_registry(&self) -> Result<()> {
+        // As for the lease table: concurrent creates take turns.
+        let mut tx = self.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_sources'))")
+            .execute(self.on(&mut tx))
+            .await?;
+        sqlx::query(CREATE_SOURCES)
+            .execute(self.on(&mut tx))
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn counter_next(&self, name: &str) -> Result<i64> {
         let next = || {
             sqlx::query_scalar(

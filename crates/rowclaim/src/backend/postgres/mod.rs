@@ -36,12 +36,17 @@ pub(crate) struct Sql;
 impl Dialect for Sql {
     type DB = Postgres;
     const NOW: &'static str = "now()";
+    const EPOCH_SECONDS: &'static str = "CAST(floor(extract(epoch FROM now())) AS bigint)";
     const TEXT: &'static str = "text";
     const LEASE_COLUMN: ColType = ColType::Timestamp;
     const LEASE_TYPE: &'static str = "timestamptz";
 
     fn quote(ident: &str) -> String {
         format!("\"{ident}\"")
+    }
+
+    fn keep_existing(key: &str) -> String {
+        format!("ON CONFLICT ({key}) DO NOTHING")
     }
 
     fn placeholder(n: usize) -> String {
@@ -207,6 +212,11 @@ const CREATE_LEASES: &str = "CREATE TABLE IF NOT EXISTS rowclaim_leases (
 
 const CREATE_LEASES_TOKEN: &str =
     "CREATE INDEX IF NOT EXISTS rowclaim_leases_token ON rowclaim_leases (token)";
+
+const CREATE_SOURCES: &str = "CREATE TABLE IF NOT EXISTS rowclaim_sources (
+    source text PRIMARY KEY,
+    mapping text NOT NULL,
+    recorded_at bigint NOT NULL)";
 
 const CREATE_COUNTERS: &str = "CREATE TABLE IF NOT EXISTS rowclaim_counters (
     name text PRIMARY KEY,

@@ -59,6 +59,11 @@ impl Catalog for Lite {
         Ok(())
     }
 
+    async fn ensure_registry(&self) -> Result<()> {
+        sqlx::query(CREATE_SOURCES).execute(&self.pool).await?;
+        Ok(())
+    }
+
     async fn counter_next(&self, name: &str) -> Result<i64> {
         let next = || {
             sqlx::query_scalar(

@@ -34,12 +34,17 @@ pub(crate) struct Sql;
 impl Dialect for Sql {
     type DB = Sqlite;
     const NOW: &'static str = NOW;
+    const EPOCH_SECONDS: &'static str = "unixepoch()";
     const TEXT: &'static str = "TEXT";
     const LEASE_COLUMN: ColType = ColType::Int;
     const LEASE_TYPE: &'static str = "INTEGER (unix epoch milliseconds)";
 
     fn quote(ident: &str) -> String {
         format!("\"{ident}\"")
+    }
+
+    fn keep_existing(key: &str) -> String {
+        format!("ON CONFLICT ({key}) DO NOTHING")
     }
 
     fn placeholder(_: usize) -> String {
@@ -151,6 +156,11 @@ const CREATE_LEASES: &str = "CREATE TABLE IF NOT EXISTS rowclaim_leases (
 
 const CREATE_LEASES_TOKEN: &str =
     "CREATE INDEX IF NOT EXISTS rowclaim_leases_token ON rowclaim_leases (token)";
+
+const CREATE_SOURCES: &str = "CREATE TABLE IF NOT EXISTS rowclaim_sources (
+    source TEXT PRIMARY KEY,
+    mapping TEXT NOT NULL,
+    recorded_at INTEGER NOT NULL)";
 
 const CREATE_COUNTERS: &str = "CREATE TABLE IF NOT EXISTS rowclaim_counters (
     name TEXT PRIMARY KEY,

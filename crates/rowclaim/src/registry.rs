@@ -1,0 +1,378 @@
+//! The source registry: one mapping per table, agreed by every claimer of it.
+//!
+//! Two claimers of one table that map it differently can take the same row: one that keeps its
+//! claims in `rowclaim_leases` does not see a row another marked claimed in the table, and one
+//! that reads another lease column re-claims a row whose real lease has not ended. So the first
+//! claim on a table records in `rowclaim_sources` (in the same database) what exclusivity depends
+//! on: the id, status, owner and lease columns, the ready and claimed values, and where claims are
+//! kept. Every later claimer is checked against that record and refused, naming each difference,
+//! when it disagrees; [`Db::record_source`] (`rowclaim source replace`) replaces the record once
+//! no claimer uses the old mapping any more.
+//!
+//! What may differ between claimers of one table: the done and failed values, the attempts
+//! column, the order and the `--where` condition (workers split a table by condition), and the
+//! strategy within one place of keeping claims.
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::dispatch;
+use crate::backend::run::Run;
+use crate::backend::sql::{Binder, Dialect, Stmt};
+use crate::error::DbKind;
+use crate::mapping::{Mapping, TableName};
+use crate::{Db, Error, Result, Source, Strategy};
+
+/// The registry table's name.
+pub(crate) const TABLE: &str = "rowclaim_sources";
+
+/// Where a strategy keeps its claims, which every claimer of a table must share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum ClaimsKept {
+    /// In the table itself: the status (and owner and lease) columns, or row locks that every
+    /// strategy of this kind waits for or skips. skip-locked, token, optimistic, transaction.
+    InTable,
+    /// In rowclaim's side table `rowclaim_leases`, which claimers of the other kind never read.
+    /// lease-table.
+    InLeaseTable,
+}
+
+impl ClaimsKept {
+    /// Where `strategy` (resolved, not `auto`) keeps its claims.
+    pub fn of(strategy: Strategy) -> ClaimsKept {
+        match strategy {
+            Strategy::LeaseTable => ClaimsKept::InLeaseTable,
+            _ => ClaimsKept::InTable,
+        }
+    }
+}
+
+impl fmt::Display for ClaimsKept {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ClaimsKept::InTable => "in the table (skip-locked, token, optimistic, transaction)",
+            ClaimsKept::InLeaseTable => "in rowclaim_leases (lease-table)",
+        })
+    }
+}
+
+/// The mapping of one table as the registry holds it: what every claimer of the table agrees on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RecordedSource {
+    /// The table as the database's catalog names it (`public.emails`, `test.emails`, `emails`).
+    pub table: String,
+    /// The id column.
+    pub id_column: String,
+    /// The status column.
+    pub status_column: String,
+    /// The status value of rows ready to be claimed.
+    pub ready: String,
+    /// The status value of claimed rows.
+    pub claimed: String,
+    /// The owner column, if mapped.
+    pub owner_column: Option<String>,
+    /// The lease column, if mapped.
+    pub lease_column: Option<String>,
+    /// Where claims are kept.
+    pub claims: ClaimsKept,
+    /// The strategy of the claimer that recorded it (any strategy that keeps its claims in the
+    /// same place agrees with it).
+    pub strategy: Strategy,
+    /// When it was recorded, by the database's clock (seconds since the Unix epoch).
+    pub recorded_at: i64,
+}
+
+impl RecordedSource {
+    /// What `m` claimed with `strategy` would record (`recorded_at` is the database's to fill).
+    pub(crate) fn of(m: &Mapping, strategy: Strategy) -> RecordedSource {
+        RecordedSource {
+            table: m.source_key.clone(),
+            id_column: m.id_name.clone(),
+            status_column: unquote(&m.status),
+            ready: m.ready.to_string(),
+            claimed: m.claimed.to_string(),
+            owner_column: m.owner.as_deref().map(unquote),
+            lease_column: m.lease.as_deref().map(unquote),
+            claims: ClaimsKept::of(strategy),
+            strategy,
+            recorded_at: 0,
+        }
+    }
+
+    /// When it was recorded.
+    pub fn recorded_time(&self) -> SystemTime {
+        let secs = u64::try_from(self.recorded_at).unwrap_or(0);
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    /// How `self` (a claimer's mapping) differs from `recorded` in what exclusivity depends on,
+    /// one line per difference, or none when they agree.
+    pub(crate) fn differences(&self, recorded: &RecordedSource) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut differ = |what: &str, here: Option<&str>, there: Option<&str>| {
+            if here != there {
+                let show = |v: Option<&str>| v.map_or_else(|| "none".to_owned(), |v| format!("{v:?}"));
+                out.push(format!(
+                    "{what}: {} recorded, {} here",
+                    show(there),
+                    show(here)
+                ));
+            }
+        };
+        differ("id column", Some(&self.id_column), Some(&recorded.id_column));
+        differ(
+            "status column",
+            Some(&self.status_column),
+            Some(&recorded.status_column),
+        );
+        differ("ready value", Some(&self.ready), Some(&recorded.ready));
+        differ("claimed value", Some(&self.claimed), Some(&recorded.claimed));
+        differ(
+            "owner column",
+            self.owner_column.as_deref(),
+            recorded.owner_column.as_deref(),
+        );
+        differ(
+            "lease column",
+            self.lease_column.as_deref(),
+            recorded.lease_column.as_deref(),
+        );
+        if self.claims != recorded.claims {
+            out.push(format!(
+                "claims kept: {} recorded (by strategy {}), {} here (strategy {})",
+                recorded.claims, recorded.strategy, self.claims, self.strategy
+            ));
+        }
+        out
+    }
+}
+
+/// A quoted identifier (`"status"`, `` `status` ``) as the catalog spells it. Mapped names are
+/// plain identifiers, so they hold no quote characters of their own.
+fn unquote(quoted: &str) -> String {
+    quoted.trim_matches(|c| c == '"' || c == '`').to_owned()
+}
+
+/// What the registry table keeps of a record besides its key and time (one JSON text, so that
+/// a later field needs no migration).
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    id_column: String,
+    status_column: String,
+    ready: String,
+    claimed: String,
+    owner_column: Option<String>,
+    lease_column: Option<String>,
+    claims: ClaimsKept,
+    strategy: Strategy,
+}
+
+impl Stored {
+    fn of(r: &RecordedSource) -> Stored {
+        Stored {
+            id_column: r.id_column.clone(),
+            status_column: r.status_column.clone(),
+            ready: r.ready.clone(),
+            claimed: r.claimed.clone(),
+            owner_column: r.owner_column.clone(),
+            lease_column: r.lease_column.clone(),
+            claims: r.claims,
+            strategy: r.strategy,
+        }
+    }
+
+    fn into_record(self, table: String, recorded_at: i64) -> RecordedSource {
+        RecordedSource {
+            table,
+            id_column: self.id_column,
+            status_column: self.status_column,
+            ready: self.ready,
+            claimed: self.claimed,
+            owner_column: self.owner_column,
+            lease_column: self.lease_column,
+            claims: self.claims,
+            strategy: self.strategy,
+            recorded_at,
+        }
+    }
+}
+
+fn decode(table: &str, text: Option<String>, recorded_at: i64) -> Result<RecordedSource> {
+    let stored: Stored = serde_json::from_str(text.as_deref().unwrap_or("")).map_err(|e| {
+        Error::InvalidInput(format!(
+            "the record of {table} in {TABLE} cannot be read ({e}); replace it with \
+             `rowclaim source replace` or remove it with `rowclaim source forget {table}`"
+        ))
+    })?;
+    Ok(stored.into_record(table.to_owned(), recorded_at))
+}
+
+/// The record of `table` (its catalog key), if there is one; `None` also when the registry table
+/// does not exist yet.
+async fn lookup<R: Run>(r: &R, table: &str) -> Result<Option<RecordedSource>> {
+    let mut b = Binder::<R::Sql>::new();
+    let key = b.bind(table.to_owned());
+    let sql = format!("SELECT mapping, recorded_at FROM {TABLE} WHERE source = {key}");
+    match r.count_by(Stmt::new(sql, b)).await {
+        Ok(rows) => rows
+            .into_iter()
+            .next()
+            .map(|(text, at)| decode(table, text, at))
+            .transpose(),
+        Err(e) if e.db_kind() == Some(DbKind::MissingTable) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Records `record` unless `table` has a record already; returns the record that holds now.
+async fn insert_absent<R: Run>(r: &R, record: &RecordedSource) -> Result<RecordedSource> {
+    let stored = serde_json::to_string(&Stored::of(record))
+        .map_err(|e| Error::Internal(format!("a source record as JSON: {e}")))?;
+    let mut b = Binder::<R::Sql>::new();
+    let key = b.bind(record.table.clone());
+    let mapping = b.bind(stored);
+    let sql = format!(
+        "INSERT INTO {TABLE} (source, mapping, recorded_at) VALUES ({key}, {mapping}, {}) {}",
+        R::Sql::EPOCH_SECONDS,
+        R::Sql::keep_existing("source"),
+    );
+    r.execute(Stmt::new(sql, b)).await?;
+    lookup(r, &record.table).await?.ok_or_else(|| {
+        Error::Internal(format!("the record of {} vanished as it was written", record.table))
+    })
+}
+
+async fn delete<R: Run>(r: &R, table: &str) -> Result<u64> {
+    let mut b = Binder::<R::Sql>::new();
+    let key = b.bind(table.to_owned());
+    let sql = format!("DELETE FROM {TABLE} WHERE source = {key}");
+    match r.execute(Stmt::new(sql, b)).await {
+        Err(e) if e.db_kind() == Some(DbKind::MissingTable) => Ok(0),
+        other => other,
+    }
+}
+
+async fn list<R: Run>(r: &R) -> Result<Vec<RecordedSource>> {
+    // The key rides in the text column, the time in the number one (`count_by`'s row shape).
+    let sql = format!("SELECT source, recorded_at FROM {TABLE} ORDER BY source");
+    let keys = match r.count_by(Stmt::new(sql, Binder::new())).await {
+        Ok(rows) => rows,
+        Err(e) if e.db_kind() == Some(DbKind::MissingTable) => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::with_capacity(keys.len());
+    for (key, _) in keys {
+        if let Some(key) = key {
+            if let Some(record) = lookup(r, &key).await? {
+                out.push(record);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The error for a claimer that disagrees with the record.
+fn disagreement(table_display: &str, recorded: &RecordedSource, differences: Vec<String>) -> Error {
+    Error::MappingDisagrees {
+        table: table_display.to_owned(),
+        recorded_at: humantime::format_rfc3339_seconds(recorded.recorded_time()).to_string(),
+        differences,
+    }
+}
+
+impl Db {
+    /// Refuses a claimer whose mapping disagrees with the table's record; a table without a
+    /// record (or a database without the registry) passes. Writes nothing.
+    pub(crate) async fn check_recorded(&self, m: &Mapping, strategy: Strategy) -> Result<()> {
+        let mine = RecordedSource::of(m, strategy);
+        let recorded = dispatch!(&self.backend, d => lookup(d, &m.source_key).await)?;
+        match recorded {
+            Some(r) => {
+                let differences = mine.differences(&r);
+                if differences.is_empty() {
+                    Ok(())
+                } else {
+                    Err(disagreement(&m.table_display, &r, differences))
+                }
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Records the mapping of a table's first claimer, or checks a later one against the record
+    /// (which another claimer may have written since this one was checked).
+    pub(crate) async fn record(&self, m: &Mapping, strategy: Strategy) -> Result<()> {
+        self.ensure_registry().await?;
+        let mine = RecordedSource::of(m, strategy);
+        let holds =
+            crate::backend::retry_transient!(dispatch!(&self.backend, d => insert_absent(d, &mine).await))?;
+        let differences = mine.differences(&holds);
+        if differences.is_empty() {
+            Ok(())
+        } else {
+            Err(disagreement(&m.table_display, &holds, differences))
+        }
+    }
+
+    /// Creates the registry table when it is missing, and says so once.
+    async fn ensure_registry(&self) -> Result<()> {
+        let name = TableName::parse(TABLE)?;
+        if !self.backend.columns(&name).await?.is_empty() {
+            return Ok(());
+        }
+        crate::backend::retry_transient!(self.backend.ensure_registry().await)?;
+        self.announce_created(TABLE, "which records the mapping every claimer of a table must agree on");
+        Ok(())
+    }
+
+    /// Says once that rowclaim created one of its own tables in the user's database.
+    pub(crate) fn announce_created(&self, table: &str, why: &str) {
+        tracing::warn!(
+            "rowclaim created table {table} in the database ({}), {why}",
+            self.endpoint()
+        );
+    }
+
+    /// The mapping recorded for `table`, if any (see the [module docs](crate::registry)).
+    pub async fn recorded_source(&self, table: &str) -> Result<Option<RecordedSource>> {
+        let name = TableName::parse(table)?;
+        let key = self.backend.table_key(&name).await?;
+        dispatch!(&self.backend, d => lookup(d, &key).await)
+    }
+
+    /// Every recorded mapping, by table.
+    pub async fn recorded_sources(&self) -> Result<Vec<RecordedSource>> {
+        dispatch!(&self.backend, d => list(d).await)
+    }
+
+    /// Replaces the record of `source`'s table with `source` claimed by `strategy` (`auto`
+    /// resolves as a claimer would), and returns the new record. For when every claimer of the
+    /// table has moved to a new mapping: a claimer still running with the old one is refused at
+    /// its next start, not stopped.
+    pub async fn record_source(&self, source: Source, strategy: Strategy) -> Result<RecordedSource> {
+        let (m, chosen, _) = self.checked_mapping(&source, strategy).await?;
+        self.ensure_registry().await?;
+        dispatch!(&self.backend, d => delete(d, &m.source_key).await)?;
+        let mine = RecordedSource::of(&m, chosen);
+        let holds = dispatch!(&self.backend, d => insert_absent(d, &mine).await)?;
+        let differences = mine.differences(&holds);
+        if differences.is_empty() {
+            Ok(holds)
+        } else {
+            Err(disagreement(&m.table_display, &holds, differences))
+        }
+    }
+
+    /// Removes the record of `table`; the next claim records its mapping anew. Returns whether
+    /// there was one.
+    pub async fn forget_source(&self, table: &str) -> Result<bool> {
+        let name = TableName::parse(table)?;
+        let key = self.backend.table_key(&name).await?;
+        Ok(dispatch!(&self.backend, d => delete(d, &key).await)? > 0)
+    }
+}
