@@ -133,6 +133,18 @@ impl Raw {
         .with_context(|| format!("running {}", first_line(&sql)))
     }
 
+    /// Removes `table`'s record from rowclaim's source registry: the bench makes the table anew
+    /// and claims it with each strategy in turn, which a record of the last run would refuse.
+    pub(crate) async fn forget_mapping(&self, table: &str) {
+        let sql = format!(
+            "DELETE FROM rowclaim_sources WHERE source = '{table}' OR source LIKE '%.{table}'"
+        );
+        // Fails only where no claim has made the registry yet: then there is nothing to forget.
+        if let Err(e) = self.exec(sql).await {
+            tracing::debug!("no source record to forget for {table}: {e:#}");
+        }
+    }
+
     /// The single integer `sql` returns.
     pub(crate) async fn int(&self, sql: impl Into<String>) -> Result<i64> {
         let sql: String = sql.into();
@@ -297,6 +309,7 @@ pub(crate) async fn create_bench_table(
             ),
         ),
     };
+    raw.forget_mapping(t).await;
     raw.exec(format!("DROP TABLE IF EXISTS {t}")).await?;
     forget_leases(raw).await?;
     raw.exec(create).await?;
@@ -367,6 +380,7 @@ pub(crate) async fn create_plain_table(raw: &Raw, rows: u64, bar: &ProgressBar) 
             format!("CREATE INDEX {t}_ready ON {t} (id) WHERE status = 'ready'"),
         ),
     };
+    raw.forget_mapping(t).await;
     raw.exec(format!("DROP TABLE IF EXISTS {t}")).await?;
     raw.exec(create).await?;
     raw.fill_by_chunks(rows, bar, |n| {

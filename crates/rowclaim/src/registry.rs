@@ -54,8 +54,8 @@ impl ClaimsKept {
 impl fmt::Display for ClaimsKept {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            ClaimsKept::InTable => "in the table (skip-locked, token, optimistic, transaction)",
-            ClaimsKept::InLeaseTable => "in rowclaim_leases (lease-table)",
+            ClaimsKept::InTable => "in the table",
+            ClaimsKept::InLeaseTable => "in rowclaim_leases",
         })
     }
 }
@@ -116,7 +116,8 @@ impl RecordedSource {
         let mut out = Vec::new();
         let mut differ = |what: &str, here: Option<&str>, there: Option<&str>| {
             if here != there {
-                let show = |v: Option<&str>| v.map_or_else(|| "none".to_owned(), |v| format!("{v:?}"));
+                let show =
+                    |v: Option<&str>| v.map_or_else(|| "none".to_owned(), |v| format!("{v:?}"));
                 out.push(format!(
                     "{what}: {} recorded, {} here",
                     show(there),
@@ -124,14 +125,22 @@ impl RecordedSource {
                 ));
             }
         };
-        differ("id column", Some(&self.id_column), Some(&recorded.id_column));
+        differ(
+            "id column",
+            Some(&self.id_column),
+            Some(&recorded.id_column),
+        );
         differ(
             "status column",
             Some(&self.status_column),
             Some(&recorded.status_column),
         );
         differ("ready value", Some(&self.ready), Some(&recorded.ready));
-        differ("claimed value", Some(&self.claimed), Some(&recorded.claimed));
+        differ(
+            "claimed value",
+            Some(&self.claimed),
+            Some(&recorded.claimed),
+        );
         differ(
             "owner column",
             self.owner_column.as_deref(),
@@ -144,7 +153,7 @@ impl RecordedSource {
         );
         if self.claims != recorded.claims {
             out.push(format!(
-                "claims kept: {} recorded (by strategy {}), {} here (strategy {})",
+                "claims kept: {} recorded (strategy {}), {} here (strategy {})",
                 recorded.claims, recorded.strategy, self.claims, self.strategy
             ));
         }
@@ -243,7 +252,10 @@ async fn insert_absent<R: Run>(r: &R, record: &RecordedSource) -> Result<Recorde
     );
     r.execute(Stmt::new(sql, b)).await?;
     lookup(r, &record.table).await?.ok_or_else(|| {
-        Error::Internal(format!("the record of {} vanished as it was written", record.table))
+        Error::Internal(format!(
+            "the record of {} vanished as it was written",
+            record.table
+        ))
     })
 }
 
@@ -309,8 +321,9 @@ impl Db {
     pub(crate) async fn record(&self, m: &Mapping, strategy: Strategy) -> Result<()> {
         self.ensure_registry().await?;
         let mine = RecordedSource::of(m, strategy);
-        let holds =
-            crate::backend::retry_transient!(dispatch!(&self.backend, d => insert_absent(d, &mine).await))?;
+        let holds = crate::backend::retry_transient!(
+            dispatch!(&self.backend, d => insert_absent(d, &mine).await)
+        )?;
         let differences = mine.differences(&holds);
         if differences.is_empty() {
             Ok(())
@@ -326,7 +339,10 @@ impl Db {
             return Ok(());
         }
         crate::backend::retry_transient!(self.backend.ensure_registry().await)?;
-        self.announce_created(TABLE, "which records the mapping every claimer of a table must agree on");
+        self.announce_created(
+            TABLE,
+            "which records the mapping every claimer of a table must agree on",
+        );
         Ok(())
     }
 
@@ -354,7 +370,11 @@ impl Db {
     /// resolves as a claimer would), and returns the new record. For when every claimer of the
     /// table has moved to a new mapping: a claimer still running with the old one is refused at
     /// its next start, not stopped.
-    pub async fn record_source(&self, source: Source, strategy: Strategy) -> Result<RecordedSource> {
+    pub async fn record_source(
+        &self,
+        source: Source,
+        strategy: Strategy,
+    ) -> Result<RecordedSource> {
         let (m, chosen, _) = self.checked_mapping(&source, strategy).await?;
         self.ensure_registry().await?;
         dispatch!(&self.backend, d => delete(d, &m.source_key).await)?;

@@ -55,7 +55,9 @@ pub async fn run(url: &str, cmd: SourceCommand) -> Result<(), CliError> {
                 return print_json(&records);
             }
             if records.is_empty() {
-                println!("no table has a recorded mapping yet (the first claim on a table records it)");
+                println!(
+                    "no table has a recorded mapping yet (the first claim on a table records it)"
+                );
             }
             for r in &records {
                 println!("{}", describe(r));
@@ -63,16 +65,15 @@ pub async fn run(url: &str, cmd: SourceCommand) -> Result<(), CliError> {
             Ok(())
         }
         SourceCommand::Replace(a) => {
-            let source = match a.source.target()? {
-                Target::Table(source) => *source,
-                Target::Queues(_) => {
-                    return Err(CliError::BadInput(
+            let source =
+                match a.source.target()? {
+                    Target::Table(source) => *source,
+                    Target::Queues(_) => return Err(CliError::BadInput(
                         "source replace: the managed queue's mapping is rowclaim's own and has no \
                          record; give --table or --source"
                             .into(),
-                    ))
-                }
-            };
+                    )),
+                };
             let record = db.record_source(source, a.source.strategy).await?;
             if a.json {
                 return print_json(&record);

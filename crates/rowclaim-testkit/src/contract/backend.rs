@@ -459,7 +459,10 @@ pub async fn one_mapping_per_table(t: Arc<TestDb>) {
     assert!(db.recorded_source("jobs").await.unwrap().is_none());
 
     // Looking does not record: a claimer that never claims leaves no record.
-    let looker = db.claimer(Source::new("jobs"), Strategy::Auto).await.unwrap();
+    let looker = db
+        .claimer(Source::new("jobs"), Strategy::Auto)
+        .await
+        .unwrap();
     looker.stats().await.unwrap();
     assert!(db.recorded_source("jobs").await.unwrap().is_none());
     drop(looker);
@@ -473,8 +476,14 @@ pub async fn one_mapping_per_table(t: Arc<TestDb>) {
         .unwrap()
         .expect("the first claim records the mapping");
     assert_eq!(rec.claims, ClaimsKept::InTable);
-    assert_eq!(rec.owner_column.as_deref().map(str::to_lowercase), Some("owner".into()));
-    assert_eq!(rec.lease_column.as_deref().map(str::to_lowercase), Some("lease_until".into()));
+    assert_eq!(
+        rec.owner_column.as_deref().map(str::to_lowercase),
+        Some("owner".into())
+    );
+    assert_eq!(
+        rec.lease_column.as_deref().map(str::to_lowercase),
+        Some("lease_until".into())
+    );
     assert_eq!(rec.strategy, first.strategy());
     assert!(rec.recorded_at > 1_700_000_000, "{rec:?}");
     assert_eq!(db.recorded_sources().await.unwrap(), vec![rec.clone()]);
@@ -487,12 +496,20 @@ pub async fn one_mapping_per_table(t: Arc<TestDb>) {
         .expect_err("a lease-table claimer of a table claimed in place");
     assert_eq!(err.kind(), rowclaim::ErrorKind::BadInput, "{err}");
     let text = err.to_string();
-    for part in ["owner column", "lease column", "claims kept", "rowclaim source replace"] {
+    for part in [
+        "owner column",
+        "lease column",
+        "claims kept",
+        "rowclaim source replace",
+    ] {
         assert!(text.contains(part), "{part:?} missing from: {text}");
     }
     // A different ready value, and another lease column, are refused too.
     for (bad, what) in [
-        (full_source().status_values("new", "claimed", "done", "failed"), "ready value"),
+        (
+            full_source().status_values("new", "claimed", "done", "failed"),
+            "ready value",
+        ),
         (full_source().id_column("priority"), "id column"),
     ] {
         let err = match db.claimer(bad, Strategy::Auto).await {
@@ -522,7 +539,10 @@ pub async fn one_mapping_per_table(t: Arc<TestDb>) {
         .unwrap();
     assert_eq!(new.claims, ClaimsKept::InLeaseTable);
     assert_eq!(new.owner_column, None);
-    let bare = db.claimer(Source::new("jobs"), Strategy::Auto).await.unwrap();
+    let bare = db
+        .claimer(Source::new("jobs"), Strategy::Auto)
+        .await
+        .unwrap();
     assert_eq!(bare.strategy(), Strategy::LeaseTable);
     assert!(db.claimer(full_source(), Strategy::Auto).await.is_err());
 
@@ -532,7 +552,10 @@ pub async fn one_mapping_per_table(t: Arc<TestDb>) {
     assert!(!db.forget_source("jobs").await.unwrap());
     let (db1, db2) = (t.db().await, t.db().await);
     let in_table = db1.claimer(full_source(), Strategy::Auto).await.unwrap();
-    let in_leases = db2.claimer(Source::new("jobs"), Strategy::LeaseTable).await.unwrap();
+    let in_leases = db2
+        .claimer(Source::new("jobs"), Strategy::LeaseTable)
+        .await
+        .unwrap();
     let (a, b) = tokio::join!(in_table.claim(5, lease), in_leases.claim(5, lease));
     match (&a, &b) {
         (Ok(_), Err(e)) | (Err(e), Ok(_)) => {
