@@ -527,7 +527,10 @@ fn starts_by_worker(dir: &Path) -> HashMap<String, Vec<String>> {
 }
 
 /// The managed queue: 5,000 jobs, three `work --queue` processes, one SIGKILLed mid-run and two
-/// more started later. Every job ends completed, and only jobs the killed worker held ran twice.
+/// more started later. Every job ends completed, and a job ran again only where a holder failed:
+/// the killed worker held it, or a surviving worker said it lost the job (on a loaded machine a
+/// 2 s lease can run out before its renewal lands; that re-run is the at-least-once promise, not
+/// a bug).
 async fn queue_crash_recovery(t: Arc<TestDb>) {
     const JOBS: usize = 5000;
     assert!(output(&t, &["init"]).await.status.success());
@@ -556,9 +559,10 @@ async fn queue_crash_recovery(t: Arc<TestDb>) {
         dir.path().display()
     );
     let worker = |group: bool| {
+        // -v: a result given up because its lease ran out is said at debug level.
         let mut c = rowclaim(
             &t,
-            &["work", "--queue", "q", "--until-empty", "--lease", "2s"],
+            &["-v", "work", "--queue", "q", "--until-empty", "--lease", "2s"],
         );
         c.args([
             "--concurrency",
@@ -593,13 +597,26 @@ async fn queue_crash_recovery(t: Arc<TestDb>) {
         .unwrap();
     survivors.push(worker(false));
     survivors.push(worker(false));
+    // How often the survivors said they lost each job (lease lost, result refused or given up).
+    let mut lost: HashMap<String, usize> = HashMap::new();
     for w in survivors {
         let out = w.wait_with_output().await.unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{said}");
+        for line in said.lines() {
+            let Some((_, rest)) = line.split_once("row ") else {
+                continue;
+            };
+            let Some((id, what)) = rest.split_once(':') else {
+                continue;
+            };
+            if ["lease was lost", "no longer this worker's", "given up", "not be recorded"]
+                .iter()
+                .any(|w| what.contains(w))
+            {
+                *lost.entry(id.to_owned()).or_default() += 1;
+            }
+        }
     }
 
     assert_eq!(
@@ -630,11 +647,15 @@ async fn queue_crash_recovery(t: Arc<TestDb>) {
         "the killed worker's running jobs ran again"
     );
     for id in &again {
+        let failed_holders =
+            usize::from(killed.contains(id)) + lost.get(id.as_str()).copied().unwrap_or(0);
         assert!(
-            killed.contains(id),
-            "job {id} ran twice but the killed worker never held it"
+            runs[id] - 1 <= failed_holders,
+            "job {id} ran {} times, but only {failed_holders} of its holders failed (killed \
+             worker held it: {})",
+            runs[id],
+            killed.contains(id)
         );
-        assert_eq!(runs[id], 2, "job {id} ran more than twice");
     }
 }
 
