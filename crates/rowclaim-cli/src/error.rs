@@ -23,6 +23,15 @@ pub enum CliError {
     #[error("{0}")]
     Library(#[from] rowclaim::Error),
 
+    /// Something the command needs is not in the database (a table) or not there at all (a
+    /// SQLite file), said with where rowclaim looked or what to do.
+    #[error("{source} {context}")]
+    Missing {
+        source: rowclaim::Error,
+        /// E.g. `in sqlite://rowclaim.db`.
+        context: String,
+    },
+
     /// `rowclaim bench` failed (bad flags, a failed self-check, the database).
     #[error("{0}")]
     Bench(#[from] BenchError),
@@ -67,7 +76,7 @@ impl CliError {
         match self {
             CliError::BadInput(_) => exit::BAD_INPUT,
             CliError::NothingClaimed(_) => exit::NOTHING_CLAIMED,
-            CliError::Library(e) => library_exit(e),
+            CliError::Library(e) | CliError::Missing { source: e, .. } => library_exit(e),
             CliError::Bench(e) => bench_exit(e),
             CliError::Incomplete(_) => exit::INCOMPLETE,
             CliError::Interrupted(_) => exit::INTERRUPTED,

@@ -13,6 +13,7 @@ mod cmd;
 mod error;
 mod exit;
 mod run_command;
+mod say;
 mod signals;
 
 use std::process::ExitCode;
@@ -23,8 +24,21 @@ use clap::Parser;
 pub use error::CliError;
 
 fn main() -> ExitCode {
+    // Before the flags are read, so that DATABASE_URL and the like may come from it. Only the
+    // current directory's: a .env further up belongs to some other project.
+    if let Err(e) = dotenvy::from_path(".env") {
+        if !e.not_found() {
+            eprintln!("rowclaim: .env in the current directory: {e}");
+            return exit::BAD_INPUT.into();
+        }
+    }
     let cli = cmd::Cli::parse();
-    rowclaim_bench::init_logging(cli.verbose);
+    say::set_quiet(cli.quiet);
+    if cli.quiet {
+        rowclaim_bench::init_quiet_logging();
+    } else {
+        rowclaim_bench::init_logging(cli.verbose);
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
