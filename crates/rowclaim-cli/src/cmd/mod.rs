@@ -257,11 +257,22 @@ async fn claimer_keeping(
 /// Says on stderr which strategy `auto` chose, for the commands that claim.
 fn say_strategy(claimer: &Claimer, asked: rowclaim::Strategy) {
     if asked == rowclaim::Strategy::Auto {
-        eprintln!(
-            "rowclaim: strategy auto chose {} for {} on {}",
+        say!(
+            "strategy auto chose {} for {} on {}",
             claimer.strategy(),
             claimer.table_name(),
             claimer.server().description
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn shown_urls_hold_no_password() {
+        let shown = super::shown_url("postgres://app:s3cret@db:5432/app?password=x&sslmode=require");
+        assert_eq!(shown, "postgres://app@db:5432/app");
+        assert_eq!(super::shown_url("mysql://root@h/test"), "mysql://root@h/test");
+        assert_eq!(super::shown_url("sqlite://rowclaim.db"), "sqlite://rowclaim.db");
     }
 }
