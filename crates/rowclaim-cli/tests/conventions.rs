@@ -270,3 +270,119 @@ fn completions_for_each_shell() {
     assert!(stderr(&out).contains("tcsh"), "{}", stderr(&out));
     assert!(out.stdout.is_empty());
 }
+
+/// The README's "Your own table" section: its `sql` blocks, each with the database its first
+/// line names (`-- PostgreSQL`, `-- MariaDB / MySQL`, `-- SQLite`), and the flags of its `SRC=`.
+fn readme_schema() -> (Vec<(String, String)>, Vec<String>) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md");
+    let readme = std::fs::read_to_string(path).expect("README.md at the workspace root");
+    let start = readme
+        .find("\n## Your own table\n")
+        .expect("README has \"## Your own table\"");
+    let section = &readme[start + 1..];
+    let section = &section[..section[1..].find("\n## ").map_or(section.len(), |i| i + 1)];
+    let mut blocks = Vec::new();
+    let mut rest = section;
+    while let Some(open) = rest.find("```sql\n") {
+        let body = &rest[open + "```sql\n".len()..];
+        let end = body.find("\n```").expect("a closed sql block");
+        let block = &body[..end];
+        let first = block.lines().next().unwrap_or_default();
+        let database = first.trim_start_matches("--").trim().to_owned();
+        blocks.push((database, block.to_owned()));
+        rest = &body[end..];
+    }
+    let src = section
+        .lines()
+        .find_map(|l| l.strip_prefix("SRC=\""))
+        .and_then(|l| l.strip_suffix('"'))
+        .expect("README sets SRC=\"…\" in the same section");
+    (blocks, src.split_whitespace().map(str::to_owned).collect())
+}
+
+/// The schema block the README gives for `database`.
+fn readme_block(database: &str) -> String {
+    let (blocks, _) = readme_schema();
+    let names: Vec<&str> = blocks.iter().map(|(d, _)| d.as_str()).collect();
+    assert_eq!(
+        names,
+        ["PostgreSQL", "MariaDB / MySQL", "SQLite"],
+        "README's schema blocks"
+    );
+    blocks
+        .into_iter()
+        .find(|(d, _)| d == database)
+        .map(|(_, b)| b)
+        .unwrap()
+}
+
+/// The README's schema for this database, pasted as it is, then the README's own flags claim a
+/// row of it with `rowclaim claim` and complete it.
+async fn readme_schema_works(t: Arc<TestDb>) {
+    let database = match t.backend {
+        Backend::Postgres => "PostgreSQL",
+        Backend::MySql => "MariaDB / MySQL",
+        Backend::Sqlite => "SQLite",
+    };
+    t.exec(&readme_block(database)).await;
+    t.exec("INSERT INTO emails (address) VALUES ('ada@example.com')")
+        .await;
+    t.exec("INSERT INTO emails (address) VALUES ('bob@example.com')")
+        .await;
+    let (_, src) = readme_schema();
+    let src: Vec<&str> = src.iter().map(String::as_str).collect();
+
+    let mut args = vec!["claim"];
+    args.extend(&src);
+    let out = support::rowclaim(&t.url, &args).output().await.unwrap();
+    assert!(out.status.success(), "{database}: {}", stderr(&out));
+    let line: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(line["id"], 1, "{line}");
+    assert_eq!(line["row"]["address"], "ada@example.com", "{line}");
+    let token = line["token"].as_str().unwrap().to_owned();
+    let held = t
+        .strings("SELECT owner FROM emails WHERE status = 'claimed'")
+        .await;
+    assert_eq!(held, [Some(token.clone())]);
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM emails WHERE id = 1 AND attempts = 1")
+            .await,
+        1
+    );
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM emails WHERE lease_until IS NOT NULL")
+            .await,
+        1
+    );
+
+    let mut args = vec!["complete"];
+    args.extend(&src);
+    args.extend(["--token", &token, "--id", "1"]);
+    let out = support::rowclaim(&t.url, &args).output().await.unwrap();
+    assert!(out.status.success(), "{database}: {}", stderr(&out));
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM emails WHERE status = 'done'")
+            .await,
+        1
+    );
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM emails WHERE status = 'ready'")
+            .await,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readme_schema_pastes_on_postgres() {
+    with_db(Backend::Postgres, readme_schema_works).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readme_schema_pastes_on_mysql() {
+    with_db(Backend::MySql, readme_schema_works).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readme_schema_pastes_on_sqlite() {
+    with_db(Backend::Sqlite, readme_schema_works).await
+}
