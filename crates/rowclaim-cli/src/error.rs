@@ -27,7 +27,7 @@ pub enum CliError {
     /// SQLite file), said with where rowclaim looked or what to do.
     #[error("{source} {context}")]
     Missing {
-        source: rowclaim::Error,
+        source: Box<rowclaim::Error>,
         /// E.g. `in sqlite://rowclaim.db`.
         context: String,
     },
@@ -76,7 +76,8 @@ impl CliError {
         match self {
             CliError::BadInput(_) => exit::BAD_INPUT,
             CliError::NothingClaimed(_) => exit::NOTHING_CLAIMED,
-            CliError::Library(e) | CliError::Missing { source: e, .. } => library_exit(e),
+            CliError::Library(e) => library_exit(e),
+            CliError::Missing { source, .. } => library_exit(source),
             CliError::Bench(e) => bench_exit(e),
             CliError::Incomplete(_) => exit::INCOMPLETE,
             CliError::Interrupted(_) => exit::INTERRUPTED,

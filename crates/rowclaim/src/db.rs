@@ -521,8 +521,15 @@ mod tests {
         let e = Db::connect_with(&url, look.clone()).await.unwrap_err();
         assert!(matches!(e, crate::Error::NoSqliteFile { .. }), "{e:?}");
         assert_eq!(e.kind(), crate::ErrorKind::BadInput);
-        assert_eq!(e.to_string(), format!("no SQLite database at {}", file.display()));
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing written");
+        assert_eq!(
+            e.to_string(),
+            format!("no SQLite database at {}", file.display())
+        );
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "nothing written"
+        );
 
         let nested = dir.path().join("no/such/dir/x.db");
         let url = format!("sqlite://{}", nested.display());
@@ -531,7 +538,11 @@ mod tests {
         assert!(e.to_string().contains(&nested.display().to_string()), "{e}");
 
         // Once there, the file opens either way.
-        drop(Db::connect(&format!("sqlite://{}", file.display())).await.unwrap());
+        drop(
+            Db::connect(&format!("sqlite://{}", file.display()))
+                .await
+                .unwrap(),
+        );
         let url = format!("sqlite://{}", file.display());
         Db::connect_with(&url, look).await.unwrap();
     }

@@ -78,10 +78,7 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
             serde_json::to_string(&done).map_err(|e| CliError::io("writing the job")(e.into()))?;
         println!("{text}");
         if done.existing {
-            say!(
-                "job {} with that unique key is pending already",
-                done.id
-            );
+            say!("job {} with that unique key is pending already", done.id);
         }
         return Ok(());
     }

@@ -194,7 +194,7 @@ async fn refuse_missing_sqlite_file(url: &str) -> Result<(), CliError> {
     match Db::connect_with(url, look).await {
         Ok(_) => Ok(()),
         Err(e @ rowclaim::Error::NoSqliteFile { .. }) => Err(CliError::Missing {
-            source: e,
+            source: Box::new(e),
             context: "(commands that only read create none: check --database or DATABASE_URL; \
                       `rowclaim init` or your own CREATE TABLE makes one)"
                 .into(),
@@ -209,7 +209,7 @@ fn name_the_database(e: CliError, url: &str) -> CliError {
     match e {
         CliError::Library(e) if e.kind() == rowclaim::ErrorKind::MissingTable => {
             CliError::Missing {
-                source: e,
+                source: Box::new(e),
                 context: format!("in {}", shown_url(url)),
             }
         }
@@ -270,9 +270,16 @@ fn say_strategy(claimer: &Claimer, asked: rowclaim::Strategy) {
 mod tests {
     #[test]
     fn shown_urls_hold_no_password() {
-        let shown = super::shown_url("postgres://app:s3cret@db:5432/app?password=x&sslmode=require");
+        let shown =
+            super::shown_url("postgres://app:s3cret@db:5432/app?password=x&sslmode=require");
         assert_eq!(shown, "postgres://app@db:5432/app");
-        assert_eq!(super::shown_url("mysql://root@h/test"), "mysql://root@h/test");
-        assert_eq!(super::shown_url("sqlite://rowclaim.db"), "sqlite://rowclaim.db");
+        assert_eq!(
+            super::shown_url("mysql://root@h/test"),
+            "mysql://root@h/test"
+        );
+        assert_eq!(
+            super::shown_url("sqlite://rowclaim.db"),
+            "sqlite://rowclaim.db"
+        );
     }
 }
