@@ -6,6 +6,7 @@
 //! - `exit.rs`: the exit codes, written down once (for `--help`, the README and the errors).
 //! - `run_command.rs`: the worker handler behind `work`, which runs a COMMAND per row.
 //! - `signals.rs`: how `work` stops on SIGINT, SIGTERM and SIGHUP.
+//! - `say.rs`: informational lines on stderr, which `--quiet` silences.
 //!
 //! `rowclaim bench` is the `rowclaim-bench` crate; `cmd/bench.rs` only hands it over.
 

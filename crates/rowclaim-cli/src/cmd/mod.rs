@@ -193,7 +193,12 @@ async fn refuse_missing_sqlite_file(url: &str) -> Result<(), CliError> {
         .sqlite_create_if_missing(false);
     match Db::connect_with(url, look).await {
         Ok(_) => Ok(()),
-        Err(e @ rowclaim::Error::NoSqliteFile { .. }) => Err(CliError::Missing {
+        Err(
+            e @ rowclaim::Error::NoSqliteFile {
+                directory_missing: false,
+                ..
+            },
+        ) => Err(CliError::Missing {
             source: Box::new(e),
             context: "(commands that only read create none: check --database or DATABASE_URL; \
                       `rowclaim init` or your own CREATE TABLE makes one)"
