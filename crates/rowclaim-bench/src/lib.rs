@@ -51,12 +51,21 @@ pub use error::{BenchError, Result};
 /// `-vv` every retry; `ROWCLAIM_LOG` (an `EnvFilter`) overrides both.
 pub fn init_logging(verbose: u8) {
     let level = match verbose {
-        // sqlx warns about every broken connection it tests and every slow statement (a bulk
-        // fill is slow by design); an outage is rowclaim's to report, once.
+        // sqlx warns about every broken connection it tests and every slow statement, SQL text
+        // and all (a bulk fill is slow by design); an outage is rowclaim's to report, once.
         0 => "warn,sqlx=error",
-        1 => "info,rowclaim=debug",
+        1 => "info,rowclaim=debug,sqlx=error",
         _ => "debug,rowclaim=trace",
     };
+    install_logging(level, verbose > 0);
+}
+
+/// Logging for `--quiet`: errors only (`ROWCLAIM_LOG` still overrides).
+pub fn init_quiet_logging() {
+    install_logging("error", false);
+}
+
+fn install_logging(level: &str, with_target: bool) {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("ROWCLAIM_LOG")
@@ -65,7 +74,7 @@ pub fn init_logging(verbose: u8) {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         // Where a line comes from in the code helps when debugging (-v), not otherwise.
-        .with_target(verbose > 0)
+        .with_target(with_target)
         .init();
 }
 

@@ -23,6 +23,15 @@ pub enum CliError {
     #[error("{0}")]
     Library(#[from] rowclaim::Error),
 
+    /// Something the command needs is not in the database (a table) or not there at all (a
+    /// SQLite file), said with where rowclaim looked or what to do.
+    #[error("{source} {context}")]
+    Missing {
+        source: Box<rowclaim::Error>,
+        /// E.g. `in sqlite://rowclaim.db`.
+        context: String,
+    },
+
     /// `rowclaim bench` failed (bad flags, a failed self-check, the database).
     #[error("{0}")]
     Bench(#[from] BenchError),
@@ -68,6 +77,7 @@ impl CliError {
             CliError::BadInput(_) => exit::BAD_INPUT,
             CliError::NothingClaimed(_) => exit::NOTHING_CLAIMED,
             CliError::Library(e) => library_exit(e),
+            CliError::Missing { source, .. } => library_exit(source),
             CliError::Bench(e) => bench_exit(e),
             CliError::Incomplete(_) => exit::INCOMPLETE,
             CliError::Interrupted(_) => exit::INTERRUPTED,

@@ -92,8 +92,8 @@ pub const TABLE: [Exit; 8] = [
 /// The text under every command's `--help`: the exit codes, and where the database comes from.
 pub static AFTER_HELP: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "{}\nThe database comes from --database, else $DATABASE_URL, else sqlite://rowclaim.db \
-         here.",
+        "{}\nThe database comes from --database, else $DATABASE_URL (also read from ./.env),\n\
+         else sqlite://rowclaim.db here.",
         help_table()
     )
 });

@@ -6,6 +6,7 @@
 //! - `exit.rs`: the exit codes, written down once (for `--help`, the README and the errors).
 //! - `run_command.rs`: the worker handler behind `work`, which runs a COMMAND per row.
 //! - `signals.rs`: how `work` stops on SIGINT, SIGTERM and SIGHUP.
+//! - `say.rs`: informational lines on stderr, which `--quiet` silences.
 //!
 //! `rowclaim bench` is the `rowclaim-bench` crate; `cmd/bench.rs` only hands it over.
 
@@ -13,6 +14,7 @@ mod cmd;
 mod error;
 mod exit;
 mod run_command;
+mod say;
 mod signals;
 
 use std::process::ExitCode;
@@ -23,8 +25,21 @@ use clap::Parser;
 pub use error::CliError;
 
 fn main() -> ExitCode {
+    // Before the flags are read, so that DATABASE_URL and the like may come from it. Only the
+    // current directory's: a .env further up belongs to some other project.
+    if let Err(e) = dotenvy::from_path(".env") {
+        if !e.not_found() {
+            eprintln!("rowclaim: .env in the current directory: {e}");
+            return exit::BAD_INPUT.into();
+        }
+    }
     let cli = cmd::Cli::parse();
-    rowclaim_bench::init_logging(cli.verbose);
+    say::set_quiet(cli.quiet);
+    if cli.quiet {
+        rowclaim_bench::init_quiet_logging();
+    } else {
+        rowclaim_bench::init_logging(cli.verbose);
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::error::CliError;
 use crate::exit;
+use crate::say::say;
 
 /// The signals that stop `work`: SIGINT (Ctrl-C), SIGTERM, and SIGHUP (the terminal went
 /// away). Listened for before the first claim, so that no early signal kills rowclaim outright.
@@ -50,17 +51,15 @@ impl StopSignals {
 /// Second: stop them now. Third: exit at once.
 pub async fn stop_on_signal(mut signals: StopSignals, stop: rowclaim::Shutdown) {
     signals.next().await;
-    eprintln!(
-        "rowclaim: stopping: no new claims, rows not started go back, running commands may \
-         finish (signal again to stop them now)"
+    say!(
+        "stopping: no new claims, rows not started go back, running commands may finish \
+         (signal again to stop them now)"
     );
     stop.drain();
     signals.next_after(tokio::time::Instant::now()).await;
-    eprintln!("rowclaim: second signal: stopping running commands now and giving their rows back");
+    say!("second signal: stopping running commands now and giving their rows back");
     stop.now();
     signals.next_after(tokio::time::Instant::now()).await;
-    eprintln!(
-        "rowclaim: third signal: exiting at once; unfinished rows come back when their lease ends"
-    );
+    say!("third signal: exiting at once; unfinished rows come back when their lease ends");
     std::process::exit(i32::from(exit::INTERRUPTED.code));
 }

@@ -77,6 +77,9 @@ pub struct ConnectOptions {
     /// URL of the same database for `LISTEN`, which cannot pass the pooler. Without it, idle
     /// workers of the managed queue poll. Default none.
     pub listen_database: Option<String>,
+    /// SQLite: create the database file when it is not there. Default on. Off, a missing file
+    /// is an [`Error::NoSqliteFile`] and nothing is written: for tools that only look.
+    pub sqlite_create_if_missing: bool,
 }
 
 impl Default for ConnectOptions {
@@ -88,6 +91,7 @@ impl Default for ConnectOptions {
             connect_timeout: Duration::from_secs(10),
             acquire_timeout: Duration::from_secs(10),
             listen_database: None,
+            sqlite_create_if_missing: true,
         }
     }
 }
@@ -114,6 +118,12 @@ impl ConnectOptions {
     /// Sets [`ConnectOptions::listen_database`].
     pub fn listen_database(mut self, url: impl Into<String>) -> Self {
         self.listen_database = Some(url.into());
+        self
+    }
+
+    /// Sets [`ConnectOptions::sqlite_create_if_missing`].
+    pub fn sqlite_create_if_missing(mut self, create: bool) -> Self {
+        self.sqlite_create_if_missing = create;
         self
     }
 
@@ -291,9 +301,23 @@ async fn connect_mysql(url: &str, _: &ConnectOptions) -> Result<(Backend, String
 #[cfg(feature = "sqlite")]
 async fn connect_sqlite(url: &str, opts: &ConnectOptions) -> Result<(Backend, String)> {
     let bad_url = |e: sqlx::Error| bad_url(url, e);
-    let options = SqliteConnectOptions::from_str(url)
-        .map_err(bad_url)?
-        .create_if_missing(true)
+    let options = SqliteConnectOptions::from_str(url).map_err(bad_url)?;
+    // SQLite's own error for both is "unable to open database file", which names neither.
+    let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+    let path = options.get_filename();
+    if !in_memory && !path.exists() {
+        let directory_missing = path
+            .parent()
+            .is_some_and(|dir| !dir.as_os_str().is_empty() && !dir.is_dir());
+        if directory_missing || !opts.sqlite_create_if_missing {
+            return Err(Error::NoSqliteFile {
+                path: path.to_owned(),
+                directory_missing,
+            });
+        }
+    }
+    let options = options
+        .create_if_missing(opts.sqlite_create_if_missing)
         // WAL lets readers run beside the one writer; NORMAL sync is durable in WAL.
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
@@ -318,7 +342,8 @@ async fn connect_sqlite(url: &str, _: &ConnectOptions) -> Result<(Backend, Strin
 
 impl Db {
     /// Connects to `postgres://…`, `mysql://…` (also MariaDB; `mariadb://` works too) or
-    /// `sqlite://path` (created if missing, in WAL mode).
+    /// `sqlite://path` (created if missing unless
+    /// [`ConnectOptions::sqlite_create_if_missing`] is off, in WAL mode).
     ///
     /// PostgreSQL URLs may list several hosts, libpq's way
     /// (`postgres://u@h1:5432,h2:5432/db`): rowclaim connects to the first that takes writes
@@ -507,6 +532,45 @@ mod tests {
         let e = super::Db::connect("sqlite://x.db").await.unwrap_err();
         assert!(matches!(e, crate::Error::Unsupported(_)), "{e:?}");
         assert!(e.to_string().contains("cargo feature \"sqlite\""), "{e}");
+    }
+
+    /// A tool that only looks gets a missing file named and leaves nothing behind; a file whose
+    /// directory is missing is named with its directory, whatever the option.
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn a_missing_sqlite_file_is_named_and_not_created() {
+        use super::{ConnectOptions, Db};
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("absent.db");
+        let url = format!("sqlite://{}", file.display());
+        let look = ConnectOptions::default().sqlite_create_if_missing(false);
+        let e = Db::connect_with(&url, look.clone()).await.unwrap_err();
+        assert!(matches!(e, crate::Error::NoSqliteFile { .. }), "{e:?}");
+        assert_eq!(e.kind(), crate::ErrorKind::BadInput);
+        assert_eq!(
+            e.to_string(),
+            format!("no SQLite database at {}", file.display())
+        );
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "nothing written"
+        );
+
+        let nested = dir.path().join("no/such/dir/x.db");
+        let url = format!("sqlite://{}", nested.display());
+        let e = Db::connect(&url).await.unwrap_err();
+        assert!(e.to_string().contains("its directory"), "{e}");
+        assert!(e.to_string().contains(&nested.display().to_string()), "{e}");
+
+        // Once there, the file opens either way.
+        drop(
+            Db::connect(&format!("sqlite://{}", file.display()))
+                .await
+                .unwrap(),
+        );
+        let url = format!("sqlite://{}", file.display());
+        Db::connect_with(&url, look).await.unwrap();
     }
 
     #[test]

@@ -110,6 +110,17 @@ pub enum Error {
     #[error("row is locked by another transaction (NOWAIT)")]
     Locked,
 
+    /// The SQLite file is not there and this connection may not create it
+    /// ([`ConnectOptions::sqlite_create_if_missing`](crate::ConnectOptions)), or it cannot be
+    /// created because its directory does not exist.
+    #[error("{}", describe_missing_file(.path, *.directory_missing))]
+    NoSqliteFile {
+        /// The file, as the URL named it.
+        path: std::path::PathBuf,
+        /// Whether the directory it would go in is missing too.
+        directory_missing: bool,
+    },
+
     /// The database URL is not one rowclaim understands.
     #[error(
         "unsupported database URL {0:?}: use postgres://, mysql:// (also MariaDB) or sqlite://"
@@ -245,7 +256,8 @@ impl Error {
             | Error::Unsupported(_)
             | Error::InvalidInput(_)
             | Error::MappingDisagrees { .. }
-            | Error::InvalidUrl(_) => ErrorKind::BadInput,
+            | Error::InvalidUrl(_)
+            | Error::NoSqliteFile { .. } => ErrorKind::BadInput,
             Error::MissingTable { .. } => ErrorKind::MissingTable,
             Error::LeaseLost { .. } => ErrorKind::LeaseLost,
             Error::Locked => ErrorKind::LockConflict,
@@ -274,6 +286,17 @@ impl Error {
             Error::Database(e) => connection_broke(e),
             _ => false,
         }
+    }
+}
+
+fn describe_missing_file(path: &std::path::Path, directory_missing: bool) -> String {
+    match path.parent().filter(|_| directory_missing) {
+        Some(dir) => format!(
+            "cannot create the SQLite database {}: its directory {} does not exist",
+            path.display(),
+            dir.display()
+        ),
+        None => format!("no SQLite database at {}", path.display()),
     }
 }
 

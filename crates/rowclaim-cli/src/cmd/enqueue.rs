@@ -7,6 +7,7 @@ use clap::Args;
 use rowclaim::Db;
 
 use crate::error::CliError;
+use crate::say::say;
 
 #[derive(Args, Debug)]
 pub struct EnqueueArgs {
@@ -77,10 +78,7 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
             serde_json::to_string(&done).map_err(|e| CliError::io("writing the job")(e.into()))?;
         println!("{text}");
         if done.existing {
-            eprintln!(
-                "rowclaim: job {} with that unique key is pending already",
-                done.id
-            );
+            say!("job {} with that unique key is pending already", done.id);
         }
         return Ok(());
     }
@@ -89,7 +87,11 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
         return Err(CliError::BadInput(why.into()));
     }
     let progress = indicatif::ProgressBar::new_spinner();
-    progress.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    progress.set_draw_target(if crate::say::quiet() {
+        indicatif::ProgressDrawTarget::hidden()
+    } else {
+        indicatif::ProgressDrawTarget::stderr()
+    });
     let mut jobs = Vec::new();
     let stdin = std::io::stdin();
     for (i, line) in std::io::BufRead::lines(stdin.lock()).enumerate() {
@@ -113,6 +115,6 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
     progress.enable_steady_tick(Duration::from_millis(200));
     let added = queue.enqueue_many(&jobs).await?;
     progress.finish_and_clear();
-    eprintln!("rowclaim: enqueued {added} jobs on queue {}", a.queue);
+    say!("enqueued {added} jobs on queue {}", a.queue);
     Ok(())
 }

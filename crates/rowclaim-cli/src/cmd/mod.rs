@@ -7,6 +7,7 @@
 
 mod bench;
 mod claim;
+mod completions;
 mod demo;
 mod enqueue;
 mod extend;
@@ -19,10 +20,11 @@ mod stats;
 mod work;
 
 use clap::{Parser, Subcommand};
-use rowclaim::{Claimer, Db, Retention};
+use rowclaim::{Claimer, ConnectOptions, Db, Retention};
 
 use crate::error::CliError;
 use crate::exit;
+use crate::say::say;
 use source_args::{SourceArgs, Target};
 
 /// Share the rows of one SQL table between many workers: each row is processed by exactly one of
@@ -34,16 +36,17 @@ use source_args::{SourceArgs, Target};
 #[command(name = "rowclaim", version, after_help = exit::AFTER_HELP.as_str(), max_term_width = 100)]
 pub struct Cli {
     /// Database URL: postgres://user@host/db, mysql://user@host/db (also MariaDB),
-    /// sqlite://path/to/file.db.
-    #[arg(
-        long,
-        global = true,
-        env = "DATABASE_URL",
-        default_value = "sqlite://rowclaim.db",
-        hide_env_values = true
-    )]
-    pub database: String,
-    /// Log more on stderr (-v: what rowclaim decides, -vv: every retry).
+    /// sqlite://path/to/file.db. DATABASE_URL may also come from a .env file in the current
+    /// directory (the environment wins). Without either: sqlite://rowclaim.db in the current
+    /// directory, and rowclaim says so.
+    #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
+    pub database: Option<String>,
+    /// Print only results and errors: no "strategy auto chose …", progress or summaries.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+    /// Log more on stderr (-v: what rowclaim decides, -vv: every retry and the database
+    /// driver's own warnings, slow statements included). ROWCLAIM_LOG, a tracing filter such
+    /// as "rowclaim=debug,sqlx=warn", overrides -v, -vv and --quiet.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
     #[command(subcommand)]
@@ -120,12 +123,54 @@ pub enum Command {
     /// Create a SQLite table of jobs and let several workers drain it: shows how many rows each
     /// worker took and checks that no row was processed twice. Needs no server.
     Demo(demo::DemoArgs),
+    /// Print a completion script for SHELL on stdout, e.g.
+    /// `rowclaim completions bash > ~/.local/share/bash-completion/completions/rowclaim`.
+    Completions(completions::CompletionsArgs),
 }
+
+impl Command {
+    /// Commands that only look at the database: they must not create a SQLite file.
+    fn only_reads(&self) -> bool {
+        match self {
+            Command::Stats(_) => true,
+            Command::Jobs(op) => matches!(
+                op,
+                jobs::JobsCommand::List { .. } | jobs::JobsCommand::Show { .. }
+            ),
+            _ => false,
+        }
+    }
+}
+
+/// The database when neither --database nor DATABASE_URL names one.
+const DEFAULT_DATABASE: &str = "sqlite://rowclaim.db";
 
 /// Runs the command; `Err` says how it failed (and so with which exit code).
 pub async fn run(cli: Cli) -> Result<(), CliError> {
-    let url = cli.database.as_str();
-    match cli.command {
+    let command = match cli.command {
+        Command::Demo(a) => return demo::run(a).await,
+        Command::Completions(a) => return completions::run(a),
+        command => command,
+    };
+    let url = cli.database.unwrap_or_else(|| {
+        // A database nobody chose: say which, or a missing table is a riddle.
+        let here = std::env::current_dir()
+            .map(|d| d.display().to_string())
+            .unwrap_or_else(|_| "the current directory".into());
+        say!("no --database or DATABASE_URL; using {DEFAULT_DATABASE} in {here}");
+        DEFAULT_DATABASE.to_owned()
+    });
+    if command.only_reads() {
+        refuse_missing_sqlite_file(&url).await?;
+    }
+    dispatch(&url, command)
+        .await
+        .map_err(|e| name_the_database(e, &url))
+}
+
+/// Runs a command that works on the database at `url`.
+async fn dispatch(url: &str, command: Command) -> Result<(), CliError> {
+    match command {
         Command::Work(a) => work::run(url, a).await,
         Command::Claim(a) => claim::run(url, a).await,
         Command::Complete(a) => settle::complete(url, a).await,
@@ -138,7 +183,64 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Source(op) => source::run(url, op).await,
         Command::Enqueue(a) => enqueue::run(url, a).await,
         Command::Bench(scenario) => bench::run(url, scenario).await,
-        Command::Demo(a) => demo::run(a).await,
+        Command::Demo(_) | Command::Completions(_) => Ok(()),
+    }
+}
+
+/// A command that only reads opens the SQLite file told not to create it, so that a mistyped
+/// --database leaves no empty database behind. The command opens its own pool afterwards; this
+/// first open is what refuses a missing file.
+async fn refuse_missing_sqlite_file(url: &str) -> Result<(), CliError> {
+    if !url.starts_with("sqlite:") {
+        return Ok(());
+    }
+    let look = ConnectOptions::default()
+        .max_connections(1)
+        .sqlite_create_if_missing(false);
+    match Db::connect_with(url, look).await {
+        Ok(_) => Ok(()),
+        Err(
+            e @ rowclaim::Error::NoSqliteFile {
+                directory_missing: false,
+                ..
+            },
+        ) => Err(CliError::Missing {
+            source: Box::new(e),
+            context: "(commands that only read create none: check --database or DATABASE_URL; \
+                      `rowclaim init` or your own CREATE TABLE makes one)"
+                .into(),
+        }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A missing table is said with the database it was looked for in (its URL without password
+/// or parameters): a --database pointing elsewhere is the usual cause.
+fn name_the_database(e: CliError, url: &str) -> CliError {
+    match e {
+        CliError::Library(e) if e.kind() == rowclaim::ErrorKind::MissingTable => {
+            CliError::Missing {
+                source: Box::new(e),
+                context: format!("in {}", shown_url(url)),
+            }
+        }
+        e => e,
+    }
+}
+
+/// `url` as it may be shown: without a password and without the query (which may hold one).
+fn shown_url(url: &str) -> String {
+    let url = url.split('?').next().unwrap_or_default();
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let (scheme, rest) = url.split_at(scheme_end);
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{scheme}{user}@{host}")
+        }
+        None => url.to_owned(),
     }
 }
 
@@ -166,11 +268,29 @@ async fn claimer_keeping(
 /// Says on stderr which strategy `auto` chose, for the commands that claim.
 fn say_strategy(claimer: &Claimer, asked: rowclaim::Strategy) {
     if asked == rowclaim::Strategy::Auto {
-        eprintln!(
-            "rowclaim: strategy auto chose {} for {} on {}",
+        say!(
+            "strategy auto chose {} for {} on {}",
             claimer.strategy(),
             claimer.table_name(),
             claimer.server().description
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn shown_urls_hold_no_password() {
+        let shown =
+            super::shown_url("postgres://app:s3cret@db:5432/app?password=x&sslmode=require");
+        assert_eq!(shown, "postgres://app@db:5432/app");
+        assert_eq!(
+            super::shown_url("mysql://root@h/test"),
+            "mysql://root@h/test"
+        );
+        assert_eq!(
+            super::shown_url("sqlite://rowclaim.db"),
+            "sqlite://rowclaim.db"
         );
     }
 }
