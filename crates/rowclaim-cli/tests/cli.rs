@@ -562,7 +562,15 @@ async fn queue_crash_recovery(t: Arc<TestDb>) {
         // -v: a result given up because its lease ran out is said at debug level.
         let mut c = rowclaim(
             &t,
-            &["-v", "work", "--queue", "q", "--until-empty", "--lease", "2s"],
+            &[
+                "-v",
+                "work",
+                "--queue",
+                "q",
+                "--until-empty",
+                "--lease",
+                "2s",
+            ],
         );
         c.args([
             "--concurrency",
@@ -610,9 +618,14 @@ async fn queue_crash_recovery(t: Arc<TestDb>) {
             let Some((id, what)) = rest.split_once(':') else {
                 continue;
             };
-            if ["lease was lost", "no longer this worker's", "given up", "not be recorded"]
-                .iter()
-                .any(|w| what.contains(w))
+            if [
+                "lease was lost",
+                "no longer this worker's",
+                "given up",
+                "not be recorded",
+            ]
+            .iter()
+            .any(|w| what.contains(w))
             {
                 *lost.entry(id.to_owned()).or_default() += 1;
             }

@@ -126,6 +126,9 @@ async fn through_pgbouncer(t: Arc<TestDb>) {
     ] {
         t.exec("DROP TABLE IF EXISTS jobs").await;
         t.jobs(ROWS).await;
+        // One table, claimed by each strategy in turn: the last one's record goes first.
+        let out = run_fed(&t.url, &["source", "forget", "jobs"], "").await;
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{out:?}");
         let log = dir.path().join(format!("{strategy}.log"));
         let mut args: Vec<&str> = TABLE.to_vec();
         args.extend(["--strategy", strategy, "--until-empty", "--batch", "5"]);

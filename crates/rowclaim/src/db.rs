@@ -386,16 +386,17 @@ impl Db {
     /// Checks `source` against the live table (names, columns, types), the strategy against the
     /// server and the mapping, and the mapping against the one recorded for the table by its
     /// first claim (see [`crate::registry`]), and returns a claimer for it. `Strategy::Auto`
-    /// picks the best one; [`Claimer::strategy`] says which.
+    /// picks the best one (on a table whose record keeps claims in `rowclaim_leases`,
+    /// lease-table); [`Claimer::strategy`] says which.
     ///
     /// Nothing is written here, except that the lease-table strategy creates `rowclaim_leases`
     /// if it is missing. The claimer's first claim records its mapping when the table has no
     /// record yet (creating `rowclaim_sources` the first time); a claimer that only settles,
     /// extends or reports writes no record.
     pub async fn claimer(&self, source: Source, strategy: Strategy) -> Result<Claimer> {
-        let (mapping, chosen, server) = self.checked_mapping(&source, strategy).await?;
+        let (mapping, mut chosen, server) = self.checked_mapping(&source, strategy).await?;
         if mapping.queues.is_none() {
-            self.check_recorded(&mapping, chosen).await?;
+            chosen = self.check_recorded(&mapping, chosen, strategy).await?;
         }
         if chosen == Strategy::LeaseTable {
             let leases = TableName::parse("rowclaim_leases")?;

@@ -299,20 +299,29 @@ fn disagreement(table_display: &str, recorded: &RecordedSource, differences: Vec
 
 impl Db {
     /// Refuses a claimer whose mapping disagrees with the table's record; a table without a
-    /// record (or a database without the registry) passes. Writes nothing.
-    pub(crate) async fn check_recorded(&self, m: &Mapping, strategy: Strategy) -> Result<()> {
-        let mine = RecordedSource::of(m, strategy);
-        let recorded = dispatch!(&self.backend, d => lookup(d, &m.source_key).await)?;
-        match recorded {
-            Some(r) => {
-                let differences = mine.differences(&r);
-                if differences.is_empty() {
-                    Ok(())
-                } else {
-                    Err(disagreement(&m.table_display, &r, differences))
-                }
-            }
-            None => Ok(()),
+    /// record (or a database without the registry) passes. `auto` (`asked`) follows the record
+    /// where the mapping allows: on a table whose claims are kept in `rowclaim_leases` it picks
+    /// lease-table even when owner and lease columns are mapped. Returns the strategy to use.
+    /// Writes nothing.
+    pub(crate) async fn check_recorded(
+        &self,
+        m: &Mapping,
+        chosen: Strategy,
+        asked: Strategy,
+    ) -> Result<Strategy> {
+        let Some(recorded) = dispatch!(&self.backend, d => lookup(d, &m.source_key).await)? else {
+            return Ok(chosen);
+        };
+        let chosen = if asked == Strategy::Auto && recorded.claims == ClaimsKept::InLeaseTable {
+            Strategy::LeaseTable
+        } else {
+            chosen
+        };
+        let differences = RecordedSource::of(m, chosen).differences(&recorded);
+        if differences.is_empty() {
+            Ok(chosen)
+        } else {
+            Err(disagreement(&m.table_display, &recorded, differences))
         }
     }
 

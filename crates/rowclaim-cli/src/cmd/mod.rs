@@ -132,7 +132,7 @@ impl Command {
     /// Commands that only look at the database: they must not create a SQLite file.
     fn only_reads(&self) -> bool {
         match self {
-            Command::Stats(_) => true,
+            Command::Stats(_) | Command::Source(source::SourceCommand::List(_)) => true,
             Command::Jobs(op) => matches!(
                 op,
                 jobs::JobsCommand::List { .. } | jobs::JobsCommand::Show { .. }

@@ -546,6 +546,13 @@ pub async fn one_mapping_per_table(t: Arc<TestDb>) {
     assert_eq!(bare.strategy(), Strategy::LeaseTable);
     assert!(db.claimer(full_source(), Strategy::Auto).await.is_err());
 
+    // `auto` follows a record that keeps claims in rowclaim_leases where the mapping allows.
+    db.record_source(full_source(), Strategy::LeaseTable)
+        .await
+        .unwrap();
+    let auto = db.claimer(full_source(), Strategy::Auto).await.unwrap();
+    assert_eq!(auto.strategy(), Strategy::LeaseTable);
+
     // Forgotten, the next claim records again; and two first claimers that disagree cannot
     // both claim.
     assert!(db.forget_source("jobs").await.unwrap());
