@@ -24,16 +24,7 @@ fn stderr(out: &Output) -> String {
 
 async fn disagreeing_claimers(t: Arc<TestDb>) {
     t.jobs(3).await;
-    let full = [
-        "--table",
-        "jobs",
-        "--owner-column",
-        "owner",
-        "--lease-column",
-        "lease_until",
-        "--lease",
-        "5m",
-    ];
+    let full = [&support::TABLE[..], &["--lease", "5m"]].concat();
     let out = output(&t, &[&["claim"], full.as_slice()].concat()).await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
