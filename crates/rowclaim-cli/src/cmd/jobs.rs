@@ -4,25 +4,30 @@ use std::io::Write;
 use std::time::Duration;
 
 use clap::Subcommand;
-use rowclaim::Db;
+use rowclaim::{Db, JobFilter};
 
 use crate::error::CliError;
 
 #[derive(Subcommand, Debug)]
 pub enum JobsCommand {
-    /// List jobs, newest first, as JSON lines.
+    /// List jobs, newest first, as JSON lines (the same keys on every database; times in
+    /// RFC 3339, UTC).
     List {
         /// Only this queue (repeat for several).
         #[arg(long = "queue", value_name = "Q")]
         queues: Vec<String>,
+        /// Only jobs of this kind (repeat, or a comma list, for several).
+        #[arg(long = "kind", value_name = "K", value_delimiter = ',')]
+        kinds: Vec<String>,
         /// Only jobs in this state: ready, running, completed, dead, cancelled.
-        #[arg(long, value_name = "S")]
+        #[arg(long, value_name = "S",
+              value_parser = clap::builder::PossibleValuesParser::new(rowclaim::JOB_STATUSES))]
         status: Option<String>,
         /// At most this many.
         #[arg(long, value_name = "N", default_value_t = 50)]
         limit: u32,
     },
-    /// Show one job as JSON. Exits 1 when there is no such job.
+    /// Show one job as JSON (as in `jobs list`). Exits 1 when there is no such job.
     Show {
         /// The job's id.
         id: i64,
@@ -51,12 +56,19 @@ pub async fn run(url: &str, op: JobsCommand) -> Result<(), CliError> {
     let (changed, what) = match op {
         JobsCommand::List {
             queues,
+            kinds,
             status,
             limit,
         } => {
+            let mut filter = JobFilter::new().queues(queues).kinds(kinds).limit(limit);
+            if let Some(s) = status {
+                filter = filter.status(s);
+            }
             let mut out = std::io::stdout().lock();
-            for job in queue.list(&queues, status.as_deref(), limit).await? {
-                writeln!(out, "{job}").map_err(CliError::io("writing to stdout"))?;
+            for job in queue.list(&filter).await? {
+                let line = serde_json::to_string(&job)
+                    .map_err(|e| CliError::io("writing the job")(e.into()))?;
+                writeln!(out, "{line}").map_err(CliError::io("writing to stdout"))?;
             }
             return Ok(());
         }

@@ -135,14 +135,6 @@ pub(crate) trait ClaimStore: run::Run {
     async fn backlog(&self, m: &Mapping) -> Result<(u64, u64)> {
         run::backlog(self, m).await
     }
-    /// Rows of the source, newest id first: one by id, or up to `limit` with a given status.
-    async fn list_rows(
-        &self,
-        m: &Mapping,
-        id: Option<i64>,
-        status: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<serde_json::Value>>;
 }
 
 /// One of the databases this build has a driver for.
@@ -369,14 +361,5 @@ impl Backend {
     }
     pub(crate) async fn backlog(&self, m: &Mapping) -> Result<(u64, u64)> {
         dispatch!(self, d => d.backlog(m).await)
-    }
-    pub(crate) async fn list_rows(
-        &self,
-        m: &Mapping,
-        id: Option<i64>,
-        status: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<serde_json::Value>> {
-        dispatch!(self, d => d.list_rows(m, id, status, limit).await)
     }
 }

@@ -462,17 +462,6 @@ impl Claimer {
         i.db.backend.stats(&i.m, i.strategy).await
     }
 
-    /// Rows of the source, newest id first (for `rowclaim jobs list|show`).
-    pub(crate) async fn list_rows(
-        &self,
-        id: Option<i64>,
-        status: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<serde_json::Value>> {
-        let i = &self.inner;
-        i.db.backend.list_rows(&i.m, id, status, limit).await
-    }
-
     /// How much work is left: ready rows (for the managed queue: due, or awaiting a retry) and
     /// claimed rows, within the source's queues and filter.
     pub async fn backlog(&self) -> Result<Backlog> {

@@ -1,6 +1,9 @@
 //! The managed queue's store on MySQL/MariaDB: its tables and migrations, enqueue, admin, stats.
 
-use super::{Admin, Enqueued, JobParts, Listener, NewJob, QueueStats, QueueStore};
+use super::record::{records_sql, RecordRow};
+use super::{
+    Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
+};
 use crate::backend::mysql::*;
 use crate::backend::sql::Binder;
 use sqlx::Row;
@@ -155,6 +158,38 @@ impl QueueStore for My {
             stats.completed_last_minute.insert(q, n as u64);
         }
         Ok(stats)
+    }
+
+    async fn records(&self, filter: &JobFilter, id: Option<i64>) -> Result<Vec<JobRecord>> {
+        // DATETIME(6) holds UTC here; calendar arithmetic from the epoch involves no session
+        // time zone (unlike UNIX_TIMESTAMP). `pending_key` is the unique index's helper column,
+        // not the job's: it is not shown.
+        let ms = |c: &str| {
+            format!(
+                "CAST(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', {c}) DIV 1000 \
+                 AS SIGNED)"
+            )
+        };
+        let text = |c: &str| format!("CAST({c} AS CHAR)");
+        let columns = format!(
+            "id, {}, {}, {}, {}, CAST(priority AS SIGNED), CAST(attempts AS SIGNED), \
+             CAST(max_attempts AS SIGNED), {}, {}, {}, {}, {}, {}, {}, timeout_ms",
+            text("queue"),
+            text("kind"),
+            text("payload"),
+            text("status"),
+            ms("run_at"),
+            ms("created_at"),
+            ms("finished_at"),
+            ms("lease_until"),
+            text("owner"),
+            text("unique_key"),
+            text("last_error"),
+        );
+        let mut b = B::new();
+        let sql = records_sql(&mut b, &columns, filter, id);
+        let rows: Vec<RecordRow> = b.query_as(sql)?.fetch_all(&self.pool).await?;
+        Ok(rows.into_iter().map(JobRecord::from_row).collect())
     }
 }
 

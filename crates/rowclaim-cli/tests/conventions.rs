@@ -1,0 +1,287 @@
+//! The command line's conventions, the same on every database (issue 12): one JSON shape for
+//! jobs, `--json` for every command that reports a result, the failing command's stderr kept with
+//! its job, `--kind`, what `--until-empty` leaves scheduled, and uniform validation of counts and
+//! durations.
+
+use rowclaim_testkit as common;
+mod support;
+
+use std::collections::BTreeSet;
+use std::process::Output;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use common::{with_db, Backend, TestDb};
+
+fn rowclaim(t: &TestDb, args: &[&str]) -> tokio::process::Command {
+    support::rowclaim(&t.url, args)
+}
+
+async fn output(t: &TestDb, args: &[&str]) -> Output {
+    rowclaim(t, args).output().await.expect("run rowclaim")
+}
+
+/// Runs `rowclaim ARGS…`, which must succeed; its stdout.
+async fn ok(t: &TestDb, args: &[&str]) -> String {
+    let out = output(t, args).await;
+    assert!(
+        out.status.success(),
+        "rowclaim {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn json_lines(text: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// "2026-11-23T10:00:00.123Z": RFC 3339, UTC, milliseconds.
+fn is_rfc3339_utc_ms(s: &str) -> bool {
+    let b = s.as_bytes();
+    let digits = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_digit);
+    b.len() == 24
+        && digits(0..4)
+        && b[4] == b'-'
+        && digits(5..7)
+        && b[7] == b'-'
+        && digits(8..10)
+        && b[10] == b'T'
+        && digits(11..13)
+        && b[13] == b':'
+        && digits(14..16)
+        && b[16] == b':'
+        && digits(17..19)
+        && b[19] == b'.'
+        && digits(20..23)
+        && b[23] == b'Z'
+}
+
+fn at(v: &serde_json::Value) -> SystemTime {
+    humantime::parse_rfc3339(v.as_str().expect("a time")).expect("RFC 3339")
+}
+
+const TIMES: [&str; 4] = ["run_at", "created_at", "finished_at", "lease_until"];
+
+/// The same jobs on one database, in the states a job can be in (ready, delayed, running, dead):
+/// `jobs list` and `jobs show` as JSON.
+async fn jobs_as_json(t: Arc<TestDb>) -> (Vec<serde_json::Value>, serde_json::Value) {
+    ok(&t, &["init"]).await;
+    ok(&t, &["enqueue", "--queue", "q", "--kind", "a", "{\"n\":1}"]).await;
+    let delayed = [
+        "enqueue",
+        "--queue",
+        "q",
+        "--kind",
+        "b",
+        "--delay",
+        "5m",
+        "--unique-key",
+        "k1",
+        "--timeout",
+        "90s",
+        "--priority",
+        "3",
+        "{\"n\":2}",
+    ];
+    ok(&t, &delayed).await;
+    ok(
+        &t,
+        &[
+            "enqueue",
+            "--queue",
+            "doomed",
+            "--max-attempts",
+            "1",
+            "[1,2]",
+        ],
+    )
+    .await;
+    ok(&t, &["enqueue", "--queue", "held", "\"text\""]).await;
+    // A dead job (finished, with its error) and a running one (owner and lease).
+    let out = output(
+        &t,
+        &[
+            "work",
+            "--queue",
+            "doomed",
+            "--until-empty",
+            "--",
+            "sh",
+            "-c",
+            "exit 7",
+        ],
+    )
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ok(&t, &["claim", "--queue", "held", "--lease", "10m"]).await;
+
+    let list = json_lines(&ok(&t, &["jobs", "list"]).await);
+    let show: serde_json::Value =
+        serde_json::from_str(&ok(&t, &["jobs", "show", "2"]).await).expect("show is JSON");
+    (list, show)
+}
+
+/// `jobs list` and `jobs show` give the same keys on PostgreSQL, MariaDB and SQLite, times as
+/// RFC 3339 in UTC with milliseconds, payloads as JSON, and no column of rowclaim's own making.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_have_one_json_shape_on_every_database() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    for backend in [Backend::Sqlite, Backend::Postgres, Backend::MySql] {
+        let seen = seen.clone();
+        with_db(backend, move |t| async move {
+            let got = jobs_as_json(t).await;
+            seen.lock().unwrap().push((backend, got));
+        })
+        .await;
+    }
+    let seen = seen.lock().unwrap();
+    let keys = |v: &serde_json::Value| -> BTreeSet<String> {
+        v.as_object().expect("an object").keys().cloned().collect()
+    };
+    let expected: BTreeSet<String> = [
+        "id",
+        "queue",
+        "kind",
+        "status",
+        "payload",
+        "priority",
+        "attempts",
+        "max_attempts",
+        "run_at",
+        "created_at",
+        "finished_at",
+        "lease_until",
+        "owner",
+        "unique_key",
+        "last_error",
+        "timeout_ms",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    for (backend, (list, show)) in seen.iter() {
+        assert_eq!(list.len(), 4, "{backend:?}: {list:?}");
+        for job in list.iter().chain([show]) {
+            assert_eq!(keys(job), expected, "{backend:?}: {job}");
+            for k in TIMES {
+                let v = &job[k];
+                assert!(
+                    v.is_null() || v.as_str().is_some_and(is_rfc3339_utc_ms),
+                    "{backend:?}: {k} = {v}"
+                );
+            }
+        }
+        let by_queue = |q: &str| list.iter().find(|j| j["queue"] == q).expect(q);
+        // Newest first, ids as enqueued.
+        let ids: Vec<i64> = list.iter().map(|j| j["id"].as_i64().unwrap()).collect();
+        assert_eq!(ids, [4, 3, 2, 1], "{backend:?}");
+
+        let ready = by_queue("q");
+        assert_eq!(ready["payload"], serde_json::json!({"n": 2}), "{backend:?}");
+        assert_eq!(show, ready, "{backend:?}: show is the same job as list");
+        assert_eq!(ready["status"], "ready");
+        assert_eq!(ready["priority"], 3);
+        assert_eq!(ready["timeout_ms"], 90_000);
+        assert_eq!(ready["unique_key"], "k1");
+        // --delay 5m counts from the enqueue, by the database's clock (one statement's now).
+        let delay = at(&ready["run_at"])
+            .duration_since(at(&ready["created_at"]))
+            .expect("run_at after created_at");
+        assert_eq!(delay, Duration::from_secs(300), "{backend:?}");
+
+        let dead = by_queue("doomed");
+        assert_eq!(dead["status"], "dead", "{backend:?}");
+        assert_eq!(dead["payload"], serde_json::json!([1, 2]));
+        assert!(dead["finished_at"].is_string(), "{backend:?}: {dead}");
+        assert!(
+            dead["last_error"].as_str().is_some_and(|e| e.contains('7')),
+            "{dead}"
+        );
+
+        let running = by_queue("held");
+        assert_eq!(running["status"], "running", "{backend:?}");
+        assert_eq!(running["payload"], "text");
+        assert!(running["owner"].is_string() && running["lease_until"].is_string());
+        assert!(at(&running["lease_until"]) > at(&running["created_at"]));
+    }
+    // And the same on all three: the keys of every job, and each job's value types.
+    let shape = |list: &Vec<serde_json::Value>| -> Vec<Vec<(String, &'static str)>> {
+        list.iter()
+            .map(|j| {
+                j.as_object()
+                    .unwrap()
+                    .iter()
+                    .map(|(k, v)| {
+                        let ty = match v {
+                            serde_json::Value::Null => "null",
+                            serde_json::Value::Bool(_) => "bool",
+                            serde_json::Value::Number(_) => "number",
+                            serde_json::Value::String(_) => "string",
+                            serde_json::Value::Array(_) => "array",
+                            serde_json::Value::Object(_) => "object",
+                        };
+                        (k.clone(), ty)
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let first = shape(&seen[0].1 .0);
+    for (backend, (list, _)) in seen.iter().skip(1) {
+        assert_eq!(shape(list), first, "{backend:?} differs from SQLite");
+    }
+}
+
+/// An unknown --status is refused, naming the flag and the states there are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_list_refuses_an_unknown_status() {
+    with_db(Backend::Sqlite, |t| async move {
+        ok(&t, &["init"]).await;
+        let out = output(&t, &["jobs", "list", "--status", "bogus"]).await;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("--status") && err.contains("cancelled"),
+            "{err}"
+        );
+        assert!(out.stdout.is_empty());
+    })
+    .await
+}
+
+/// `jobs list --kind` lists jobs of those kinds only (repeated or as a comma list).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_list_by_kind() {
+    with_db(Backend::Sqlite, |t| async move {
+        ok(&t, &["init"]).await;
+        for kind in ["a", "b", "c", "a"] {
+            ok(&t, &["enqueue", "--kind", kind, "{}"]).await;
+        }
+        let kinds = |args: &'static [&'static str]| {
+            let t = t.clone();
+            async move {
+                let mut all = vec!["jobs", "list"];
+                all.extend(args);
+                let mut got: Vec<String> = json_lines(&ok(&t, &all).await)
+                    .iter()
+                    .map(|j| j["kind"].as_str().unwrap().to_owned())
+                    .collect();
+                got.sort();
+                got
+            }
+        };
+        assert_eq!(kinds(&["--kind", "a"]).await, ["a", "a"]);
+        assert_eq!(kinds(&["--kind", "a,c"]).await, ["a", "a", "c"]);
+        assert_eq!(kinds(&["--kind", "b", "--kind", "c"]).await, ["b", "c"]);
+        assert!(kinds(&["--kind", "zzz"]).await.is_empty());
+    })
+    .await
+}
