@@ -697,7 +697,7 @@ async fn queue_cli(t: Arc<TestDb>) {
     assert_eq!(out.status.code(), Some(5), "a job died: {err}");
     assert!(err.contains("1 failed, 1 to retry"), "{err}");
     assert_eq!(
-        t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'dead' AND attempts = 2 AND last_error LIKE '%exit status: 3%'").await,
+        t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'dead' AND attempts = 2 AND last_error LIKE '%status 3%'").await,
         1
     );
     let out = output(&t, &["stats", "--json"]).await;

@@ -285,3 +285,201 @@ async fn jobs_list_by_kind() {
     })
     .await
 }
+
+/// The last line of stdout as JSON.
+fn last_json(out: &Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().unwrap_or_else(|| {
+        panic!(
+            "nothing on stdout; stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
+/// `--json` on init, complete, fail, release, extend and the `work` summary: one JSON object on
+/// stdout; without it stdout stays empty (the human line is on stderr).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_result_can_be_json() {
+    with_db(Backend::Sqlite, |t| async move {
+        let out = output(&t, &["init", "--json"]).await;
+        assert!(out.status.success());
+        let said = last_json(&out);
+        assert_eq!(said["ready"], true);
+        assert!(
+            said["server"]
+                .as_str()
+                .is_some_and(|s| s.contains("SQLite")),
+            "{said}"
+        );
+        assert!(
+            output(&t, &["init"]).await.stdout.is_empty(),
+            "human output by default"
+        );
+
+        t.jobs(4).await;
+        let claimed = json_lines(
+            &ok(
+                &t,
+                &[&["claim", "--batch", "4"], &support::TABLE[..]].concat(),
+            )
+            .await,
+        );
+        let token = claimed[0]["token"].as_str().unwrap().to_owned();
+        let settle = |verb: &'static str, id: &'static str, extra: &'static [&'static str]| {
+            let (t, token) = (t.clone(), token.clone());
+            async move {
+                let mut args = vec![verb, "--token", &token, "--id", id, "--json"];
+                args.extend(extra);
+                args.extend(support::TABLE);
+                let out = output(&t, &args).await;
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                last_json(&out)
+            }
+        };
+        let expect =
+            |action: &str| serde_json::json!({"action": action, "rows": 1, "token": token});
+        assert_eq!(
+            settle("extend", "1", &["--lease", "5m"]).await,
+            expect("extended")
+        );
+        assert_eq!(settle("complete", "1", &[]).await, expect("completed"));
+        assert_eq!(settle("fail", "2", &[]).await, expect("failed"));
+        assert_eq!(settle("release", "3", &[]).await, expect("released"));
+        let human = [
+            &["complete", "--token", &token, "--id", "4"],
+            &support::TABLE[..],
+        ]
+        .concat();
+        assert!(output(&t, &human).await.stdout.is_empty());
+        assert_eq!(
+            t.count("SELECT COUNT(*) FROM jobs WHERE status = 'done'")
+                .await,
+            2
+        );
+
+        // work: the command's own stdout comes first, the summary is the last line.
+        for payload in ["{\"ok\":1}", "{\"ok\":2}", "{\"ok\":0}"] {
+            ok(
+                &t,
+                &["enqueue", "--queue", "w", "--max-attempts", "1", payload],
+            )
+            .await;
+        }
+        let script = "echo from-the-command; grep -q '\"ok\":0' && exit 1; exit 0";
+        let out = output(
+            &t,
+            &[
+                "work",
+                "--queue",
+                "w",
+                "--until-empty",
+                "--json",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ],
+        )
+        .await;
+        assert_eq!(out.status.code(), Some(5), "a job died");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("from-the-command"));
+        let summary = last_json(&out);
+        assert_eq!(summary["done"], 2, "{summary}");
+        assert_eq!(summary["failed"], 1, "{summary}");
+        for key in [
+            "retried",
+            "released",
+            "lost",
+            "given_up",
+            "unconfirmed",
+            "outages",
+        ] {
+            assert_eq!(summary[key], 0, "{key}: {summary}");
+        }
+        assert_eq!(summary["interrupted"], false);
+    })
+    .await
+}
+
+/// A failing command's stderr still reaches the terminal, and its end is kept in the job's
+/// `last_error` after the exit status (the first of it cut off beyond 2 KiB).
+async fn stderr_tail_kept(t: Arc<TestDb>) {
+    ok(&t, &["init"]).await;
+    ok(
+        &t,
+        &["enqueue", "--queue", "s", "--max-attempts", "1", "{}"],
+    )
+    .await;
+    ok(
+        &t,
+        &["enqueue", "--queue", "long", "--max-attempts", "1", "{}"],
+    )
+    .await;
+    let out = output(
+        &t,
+        &[
+            "work",
+            "--queue",
+            "s",
+            "--until-empty",
+            "--",
+            "sh",
+            "-c",
+            "echo 'first line' >&2; echo 'disk full: /var/x' >&2; exit 7",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(5));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("disk full: /var/x"),
+        "stderr still shown: {err}"
+    );
+    let shown: serde_json::Value =
+        serde_json::from_str(&ok(&t, &["jobs", "show", "1"]).await).unwrap();
+    assert_eq!(
+        shown["last_error"], "sh exited with status 7: first line\ndisk full: /var/x",
+        "{shown}"
+    );
+
+    // 5000 bytes of stderr: the last 2 KiB are kept, marked as cut, ending with the last line.
+    let out = output(
+        &t,
+        &[
+            "work", "--queue", "long", "--until-empty", "--", "sh", "-c",
+            "i=0; while [ $i -lt 100 ]; do echo \"line $i ........................................\" >&2; i=$((i+1)); done; exit 3",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(5));
+    let shown: serde_json::Value =
+        serde_json::from_str(&ok(&t, &["jobs", "show", "2"]).await).unwrap();
+    let e = shown["last_error"].as_str().unwrap();
+    let (head, tail) = e.split_once(": …").expect("status, then the cut tail");
+    assert_eq!(head, "sh exited with status 3");
+    assert!(
+        tail.ends_with("line 99 ........................................"),
+        "{e}"
+    );
+    assert!(tail.len() <= 2048 && tail.len() > 1900, "{}", tail.len());
+    assert!(!tail.contains("line 0 "), "the start is cut off");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stderr_tail_kept_sqlite() {
+    with_db(Backend::Sqlite, stderr_tail_kept).await
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stderr_tail_kept_postgres() {
+    with_db(Backend::Postgres, stderr_tail_kept).await
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stderr_tail_kept_mysql() {
+    with_db(Backend::MySql, stderr_tail_kept).await
+}

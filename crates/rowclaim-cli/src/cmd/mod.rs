@@ -55,7 +55,8 @@ pub enum Command {
     /// --queue: the job's payload), its id in $ROWCLAIM_ID and the claim token in
     /// $ROWCLAIM_TOKEN (for --queue also $ROWCLAIM_KIND, $ROWCLAIM_QUEUE, $ROWCLAIM_ATTEMPT).
     /// Exit 0 marks the row done; any other exit fails it (a job is retried with backoff until
-    /// its last attempt). COMMAND's stdout and stderr go to this terminal.
+    /// its last attempt). COMMAND's stdout and stderr go to this terminal; a failed job keeps
+    /// its exit status and the last 2 KiB of its stderr in last_error.
     ///
     /// While a command runs its lease is renewed, so a slow command keeps its row. If the
     /// database goes away, running commands go on, claims pause and resume when it answers, and
@@ -94,7 +95,7 @@ pub enum Command {
     /// Create or migrate the managed job queue (table rowclaim_jobs). Idempotent; safe to run
     /// from several processes at once.
     #[command(after_help = exit::AFTER_HELP.as_str())]
-    Init,
+    Init(init::InitArgs),
     /// Look at and change jobs of the managed queue: list, show, retry a dead or cancelled job,
     /// cancel a ready or running one, prune finished ones. show, retry and cancel exit 1 when
     /// there was no such job to show or change.
@@ -128,7 +129,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Release(a) => settle::release(url, a).await,
         Command::Extend(a) => extend::run(url, a).await,
         Command::Stats(a) => stats::run(url, a).await,
-        Command::Init => init::run(url).await,
+        Command::Init(a) => init::run(url, a).await,
         Command::Jobs(op) => jobs::run(url, op).await,
         Command::Enqueue(a) => enqueue::run(url, a).await,
         Command::Bench(scenario) => bench::run(url, scenario).await,
@@ -167,4 +168,10 @@ fn say_strategy(claimer: &Claimer, asked: rowclaim::Strategy) {
             claimer.server().description
         );
     }
+}
+
+/// One JSON object as one line on stdout: what `--json` prints.
+fn print_json_line(value: &serde_json::Value) -> Result<(), CliError> {
+    use std::io::Write;
+    writeln!(std::io::stdout().lock(), "{value}").map_err(CliError::io("writing to stdout"))
 }

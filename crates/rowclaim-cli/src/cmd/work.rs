@@ -53,6 +53,11 @@ pub struct WorkArgs {
     /// still die and give it back). Without it, keep polling for new rows.
     #[arg(long)]
     until_empty: bool,
+    /// At the end, also print the summary as one JSON object, the last line on stdout:
+    /// {"done":…,"failed":…,"retried":…,"released":…,"lost":…,"given_up":…,"unconfirmed":…,
+    /// "outages":…,"interrupted":…}.
+    #[arg(long)]
+    json: bool,
     /// How long to wait before looking again when nothing was claimable. With --queue on
     /// PostgreSQL a new job wakes the worker at once (LISTEN/NOTIFY), so this is only a fallback.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
@@ -124,6 +129,9 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
     ));
     let report = worker.run(std::future::pending()).await?;
     let summary = run_command::summary(&report);
+    if a.json {
+        super::print_json_line(&run_command::summary_json(&report))?;
+    }
     // The summary is said once: as the error's text when the run did not end well.
     if report.interrupted {
         return Err(CliError::Interrupted(summary));
