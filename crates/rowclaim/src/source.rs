@@ -77,6 +77,8 @@ const JOB_COLUMNS: &[&str] = &[
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Managed {
     pub queues: Vec<String>,
+    /// Only jobs of these kinds (all when empty).
+    pub kinds: Vec<String>,
     /// Completed jobs are deleted rather than kept.
     pub delete_done: bool,
 }
@@ -122,8 +124,9 @@ impl Source {
         }
     }
 
-    /// The managed queue's source: `rowclaim_jobs`, jobs of `queues` whose run-at has come.
-    pub(crate) fn managed(queues: Vec<String>, delete_done: bool) -> Source {
+    /// The managed queue's source: `rowclaim_jobs`, jobs of `queues` (and `kinds`, when given)
+    /// whose run-at has come.
+    pub(crate) fn managed(queues: Vec<String>, kinds: Vec<String>, delete_done: bool) -> Source {
         let mut s = Source::new("rowclaim_jobs")
             .status_values("ready", "running", "completed", "dead")
             .owner_column("owner")
@@ -132,6 +135,7 @@ impl Source {
             .order_by("priority desc, run_at, id");
         s.managed = Some(Managed {
             queues,
+            kinds,
             delete_done,
         });
         s
@@ -381,6 +385,10 @@ impl Source {
                 .managed
                 .as_ref()
                 .map(|q| ((naming.quote)("queue"), q.queues.clone())),
+            kinds: self
+                .managed
+                .as_ref()
+                .map(|q| ((naming.quote)("kind"), q.kinds.clone())),
             error_column: self.managed.as_ref().map(|_| (naming.quote)("last_error")),
             finished_column: self.managed.as_ref().map(|_| (naming.quote)("finished_at")),
             // Only plainly named columns go into a row's JSON: their names are safe as literals.

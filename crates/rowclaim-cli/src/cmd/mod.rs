@@ -140,20 +140,22 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
 /// Connects and checks the source against the live table, on a pool of `connections`.
 async fn claimer(url: &str, source: &SourceArgs, connections: u32) -> Result<Claimer, CliError> {
     let opts = rowclaim::ConnectOptions::default().max_connections(connections.max(2));
-    claimer_keeping(url, source, opts, Retention::Keep).await
+    claimer_keeping(url, source, opts, Retention::Keep, &[]).await
 }
 
-/// [`claimer`] with pool options, and with what becomes of completed jobs of the managed queue.
+/// [`claimer`] with pool options, and with what becomes of completed jobs of the managed queue
+/// and which kinds of its jobs to claim (all when empty).
 async fn claimer_keeping(
     url: &str,
     source: &SourceArgs,
     opts: rowclaim::ConnectOptions,
     completed: Retention,
+    kinds: &[String],
 ) -> Result<Claimer, CliError> {
     let db = Db::connect_with(url, opts).await?;
     let claimer = match source.target()? {
         Target::Table(table) => db.claimer(*table, source.strategy).await?,
-        Target::Queues(queues) => db.queue().claimer_with(&queues, completed).await?,
+        Target::Queues(queues) => db.queue().claimer_of(&queues, kinds, completed).await?,
     };
     Ok(claimer)
 }

@@ -45,6 +45,10 @@ pub struct WorkArgs {
     /// or delete.
     #[arg(long, value_name = "WHAT", default_value = "keep", value_parser = parse_retention)]
     completed: Retention,
+    /// With --queue: run only jobs of this kind (repeat, or a comma list, for several). Jobs of
+    /// other kinds are left for other workers: they are never claimed.
+    #[arg(long = "kind", value_name = "K", value_delimiter = ',')]
+    kinds: Vec<String>,
     /// Exit (code 4) once the database has been unreachable this long, e.g. 10m. Default: keep
     /// waiting for it.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
@@ -96,11 +100,16 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
                    own table are marked done";
         return Err(CliError::BadInput(why.into()));
     }
+    if !a.kinds.is_empty() && a.source.queues.is_empty() {
+        let why = "--kind is for jobs of the managed queue (--queue); narrow the rows of your \
+                   own table with --where";
+        return Err(CliError::BadInput(why.into()));
+    }
     let mut opts = rowclaim::ConnectOptions::default().max_connections(connections.max(2));
     if let Some(listen) = &a.listen_database {
         opts = opts.listen_database(listen.clone());
     }
-    let claimer = super::claimer_keeping(url, &a.source, opts, a.completed).await?;
+    let claimer = super::claimer_keeping(url, &a.source, opts, a.completed, &a.kinds).await?;
     super::say_strategy(&claimer, a.source.strategy);
     let mut worker = rowclaim::Worker::for_claimer(claimer)
         .handler(RunCommand {

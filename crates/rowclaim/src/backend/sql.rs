@@ -442,15 +442,19 @@ pub(crate) fn outcome_set<D: Dialect>(m: &Mapping, b: &mut Binder<D>, outcome: &
     set.join(", ")
 }
 
-/// For the managed queue: ` AND queue IN (…)` with the queue names bound; empty otherwise.
+/// For the managed queue: ` AND queue IN (…)` (and ` AND kind IN (…)`) with the names bound;
+/// empty otherwise.
 pub(crate) fn queue_condition<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> String {
-    match &m.queues {
-        Some((col, names)) if !names.is_empty() => {
-            let list: Vec<String> = names.iter().map(|n| b.bind(n.clone())).collect();
-            format!(" AND {col} IN ({})", list.join(", "))
+    let mut cond = String::new();
+    for names in [&m.queues, &m.kinds] {
+        if let Some((col, names)) = names {
+            if !names.is_empty() {
+                let list: Vec<String> = names.iter().map(|n| b.bind(n.clone())).collect();
+                cond.push_str(&format!(" AND {col} IN ({})", list.join(", ")));
+            }
         }
-        _ => String::new(),
     }
+    cond
 }
 
 /// A token cannot name its rows when there is no owner column to find them by.

@@ -164,12 +164,27 @@ impl Queue {
 
     /// [`Queue::claimer`], with what becomes of the jobs it completes.
     pub async fn claimer_with(&self, queues: &[String], completed: Retention) -> Result<Claimer> {
+        self.claimer_of(queues, &[], completed).await
+    }
+
+    /// [`Queue::claimer_with`], claiming only jobs of `kinds` (all when empty). The claim
+    /// itself asks for those kinds: jobs of other kinds are never claimed and given back.
+    pub async fn claimer_of(
+        &self,
+        queues: &[String],
+        kinds: &[String],
+        completed: Retention,
+    ) -> Result<Claimer> {
         for q in queues {
             if q.is_empty() {
                 return Err(Error::InvalidInput("queue name must not be empty".into()));
             }
         }
-        let source = Source::managed(queues.to_vec(), completed == Retention::Delete);
+        let source = Source::managed(
+            queues.to_vec(),
+            kinds.to_vec(),
+            completed == Retention::Delete,
+        );
         self.db
             .claimer(source, Strategy::Auto)
             .await
