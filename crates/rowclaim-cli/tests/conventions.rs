@@ -589,3 +589,144 @@ async fn work_kind_needs_a_queue() {
     })
     .await
 }
+
+/// `--until-empty` says how many jobs it leaves scheduled for later and when the next is due (also
+/// in --json); `--wait-scheduled` waits for them and runs them.
+async fn until_empty_and_scheduled_jobs(t: Arc<TestDb>) {
+    ok(&t, &["init"]).await;
+    ok(&t, &["enqueue", "--queue", "later", "{}"]).await;
+    ok(&t, &["enqueue", "--queue", "later", "--delay", "2h", "{}"]).await;
+    ok(
+        &t,
+        &[
+            "enqueue", "--queue", "later", "--delay", "1h", "--kind", "slow", "{}",
+        ],
+    )
+    .await;
+    ok(
+        &t,
+        &["enqueue", "--queue", "elsewhere", "--delay", "1s", "{}"],
+    )
+    .await;
+    let out = output(
+        &t,
+        &[
+            "work",
+            "--queue",
+            "later",
+            "--until-empty",
+            "--json",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let listed = json_lines(
+        &ok(
+            &t,
+            &["jobs", "list", "--queue", "later", "--status", "ready"],
+        )
+        .await,
+    );
+    let next = listed
+        .iter()
+        .map(|j| j["run_at"].as_str().unwrap().to_owned())
+        .min()
+        .unwrap();
+    assert!(
+        err.contains(&format!("2 job(s) scheduled later (next at {next}")),
+        "{err}"
+    );
+    let summary = last_json(&out);
+    assert_eq!(summary["done"], 1, "{summary}");
+    assert_eq!(
+        summary["scheduled_later"], 2,
+        "other queues are not counted: {summary}"
+    );
+    assert_eq!(summary["next_scheduled_at"], next.as_str());
+
+    // --wait-scheduled: a job due in a second runs too; with --kind, the others are not waited
+    // for.
+    ok(
+        &t,
+        &[
+            "enqueue", "--queue", "later", "--delay", "1s", "--kind", "soon", "{}",
+        ],
+    )
+    .await;
+    let out = output(
+        &t,
+        &[
+            "work",
+            "--queue",
+            "later",
+            "--kind",
+            "soon",
+            "--until-empty",
+            "--wait-scheduled",
+            "--poll",
+            "200ms",
+            "--json",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary = last_json(&out);
+    assert_eq!(summary["done"], 1, "{summary}");
+    assert_eq!(summary["scheduled_later"], 0, "{summary}");
+    assert!(summary["next_scheduled_at"].is_null());
+    assert_eq!(
+        t.count(
+            "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'later' AND status = 'completed'"
+        )
+        .await,
+        2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn until_empty_scheduled_sqlite() {
+    with_db(Backend::Sqlite, until_empty_and_scheduled_jobs).await
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn until_empty_scheduled_postgres() {
+    with_db(Backend::Postgres, until_empty_and_scheduled_jobs).await
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn until_empty_scheduled_mysql() {
+    with_db(Backend::MySql, until_empty_and_scheduled_jobs).await
+}
+
+/// --wait-scheduled only means something with --until-empty and the managed queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_scheduled_is_refused_where_it_means_nothing() {
+    with_db(Backend::Sqlite, |t| async move {
+        t.jobs(1).await;
+        for args in [
+            vec!["work", "--queue", "q", "--wait-scheduled", "--", "true"],
+            [
+                &["work", "--until-empty", "--wait-scheduled"],
+                &support::TABLE[..],
+                &["--", "true"],
+            ]
+            .concat(),
+        ] {
+            let out = output(&t, &args).await;
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+            assert!(
+                err.contains("--wait-scheduled") || err.contains("--until-empty"),
+                "{err}"
+            );
+        }
+    })
+    .await
+}

@@ -57,6 +57,11 @@ pub struct WorkArgs {
     /// still die and give it back). Without it, keep polling for new rows.
     #[arg(long)]
     until_empty: bool,
+    /// With --until-empty and --queue: jobs scheduled for later (enqueue --delay/--run-at) are
+    /// work left too: wait for them and run them before exiting. Without it, --until-empty
+    /// exits when only such jobs are left, and says how many there are and when the next is due.
+    #[arg(long, requires = "until_empty")]
+    wait_scheduled: bool,
     /// At the end, also print the summary as one JSON object, the last line on stdout:
     /// {"done":…,"failed":…,"retried":…,"released":…,"lost":…,"given_up":…,"unconfirmed":…,
     /// "outages":…,"interrupted":…}.
@@ -100,6 +105,10 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
                    own table are marked done";
         return Err(CliError::BadInput(why.into()));
     }
+    if a.wait_scheduled && a.source.queues.is_empty() {
+        let why = "--wait-scheduled is for jobs of the managed queue (--queue)";
+        return Err(CliError::BadInput(why.into()));
+    }
     if !a.kinds.is_empty() && a.source.queues.is_empty() {
         let why = "--kind is for jobs of the managed queue (--queue); narrow the rows of your \
                    own table with --where";
@@ -111,6 +120,7 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
     }
     let claimer = super::claimer_keeping(url, &a.source, opts, a.completed, &a.kinds).await?;
     super::say_strategy(&claimer, a.source.strategy);
+    let queue = claimer.db().queue();
     let mut worker = rowclaim::Worker::for_claimer(claimer)
         .handler(RunCommand {
             command: a.command,
@@ -122,6 +132,7 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
         .poll(a.poll)
         .grace(a.grace)
         .until_empty(a.until_empty)
+        .wait_scheduled(a.wait_scheduled)
         .listen(!a.no_listen);
     if let Some(n) = a.batch {
         worker = worker.batch(n);
@@ -137,9 +148,23 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
         worker.shutdown_handle(),
     ));
     let report = worker.run(std::future::pending()).await?;
-    let summary = run_command::summary(&report);
+    let mut summary = run_command::summary(&report);
+    let mut json = run_command::summary_json(&report);
+    // What --until-empty leaves behind: jobs not due yet, which it does not wait for.
+    if a.until_empty && !a.source.queues.is_empty() && !report.interrupted {
+        let later = queue.scheduled(&a.source.queues, &a.kinds).await?;
+        if later.jobs > 0 {
+            let next = later.next_at_text().unwrap_or_default();
+            summary.push_str(&format!(
+                "; {} job(s) scheduled later (next at {next}; --wait-scheduled waits for them)",
+                later.jobs
+            ));
+        }
+        json["scheduled_later"] = later.jobs.into();
+        json["next_scheduled_at"] = later.next_at_text().into();
+    }
     if a.json {
-        super::print_json_line(&run_command::summary_json(&report))?;
+        super::print_json_line(&json)?;
     }
     // The summary is said once: as the error's text when the run did not end well.
     if report.interrupted {

@@ -132,7 +132,7 @@ pub(crate) trait ClaimStore: run::Run {
         run::stats(self, m, strategy).await
     }
     /// Rows that still need a worker: (ready and due or awaiting a retry, claimed).
-    async fn backlog(&self, m: &Mapping) -> Result<(u64, u64)> {
+    async fn backlog(&self, m: &Mapping) -> Result<(u64, u64, u64)> {
         run::backlog(self, m).await
     }
 }
@@ -359,7 +359,7 @@ impl Backend {
     pub(crate) async fn stats(&self, m: &Mapping, s: Strategy) -> Result<Stats> {
         dispatch!(self, d => d.stats(m, s).await)
     }
-    pub(crate) async fn backlog(&self, m: &Mapping) -> Result<(u64, u64)> {
+    pub(crate) async fn backlog(&self, m: &Mapping) -> Result<(u64, u64, u64)> {
         dispatch!(self, d => d.backlog(m).await)
     }
 }

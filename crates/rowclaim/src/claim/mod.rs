@@ -78,6 +78,8 @@ pub struct Backlog {
     pub ready: u64,
     /// Rows claimed now.
     pub claimed: u64,
+    /// Managed queue: ready jobs scheduled for later that never ran (not counted in `ready`).
+    pub scheduled: u64,
     /// Whether claimed rows come back when their claimer dies (a lease column is mapped, or the
     /// strategy is lease-table). Without that, a claimed row stays claimed until someone settles it.
     pub claims_expire: bool,
@@ -466,10 +468,11 @@ impl Claimer {
     /// claimed rows, within the source's queues and filter.
     pub async fn backlog(&self) -> Result<Backlog> {
         let i = &self.inner;
-        let (ready, claimed) = i.db.backend.backlog(&i.m).await?;
+        let (ready, claimed, scheduled) = i.db.backend.backlog(&i.m).await?;
         Ok(Backlog {
             ready,
             claimed,
+            scheduled,
             claims_expire: i.strategy == Strategy::LeaseTable || i.m.lease.is_some(),
         })
     }

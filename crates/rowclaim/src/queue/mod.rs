@@ -12,7 +12,7 @@ pub(crate) use job::JobParts;
 pub use job::{
     backoff, Enqueued, Job, JobFailure, NewJob, QueueStats, Retention, DEFAULT_MAX_ATTEMPTS,
 };
-pub use record::{JobFilter, JobRecord, JOB_STATUSES};
+pub use record::{JobFilter, JobRecord, Scheduled, JOB_STATUSES};
 pub use wakeups::Wakeups;
 #[cfg(feature = "postgres")]
 pub(crate) use wakeups::CHANNEL;
@@ -49,6 +49,8 @@ pub(crate) trait QueueStore {
     async fn stats(&self, queue: Option<&str>) -> Result<QueueStats>;
     /// Jobs as stored, newest first: those `filter` lets through, or the one job `id`.
     async fn records(&self, filter: &JobFilter, id: Option<i64>) -> Result<Vec<JobRecord>>;
+    /// Ready jobs of `filter`'s queues and kinds scheduled for later that never ran.
+    async fn scheduled(&self, filter: &JobFilter) -> Result<Scheduled>;
     /// A connection that hears of new jobs, where the database can push them
     /// ([`crate::Capability::Listen`]); `None` elsewhere.
     async fn listen(&self) -> Result<Option<Listener>>;
@@ -218,6 +220,17 @@ impl Queue {
     pub async fn list(&self, filter: &JobFilter) -> Result<Vec<JobRecord>> {
         filter.check()?;
         retry_transient!(dispatch!(&self.db.backend, d => d.records(filter, None).await))
+            .map_err(not_initialised)
+    }
+
+    /// Ready jobs of `queues` and `kinds` (all when empty) whose run-at is still to come and
+    /// that never ran: what a worker `until_empty` leaves behind unless told to wait for them
+    /// ([`crate::Worker::wait_scheduled`]).
+    pub async fn scheduled(&self, queues: &[String], kinds: &[String]) -> Result<Scheduled> {
+        let filter = JobFilter::new()
+            .queues(queues.to_vec())
+            .kinds(kinds.to_vec());
+        retry_transient!(dispatch!(&self.db.backend, d => d.scheduled(&filter).await))
             .map_err(not_initialised)
     }
 

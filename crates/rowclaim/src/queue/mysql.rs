@@ -1,6 +1,6 @@
 //! The managed queue's store on MySQL/MariaDB: its tables and migrations, enqueue, admin, stats.
 
-use super::record::{records_sql, RecordRow};
+use super::record::{records_sql, scheduled_sql, RecordRow, Scheduled};
 use super::{
     Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
 };
@@ -190,6 +190,16 @@ impl QueueStore for My {
         let sql = records_sql(&mut b, &columns, filter, id);
         let rows: Vec<RecordRow> = b.query_as(sql)?.fetch_all(&self.pool).await?;
         Ok(rows.into_iter().map(JobRecord::from_row).collect())
+    }
+
+    async fn scheduled(&self, filter: &JobFilter) -> Result<Scheduled> {
+        let first =
+            "CAST(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', MIN(run_at)) \
+                     DIV 1000 AS SIGNED)";
+        let mut b = B::new();
+        let sql = scheduled_sql(&mut b, first, filter);
+        let (n, first): (i64, Option<i64>) = b.query_as(sql)?.fetch_one(&self.pool).await?;
+        Ok(Scheduled::new(n, first))
     }
 }
 

@@ -1,6 +1,6 @@
 //! The managed queue's store on PostgreSQL: its tables and migrations, enqueue, admin, stats.
 
-use super::record::{records_sql, RecordRow};
+use super::record::{records_sql, scheduled_sql, RecordRow, Scheduled};
 use super::{
     Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
 };
@@ -178,6 +178,14 @@ impl QueueStore for Pg {
         let sql = records_sql(&mut b, &columns, filter, id);
         let rows: Vec<RecordRow> = b.query_as(sql)?.fetch_all(self.exec()).await?;
         Ok(rows.into_iter().map(JobRecord::from_row).collect())
+    }
+
+    async fn scheduled(&self, filter: &JobFilter) -> Result<Scheduled> {
+        let mut b = Binder::<Sql>::new();
+        let first = "floor(extract(epoch FROM min(run_at)) * 1000)::int8";
+        let sql = scheduled_sql(&mut b, first, filter);
+        let (n, first): (i64, Option<i64>) = b.query_as(sql)?.fetch_one(self.exec()).await?;
+        Ok(Scheduled::new(n, first))
     }
 }
 

@@ -170,6 +170,57 @@ pub(crate) fn records_sql<D: Dialect>(
     filter: &JobFilter,
     id: Option<i64>,
 ) -> String {
+    let mut cond = filter_cond(b, filter);
+    if let Some(id) = id {
+        cond.push_str(&format!(" AND id = {}", b.bind(id)));
+    }
+    let limit = b.bind(i64::from(filter.limit.unwrap_or(50)));
+    format!("SELECT {columns} FROM rowclaim_jobs WHERE {cond} ORDER BY id DESC LIMIT {limit}")
+}
+
+/// How many ready jobs of `filter`'s queues and kinds are scheduled for later and never ran,
+/// and the first one's run-at: `first_run_at_ms` is the store's epoch-ms spelling of
+/// `MIN(run_at)`. (Jobs awaiting a retry are work `--until-empty` waits for already.)
+pub(crate) fn scheduled_sql<D: Dialect>(
+    b: &mut Binder<D>,
+    first_run_at_ms: &str,
+    filter: &JobFilter,
+) -> String {
+    let cond = filter_cond(b, filter);
+    format!(
+        "SELECT COUNT(*), {first_run_at_ms} FROM rowclaim_jobs WHERE {cond} \
+         AND status = 'ready' AND attempts = 0 AND run_at > {}",
+        D::NOW
+    )
+}
+
+/// Jobs scheduled for later, from [`crate::Queue::scheduled`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Scheduled {
+    /// Ready jobs whose run-at is still to come and that never ran.
+    pub jobs: u64,
+    /// When the first of them is due (RFC 3339 in UTC when serialised).
+    #[serde(serialize_with = "rfc3339_opt")]
+    pub next_at: Option<SystemTime>,
+}
+
+impl Scheduled {
+    pub(crate) fn new(jobs: i64, first_ms: Option<i64>) -> Scheduled {
+        Scheduled {
+            jobs: u64::try_from(jobs).unwrap_or(0),
+            next_at: first_ms.map(at_ms),
+        }
+    }
+
+    /// `next_at` as RFC 3339 in UTC with milliseconds.
+    pub fn next_at_text(&self) -> Option<String> {
+        self.next_at.map(format_rfc3339)
+    }
+}
+
+/// `filter`'s queues, kinds and state as a condition, values bound.
+fn filter_cond<D: Dialect>(b: &mut Binder<D>, filter: &JobFilter) -> String {
     let mut cond = String::from("1 = 1");
     let mut any_of = |b: &mut Binder<D>, col: &str, values: &[String]| {
         if !values.is_empty() {
@@ -182,11 +233,7 @@ pub(crate) fn records_sql<D: Dialect>(
     if let Some(s) = &filter.status {
         any_of(b, "status", std::slice::from_ref(s));
     }
-    if let Some(id) = id {
-        cond.push_str(&format!(" AND id = {}", b.bind(id)));
-    }
-    let limit = b.bind(i64::from(filter.limit.unwrap_or(50)));
-    format!("SELECT {columns} FROM rowclaim_jobs WHERE {cond} ORDER BY id DESC LIMIT {limit}")
+    cond
 }
 
 fn at_ms(ms: i64) -> SystemTime {

@@ -1,6 +1,6 @@
 //! The managed queue's store on SQLite: its tables and migrations, enqueue, admin, stats.
 
-use super::record::{records_sql, RecordRow};
+use super::record::{records_sql, scheduled_sql, RecordRow, Scheduled};
 use super::{
     Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
 };
@@ -143,6 +143,13 @@ impl QueueStore for Lite {
         let sql = records_sql(&mut b, columns, filter, id);
         let rows: Vec<RecordRow> = b.query_as(sql)?.fetch_all(&self.pool).await?;
         Ok(rows.into_iter().map(JobRecord::from_row).collect())
+    }
+
+    async fn scheduled(&self, filter: &JobFilter) -> Result<Scheduled> {
+        let mut b = sql::Binder::<Sql>::new();
+        let sql = scheduled_sql(&mut b, "MIN(run_at)", filter);
+        let (n, first): (i64, Option<i64>) = b.query_as(sql)?.fetch_one(&self.pool).await?;
+        Ok(Scheduled::new(n, first))
     }
 }
 
