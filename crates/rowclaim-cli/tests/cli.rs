@@ -340,7 +340,8 @@ async fn bad_input(t: Arc<TestDb>) {
 
     let out = output(&t, &[&["claim", "--lease", "0s"], FULL.as_slice()].concat()).await;
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("lease must be longer than zero"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--lease") && err.contains("must be positive"), "{err}");
 
     let out = output(
         &t,

@@ -730,3 +730,119 @@ async fn wait_scheduled_is_refused_where_it_means_nothing() {
     })
     .await
 }
+
+/// Every count must be at least 1 and every duration longer than zero (a negative one reaches
+/// the check rather than passing for a flag); each refusal exits 2 and names the flag. Nothing
+/// runs: the refusals come before any connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_and_durations_are_checked_alike() {
+    with_db(Backend::Sqlite, |t| async move {
+        ok(&t, &["init"]).await;
+        let work = |flag: &'static str, v: &'static str| {
+            vec![
+                "work",
+                "--queue",
+                "q",
+                flag,
+                v,
+                "--until-empty",
+                "--",
+                "true",
+            ]
+        };
+        let cases: Vec<(Vec<&str>, &str, &str)> = vec![
+            (work("--batch", "0"), "--batch", "at least 1"),
+            (work("--batch", "-3"), "--batch", "at least 1"),
+            (work("--concurrency", "0"), "--concurrency", "at least 1"),
+            (work("--concurrency", "-1"), "--concurrency", "at least 1"),
+            (work("--prefetch", "-1"), "--prefetch", "at least 0"),
+            (work("--lease", "-5s"), "--lease", "must be positive"),
+            (work("--lease", "0s"), "--lease", "must be positive"),
+            (work("--timeout", "-1m"), "--timeout", "must be positive"),
+            (work("--poll", "0ms"), "--poll", "must be positive"),
+            (
+                work("--kill-after", "-1s"),
+                "--kill-after",
+                "must be positive",
+            ),
+            (
+                work("--give-up-after", "0s"),
+                "--give-up-after",
+                "must be positive",
+            ),
+            (work("--grace", "-1s"), "--grace", "must be positive"),
+            (work("--lease", "soon"), "--lease", "e.g. 30s"),
+            (
+                vec!["claim", "--queue", "q", "--batch", "0"],
+                "--batch",
+                "at least 1",
+            ),
+            (
+                vec!["claim", "--queue", "q", "--lease", "-5s"],
+                "--lease",
+                "must be positive",
+            ),
+            (
+                vec!["extend", "--queue", "q", "--token", "x", "--lease", "-1s"],
+                "--lease",
+                "must be positive",
+            ),
+            (
+                vec!["enqueue", "--max-attempts", "0", "{}"],
+                "--max-attempts",
+                "at least 1",
+            ),
+            (
+                vec!["enqueue", "--delay", "-5m", "{}"],
+                "--delay",
+                "must be positive",
+            ),
+            (
+                vec!["enqueue", "--timeout", "0s", "{}"],
+                "--timeout",
+                "must be positive",
+            ),
+            (
+                vec!["jobs", "list", "--limit", "0"],
+                "--limit",
+                "at least 1",
+            ),
+            (
+                vec!["jobs", "prune", "--older-than", "-1d"],
+                "--older-than",
+                "must be positive",
+            ),
+            (vec!["demo", "--workers", "0"], "--workers", "at least 1"),
+            (vec!["demo", "--rows", "-10"], "--rows", "at least 1"),
+        ];
+        for (args, flag, said) in cases {
+            let out = output(&t, &args).await;
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+            assert!(err.contains(flag) && err.contains(said), "{args:?}: {err}");
+        }
+        // Zero is allowed where it means something: no grace, no delay, everything finished.
+        ok(&t, &["enqueue", "--delay", "0s", "{}"]).await;
+        ok(
+            &t,
+            &[
+                "work",
+                "--queue",
+                "default",
+                "--grace",
+                "0s",
+                "--until-empty",
+                "--",
+                "true",
+            ],
+        )
+        .await;
+        ok(&t, &["jobs", "prune", "--older-than", "0s"]).await;
+        assert_eq!(
+            t.count("SELECT COUNT(*) FROM rowclaim_jobs").await,
+            0,
+            "nothing was enqueued but the one job, since pruned"
+        );
+    })
+    .await
+}

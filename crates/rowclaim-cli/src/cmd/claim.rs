@@ -14,10 +14,10 @@ pub struct ClaimArgs {
     #[command(flatten)]
     source: SourceArgs,
     /// Rows to claim at most.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value = "1", value_parser = super::values::count, allow_hyphen_values = true)]
     batch: u32,
     /// How long the claim holds the rows, e.g. 30s, 5m.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::values::duration, allow_hyphen_values = true)]
     lease: Duration,
 }
 

@@ -16,13 +16,13 @@ use crate::error::CliError;
 #[derive(Args, Debug)]
 pub struct DemoArgs {
     /// Rows in the demo table.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, value_name = "N", default_value = "2000", value_parser = super::values::count, allow_hyphen_values = true)]
     rows: u32,
     /// Workers draining it at once.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, value_name = "N", default_value = "4", value_parser = super::values::count, allow_hyphen_values = true)]
     workers: u32,
     /// Rows each claim takes.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, value_name = "N", default_value = "10", value_parser = super::values::count, allow_hyphen_values = true)]
     batch: u32,
     /// auto, token, optimistic, lease-table or transaction (SQLite has no skip-locked).
     #[arg(long, default_value = "auto")]

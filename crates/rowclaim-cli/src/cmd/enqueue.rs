@@ -25,20 +25,20 @@ pub struct EnqueueArgs {
     )]
     priority: i32,
     /// Run no earlier than this long from now, e.g. 10s, 5m.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, conflicts_with = "run_at")]
+    #[arg(long, value_name = "DURATION", value_parser = super::values::duration_or_zero, allow_hyphen_values = true, conflicts_with = "run_at")]
     delay: Option<Duration>,
     /// Run no earlier than this time, e.g. 2026-12-01T08:00:00Z.
     #[arg(long, value_name = "RFC3339", value_parser = humantime::parse_rfc3339_weak)]
     run_at: Option<std::time::SystemTime>,
     /// Runs before the job is dead.
-    #[arg(long, value_name = "N", default_value_t = rowclaim::DEFAULT_MAX_ATTEMPTS)]
-    max_attempts: i32,
+    #[arg(long, value_name = "N", default_value_t = rowclaim::DEFAULT_MAX_ATTEMPTS as u32, value_parser = super::values::count, allow_hyphen_values = true)]
+    max_attempts: u32,
     /// While a job with this key is ready or running, return it instead of adding another.
     #[arg(long, value_name = "K")]
     unique_key: Option<String>,
     /// Stop a run of the job that takes longer than this, e.g. 5m; it then fails ("timed out
     /// after 5m") and is retried like any failure. Default: the worker's --timeout.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = super::values::duration, allow_hyphen_values = true)]
     timeout: Option<Duration>,
     /// The payload; without it, one payload per line is read from stdin.
     #[arg(value_name = "JSON")]
@@ -52,7 +52,7 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
             .queue(&a.queue)
             .kind(&a.kind)
             .priority(a.priority)
-            .max_attempts(a.max_attempts);
+            .max_attempts(i32::try_from(a.max_attempts).unwrap_or(i32::MAX));
         if let Some(d) = a.delay {
             job = job.delay(d);
         }

@@ -24,7 +24,7 @@ pub enum JobsCommand {
               value_parser = clap::builder::PossibleValuesParser::new(rowclaim::JOB_STATUSES))]
         status: Option<String>,
         /// At most this many.
-        #[arg(long, value_name = "N", default_value_t = 50)]
+        #[arg(long, value_name = "N", default_value = "50", value_parser = super::values::count, allow_hyphen_values = true)]
         limit: u32,
     },
     /// Show one job as JSON (as in `jobs list`). Exits 1 when there is no such job.
@@ -45,7 +45,7 @@ pub enum JobsCommand {
     /// Delete completed, dead and cancelled jobs that finished longer ago than --older-than.
     Prune {
         /// e.g. 7d, 12h.
-        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        #[arg(long, value_name = "DURATION", value_parser = super::values::duration_or_zero, allow_hyphen_values = true)]
         older_than: Duration,
     },
 }

@@ -15,6 +15,7 @@ mod jobs;
 mod settle;
 mod source_args;
 mod stats;
+mod values;
 mod work;
 
 use clap::{Parser, Subcommand};

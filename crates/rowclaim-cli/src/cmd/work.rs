@@ -18,28 +18,28 @@ pub struct WorkArgs {
     #[command(flatten)]
     source: SourceArgs,
     /// Rows claimed at once (default: the free slots). Rows beyond the free slots wait, claimed.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", value_parser = super::values::count, allow_hyphen_values = true)]
     batch: Option<u32>,
     /// Rows to claim ahead, beyond the running ones, waiting for a free slot with their leases
     /// renewed. Claims then come in batches of about N/2: for short commands, a few hundred.
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    prefetch: usize,
+    #[arg(long, value_name = "N", default_value = "0", value_parser = super::values::count_or_zero, allow_hyphen_values = true)]
+    prefetch: u32,
     /// How long a claim holds its rows without a heartbeat, e.g. 30s, 5m.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::values::duration, allow_hyphen_values = true)]
     lease: Duration,
     /// Commands run at once.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
-    concurrency: u64,
+    #[arg(long, value_name = "N", default_value = "1", value_parser = super::values::count, allow_hyphen_values = true)]
+    concurrency: u32,
     /// Stop a command that runs longer than this and fail its row ("timed out after …"); a
     /// job's own --timeout from enqueue wins. Default: no limit.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = super::values::duration, allow_hyphen_values = true)]
     timeout: Option<Duration>,
     /// At the first signal, how long running commands may take to finish before they are
     /// stopped and their rows given back.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::values::duration_or_zero, allow_hyphen_values = true)]
     grace: Duration,
     /// How long a stopped command gets between SIGTERM and SIGKILL.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = super::values::duration, allow_hyphen_values = true)]
     kill_after: Duration,
     /// With --queue: what becomes of completed jobs: keep (as `completed`, until `jobs prune`)
     /// or delete.
@@ -51,7 +51,7 @@ pub struct WorkArgs {
     kinds: Vec<String>,
     /// Exit (code 4) once the database has been unreachable this long, e.g. 10m. Default: keep
     /// waiting for it.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = super::values::duration, allow_hyphen_values = true)]
     give_up_after: Option<Duration>,
     /// Exit 0 once no row is left to work on (none ready, none claimed by a worker that might
     /// still die and give it back). Without it, keep polling for new rows.
@@ -69,7 +69,7 @@ pub struct WorkArgs {
     json: bool,
     /// How long to wait before looking again when nothing was claimable. With --queue on
     /// PostgreSQL a new job wakes the worker at once (LISTEN/NOTIFY), so this is only a fallback.
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = super::values::duration, allow_hyphen_values = true)]
     poll: Duration,
     /// With --queue on PostgreSQL: do not LISTEN for new jobs, only poll.
     #[arg(long, conflicts_with = "listen_database")]
@@ -91,13 +91,14 @@ pub struct WorkArgs {
 
 pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
     let concurrency = a.concurrency as usize;
+    let prefetch = a.prefetch as usize;
     // Connections: results go in batches, so a few beside the running commands serve claims,
     // heartbeats, results and LISTEN; with the transaction strategy each claim holds one for as
     // long as its rows wait.
     let ahead = if a.source.strategy == rowclaim::Strategy::Transaction {
-        a.prefetch
+        prefetch
     } else {
-        a.prefetch.min(32)
+        prefetch.min(32)
     };
     let connections = (concurrency + ahead + 3).min(u32::MAX as usize) as u32;
     if a.completed == Retention::Delete && a.source.queues.is_empty() {
@@ -127,7 +128,7 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
             kill_after: a.kill_after,
         })
         .concurrency(concurrency)
-        .prefetch(a.prefetch)
+        .prefetch(prefetch)
         .lease(a.lease)
         .poll(a.poll)
         .grace(a.grace)

@@ -446,12 +446,10 @@ pub(crate) fn outcome_set<D: Dialect>(m: &Mapping, b: &mut Binder<D>, outcome: &
 /// empty otherwise.
 pub(crate) fn queue_condition<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> String {
     let mut cond = String::new();
-    for names in [&m.queues, &m.kinds] {
-        if let Some((col, names)) = names {
-            if !names.is_empty() {
-                let list: Vec<String> = names.iter().map(|n| b.bind(n.clone())).collect();
-                cond.push_str(&format!(" AND {col} IN ({})", list.join(", ")));
-            }
+    for (col, names) in [&m.queues, &m.kinds].into_iter().flatten() {
+        if !names.is_empty() {
+            let list: Vec<String> = names.iter().map(|n| b.bind(n.clone())).collect();
+            cond.push_str(&format!(" AND {col} IN ({})", list.join(", ")));
         }
     }
     cond

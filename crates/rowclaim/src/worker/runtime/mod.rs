@@ -557,7 +557,10 @@ async fn sleep_until(at: Option<Instant>) {
 /// that could still need a worker. When the count fails, the answer is "some may be".
 async fn no_work_left(sh: &Shared) -> bool {
     match tokio::time::timeout(sh.claim_timeout(), sh.claimer.backlog()).await {
-        Ok(Ok(backlog)) => !backlog.has_work() && !(sh.cfg.wait_scheduled && backlog.scheduled > 0),
+        Ok(Ok(backlog)) => {
+            let scheduled = sh.cfg.wait_scheduled && backlog.scheduled > 0;
+            !(backlog.has_work() || scheduled)
+        }
         Ok(Err(e)) => {
             sh.health.failed("counting the rows left", &e);
             false
