@@ -18,12 +18,16 @@ mod signals;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
 pub use error::CliError;
 
 fn main() -> ExitCode {
-    let cli = cmd::Cli::parse();
+    let matches = cmd::Cli::command().get_matches();
+    let mut cli = cmd::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Only a --database typed on this command line, not DATABASE_URL from the environment.
+    cli.database_given =
+        matches.value_source("database") == Some(clap::parser::ValueSource::CommandLine);
     rowclaim_bench::init_logging(cli.verbose);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,

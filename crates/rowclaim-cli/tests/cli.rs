@@ -341,7 +341,10 @@ async fn bad_input(t: Arc<TestDb>) {
     let out = output(&t, &[&["claim", "--lease", "0s"], FULL.as_slice()].concat()).await;
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--lease") && err.contains("must be positive"), "{err}");
+    assert!(
+        err.contains("--lease") && err.contains("must be positive"),
+        "{err}"
+    );
 
     let out = output(
         &t,

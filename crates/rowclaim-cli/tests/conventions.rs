@@ -846,3 +846,36 @@ async fn counts_and_durations_are_checked_alike() {
     })
     .await
 }
+
+/// `demo` makes its own database: a --database on its command line is refused, naming it (it
+/// was silently ignored), while a DATABASE_URL in the environment is not in the way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_refuses_a_database_it_would_ignore() {
+    let dir = tempfile::tempdir().unwrap();
+    let theirs = dir.path().join("theirs.db");
+    let url = format!("sqlite://{}", theirs.display());
+    let out = std::process::Command::new(support::BIN)
+        .args(["--database", &url, "demo", "--rows", "10"])
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--database") && err.contains("--keep"),
+        "{err}"
+    );
+    assert!(!theirs.exists(), "nothing was made");
+
+    let out = std::process::Command::new(support::BIN)
+        .args(["demo", "--rows", "10", "--workers", "2"])
+        .env("DATABASE_URL", &url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!theirs.exists(), "the demo used a file of its own");
+}

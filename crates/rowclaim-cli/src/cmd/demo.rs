@@ -32,7 +32,13 @@ pub struct DemoArgs {
     keep: Option<PathBuf>,
 }
 
-pub async fn run(a: DemoArgs) -> Result<(), CliError> {
+pub async fn run(a: DemoArgs, database_given: bool) -> Result<(), CliError> {
+    if database_given {
+        // The demo drops its own table into the file it makes; it never touches yours.
+        let why = "demo makes a SQLite database of its own and takes no --database; use --keep \
+                   PATH to keep it";
+        return Err(CliError::BadInput(why.into()));
+    }
     let strategy: Strategy = a.strategy.parse()?;
     let dir = tempfile::tempdir().map_err(CliError::io("creating a temporary directory"))?;
     let path = a.keep.clone().unwrap_or_else(|| dir.path().join("demo.db"));

@@ -46,6 +46,9 @@ pub struct Cli {
     /// Log more on stderr (-v: what rowclaim decides, -vv: every retry).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// Whether --database was given on the command line (set after parsing).
+    #[arg(skip)]
+    pub database_given: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -115,7 +118,8 @@ pub enum Command {
     #[command(subcommand)]
     Bench(rowclaim_bench::BenchCommand),
     /// Create a SQLite table of jobs and let several workers drain it: shows how many rows each
-    /// worker took and checks that no row was processed twice. Needs no server.
+    /// worker took and checks that no row was processed twice. Needs no server, and takes no
+    /// --database (its database is a file of its own; --keep PATH keeps it).
     Demo(demo::DemoArgs),
 }
 
@@ -134,7 +138,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Jobs(op) => jobs::run(url, op).await,
         Command::Enqueue(a) => enqueue::run(url, a).await,
         Command::Bench(scenario) => bench::run(url, scenario).await,
-        Command::Demo(a) => demo::run(a).await,
+        Command::Demo(a) => demo::run(a, cli.database_given).await,
     }
 }
 
