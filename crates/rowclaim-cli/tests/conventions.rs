@@ -879,3 +879,41 @@ async fn demo_refuses_a_database_it_would_ignore() {
     );
     assert!(!theirs.exists(), "the demo used a file of its own");
 }
+
+/// A status value longer than the status column holds is refused before anything is claimed,
+/// naming the value, the column and its length (it failed at the first claim or settle, as the
+/// database's "value too long").
+async fn status_value_too_long(t: Arc<TestDb>) {
+    t.exec("CREATE TABLE short_status (id INT PRIMARY KEY, status VARCHAR(8) NOT NULL)")
+        .await;
+    t.exec("INSERT INTO short_status (id, status) VALUES (1, 'ready')")
+        .await;
+    ok(&t, &["stats", "--table", "short_status"]).await;
+    for (flag, value, what) in [
+        ("--claimed", "claimed_by_worker", "claimed value"),
+        ("--failed", "failed_for_good", "failed value"),
+    ] {
+        let out = output(&t, &["claim", "--table", "short_status", flag, value]).await;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains(what) && err.contains(value) && err.contains("at most 8"),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM short_status WHERE status = 'ready'")
+            .await,
+        1,
+        "nothing was claimed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_value_too_long_postgres() {
+    with_db(Backend::Postgres, status_value_too_long).await
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_value_too_long_mysql() {
+    with_db(Backend::MySql, status_value_too_long).await
+}

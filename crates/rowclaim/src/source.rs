@@ -323,6 +323,18 @@ impl Source {
         let status_kind = key_kind(status_col, "status column")?;
         let status = |v: &str, what: &str| {
             check_status_value(v, what)?;
+            // A value the column cannot hold would fail only at the first claim or settle, as
+            // the database's "value too long" about a column the user did not name.
+            if let ColType::Text { max_len: Some(n) } = status_col.ty {
+                let len = v.chars().count();
+                if len > n as usize {
+                    return Err(Error::InvalidInput(format!(
+                        "{what} {v:?} has {len} characters, but the status column {} of {} \
+                         holds at most {n} ({})",
+                        status_col.name, p.table.display, status_col.sql_type
+                    )));
+                }
+            }
             status_kind.parse(v, what)
         };
 
