@@ -917,3 +917,34 @@ async fn status_value_too_long_postgres() {
 async fn status_value_too_long_mysql() {
     with_db(Backend::MySql, status_value_too_long).await
 }
+
+/// MariaDB: a payload bigger than `max_allowed_packet` is refused before it is sent, naming its
+/// stdin line and the limit, exit 2, nothing enqueued (it was the server's bare "Got a packet
+/// bigger than 'max_allowed_packet'", exit 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payload_over_max_allowed_packet_names_its_line() {
+    with_db(Backend::MySql, |t| async move {
+        ok(&t, &["init"]).await;
+        let limit = t.count("SELECT CAST(@@max_allowed_packet AS SIGNED)").await as usize;
+        let big = format!("{{\"blob\":\"{}\"}}", "x".repeat(limit + 1000));
+        let input = format!("{{\"small\":1}}\n\n{big}\n{{\"small\":2}}\n");
+        let out = support::run_fed(&t.url, &["enqueue"], &input).await;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("line 3") && err.contains(&format!("{limit} bytes")),
+            "{err}"
+        );
+        assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_jobs").await, 0);
+        // A large payload that fits still goes in.
+        let fits = format!("{{\"blob\":\"{}\"}}\n", "y".repeat(2 << 20));
+        let out = support::run_fed(&t.url, &["enqueue"], &fits).await;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_jobs").await, 1);
+    })
+    .await
+}

@@ -91,6 +91,8 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
     let progress = indicatif::ProgressBar::new_spinner();
     progress.set_draw_target(indicatif::ProgressDrawTarget::stderr());
     let mut jobs = Vec::new();
+    // The stdin line of each job (blank lines are skipped), to name it in errors.
+    let mut lines = Vec::new();
     let stdin = std::io::stdin();
     for (i, line) in std::io::BufRead::lines(stdin.lock()).enumerate() {
         let line = line.map_err(CliError::io("reading stdin"))?;
@@ -104,6 +106,7 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
             ))
         })?;
         jobs.push(template(payload));
+        lines.push(i + 1);
         if jobs.len() % 10_000 == 0 {
             progress.set_message(format!("read {} jobs", jobs.len()));
             progress.tick();
@@ -111,7 +114,17 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
     }
     progress.set_message(format!("enqueueing {} jobs", jobs.len()));
     progress.enable_steady_tick(Duration::from_millis(200));
-    let added = queue.enqueue_many(&jobs).await?;
+    let added = match queue.enqueue_many(&jobs).await {
+        Ok(n) => n,
+        Err(rowclaim::Error::PayloadTooLarge { job, bytes, limit }) => {
+            let line = lines.get(job.wrapping_sub(1)).copied().unwrap_or(job);
+            return Err(CliError::BadInput(format!(
+                "line {line}: its payload is {bytes} bytes, more than one statement may carry to \
+                 this server (max_allowed_packet is {limit} bytes); nothing was enqueued"
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    };
     progress.finish_and_clear();
     eprintln!("rowclaim: enqueued {added} jobs on queue {}", a.queue);
     Ok(())

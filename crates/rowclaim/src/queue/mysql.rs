@@ -34,6 +34,7 @@ impl QueueStore for My {
             check_times(p)?;
         }
         let mut tx = self.begin().await?;
+        check_packet(&mut tx, &parts).await?;
         let mut out = Vec::with_capacity(parts.len());
         // Jobs without a unique key go in multi-row INSERTs; a job with one goes alone, in its
         // place, so that ids follow the order the jobs were given in (the id breaks ties in the
@@ -361,6 +362,38 @@ fn check_times(job: &JobParts<'_>) -> Result<()> {
     Ok(())
 }
 
+/// Payloads below this size are sent without asking the server's packet limit (no server's
+/// `max_allowed_packet` is smaller: its least is 1 KiB, its defaults 16 or 64 MiB).
+const SMALL_PAYLOAD: usize = 1 << 20;
+
+/// Room in a packet for the statement around a payload: its text and the other values.
+const STATEMENT_ROOM: usize = 4096;
+
+/// Refuses a payload bigger than one statement may carry to this server, before sending it: the
+/// server would answer only "Got a packet bigger than 'max_allowed_packet'" (and, over some
+/// proxies, close the connection), naming neither the job nor the limit. Asks the limit only
+/// when a payload is large.
+async fn check_packet(conn: &mut sqlx::MySqlConnection, jobs: &[JobParts<'_>]) -> Result<()> {
+    if jobs.iter().all(|j| j.payload.len() <= SMALL_PAYLOAD) {
+        return Ok(());
+    }
+    let limit: i64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS SIGNED)")
+        .fetch_one(&mut *conn)
+        .await?;
+    let limit = u64::try_from(limit).unwrap_or(0);
+    for (i, j) in jobs.iter().enumerate() {
+        let bytes = j.payload.len();
+        if (bytes + STATEMENT_ROOM) as u64 > limit {
+            return Err(Error::PayloadTooLarge {
+                job: i + 1,
+                bytes,
+                limit,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// `INSERT INTO rowclaim_jobs … VALUES (…), (…)` for these jobs. The run-at is absolute epoch
 /// milliseconds when given, else now + the delay. `TIMESTAMPADD` on the epoch as a `DATETIME`
 /// literal is plain calendar arithmetic: unlike `FROM_UNIXTIME`, no session time zone is involved.
@@ -448,6 +481,7 @@ pub(crate) async fn enqueue_one(
     job: &JobParts<'_>,
 ) -> Result<Enqueued> {
     check_times(job)?;
+    check_packet(conn, std::slice::from_ref(job)).await?;
     let Some(key) = job.unique_key else {
         let id = insert_jobs(conn, &[job]).await?;
         return Ok(Enqueued {
