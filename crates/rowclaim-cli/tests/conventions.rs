@@ -948,3 +948,50 @@ async fn a_payload_over_max_allowed_packet_names_its_line() {
     })
     .await
 }
+
+/// A payload reaches the command as the JSON it was enqueued as, on every database (on
+/// PostgreSQL a JSON string such as "123" arrived as the number 123), and `claim --queue` prints
+/// it as that JSON too.
+async fn payloads_arrive_as_enqueued(t: Arc<TestDb>) {
+    ok(&t, &["init"]).await;
+    let payloads = ["\"123\"", "{\"a\":[1,\"2\"]}", "\"{\\\"x\\\":1}\"", "7"];
+    for p in payloads {
+        ok(&t, &["enqueue", "--queue", "p", p]).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!("cat > {}/$ROWCLAIM_ID", dir.path().display());
+    ok(
+        &t,
+        &[
+            "work",
+            "--queue",
+            "p",
+            "--until-empty",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    )
+    .await;
+    for (i, p) in payloads.iter().enumerate() {
+        let got = std::fs::read_to_string(dir.path().join((i + 1).to_string())).unwrap();
+        assert_eq!(got.trim_end(), *p, "job {}", i + 1);
+    }
+    ok(&t, &["enqueue", "--queue", "c", "\"123\""]).await;
+    let claimed = json_lines(&ok(&t, &["claim", "--queue", "c"]).await);
+    assert_eq!(claimed[0]["row"]["payload"], "123", "{}", claimed[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_arrive_as_enqueued_postgres() {
+    with_db(Backend::Postgres, payloads_arrive_as_enqueued).await
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_arrive_as_enqueued_mysql() {
+    with_db(Backend::MySql, payloads_arrive_as_enqueued).await
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_arrive_as_enqueued_sqlite() {
+    with_db(Backend::Sqlite, payloads_arrive_as_enqueued).await
+}

@@ -35,11 +35,19 @@ pub async fn run(url: &str, a: ClaimArgs) -> Result<(), CliError> {
         return Err(CliError::NothingClaimed(what));
     }
     let mut out = std::io::stdout().lock();
+    let queue = !a.source.queues.is_empty();
     for row in claim.rows() {
+        let mut data = row.data.clone();
+        // A job's payload arrives as its JSON text: show it as the JSON it is.
+        if let Some(p) = data.get_mut("payload").filter(|_| queue) {
+            if let Some(parsed) = p.as_str().and_then(|s| serde_json::from_str(s).ok()) {
+                *p = parsed;
+            }
+        }
         let line = serde_json::json!({
             "token": claim.token().to_string(),
             "id": row.id,
-            "row": row.data,
+            "row": data,
         });
         writeln!(out, "{line}").map_err(CliError::io("writing to stdout"))?;
     }
