@@ -20,7 +20,7 @@ mod signals;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
 pub use error::CliError;
 
@@ -33,7 +33,11 @@ fn main() -> ExitCode {
             return exit::BAD_INPUT.into();
         }
     }
-    let cli = cmd::Cli::parse();
+    let matches = cmd::Cli::command().get_matches();
+    let mut cli = cmd::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Only a --database typed on this command line, not DATABASE_URL from the environment.
+    cli.database_given =
+        matches.value_source("database") == Some(clap::parser::ValueSource::CommandLine);
     say::set_quiet(cli.quiet);
     if cli.quiet {
         rowclaim_bench::init_quiet_logging();

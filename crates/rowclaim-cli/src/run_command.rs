@@ -5,13 +5,17 @@
 //! only starts the command, feeds it the row, and stops it when asked: SIGTERM to its process
 //! group, then SIGKILL after `--kill-after`.
 
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use rowclaim::{Handler, Task, TaskFuture, TaskResult, WorkerReport};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// How much of the end of a failed command's stderr is kept with its row (a job's `last_error`).
+pub const STDERR_TAIL: usize = 2048;
 
 /// Runs one command per row: the row (or a managed job's payload) as one JSON line on stdin,
 /// its id and token (and a job's kind, attempt and queue) in the environment.
@@ -76,7 +80,7 @@ async fn run_command(command: &[String], kill_after: Duration, task: Task) -> Ta
         .env("ROWCLAIM_TOKEN", task.token().to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
     if let Some(job) = task.job() {
@@ -112,6 +116,11 @@ async fn run_command(command: &[String], kill_after: Duration, task: Task) -> Ta
     let mut group = Group {
         leader: child.id().map(|id| Pid::from_raw(id as i32)),
     };
+    let tail = Arc::new(Mutex::new(Vec::new()));
+    let tee = child
+        .stderr
+        .take()
+        .map(|from| tokio::spawn(tee_stderr(from, tail.clone())));
     if let Some(mut stdin) = child.stdin.take() {
         // A command that does not read its input closes the pipe early; that is fine.
         tokio::spawn(async move {
@@ -136,17 +145,102 @@ async fn run_command(command: &[String], kill_after: Duration, task: Task) -> Ta
             group.signal(Signal::SIGKILL);
             group.reaped();
             // The runtime records the stop itself; this text only says what happened.
-            return TaskResult::Failed(format!("{program} was stopped: {reason}"));
+            let failure = format!("{program} was stopped: {reason}");
+            return failed_with_tail(failure, tee, &tail).await;
         }
     };
     group.reaped();
     let failure = match status {
         Ok(status) if status.success() => return TaskResult::Done,
-        Ok(status) => format!("{program} exited with {status}"),
+        Ok(status) => format!("{program} exited with {}", status_text(status)),
         Err(e) => format!("waiting for {program}: {e}"),
     };
     eprintln!("rowclaim: row {id}: {failure}");
-    TaskResult::Failed(failure)
+    failed_with_tail(failure, tee, &tail).await
+}
+
+/// The row failed with `failure` and, after it, the end of the command's stderr (the terminal
+/// saw all of it already; the row keeps its end, a job in `last_error`).
+async fn failed_with_tail(
+    failure: String,
+    tee: Option<tokio::task::JoinHandle<()>>,
+    tail: &Mutex<Vec<u8>>,
+) -> TaskResult {
+    if let Some(tee) = tee {
+        // A child the command left running may hold the pipe open: do not wait for it long.
+        let _ = tokio::time::timeout(Duration::from_millis(200), tee).await;
+    }
+    let tail = tail.lock().map(|t| tail_text(&t)).unwrap_or_default();
+    if tail.is_empty() {
+        TaskResult::Failed(failure)
+    } else {
+        TaskResult::Failed(format!("{failure}: {tail}"))
+    }
+}
+
+/// "status 7", or "signal 9 (SIGKILL)".
+fn status_text(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("status {code}"),
+        (None, Some(sig)) => match Signal::try_from(sig) {
+            Ok(name) => format!("signal {sig} ({name})"),
+            Err(_) => format!("signal {sig}"),
+        },
+        (None, None) => status.to_string(),
+    }
+}
+
+/// Copies the command's stderr to ours as it comes, keeping its last [`STDERR_TAIL`] bytes.
+async fn tee_stderr(mut from: tokio::process::ChildStderr, tail: Arc<Mutex<Vec<u8>>>) {
+    let mut to = tokio::io::stderr();
+    let mut buf = vec![0u8; 8192];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        // Our own stderr closed is no reason to stop keeping the tail.
+        let _ = to.write_all(&buf[..n]).await;
+        if let Ok(mut t) = tail.lock() {
+            t.extend_from_slice(&buf[..n]);
+            let over = t.len().saturating_sub(STDERR_TAIL);
+            t.drain(..over);
+        }
+    }
+}
+
+/// The kept tail as text: whole characters only (the cut may fall inside one), trimmed, and
+/// marked "…" where its start was cut off.
+fn tail_text(tail: &[u8]) -> String {
+    let cut = tail.len() >= STDERR_TAIL;
+    let start = tail
+        .iter()
+        .take(4)
+        .take_while(|b| (**b & 0xC0) == 0x80)
+        .count();
+    let text = String::from_utf8_lossy(&tail[start..]);
+    let text = text.trim();
+    if cut && !text.is_empty() {
+        format!("…{text}")
+    } else {
+        text.to_owned()
+    }
+}
+
+/// The summary for `work --json`: the same counts as [`summary`], by name.
+pub fn summary_json(r: &WorkerReport) -> serde_json::Value {
+    serde_json::json!({
+        "done": r.completed,
+        "failed": r.failed + r.dead,
+        "retried": r.retried,
+        "released": r.released,
+        "lost": r.lost,
+        "given_up": r.given_up,
+        "unconfirmed": r.unconfirmed,
+        "outages": r.outages,
+        "interrupted": r.interrupted,
+    })
 }
 
 /// The summary `work` prints when it stops.

@@ -210,13 +210,26 @@ async fn quiet_says_only_results(t: Arc<TestDb>) {
     assert_eq!(stderr(&out), "", "--quiet said something");
     let line: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
     assert_eq!(line["id"], 2, "the result is still printed");
-
     let out = support::rowclaim(&t.url, &["--quiet", "enqueue", "{}"])
         .output()
         .await
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "no queue yet: an error");
     assert!(stderr(&out).contains("rowclaim init"), "{}", stderr(&out));
+    // Nor do the commands that only report (settling, init, the work summary).
+    let token = line["token"].as_str().unwrap().to_owned();
+    let complete = [&["-q", "complete", "--token", &token], &claim[1..]].concat();
+    let work = [
+        &["-q", "work"],
+        &claim[1..],
+        &["--until-empty", "--", "true"],
+    ]
+    .concat();
+    for args in [&complete[..], &["-q", "init"], &work[..]] {
+        let out = support::rowclaim(&t.url, args).output().await.unwrap();
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        assert_eq!(stderr(&out), "", "{args:?}: --quiet said something");
+    }
 
     let out = support::rowclaim(&t.url, &["-v", "-q", "stats"])
         .output()

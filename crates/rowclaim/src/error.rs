@@ -95,6 +95,23 @@ pub enum Error {
     #[error("{0}")]
     InvalidInput(String),
 
+    /// A job's payload is more than one statement may carry to this server (MySQL/MariaDB's
+    /// `max_allowed_packet`). `job` is its place among the jobs given, from 1. Nothing was
+    /// enqueued.
+    #[error(
+        "job {job}: its payload is {bytes} bytes, more than one statement may carry to this \
+         server (max_allowed_packet is {limit} bytes); make it smaller, or raise the server's \
+         max_allowed_packet"
+    )]
+    PayloadTooLarge {
+        /// The job's place among those given, from 1.
+        job: usize,
+        /// The payload's size as JSON text.
+        bytes: usize,
+        /// The server's `max_allowed_packet`.
+        limit: u64,
+    },
+
     /// The claim token no longer holds (some of) these rows: their lease expired and another
     /// claimer took them, or they were completed, failed, released or cancelled already. Nothing
     /// was changed.
@@ -256,6 +273,7 @@ impl Error {
             | Error::Unsupported(_)
             | Error::InvalidInput(_)
             | Error::MappingDisagrees { .. }
+            | Error::PayloadTooLarge { .. }
             | Error::InvalidUrl(_)
             | Error::NoSqliteFile { .. } => ErrorKind::BadInput,
             Error::MissingTable { .. } => ErrorKind::MissingTable,

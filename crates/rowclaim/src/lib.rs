@@ -76,8 +76,8 @@ pub use claim::{
 pub use db::{ConnectOptions, Db};
 pub use error::{Error, ErrorKind, Result};
 pub use queue::{
-    backoff, Enqueued, Job, JobFailure, NewJob, Queue, QueueStats, Retention, Wakeups,
-    DEFAULT_MAX_ATTEMPTS,
+    backoff, Enqueued, Job, JobFailure, JobFilter, JobRecord, NewJob, Queue, QueueStats, Retention,
+    Scheduled, Wakeups, DEFAULT_MAX_ATTEMPTS, JOB_STATUSES,
 };
 pub use source::Source;
 pub use strategy::Strategy;

@@ -76,6 +76,8 @@ pub(crate) struct Mapping {
     pub priority: Option<String>,
     /// Managed queue: the queue column and the queue names to claim from (bound, never pasted).
     pub queues: Option<(String, Vec<String>)>,
+    /// Managed queue: the kind column and the kinds to claim (all when empty; bound).
+    pub kinds: Option<(String, Vec<String>)>,
     /// Managed queue: where a failure's error goes.
     pub error_column: Option<String>,
     /// Managed queue: when a job completed or died.

@@ -77,6 +77,8 @@ const JOB_COLUMNS: &[&str] = &[
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Managed {
     pub queues: Vec<String>,
+    /// Only jobs of these kinds (all when empty).
+    pub kinds: Vec<String>,
     /// Completed jobs are deleted rather than kept.
     pub delete_done: bool,
 }
@@ -122,8 +124,9 @@ impl Source {
         }
     }
 
-    /// The managed queue's source: `rowclaim_jobs`, jobs of `queues` whose run-at has come.
-    pub(crate) fn managed(queues: Vec<String>, delete_done: bool) -> Source {
+    /// The managed queue's source: `rowclaim_jobs`, jobs of `queues` (and `kinds`, when given)
+    /// whose run-at has come.
+    pub(crate) fn managed(queues: Vec<String>, kinds: Vec<String>, delete_done: bool) -> Source {
         let mut s = Source::new("rowclaim_jobs")
             .status_values("ready", "running", "completed", "dead")
             .owner_column("owner")
@@ -132,6 +135,7 @@ impl Source {
             .order_by("priority desc, run_at, id");
         s.managed = Some(Managed {
             queues,
+            kinds,
             delete_done,
         });
         s
@@ -319,6 +323,18 @@ impl Source {
         let status_kind = key_kind(status_col, "status column")?;
         let status = |v: &str, what: &str| {
             check_status_value(v, what)?;
+            // A value the column cannot hold would fail only at the first claim or settle, as
+            // the database's "value too long" about a column the user did not name.
+            if let ColType::Text { max_len: Some(n) } = status_col.ty {
+                let len = v.chars().count();
+                if len > n as usize {
+                    return Err(Error::InvalidInput(format!(
+                        "{what} {v:?} has {len} characters, but the status column {} of {} \
+                         holds at most {n} ({})",
+                        status_col.name, p.table.display, status_col.sql_type
+                    )));
+                }
+            }
             status_kind.parse(v, what)
         };
 
@@ -381,6 +397,10 @@ impl Source {
                 .managed
                 .as_ref()
                 .map(|q| ((naming.quote)("queue"), q.queues.clone())),
+            kinds: self
+                .managed
+                .as_ref()
+                .map(|q| ((naming.quote)("kind"), q.kinds.clone())),
             error_column: self.managed.as_ref().map(|_| (naming.quote)("last_error")),
             finished_column: self.managed.as_ref().map(|_| (naming.quote)("finished_at")),
             // Only plainly named columns go into a row's JSON: their names are safe as literals.

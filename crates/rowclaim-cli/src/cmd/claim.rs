@@ -14,10 +14,10 @@ pub struct ClaimArgs {
     #[command(flatten)]
     source: SourceArgs,
     /// Rows to claim at most.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value = "1", value_parser = super::values::count, allow_hyphen_values = true)]
     batch: u32,
     /// How long the claim holds the rows, e.g. 30s, 5m.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::values::duration, allow_hyphen_values = true)]
     lease: Duration,
 }
 
@@ -35,11 +35,19 @@ pub async fn run(url: &str, a: ClaimArgs) -> Result<(), CliError> {
         return Err(CliError::NothingClaimed(what));
     }
     let mut out = std::io::stdout().lock();
+    let queue = !a.source.queues.is_empty();
     for row in claim.rows() {
+        let mut data = row.data.clone();
+        // A job's payload arrives as its JSON text: show it as the JSON it is.
+        if let Some(p) = data.get_mut("payload").filter(|_| queue) {
+            if let Some(parsed) = p.as_str().and_then(|s| serde_json::from_str(s).ok()) {
+                *p = parsed;
+            }
+        }
         let line = serde_json::json!({
             "token": claim.token().to_string(),
             "id": row.id,
-            "row": row.data,
+            "row": data,
         });
         writeln!(out, "{line}").map_err(CliError::io("writing to stdout"))?;
     }

@@ -16,13 +16,13 @@ use crate::error::CliError;
 #[derive(Args, Debug)]
 pub struct DemoArgs {
     /// Rows in the demo table.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, value_name = "N", default_value = "2000", value_parser = super::values::count, allow_hyphen_values = true)]
     rows: u32,
     /// Workers draining it at once.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, value_name = "N", default_value = "4", value_parser = super::values::count, allow_hyphen_values = true)]
     workers: u32,
     /// Rows each claim takes.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, value_name = "N", default_value = "10", value_parser = super::values::count, allow_hyphen_values = true)]
     batch: u32,
     /// auto, token, optimistic, lease-table or transaction (SQLite has no skip-locked).
     #[arg(long, default_value = "auto")]
@@ -32,7 +32,13 @@ pub struct DemoArgs {
     keep: Option<PathBuf>,
 }
 
-pub async fn run(a: DemoArgs) -> Result<(), CliError> {
+pub async fn run(a: DemoArgs, database_given: bool) -> Result<(), CliError> {
+    if database_given {
+        // The demo drops its own table into the file it makes; it never touches yours.
+        let why = "demo makes a SQLite database of its own and takes no --database; use --keep \
+                   PATH to keep it";
+        return Err(CliError::BadInput(why.into()));
+    }
     let strategy: Strategy = a.strategy.parse()?;
     let dir = tempfile::tempdir().map_err(CliError::io("creating a temporary directory"))?;
     let path = a.keep.clone().unwrap_or_else(|| dir.path().join("demo.db"));

@@ -26,20 +26,20 @@ pub struct EnqueueArgs {
     )]
     priority: i32,
     /// Run no earlier than this long from now, e.g. 10s, 5m.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, conflicts_with = "run_at")]
+    #[arg(long, value_name = "DURATION", value_parser = super::values::duration_or_zero, allow_hyphen_values = true, conflicts_with = "run_at")]
     delay: Option<Duration>,
     /// Run no earlier than this time, e.g. 2026-12-01T08:00:00Z.
     #[arg(long, value_name = "RFC3339", value_parser = humantime::parse_rfc3339_weak)]
     run_at: Option<std::time::SystemTime>,
     /// Runs before the job is dead.
-    #[arg(long, value_name = "N", default_value_t = rowclaim::DEFAULT_MAX_ATTEMPTS)]
-    max_attempts: i32,
+    #[arg(long, value_name = "N", default_value_t = rowclaim::DEFAULT_MAX_ATTEMPTS as u32, value_parser = super::values::count, allow_hyphen_values = true)]
+    max_attempts: u32,
     /// While a job with this key is ready or running, return it instead of adding another.
     #[arg(long, value_name = "K")]
     unique_key: Option<String>,
     /// Stop a run of the job that takes longer than this, e.g. 5m; it then fails ("timed out
     /// after 5m") and is retried like any failure. Default: the worker's --timeout.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = super::values::duration, allow_hyphen_values = true)]
     timeout: Option<Duration>,
     /// The payload; without it, one payload per line is read from stdin.
     #[arg(value_name = "JSON")]
@@ -53,7 +53,7 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
             .queue(&a.queue)
             .kind(&a.kind)
             .priority(a.priority)
-            .max_attempts(a.max_attempts);
+            .max_attempts(i32::try_from(a.max_attempts).unwrap_or(i32::MAX));
         if let Some(d) = a.delay {
             job = job.delay(d);
         }
@@ -93,6 +93,8 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
         indicatif::ProgressDrawTarget::stderr()
     });
     let mut jobs = Vec::new();
+    // The stdin line of each job (blank lines are skipped), to name it in errors.
+    let mut lines = Vec::new();
     let stdin = std::io::stdin();
     for (i, line) in std::io::BufRead::lines(stdin.lock()).enumerate() {
         let line = line.map_err(CliError::io("reading stdin"))?;
@@ -106,6 +108,7 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
             ))
         })?;
         jobs.push(template(payload));
+        lines.push(i + 1);
         if jobs.len() % 10_000 == 0 {
             progress.set_message(format!("read {} jobs", jobs.len()));
             progress.tick();
@@ -113,7 +116,17 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
     }
     progress.set_message(format!("enqueueing {} jobs", jobs.len()));
     progress.enable_steady_tick(Duration::from_millis(200));
-    let added = queue.enqueue_many(&jobs).await?;
+    let added = match queue.enqueue_many(&jobs).await {
+        Ok(n) => n,
+        Err(rowclaim::Error::PayloadTooLarge { job, bytes, limit }) => {
+            let line = lines.get(job.wrapping_sub(1)).copied().unwrap_or(job);
+            return Err(CliError::BadInput(format!(
+                "line {line}: its payload is {bytes} bytes, more than one statement may carry to \
+                 this server (max_allowed_packet is {limit} bytes); nothing was enqueued"
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    };
     progress.finish_and_clear();
     say!("enqueued {added} jobs on queue {}", a.queue);
     Ok(())

@@ -12,7 +12,7 @@ pub struct ExtendArgs {
     #[command(flatten)]
     token: TokenArgs,
     /// The new lease, from now.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::values::duration, allow_hyphen_values = true)]
     lease: Duration,
 }
 

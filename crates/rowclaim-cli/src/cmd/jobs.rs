@@ -4,25 +4,30 @@ use std::io::Write;
 use std::time::Duration;
 
 use clap::Subcommand;
-use rowclaim::Db;
+use rowclaim::{Db, JobFilter};
 
 use crate::error::CliError;
 
 #[derive(Subcommand, Debug)]
 pub enum JobsCommand {
-    /// List jobs, newest first, as JSON lines.
+    /// List jobs, newest first, as JSON lines (the same keys on every database; times in
+    /// RFC 3339, UTC).
     List {
         /// Only this queue (repeat for several).
         #[arg(long = "queue", value_name = "Q")]
         queues: Vec<String>,
+        /// Only jobs of this kind (repeat, or a comma list, for several).
+        #[arg(long = "kind", value_name = "K", value_delimiter = ',')]
+        kinds: Vec<String>,
         /// Only jobs in this state: ready, running, completed, dead, cancelled.
-        #[arg(long, value_name = "S")]
+        #[arg(long, value_name = "S",
+              value_parser = clap::builder::PossibleValuesParser::new(rowclaim::JOB_STATUSES))]
         status: Option<String>,
         /// At most this many.
-        #[arg(long, value_name = "N", default_value_t = 50)]
+        #[arg(long, value_name = "N", default_value = "50", value_parser = super::values::count, allow_hyphen_values = true)]
         limit: u32,
     },
-    /// Show one job as JSON. Exits 1 when there is no such job.
+    /// Show one job as JSON (as in `jobs list`). Exits 1 when there is no such job.
     Show {
         /// The job's id.
         id: i64,
@@ -40,7 +45,7 @@ pub enum JobsCommand {
     /// Delete completed, dead and cancelled jobs that finished longer ago than --older-than.
     Prune {
         /// e.g. 7d, 12h.
-        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        #[arg(long, value_name = "DURATION", value_parser = super::values::duration_or_zero, allow_hyphen_values = true)]
         older_than: Duration,
     },
 }
@@ -51,12 +56,19 @@ pub async fn run(url: &str, op: JobsCommand) -> Result<(), CliError> {
     let (changed, what) = match op {
         JobsCommand::List {
             queues,
+            kinds,
             status,
             limit,
         } => {
+            let mut filter = JobFilter::new().queues(queues).kinds(kinds).limit(limit);
+            if let Some(s) = status {
+                filter = filter.status(s);
+            }
             let mut out = std::io::stdout().lock();
-            for job in queue.list(&queues, status.as_deref(), limit).await? {
-                writeln!(out, "{job}").map_err(CliError::io("writing to stdout"))?;
+            for job in queue.list(&filter).await? {
+                let line = serde_json::to_string(&job)
+                    .map_err(|e| CliError::io("writing the job")(e.into()))?;
+                writeln!(out, "{line}").map_err(CliError::io("writing to stdout"))?;
             }
             return Ok(());
         }
@@ -73,7 +85,7 @@ pub async fn run(url: &str, op: JobsCommand) -> Result<(), CliError> {
         JobsCommand::Cancel { id } => (u64::from(queue.cancel(id).await?), "cancelled"),
         JobsCommand::Prune { older_than } => {
             let n = queue.prune(older_than).await?;
-            eprintln!("rowclaim: pruned {n} job(s)");
+            crate::say::say!("pruned {n} job(s)");
             return Ok(());
         }
     };
@@ -82,6 +94,6 @@ pub async fn run(url: &str, op: JobsCommand) -> Result<(), CliError> {
         // Exit 1: a script retrying or cancelling learns that the job was not in that state.
         return Err(CliError::NothingClaimed(said));
     }
-    eprintln!("rowclaim: {said}");
+    crate::say::say!("{said}");
     Ok(())
 }

@@ -17,6 +17,7 @@ mod settle;
 mod source;
 mod source_args;
 mod stats;
+mod values;
 mod work;
 
 use clap::{Parser, Subcommand};
@@ -49,6 +50,9 @@ pub struct Cli {
     /// as "rowclaim=debug,sqlx=warn", overrides -v, -vv and --quiet.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// Whether --database was given on the command line (set after parsing).
+    #[arg(skip)]
+    pub database_given: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -59,7 +63,8 @@ pub enum Command {
     /// --queue: the job's payload), its id in $ROWCLAIM_ID and the claim token in
     /// $ROWCLAIM_TOKEN (for --queue also $ROWCLAIM_KIND, $ROWCLAIM_QUEUE, $ROWCLAIM_ATTEMPT).
     /// Exit 0 marks the row done; any other exit fails it (a job is retried with backoff until
-    /// its last attempt). COMMAND's stdout and stderr go to this terminal.
+    /// its last attempt). COMMAND's stdout and stderr go to this terminal; a failed job keeps
+    /// its exit status and the last 2 KiB of its stderr in last_error.
     ///
     /// While a command runs its lease is renewed, so a slow command keeps its row. If the
     /// database goes away, running commands go on, claims pause and resume when it answers, and
@@ -98,7 +103,7 @@ pub enum Command {
     /// Create or migrate the managed job queue (table rowclaim_jobs). Idempotent; safe to run
     /// from several processes at once.
     #[command(after_help = exit::AFTER_HELP.as_str())]
-    Init,
+    Init(init::InitArgs),
     /// Look at and change jobs of the managed queue: list, show, retry a dead or cancelled job,
     /// cancel a ready or running one, prune finished ones. show, retry and cancel exit 1 when
     /// there was no such job to show or change.
@@ -121,7 +126,8 @@ pub enum Command {
     #[command(subcommand)]
     Bench(rowclaim_bench::BenchCommand),
     /// Create a SQLite table of jobs and let several workers drain it: shows how many rows each
-    /// worker took and checks that no row was processed twice. Needs no server.
+    /// worker took and checks that no row was processed twice. Needs no server, and takes no
+    /// --database (its database is a file of its own; --keep PATH keeps it).
     Demo(demo::DemoArgs),
     /// Print a completion script for SHELL on stdout, e.g.
     /// `rowclaim completions bash > ~/.local/share/bash-completion/completions/rowclaim`.
@@ -148,7 +154,7 @@ const DEFAULT_DATABASE: &str = "sqlite://rowclaim.db";
 /// Runs the command; `Err` says how it failed (and so with which exit code).
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     let command = match cli.command {
-        Command::Demo(a) => return demo::run(a).await,
+        Command::Demo(a) => return demo::run(a, cli.database_given).await,
         Command::Completions(a) => return completions::run(a),
         command => command,
     };
@@ -178,7 +184,7 @@ async fn dispatch(url: &str, command: Command) -> Result<(), CliError> {
         Command::Release(a) => settle::release(url, a).await,
         Command::Extend(a) => extend::run(url, a).await,
         Command::Stats(a) => stats::run(url, a).await,
-        Command::Init => init::run(url).await,
+        Command::Init(a) => init::run(url, a).await,
         Command::Jobs(op) => jobs::run(url, op).await,
         Command::Source(op) => source::run(url, op).await,
         Command::Enqueue(a) => enqueue::run(url, a).await,
@@ -247,20 +253,22 @@ fn shown_url(url: &str) -> String {
 /// Connects and checks the source against the live table, on a pool of `connections`.
 async fn claimer(url: &str, source: &SourceArgs, connections: u32) -> Result<Claimer, CliError> {
     let opts = rowclaim::ConnectOptions::default().max_connections(connections.max(2));
-    claimer_keeping(url, source, opts, Retention::Keep).await
+    claimer_keeping(url, source, opts, Retention::Keep, &[]).await
 }
 
-/// [`claimer`] with pool options, and with what becomes of completed jobs of the managed queue.
+/// [`claimer`] with pool options, and with what becomes of completed jobs of the managed queue
+/// and which kinds of its jobs to claim (all when empty).
 async fn claimer_keeping(
     url: &str,
     source: &SourceArgs,
     opts: rowclaim::ConnectOptions,
     completed: Retention,
+    kinds: &[String],
 ) -> Result<Claimer, CliError> {
     let db = Db::connect_with(url, opts).await?;
     let claimer = match source.target()? {
         Target::Table(table) => db.claimer(*table, source.strategy).await?,
-        Target::Queues(queues) => db.queue().claimer_with(&queues, completed).await?,
+        Target::Queues(queues) => db.queue().claimer_of(&queues, kinds, completed).await?,
     };
     Ok(claimer)
 }
@@ -275,6 +283,12 @@ fn say_strategy(claimer: &Claimer, asked: rowclaim::Strategy) {
             claimer.server().description
         );
     }
+}
+
+/// One JSON object as one line on stdout: what `--json` prints.
+fn print_json_line(value: &serde_json::Value) -> Result<(), CliError> {
+    use std::io::Write;
+    writeln!(std::io::stdout().lock(), "{value}").map_err(CliError::io("writing to stdout"))
 }
 
 #[cfg(test)]

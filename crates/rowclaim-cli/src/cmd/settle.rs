@@ -18,6 +18,9 @@ pub struct TokenArgs {
     /// Named rows change all together or not at all.
     #[arg(long = "id", value_name = "ID", value_delimiter = ',')]
     pub ids: Vec<String>,
+    /// Also print the result as one JSON object on stdout: {"action":…,"rows":N,"token":…}.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `rowclaim complete`: the rows are done.
@@ -45,7 +48,7 @@ pub async fn release(url: &str, a: TokenArgs) -> Result<(), CliError> {
 }
 
 /// Connects, parses the token and the ids against the table, runs `op` and says how many rows
-/// it changed (`rowclaim: completed 3 row(s)`). A token that no longer holds the rows is the
+/// it changed (`rowclaim: completed 3 row(s)`; with --json also on stdout). A token that no longer holds the rows is the
 /// library's `LeaseLost`, which exits 3.
 pub async fn settle<F, Fut>(url: &str, a: &TokenArgs, verb: &str, op: F) -> Result<(), CliError>
 where
@@ -60,6 +63,13 @@ where
         .map(|id| claimer.parse_id(id))
         .collect::<rowclaim::Result<Vec<_>>>()?;
     let n = op(claimer, token, ids).await?;
-    eprintln!("rowclaim: {verb} {n} row(s)");
+    crate::say::say!("{verb} {n} row(s)");
+    if a.json {
+        super::print_json_line(&serde_json::json!({
+            "action": verb,
+            "rows": n,
+            "token": token.to_string(),
+        }))?;
+    }
     Ok(())
 }

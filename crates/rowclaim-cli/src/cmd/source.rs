@@ -17,7 +17,7 @@ pub enum SourceCommand {
     /// Replace a table's record with the mapping given by the table flags (and --strategy). For
     /// when every claimer of the table moves to the new mapping: a claimer still running with
     /// the old one keeps running until it restarts, and is refused then.
-    Replace(ReplaceArgs),
+    Replace(Box<ReplaceArgs>),
     /// Remove a table's record; the next claim on the table records its mapping anew. Exits 1
     /// when there was no record.
     Forget(ForgetArgs),

@@ -18,44 +18,58 @@ pub struct WorkArgs {
     #[command(flatten)]
     source: SourceArgs,
     /// Rows claimed at once (default: the free slots). Rows beyond the free slots wait, claimed.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", value_parser = super::values::count, allow_hyphen_values = true)]
     batch: Option<u32>,
     /// Rows to claim ahead, beyond the running ones, waiting for a free slot with their leases
     /// renewed. Claims then come in batches of about N/2: for short commands, a few hundred.
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    prefetch: usize,
+    #[arg(long, value_name = "N", default_value = "0", value_parser = super::values::count_or_zero, allow_hyphen_values = true)]
+    prefetch: u32,
     /// How long a claim holds its rows without a heartbeat, e.g. 30s, 5m.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::values::duration, allow_hyphen_values = true)]
     lease: Duration,
     /// Commands run at once.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
-    concurrency: u64,
+    #[arg(long, value_name = "N", default_value = "1", value_parser = super::values::count, allow_hyphen_values = true)]
+    concurrency: u32,
     /// Stop a command that runs longer than this and fail its row ("timed out after …"); a
     /// job's own --timeout from enqueue wins. Default: no limit.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = super::values::duration, allow_hyphen_values = true)]
     timeout: Option<Duration>,
     /// At the first signal, how long running commands may take to finish before they are
     /// stopped and their rows given back.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::values::duration_or_zero, allow_hyphen_values = true)]
     grace: Duration,
     /// How long a stopped command gets between SIGTERM and SIGKILL.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = super::values::duration, allow_hyphen_values = true)]
     kill_after: Duration,
     /// With --queue: what becomes of completed jobs: keep (as `completed`, until `jobs prune`)
     /// or delete.
     #[arg(long, value_name = "WHAT", default_value = "keep", value_parser = parse_retention)]
     completed: Retention,
+    /// With --queue: run only jobs of this kind (repeat, or a comma list, for several). Jobs of
+    /// other kinds are left for other workers: they are never claimed.
+    #[arg(long = "kind", value_name = "K", value_delimiter = ',')]
+    kinds: Vec<String>,
     /// Exit (code 4) once the database has been unreachable this long, e.g. 10m. Default: keep
     /// waiting for it.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = super::values::duration, allow_hyphen_values = true)]
     give_up_after: Option<Duration>,
     /// Exit 0 once no row is left to work on (none ready, none claimed by a worker that might
     /// still die and give it back). Without it, keep polling for new rows.
     #[arg(long)]
     until_empty: bool,
+    /// With --until-empty and --queue: jobs scheduled for later (enqueue --delay/--run-at) are
+    /// work left too: wait for them and run them before exiting. Without it, --until-empty
+    /// exits when only such jobs are left, and says how many there are and when the next is due.
+    #[arg(long, requires = "until_empty")]
+    wait_scheduled: bool,
+    /// At the end, also print the summary as one JSON object, the last line on stdout:
+    /// {"done":…,"failed":…,"retried":…,"released":…,"lost":…,"given_up":…,"unconfirmed":…,
+    /// "outages":…,"interrupted":…}.
+    #[arg(long)]
+    json: bool,
     /// How long to wait before looking again when nothing was claimable. With --queue on
     /// PostgreSQL a new job wakes the worker at once (LISTEN/NOTIFY), so this is only a fallback.
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = super::values::duration, allow_hyphen_values = true)]
     poll: Duration,
     /// With --queue on PostgreSQL: do not LISTEN for new jobs, only poll.
     #[arg(long, conflicts_with = "listen_database")]
@@ -77,13 +91,14 @@ pub struct WorkArgs {
 
 pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
     let concurrency = a.concurrency as usize;
+    let prefetch = a.prefetch as usize;
     // Connections: results go in batches, so a few beside the running commands serve claims,
     // heartbeats, results and LISTEN; with the transaction strategy each claim holds one for as
     // long as its rows wait.
     let ahead = if a.source.strategy == rowclaim::Strategy::Transaction {
-        a.prefetch
+        prefetch
     } else {
-        a.prefetch.min(32)
+        prefetch.min(32)
     };
     let connections = (concurrency + ahead + 3).min(u32::MAX as usize) as u32;
     if a.completed == Retention::Delete && a.source.queues.is_empty() {
@@ -91,23 +106,34 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
                    own table are marked done";
         return Err(CliError::BadInput(why.into()));
     }
+    if a.wait_scheduled && a.source.queues.is_empty() {
+        let why = "--wait-scheduled is for jobs of the managed queue (--queue)";
+        return Err(CliError::BadInput(why.into()));
+    }
+    if !a.kinds.is_empty() && a.source.queues.is_empty() {
+        let why = "--kind is for jobs of the managed queue (--queue); narrow the rows of your \
+                   own table with --where";
+        return Err(CliError::BadInput(why.into()));
+    }
     let mut opts = rowclaim::ConnectOptions::default().max_connections(connections.max(2));
     if let Some(listen) = &a.listen_database {
         opts = opts.listen_database(listen.clone());
     }
-    let claimer = super::claimer_keeping(url, &a.source, opts, a.completed).await?;
+    let claimer = super::claimer_keeping(url, &a.source, opts, a.completed, &a.kinds).await?;
     super::say_strategy(&claimer, a.source.strategy);
+    let queue = claimer.db().queue();
     let mut worker = rowclaim::Worker::for_claimer(claimer)
         .handler(RunCommand {
             command: a.command,
             kill_after: a.kill_after,
         })
         .concurrency(concurrency)
-        .prefetch(a.prefetch)
+        .prefetch(prefetch)
         .lease(a.lease)
         .poll(a.poll)
         .grace(a.grace)
         .until_empty(a.until_empty)
+        .wait_scheduled(a.wait_scheduled)
         .listen(!a.no_listen);
     if let Some(n) = a.batch {
         worker = worker.batch(n);
@@ -123,7 +149,24 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
         worker.shutdown_handle(),
     ));
     let report = worker.run(std::future::pending()).await?;
-    let summary = run_command::summary(&report);
+    let mut summary = run_command::summary(&report);
+    let mut json = run_command::summary_json(&report);
+    // What --until-empty leaves behind: jobs not due yet, which it does not wait for.
+    if a.until_empty && !a.source.queues.is_empty() && !report.interrupted {
+        let later = queue.scheduled(&a.source.queues, &a.kinds).await?;
+        if later.jobs > 0 {
+            let next = later.next_at_text().unwrap_or_default();
+            summary.push_str(&format!(
+                "; {} job(s) scheduled later (next at {next}; --wait-scheduled waits for them)",
+                later.jobs
+            ));
+        }
+        json["scheduled_later"] = later.jobs.into();
+        json["next_scheduled_at"] = later.next_at_text().into();
+    }
+    if a.json {
+        super::print_json_line(&json)?;
+    }
     // The summary is said once: as the error's text when the run did not end well.
     if report.interrupted {
         return Err(CliError::Interrupted(summary));
@@ -131,7 +174,7 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
     if a.until_empty && report.troubled() > 0 {
         return Err(CliError::Incomplete(summary));
     }
-    eprintln!("rowclaim: {summary}");
+    crate::say::say!("{summary}");
     Ok(())
 }
 

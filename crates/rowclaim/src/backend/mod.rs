@@ -134,17 +134,9 @@ pub(crate) trait ClaimStore: run::Run {
         run::stats(self, m, strategy).await
     }
     /// Rows that still need a worker: (ready and due or awaiting a retry, claimed).
-    async fn backlog(&self, m: &Mapping) -> Result<(u64, u64)> {
+    async fn backlog(&self, m: &Mapping) -> Result<(u64, u64, u64)> {
         run::backlog(self, m).await
     }
-    /// Rows of the source, newest id first: one by id, or up to `limit` with a given status.
-    async fn list_rows(
-        &self,
-        m: &Mapping,
-        id: Option<i64>,
-        status: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<serde_json::Value>>;
 }
 
 /// One of the databases this build has a driver for.
@@ -372,16 +364,7 @@ impl Backend {
     pub(crate) async fn stats(&self, m: &Mapping, s: Strategy) -> Result<Stats> {
         dispatch!(self, d => d.stats(m, s).await)
     }
-    pub(crate) async fn backlog(&self, m: &Mapping) -> Result<(u64, u64)> {
+    pub(crate) async fn backlog(&self, m: &Mapping) -> Result<(u64, u64, u64)> {
         dispatch!(self, d => d.backlog(m).await)
-    }
-    pub(crate) async fn list_rows(
-        &self,
-        m: &Mapping,
-        id: Option<i64>,
-        status: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<serde_json::Value>> {
-        dispatch!(self, d => d.list_rows(m, id, status, limit).await)
     }
 }

@@ -54,23 +54,32 @@ pub(crate) async fn settle_returning<R: Run + ?Sized>(
 }
 
 /// Rows waiting for a worker: ready rows that are due or await a retry (a row scheduled for
-/// later that never ran is not work yet), and claimed rows; both within the source's queues and
-/// filter.
-pub(crate) async fn backlog<R: Run + ?Sized>(r: &R, m: &Mapping) -> Result<(u64, u64)> {
+/// later that never ran is not work yet), claimed rows, and those scheduled for later; all
+/// within the source's queues and filter.
+pub(crate) async fn backlog<R: Run + ?Sized>(r: &R, m: &Mapping) -> Result<(u64, u64, u64)> {
     let now = R::Sql::NOW;
-    let due = match (&m.run_at, &m.attempts) {
-        (Some(r), Some(a)) => format!(" AND ({r} <= {now} OR {a} > 0)"),
-        (Some(r), None) => format!(" AND {r} <= {now}"),
-        _ => String::new(),
+    let (due, later) = match (&m.run_at, &m.attempts) {
+        (Some(r), Some(a)) => (
+            format!(" AND ({r} <= {now} OR {a} > 0)"),
+            Some(format!(" AND {r} > {now} AND {a} = 0")),
+        ),
+        (Some(r), None) => (
+            format!(" AND {r} <= {now}"),
+            Some(format!(" AND {r} > {now}")),
+        ),
+        _ => (String::new(), None),
     };
-    let mut counts = [0u64; 2];
+    let ready = status_literal(&m.ready);
+    let mut counts = [0u64; 3];
     for (cond, n) in [
-        format!("{} = {}{due}", m.status, status_literal(&m.ready)),
-        format!("{} = {}", m.status, status_literal(&m.claimed)),
+        Some(format!("{} = {ready}{due}", m.status)),
+        Some(format!("{} = {}", m.status, status_literal(&m.claimed))),
+        later.map(|later| format!("{} = {ready}{later}", m.status)),
     ]
     .into_iter()
     .zip(counts.iter_mut())
     {
+        let Some(cond) = cond else { continue };
         let mut b = Binder::new();
         let queues = queue_condition(m, &mut b);
         let sql = format!(
@@ -79,7 +88,7 @@ pub(crate) async fn backlog<R: Run + ?Sized>(r: &R, m: &Mapping) -> Result<(u64,
         );
         *n = u64::try_from(r.count(Stmt::new(sql, b)).await?).unwrap_or(0);
     }
-    Ok((counts[0], counts[1]))
+    Ok((counts[0], counts[1], counts[2]))
 }
 
 /// Whether any row could be claimed now: asked when a claim that can lose races (token) came

@@ -450,39 +450,17 @@ pub(crate) fn outcome_set<D: Dialect>(m: &Mapping, b: &mut Binder<D>, outcome: &
     set.join(", ")
 }
 
-/// The rows of a source, newest id first, as JSON: one by id, or up to `limit` with a status.
-pub(crate) fn list_sql<D: Dialect>(
-    m: &Mapping,
-    b: &mut Binder<D>,
-    json: &str,
-    id: Option<i64>,
-    status: Option<&str>,
-    limit: u32,
-) -> String {
-    let mut cond = String::from("1 = 1");
-    if let Some(id) = id {
-        cond.push_str(&format!(" AND t.{} = {}", m.id, b.bind(id)));
-    }
-    if let Some(st) = status {
-        cond.push_str(&format!(" AND t.{} = {}", m.status, b.bind(st.to_owned())));
-    }
-    let queues = queue_condition(m, b);
-    let limit = b.bind(i64::from(limit));
-    format!(
-        "SELECT {json} FROM {} AS t WHERE {cond}{queues} ORDER BY t.{} DESC LIMIT {limit}",
-        m.table, m.id
-    )
-}
-
-/// For the managed queue: ` AND queue IN (…)` with the queue names bound; empty otherwise.
+/// For the managed queue: ` AND queue IN (…)` (and ` AND kind IN (…)`) with the names bound;
+/// empty otherwise.
 pub(crate) fn queue_condition<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> String {
-    match &m.queues {
-        Some((col, names)) if !names.is_empty() => {
+    let mut cond = String::new();
+    for (col, names) in [&m.queues, &m.kinds].into_iter().flatten() {
+        if !names.is_empty() {
             let list: Vec<String> = names.iter().map(|n| b.bind(n.clone())).collect();
-            format!(" AND {col} IN ({})", list.join(", "))
+            cond.push_str(&format!(" AND {col} IN ({})", list.join(", ")));
         }
-        _ => String::new(),
     }
+    cond
 }
 
 /// A token cannot name its rows when there is no owner column to find them by.

@@ -79,6 +79,8 @@ pub struct Backlog {
     pub ready: u64,
     /// Rows claimed now.
     pub claimed: u64,
+    /// Managed queue: ready jobs scheduled for later that never ran (not counted in `ready`).
+    pub scheduled: u64,
     /// Whether claimed rows come back when their claimer dies (a lease column is mapped, or the
     /// strategy is lease-table). Without that, a claimed row stays claimed until someone settles it.
     pub claims_expire: bool,
@@ -473,25 +475,15 @@ impl Claimer {
         i.db.backend.stats(&i.m, i.strategy).await
     }
 
-    /// Rows of the source, newest id first (for `rowclaim jobs list|show`).
-    pub(crate) async fn list_rows(
-        &self,
-        id: Option<i64>,
-        status: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<serde_json::Value>> {
-        let i = &self.inner;
-        i.db.backend.list_rows(&i.m, id, status, limit).await
-    }
-
     /// How much work is left: ready rows (for the managed queue: due, or awaiting a retry) and
     /// claimed rows, within the source's queues and filter.
     pub async fn backlog(&self) -> Result<Backlog> {
         let i = &self.inner;
-        let (ready, claimed) = i.db.backend.backlog(&i.m).await?;
+        let (ready, claimed, scheduled) = i.db.backend.backlog(&i.m).await?;
         Ok(Backlog {
             ready,
             claimed,
+            scheduled,
             claims_expire: i.strategy == Strategy::LeaseTable || i.m.lease.is_some(),
         })
     }

@@ -257,7 +257,7 @@ impl Job {
                 .to_owned()
         };
         let int = |k: &str| d.get(k).and_then(serde_json::Value::as_i64).unwrap_or(0);
-        // MySQL and SQLite store the payload as text; PostgreSQL as jsonb.
+        // Every database hands the payload over as its JSON text (see `claimed_json`).
         let payload = match d.get("payload") {
             Some(serde_json::Value::String(s)) => {
                 serde_json::from_str(s).unwrap_or_else(|_| serde_json::Value::String(s.clone()))

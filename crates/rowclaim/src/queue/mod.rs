@@ -5,12 +5,14 @@
 //! `ready` with a later run-at after a failure, or `dead` after the last attempt; `cancelled` by
 //! hand. Claiming, fencing and lease expiry are the same as for any source.
 
+mod record;
 mod wakeups;
 
 pub(crate) use job::JobParts;
 pub use job::{
     backoff, Enqueued, Job, JobFailure, NewJob, QueueStats, Retention, DEFAULT_MAX_ATTEMPTS,
 };
+pub use record::{JobFilter, JobRecord, Scheduled, JOB_STATUSES};
 pub use wakeups::Wakeups;
 #[cfg(feature = "postgres")]
 pub(crate) use wakeups::CHANNEL;
@@ -45,6 +47,10 @@ pub(crate) trait QueueStore {
     async fn admin(&self, op: Admin) -> Result<u64>;
     /// Jobs per queue and status, oldest due ready job, recent throughput.
     async fn stats(&self, queue: Option<&str>) -> Result<QueueStats>;
+    /// Jobs as stored, newest first: those `filter` lets through, or the one job `id`.
+    async fn records(&self, filter: &JobFilter, id: Option<i64>) -> Result<Vec<JobRecord>>;
+    /// Ready jobs of `filter`'s queues and kinds scheduled for later that never ran.
+    async fn scheduled(&self, filter: &JobFilter) -> Result<Scheduled>;
     /// A connection that hears of new jobs, where the database can push them
     /// ([`crate::Capability::Listen`]); `None` elsewhere.
     async fn listen(&self) -> Result<Option<Listener>>;
@@ -160,12 +166,27 @@ impl Queue {
 
     /// [`Queue::claimer`], with what becomes of the jobs it completes.
     pub async fn claimer_with(&self, queues: &[String], completed: Retention) -> Result<Claimer> {
+        self.claimer_of(queues, &[], completed).await
+    }
+
+    /// [`Queue::claimer_with`], claiming only jobs of `kinds` (all when empty). The claim
+    /// itself asks for those kinds: jobs of other kinds are never claimed and given back.
+    pub async fn claimer_of(
+        &self,
+        queues: &[String],
+        kinds: &[String],
+        completed: Retention,
+    ) -> Result<Claimer> {
         for q in queues {
             if q.is_empty() {
                 return Err(Error::InvalidInput("queue name must not be empty".into()));
             }
         }
-        let source = Source::managed(queues.to_vec(), completed == Retention::Delete);
+        let source = Source::managed(
+            queues.to_vec(),
+            kinds.to_vec(),
+            completed == Retention::Delete,
+        );
         self.db
             .claimer(source, Strategy::Auto)
             .await
@@ -194,30 +215,32 @@ impl Queue {
         retry_transient!(dispatch!(&self.db.backend, d => d.admin(Admin::Prune(age)).await))
     }
 
-    /// Jobs of `queues` (all when empty), newest first, optionally only those in `status` (`ready`,
-    /// `running`, `completed`, `dead`, `cancelled`): each as a JSON object of its columns.
-    pub async fn list(
-        &self,
-        queues: &[String],
-        status: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<serde_json::Value>> {
-        let rows = self
-            .claimer(queues)
-            .await?
-            .list_rows(None, status, limit)
-            .await?;
-        Ok(rows.into_iter().map(payload_as_json).collect())
+    /// Jobs as stored, newest first: all of them, or those of some queues, kinds or a state
+    /// ([`JobFilter`]); the same fields on every database.
+    pub async fn list(&self, filter: &JobFilter) -> Result<Vec<JobRecord>> {
+        filter.check()?;
+        retry_transient!(dispatch!(&self.db.backend, d => d.records(filter, None).await))
+            .map_err(not_initialised)
     }
 
-    /// One job by id, as a JSON object of its columns.
-    pub async fn get(&self, id: i64) -> Result<Option<serde_json::Value>> {
-        let rows = self
-            .claimer(&[])
-            .await?
-            .list_rows(Some(id), None, 1)
-            .await?;
-        Ok(rows.into_iter().next().map(payload_as_json))
+    /// Ready jobs of `queues` and `kinds` (all when empty) whose run-at is still to come and
+    /// that never ran: what a worker `until_empty` leaves behind unless told to wait for them
+    /// ([`crate::Worker::wait_scheduled`]).
+    pub async fn scheduled(&self, queues: &[String], kinds: &[String]) -> Result<Scheduled> {
+        let filter = JobFilter::new()
+            .queues(queues.to_vec())
+            .kinds(kinds.to_vec());
+        retry_transient!(dispatch!(&self.db.backend, d => d.scheduled(&filter).await))
+            .map_err(not_initialised)
+    }
+
+    /// One job by id, as stored.
+    pub async fn get(&self, id: i64) -> Result<Option<JobRecord>> {
+        let one = JobFilter::new().limit(1);
+        let got =
+            retry_transient!(dispatch!(&self.db.backend, d => d.records(&one, Some(id)).await))
+                .map_err(not_initialised)?;
+        Ok(got.into_iter().next())
     }
 
     /// Jobs per queue and status, the oldest due ready job's wait, and recent throughput.
@@ -225,16 +248,6 @@ impl Queue {
         retry_transient!(dispatch!(&self.db.backend, d => d.stats(queue).await))
             .map_err(not_initialised)
     }
-}
-
-/// MySQL and SQLite keep the payload as text: show it as the JSON it is.
-fn payload_as_json(mut row: serde_json::Value) -> serde_json::Value {
-    if let Some(p) = row.get_mut("payload") {
-        if let Some(parsed) = p.as_str().and_then(|s| serde_json::from_str(s).ok()) {
-            *p = parsed;
-        }
-    }
-    row
 }
 
 /// Says what to do when the managed queue's table is missing, or older than this rowclaim.

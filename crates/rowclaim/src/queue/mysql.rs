@@ -1,6 +1,9 @@
 //! The managed queue's store on MySQL/MariaDB: its tables and migrations, enqueue, admin, stats.
 
-use super::{Admin, Enqueued, JobParts, Listener, NewJob, QueueStats, QueueStore};
+use super::record::{records_sql, scheduled_sql, RecordRow, Scheduled};
+use super::{
+    Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
+};
 use crate::backend::mysql::*;
 use crate::backend::sql::Binder;
 use sqlx::Row;
@@ -31,6 +34,7 @@ impl QueueStore for My {
             check_times(p)?;
         }
         let mut tx = self.begin().await?;
+        check_packet(&mut tx, &parts).await?;
         let mut out = Vec::with_capacity(parts.len());
         // Jobs without a unique key go in multi-row INSERTs; a job with one goes alone, in its
         // place, so that ids follow the order the jobs were given in (the id breaks ties in the
@@ -155,6 +159,48 @@ impl QueueStore for My {
             stats.completed_last_minute.insert(q, n as u64);
         }
         Ok(stats)
+    }
+
+    async fn records(&self, filter: &JobFilter, id: Option<i64>) -> Result<Vec<JobRecord>> {
+        // DATETIME(6) holds UTC here; calendar arithmetic from the epoch involves no session
+        // time zone (unlike UNIX_TIMESTAMP). `pending_key` is the unique index's helper column,
+        // not the job's: it is not shown.
+        let ms = |c: &str| {
+            format!(
+                "CAST(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', {c}) DIV 1000 \
+                 AS SIGNED)"
+            )
+        };
+        let text = |c: &str| format!("CAST({c} AS CHAR)");
+        let columns = format!(
+            "id, {}, {}, {}, {}, CAST(priority AS SIGNED), CAST(attempts AS SIGNED), \
+             CAST(max_attempts AS SIGNED), {}, {}, {}, {}, {}, {}, {}, timeout_ms",
+            text("queue"),
+            text("kind"),
+            text("payload"),
+            text("status"),
+            ms("run_at"),
+            ms("created_at"),
+            ms("finished_at"),
+            ms("lease_until"),
+            text("owner"),
+            text("unique_key"),
+            text("last_error"),
+        );
+        let mut b = B::new();
+        let sql = records_sql(&mut b, &columns, filter, id);
+        let rows: Vec<RecordRow> = b.query_as(sql)?.fetch_all(&self.pool).await?;
+        Ok(rows.into_iter().map(JobRecord::from_row).collect())
+    }
+
+    async fn scheduled(&self, filter: &JobFilter) -> Result<Scheduled> {
+        let first =
+            "CAST(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', MIN(run_at)) \
+                     DIV 1000 AS SIGNED)";
+        let mut b = B::new();
+        let sql = scheduled_sql(&mut b, first, filter);
+        let (n, first): (i64, Option<i64>) = b.query_as(sql)?.fetch_one(&self.pool).await?;
+        Ok(Scheduled::new(n, first))
     }
 }
 
@@ -316,6 +362,38 @@ fn check_times(job: &JobParts<'_>) -> Result<()> {
     Ok(())
 }
 
+/// Payloads below this size are sent without asking the server's packet limit (no server's
+/// `max_allowed_packet` is smaller: its least is 1 KiB, its defaults 16 or 64 MiB).
+const SMALL_PAYLOAD: usize = 1 << 20;
+
+/// Room in a packet for the statement around a payload: its text and the other values.
+const STATEMENT_ROOM: usize = 4096;
+
+/// Refuses a payload bigger than one statement may carry to this server, before sending it: the
+/// server would answer only "Got a packet bigger than 'max_allowed_packet'" (and, over some
+/// proxies, close the connection), naming neither the job nor the limit. Asks the limit only
+/// when a payload is large.
+async fn check_packet(conn: &mut sqlx::MySqlConnection, jobs: &[JobParts<'_>]) -> Result<()> {
+    if jobs.iter().all(|j| j.payload.len() <= SMALL_PAYLOAD) {
+        return Ok(());
+    }
+    let limit: i64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS SIGNED)")
+        .fetch_one(&mut *conn)
+        .await?;
+    let limit = u64::try_from(limit).unwrap_or(0);
+    for (i, j) in jobs.iter().enumerate() {
+        let bytes = j.payload.len();
+        if (bytes + STATEMENT_ROOM) as u64 > limit {
+            return Err(Error::PayloadTooLarge {
+                job: i + 1,
+                bytes,
+                limit,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// `INSERT INTO rowclaim_jobs … VALUES (…), (…)` for these jobs. The run-at is absolute epoch
 /// milliseconds when given, else now + the delay. `TIMESTAMPADD` on the epoch as a `DATETIME`
 /// literal is plain calendar arithmetic: unlike `FROM_UNIXTIME`, no session time zone is involved.
@@ -403,6 +481,7 @@ pub(crate) async fn enqueue_one(
     job: &JobParts<'_>,
 ) -> Result<Enqueued> {
     check_times(job)?;
+    check_packet(conn, std::slice::from_ref(job)).await?;
     let Some(key) = job.unique_key else {
         let id = insert_jobs(conn, &[job]).await?;
         return Ok(Enqueued {

@@ -1,7 +1,11 @@
 //! The managed queue's store on PostgreSQL: its tables and migrations, enqueue, admin, stats.
 
-use super::{Admin, Enqueued, JobParts, Listener, NewJob, QueueStats, QueueStore};
+use super::record::{records_sql, scheduled_sql, RecordRow, Scheduled};
+use super::{
+    Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
+};
 use crate::backend::postgres::*;
+use crate::backend::sql::Binder;
 use sqlx::{PgConnection, Row};
 
 use crate::{Error, Result};
@@ -157,6 +161,31 @@ impl QueueStore for Pg {
             stats.completed_last_minute.insert(r.try_get(0)?, n as u64);
         }
         Ok(stats)
+    }
+
+    async fn records(&self, filter: &JobFilter, id: Option<i64>) -> Result<Vec<JobRecord>> {
+        // Epoch milliseconds, whatever the session's time zone.
+        let ms = |c: &str| format!("floor(extract(epoch FROM {c}) * 1000)::int8");
+        let columns = format!(
+            "id, queue, kind, payload::text, status, priority::int8, attempts::int8, \
+             max_attempts::int8, {}, {}, {}, {}, owner, unique_key, last_error, timeout_ms",
+            ms("run_at"),
+            ms("created_at"),
+            ms("finished_at"),
+            ms("lease_until")
+        );
+        let mut b = Binder::<Sql>::new();
+        let sql = records_sql(&mut b, &columns, filter, id);
+        let rows: Vec<RecordRow> = b.query_as(sql)?.fetch_all(self.exec()).await?;
+        Ok(rows.into_iter().map(JobRecord::from_row).collect())
+    }
+
+    async fn scheduled(&self, filter: &JobFilter) -> Result<Scheduled> {
+        let mut b = Binder::<Sql>::new();
+        let first = "floor(extract(epoch FROM min(run_at)) * 1000)::int8";
+        let sql = scheduled_sql(&mut b, first, filter);
+        let (n, first): (i64, Option<i64>) = b.query_as(sql)?.fetch_one(self.exec()).await?;
+        Ok(Scheduled::new(n, first))
     }
 }
 

@@ -1,6 +1,9 @@
 //! The managed queue's store on SQLite: its tables and migrations, enqueue, admin, stats.
 
-use super::{Admin, Enqueued, JobParts, Listener, NewJob, QueueStats, QueueStore};
+use super::record::{records_sql, scheduled_sql, RecordRow, Scheduled};
+use super::{
+    Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
+};
 use crate::backend::sql::{self};
 use crate::backend::sqlite::*;
 use sqlx::Row;
@@ -129,6 +132,24 @@ impl QueueStore for Lite {
             stats.completed_last_minute.insert(r.try_get(0)?, n as u64);
         }
         Ok(stats)
+    }
+
+    async fn records(&self, filter: &JobFilter, id: Option<i64>) -> Result<Vec<JobRecord>> {
+        // Times are epoch milliseconds here already.
+        let columns = "id, queue, kind, payload, status, priority, attempts, max_attempts, \
+                       run_at, created_at, finished_at, lease_until, owner, unique_key, \
+                       last_error, timeout_ms";
+        let mut b = sql::Binder::<Sql>::new();
+        let sql = records_sql(&mut b, columns, filter, id);
+        let rows: Vec<RecordRow> = b.query_as(sql)?.fetch_all(&self.pool).await?;
+        Ok(rows.into_iter().map(JobRecord::from_row).collect())
+    }
+
+    async fn scheduled(&self, filter: &JobFilter) -> Result<Scheduled> {
+        let mut b = sql::Binder::<Sql>::new();
+        let sql = scheduled_sql(&mut b, "MIN(run_at)", filter);
+        let (n, first): (i64, Option<i64>) = b.query_as(sql)?.fetch_one(&self.pool).await?;
+        Ok(Scheduled::new(n, first))
     }
 }
 

@@ -68,6 +68,7 @@ pub struct Worker {
     timeout: Option<Duration>,
     give_up_after: Option<Duration>,
     until_empty: bool,
+    wait_scheduled: bool,
     listen: bool,
     settle_delay: Duration,
     retention: Retention,
@@ -169,6 +170,7 @@ impl Worker {
             timeout: None,
             give_up_after: None,
             until_empty: false,
+            wait_scheduled: false,
             listen: true,
             settle_delay: Duration::ZERO,
             retention: Retention::Keep,
@@ -291,6 +293,13 @@ impl Worker {
         self
     }
 
+    /// With [`Worker::until_empty`]: jobs scheduled for later (a delay, a run-at) count as work
+    /// left, so the worker waits for them and runs them too. Default: they do not.
+    pub fn wait_scheduled(mut self, on: bool) -> Self {
+        self.wait_scheduled = on;
+        self
+    }
+
     /// On PostgreSQL, wake up at once when a job is enqueued (LISTEN/NOTIFY) instead of only
     /// polling. Default on; turn it off behind a pooler in transaction mode.
     pub fn listen(mut self, on: bool) -> Self {
@@ -385,6 +394,7 @@ impl Worker {
             timeout: self.timeout,
             give_up_after: self.give_up_after,
             until_empty: self.until_empty,
+            wait_scheduled: self.wait_scheduled,
             settle_delay: self.settle_delay,
         };
         let phase = self.phase;

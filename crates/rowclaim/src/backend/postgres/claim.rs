@@ -77,10 +77,14 @@ impl Pg {
                 b.scalar(sql)?.fetch_all(self.exec()).await?,
             )));
         };
+        // The payload as its JSON text, as `claimed_json` sends it (see there why).
         let cols: Vec<String> = m
             .claim_columns
             .iter()
-            .map(|c| format!("t.{}", Sql::quote(c)))
+            .map(|c| match c.as_str() {
+                "payload" => format!("t.{}::text", Sql::quote(c)),
+                _ => format!("t.{}", Sql::quote(c)),
+            })
             .collect();
         let sql = format!(
             "{sql}{}, t.{prio}::int8 AS rowclaim_priority, \

@@ -142,7 +142,10 @@ pub(crate) fn ids(b: &mut B, list: &IdList) -> String {
 }
 
 /// A claimed row as JSON: the whole row of a user's table; for the managed queue the job's own
-/// columns (`Mapping::claim_columns`), cheaper to build and to read than the whole row.
+/// columns (`Mapping::claim_columns`), cheaper to build and to read than the whole row. A job's
+/// payload comes as its JSON text, as MySQL and SQLite store it: read back as JSON the same way
+/// on every database (as jsonb, a payload that is a JSON string such as "123" could not be
+/// told from text to parse, and reached the handler as the number 123).
 pub(crate) fn claimed_json(m: &Mapping) -> String {
     if m.queues.is_none() {
         return "to_jsonb(t)".to_owned();
@@ -150,7 +153,10 @@ pub(crate) fn claimed_json(m: &Mapping) -> String {
     let pairs: Vec<String> = m
         .claim_columns
         .iter()
-        .map(|c| format!("'{c}', t.{}", Sql::quote(c)))
+        .map(|c| match c.as_str() {
+            "payload" => format!("'{c}', t.{}::text", Sql::quote(c)),
+            _ => format!("'{c}', t.{}", Sql::quote(c)),
+        })
         .collect();
     format!("jsonb_build_object({})", pairs.join(", "))
 }

@@ -166,18 +166,4 @@ impl ClaimStore for Pg {
         }
         Ok(())
     }
-
-    async fn list_rows(
-        &self,
-        m: &Mapping,
-        id: Option<i64>,
-        status: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<serde_json::Value>> {
-        let mut b = B::new();
-        let sql = sql::list_sql(m, &mut b, "to_jsonb(t)", id, status, limit);
-        let rows: Vec<sqlx::types::Json<serde_json::Value>> =
-            b.scalar(sql)?.fetch_all(self.exec()).await?;
-        Ok(json_rows(rows))
-    }
 }

@@ -240,16 +240,4 @@ impl ClaimStore for Lite {
         }
         Ok(())
     }
-
-    async fn list_rows(
-        &self,
-        m: &Mapping,
-        id: Option<i64>,
-        status: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<serde_json::Value>> {
-        let mut b = B::new();
-        let sql = sql::list_sql(m, &mut b, &row_json(m), id, status, limit);
-        parse_rows(b.scalar(sql)?.fetch_all(&self.pool).await?)
-    }
 }

@@ -60,6 +60,8 @@ pub(crate) struct Config {
     pub timeout: Option<Duration>,
     pub give_up_after: Option<Duration>,
     pub until_empty: bool,
+    /// With `until_empty`: jobs scheduled for later are work left too.
+    pub wait_scheduled: bool,
     /// How long the settler waits for more results after the first of a batch.
     pub settle_delay: Duration,
 }
@@ -555,7 +557,10 @@ async fn sleep_until(at: Option<Instant>) {
 /// that could still need a worker. When the count fails, the answer is "some may be".
 async fn no_work_left(sh: &Shared) -> bool {
     match tokio::time::timeout(sh.claim_timeout(), sh.claimer.backlog()).await {
-        Ok(Ok(backlog)) => !backlog.has_work(),
+        Ok(Ok(backlog)) => {
+            let scheduled = sh.cfg.wait_scheduled && backlog.scheduled > 0;
+            !(backlog.has_work() || scheduled)
+        }
         Ok(Err(e)) => {
             sh.health.failed("counting the rows left", &e);
             false

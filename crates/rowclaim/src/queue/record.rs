@@ -1,0 +1,330 @@
+//! Jobs as stored, for looking at them (`rowclaim jobs list` / `jobs show`): one shape on every
+//! database. Each store reads the same columns, times as epoch milliseconds (the databases keep
+//! them as timestamptz, DATETIME(6) in UTC and integers), and [`JobRecord`] prints them as
+//! RFC 3339 in UTC, so a script reading the JSON need not know which database wrote it.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Serialize, Serializer};
+
+use crate::backend::sql::{Binder, Dialect};
+use crate::{Error, Result};
+
+/// The states a job of the managed queue can be in.
+pub const JOB_STATUSES: &[&str] = &["ready", "running", "completed", "dead", "cancelled"];
+
+/// Which jobs [`crate::Queue::list`] returns: all of them unless narrowed, newest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct JobFilter {
+    /// Only these queues (all when empty).
+    pub queues: Vec<String>,
+    /// Only these kinds (all when empty).
+    pub kinds: Vec<String>,
+    /// Only jobs in this state (one of [`JOB_STATUSES`]).
+    pub status: Option<String>,
+    /// At most this many (50 unless set).
+    pub limit: Option<u32>,
+}
+
+impl JobFilter {
+    /// All jobs, at most 50.
+    pub fn new() -> JobFilter {
+        JobFilter::default()
+    }
+
+    /// Only jobs of these queues.
+    pub fn queues(mut self, queues: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.queues = queues.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Only jobs of these kinds.
+    pub fn kinds(mut self, kinds: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.kinds = kinds.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Only jobs in `status`: `ready`, `running`, `completed`, `dead` or `cancelled`.
+    pub fn status(mut self, status: impl Into<String>) -> Self {
+        self.status = Some(status.into());
+        self
+    }
+
+    /// At most `n` jobs.
+    pub fn limit(mut self, n: u32) -> Self {
+        self.limit = Some(n);
+        self
+    }
+
+    /// Refuses a state no job can be in: a typo would otherwise list nothing, silently.
+    pub(crate) fn check(&self) -> Result<()> {
+        if let Some(s) = &self.status {
+            if !JOB_STATUSES.contains(&s.as_str()) {
+                return Err(Error::InvalidInput(format!(
+                    "status {s:?} is not a job state; it is one of {}",
+                    JOB_STATUSES.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A job as stored in `rowclaim_jobs`, the same on every database. Serialised with its times as
+/// RFC 3339 in UTC with milliseconds (`"2026-11-23T10:00:00.123Z"`), absent ones as `null`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct JobRecord {
+    /// The job's id.
+    pub id: i64,
+    /// Its queue.
+    pub queue: String,
+    /// Its kind.
+    pub kind: String,
+    /// `ready`, `running`, `completed`, `dead` or `cancelled`.
+    pub status: String,
+    /// Its payload.
+    pub payload: serde_json::Value,
+    /// Higher runs first.
+    pub priority: i64,
+    /// Runs so far (claims, counting the one running now).
+    pub attempts: i64,
+    /// Runs it may have in all.
+    pub max_attempts: i64,
+    /// When it runs next (or ran last).
+    #[serde(serialize_with = "rfc3339")]
+    pub run_at: SystemTime,
+    /// When it was enqueued.
+    #[serde(serialize_with = "rfc3339")]
+    pub created_at: SystemTime,
+    /// When it completed, died or was cancelled.
+    #[serde(serialize_with = "rfc3339_opt")]
+    pub finished_at: Option<SystemTime>,
+    /// While running: when its lease runs out.
+    #[serde(serialize_with = "rfc3339_opt")]
+    pub lease_until: Option<SystemTime>,
+    /// While running: the token of the claim that holds it.
+    pub owner: Option<String>,
+    /// Its unique key, if it was enqueued with one.
+    pub unique_key: Option<String>,
+    /// The error of its last failed run.
+    pub last_error: Option<String>,
+    /// Its own time limit per run, in milliseconds, if it was enqueued with one.
+    pub timeout_ms: Option<i64>,
+}
+
+/// The columns every store selects, in this order (times in epoch milliseconds).
+pub(crate) type RecordRow = (
+    i64,
+    String,
+    String,
+    String,
+    String,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+);
+
+impl JobRecord {
+    pub(crate) fn from_row(r: RecordRow) -> JobRecord {
+        let (id, queue, kind, payload, status, priority, attempts, max_attempts) =
+            (r.0, r.1, r.2, r.3, r.4, r.5, r.6, r.7);
+        // MySQL and SQLite keep the payload as text, PostgreSQL as jsonb: all of it arrives as
+        // text here and is shown as the JSON it is.
+        let payload = serde_json::from_str(&payload).unwrap_or(serde_json::Value::String(payload));
+        JobRecord {
+            id,
+            queue,
+            kind,
+            status,
+            payload,
+            priority,
+            attempts,
+            max_attempts,
+            run_at: at_ms(r.8),
+            created_at: at_ms(r.9),
+            finished_at: r.10.map(at_ms),
+            lease_until: r.11.map(at_ms),
+            owner: r.12,
+            unique_key: r.13,
+            last_error: r.14,
+            timeout_ms: r.15,
+        }
+    }
+}
+
+/// `SELECT columns FROM rowclaim_jobs WHERE <filter> ORDER BY id DESC LIMIT n`, or the one job
+/// `id`. `columns` is the store's own spelling of [`RecordRow`].
+pub(crate) fn records_sql<D: Dialect>(
+    b: &mut Binder<D>,
+    columns: &str,
+    filter: &JobFilter,
+    id: Option<i64>,
+) -> String {
+    let mut cond = filter_cond(b, filter);
+    if let Some(id) = id {
+        cond.push_str(&format!(" AND id = {}", b.bind(id)));
+    }
+    let limit = b.bind(i64::from(filter.limit.unwrap_or(50)));
+    format!("SELECT {columns} FROM rowclaim_jobs WHERE {cond} ORDER BY id DESC LIMIT {limit}")
+}
+
+/// How many ready jobs of `filter`'s queues and kinds are scheduled for later and never ran,
+/// and the first one's run-at: `first_run_at_ms` is the store's epoch-ms spelling of
+/// `MIN(run_at)`. (Jobs awaiting a retry are work `--until-empty` waits for already.)
+pub(crate) fn scheduled_sql<D: Dialect>(
+    b: &mut Binder<D>,
+    first_run_at_ms: &str,
+    filter: &JobFilter,
+) -> String {
+    let cond = filter_cond(b, filter);
+    format!(
+        "SELECT COUNT(*), {first_run_at_ms} FROM rowclaim_jobs WHERE {cond} \
+         AND status = 'ready' AND attempts = 0 AND run_at > {}",
+        D::NOW
+    )
+}
+
+/// Jobs scheduled for later, from [`crate::Queue::scheduled`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Scheduled {
+    /// Ready jobs whose run-at is still to come and that never ran.
+    pub jobs: u64,
+    /// When the first of them is due (RFC 3339 in UTC when serialised).
+    #[serde(serialize_with = "rfc3339_opt")]
+    pub next_at: Option<SystemTime>,
+}
+
+impl Scheduled {
+    pub(crate) fn new(jobs: i64, first_ms: Option<i64>) -> Scheduled {
+        Scheduled {
+            jobs: u64::try_from(jobs).unwrap_or(0),
+            next_at: first_ms.map(at_ms),
+        }
+    }
+
+    /// `next_at` as RFC 3339 in UTC with milliseconds.
+    pub fn next_at_text(&self) -> Option<String> {
+        self.next_at.map(format_rfc3339)
+    }
+}
+
+/// `filter`'s queues, kinds and state as a condition, values bound.
+fn filter_cond<D: Dialect>(b: &mut Binder<D>, filter: &JobFilter) -> String {
+    let mut cond = String::from("1 = 1");
+    let mut any_of = |b: &mut Binder<D>, col: &str, values: &[String]| {
+        if !values.is_empty() {
+            let list: Vec<String> = values.iter().map(|v| b.bind(v.clone())).collect();
+            cond.push_str(&format!(" AND {col} IN ({})", list.join(", ")));
+        }
+    };
+    any_of(b, "queue", &filter.queues);
+    any_of(b, "kind", &filter.kinds);
+    if let Some(s) = &filter.status {
+        any_of(b, "status", std::slice::from_ref(s));
+    }
+    cond
+}
+
+fn at_ms(ms: i64) -> SystemTime {
+    let d = Duration::from_millis(ms.unsigned_abs());
+    if ms >= 0 {
+        UNIX_EPOCH + d
+    } else {
+        UNIX_EPOCH - d
+    }
+}
+
+fn rfc3339<S: Serializer>(t: &SystemTime, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(&format_rfc3339(*t))
+}
+
+fn rfc3339_opt<S: Serializer>(
+    t: &Option<SystemTime>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => rfc3339(t, s),
+        None => s.serialize_none(),
+    }
+}
+
+/// `t` as RFC 3339 in UTC with milliseconds. Also before 1970 (a job may be given any run-at),
+/// where humantime's formatter would panic.
+pub(crate) fn format_rfc3339(t: SystemTime) -> String {
+    let ms: i64 = match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+        Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
+    };
+    let (days, ms_of_day) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    let (y, m, d) = civil_from_days(days);
+    let secs = ms_of_day / 1000;
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60,
+        ms_of_day % 1000
+    )
+}
+
+/// Days since 1970-01-01 as a proleptic Gregorian date (Howard Hinnant's `civil_from_days`).
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_rfc3339_utc_with_milliseconds() {
+        assert_eq!(format_rfc3339(at_ms(0)), "1970-01-01T00:00:00.000Z");
+        // 2026-11-23T10:00:00.123Z
+        assert_eq!(
+            format_rfc3339(at_ms(1_795_428_000_123)),
+            "2026-11-23T10:00:00.123Z"
+        );
+        assert_eq!(
+            format_rfc3339(at_ms(951_782_400_000)),
+            "2000-02-29T00:00:00.000Z"
+        );
+        assert_eq!(format_rfc3339(at_ms(-1)), "1969-12-31T23:59:59.999Z");
+        // The same instant humantime prints, where it can.
+        let t = at_ms(1_700_000_000_007);
+        assert_eq!(
+            format_rfc3339(t),
+            humantime::format_rfc3339_millis(t).to_string()
+        );
+    }
+
+    #[test]
+    fn an_unknown_status_is_refused_naming_the_states() {
+        let err = JobFilter::new().status("bogus").check().unwrap_err();
+        let said = err.to_string();
+        assert!(
+            said.contains("\"bogus\"") && said.contains("cancelled"),
+            "{said}"
+        );
+        assert!(JobFilter::new().status("dead").check().is_ok());
+    }
+}
