@@ -23,10 +23,10 @@ pub enum CliError {
     #[error("{0}")]
     Library(#[from] rowclaim::Error),
 
-    /// Something the command needs is not in the database (a table) or not there at all (a
-    /// SQLite file), said with where rowclaim looked or what to do.
+    /// A library error said with where rowclaim looked or what to do: a table missing from the
+    /// database (named), a SQLite file missing, or a SQLite file this user may not write.
     #[error("{source} {context}")]
-    Missing {
+    Located {
         source: Box<rowclaim::Error>,
         /// E.g. `in sqlite://rowclaim.db`.
         context: String,
@@ -77,7 +77,7 @@ impl CliError {
             CliError::BadInput(_) => exit::BAD_INPUT,
             CliError::NothingClaimed(_) => exit::NOTHING_CLAIMED,
             CliError::Library(e) => library_exit(e),
-            CliError::Missing { source, .. } => library_exit(source),
+            CliError::Located { source, .. } => library_exit(source),
             CliError::Bench(e) => bench_exit(e),
             CliError::Incomplete(_) => exit::INCOMPLETE,
             CliError::Interrupted(_) => exit::INTERRUPTED,
@@ -99,7 +99,10 @@ impl CliError {
             if !said.iter().any(|s| s.contains(&text)) {
                 said.push(text);
             }
-            if let Some(e) = c.downcast_ref::<rowclaim::Error>() {
+            // The library's error, also boxed ([`CliError::Located`]): its own text says its
+            // causes already.
+            let boxed = c.downcast_ref::<Box<rowclaim::Error>>().map(|b| &**b);
+            if let Some(e) = c.downcast_ref::<rowclaim::Error>().or(boxed) {
                 library = Some(e);
                 break;
             }

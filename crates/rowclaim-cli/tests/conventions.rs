@@ -399,3 +399,73 @@ async fn readme_schema_pastes_on_mysql() {
 async fn readme_schema_pastes_on_sqlite() {
     with_db(Backend::Sqlite, readme_schema_works).await
 }
+
+/// A SQLite file this user may read but not write (the issue: "even `stats` fails"): the commands
+/// that only read work, open it read-only and leave its journal mode alone; one that writes is
+/// refused with a message that says why and names the file. Needs root, to act as `nobody`
+/// (file modes do not stop root); elsewhere it says so and checks nothing.
+#[test]
+fn a_read_only_sqlite_file_is_read_and_named() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    let runuser = Command::new("runuser").arg("--help").output().is_ok();
+    if !root || !runuser {
+        eprintln!("skipped: acting as another user needs root and runuser");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Anyone may make files here (SQLite's -shm for a reader), but the database stays root's.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let bin = dir.path().join("rowclaim");
+    std::fs::copy(BIN, &bin).unwrap();
+    let url = format!("sqlite://{}/jobs.db", dir.path().display());
+    for args in [&["init"][..], &["enqueue", "{}"]] {
+        let out = run_in(dir.path(), &[], &[&["--database", &url], args].concat());
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    }
+    let file = dir.path().join("jobs.db");
+    // The journal mode rowclaim does not use: switching a file to WAL is a write, which is what
+    // made `stats` fail on a read-only file.
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        use sqlx::{Connection, Executor};
+        let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        c.execute("PRAGMA journal_mode=DELETE").await.unwrap();
+        c.close().await.unwrap();
+    });
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+
+    let as_nobody = |args: &[&str]| {
+        Command::new("runuser")
+            .args(["-u", "nobody", "--"])
+            .arg(&bin)
+            .args(["--database", &url])
+            .args(args)
+            .current_dir(dir.path())
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap()
+    };
+    for args in [&["stats"][..], &["jobs", "list"], &["source", "list"]] {
+        let out = as_nobody(args);
+        assert!(out.status.success(), "{args:?} as nobody: {}", stderr(&out));
+    }
+    assert!(stdout(&as_nobody(&["jobs", "list"])).contains("\"status\":\"ready\""));
+    assert!(
+        !dir.path().join("jobs.db-wal").exists(),
+        "reading switched the file to WAL"
+    );
+
+    let out = as_nobody(&["enqueue", "{}"]);
+    assert!(!out.status.success(), "enqueue into a read-only file");
+    let err = stderr(&out);
+    assert!(err.contains("read-only for this user"), "{err}");
+    assert!(err.contains(&file.display().to_string()), "{err}");
+    assert_eq!(
+        err.matches("attempt to write").count(),
+        1,
+        "said once: {err}"
+    );
+}

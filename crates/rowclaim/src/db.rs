@@ -318,10 +318,18 @@ async fn connect_sqlite(url: &str, opts: &ConnectOptions) -> Result<(Backend, St
     }
     let options = options
         .create_if_missing(opts.sqlite_create_if_missing)
-        // WAL lets readers run beside the one writer; NORMAL sync is durable in WAL.
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
         .busy_timeout(opts.sqlite_busy_timeout);
+    // `mode=ro` (a pool that only looks): switching the journal mode is a write, which a file
+    // this user may only read refuses, so the file keeps the mode it has.
+    let read_only = url.contains("mode=ro");
+    let options = if read_only {
+        options
+    } else {
+        // WAL lets readers run beside the one writer; NORMAL sync is durable in WAL.
+        options
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
+    };
     let endpoint = sqlite_endpoint(&options);
     let pool = SqlitePoolOptions::new()
         .max_connections(opts.max_connections)
@@ -343,7 +351,8 @@ async fn connect_sqlite(url: &str, _: &ConnectOptions) -> Result<(Backend, Strin
 impl Db {
     /// Connects to `postgres://…`, `mysql://…` (also MariaDB; `mariadb://` works too) or
     /// `sqlite://path` (created if missing unless
-    /// [`ConnectOptions::sqlite_create_if_missing`] is off, in WAL mode).
+    /// [`ConnectOptions::sqlite_create_if_missing`] is off, in WAL mode; with `?mode=ro` only
+    /// read, in whatever journal mode the file has).
     ///
     /// PostgreSQL URLs may list several hosts, libpq's way
     /// (`postgres://u@h1:5432,h2:5432/db`): rowclaim connects to the first that takes writes

@@ -166,9 +166,13 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         say!("no --database or DATABASE_URL; using {DEFAULT_DATABASE} in {here}");
         DEFAULT_DATABASE.to_owned()
     });
-    if command.only_reads() {
+    let url = if command.only_reads() {
+        let url = only_reading(url);
         refuse_missing_sqlite_file(&url).await?;
-    }
+        url
+    } else {
+        url
+    };
     dispatch(&url, command)
         .await
         .map_err(|e| name_the_database(e, &url))
@@ -210,7 +214,7 @@ async fn refuse_missing_sqlite_file(url: &str) -> Result<(), CliError> {
                 directory_missing: false,
                 ..
             },
-        ) => Err(CliError::Missing {
+        ) => Err(CliError::Located {
             source: Box::new(e),
             context: "(commands that only read create none: check --database or DATABASE_URL; \
                       `rowclaim init` or your own CREATE TABLE makes one)"
@@ -220,16 +224,34 @@ async fn refuse_missing_sqlite_file(url: &str) -> Result<(), CliError> {
     }
 }
 
+/// A SQLite URL opened read-only (`mode=ro`), for the commands that only read: a file this user
+/// may read but not write can be looked at, and nothing is written to one that may be.
+fn only_reading(url: String) -> String {
+    if !url.starts_with("sqlite:") || url.contains("mode=") {
+        return url;
+    }
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}mode=ro")
+}
+
 /// A missing table is said with the database it was looked for in (its URL without password
-/// or parameters): a --database pointing elsewhere is the usual cause.
+/// or parameters): a --database pointing elsewhere is the usual cause. So is a SQLite file's own
+/// error (read-only, locked, corrupt): the file is the input it stems from.
 fn name_the_database(e: CliError, url: &str) -> CliError {
-    match e {
+    let context = match &e {
         CliError::Library(e) if e.kind() == rowclaim::ErrorKind::MissingTable => {
-            CliError::Missing {
-                source: Box::new(e),
-                context: format!("in {}", shown_url(url)),
-            }
+            format!("in {}", shown_url(url))
         }
+        CliError::Library(rowclaim::Error::Database(_)) if url.starts_with("sqlite:") => {
+            format!("(database {})", shown_url(url))
+        }
+        _ => return e,
+    };
+    match e {
+        CliError::Library(source) => CliError::Located {
+            source: Box::new(source),
+            context,
+        },
         e => e,
     }
 }

@@ -216,6 +216,26 @@ pub(crate) fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
 }
 
 /// SQLite's errors are worded well by the driver.
-pub(crate) fn describe(_: &dyn sqlx::error::DatabaseError) -> Option<String> {
-    None
+pub(crate) fn describe(e: &dyn sqlx::error::DatabaseError) -> Option<String> {
+    let e = e.try_downcast_ref::<sqlx::sqlite::SqliteError>()?;
+    let code = sqlx::error::DatabaseError::code(e)?;
+    // SQLITE_READONLY and its extended codes: say whose file it is about, not only that it is.
+    let hint = match code.as_ref() {
+        // SQLITE_READONLY_DIRECTORY
+        "1544" => concat!(
+            "; the SQLite file is in WAL mode and this user cannot write its directory, where ",
+            "SQLite must create the file's -shm and -wal companions even to read it: let this ",
+            "user write the directory, or switch the file to journal_mode=DELETE"
+        ),
+        // SQLITE_READONLY
+        "8" => concat!(
+            "; the SQLite file is read-only for this user: commands that change rows need write ",
+            "access to it and its directory (stats, jobs list/show and source list only read)"
+        ),
+        _ => return None,
+    };
+    Some(format!(
+        "{} (code {code}){hint}",
+        sqlx::error::DatabaseError::message(e)
+    ))
 }
