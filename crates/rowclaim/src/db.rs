@@ -302,6 +302,8 @@ async fn connect_mysql(url: &str, _: &ConnectOptions) -> Result<(Backend, String
 async fn connect_sqlite(url: &str, opts: &ConnectOptions) -> Result<(Backend, String)> {
     let bad_url = |e: sqlx::Error| bad_url(url, e);
     let options = SqliteConnectOptions::from_str(url).map_err(bad_url)?;
+    // `mode=ro` (a pool that only looks) creates nothing, and leaves the journal mode alone below.
+    let read_only = url.contains("mode=ro");
     // SQLite's own error for both is "unable to open database file", which names neither.
     let in_memory = url.contains(":memory:") || url.contains("mode=memory");
     let path = options.get_filename();
@@ -309,7 +311,7 @@ async fn connect_sqlite(url: &str, opts: &ConnectOptions) -> Result<(Backend, St
         let directory_missing = path
             .parent()
             .is_some_and(|dir| !dir.as_os_str().is_empty() && !dir.is_dir());
-        if directory_missing || !opts.sqlite_create_if_missing {
+        if directory_missing || read_only || !opts.sqlite_create_if_missing {
             return Err(Error::NoSqliteFile {
                 path: path.to_owned(),
                 directory_missing,
@@ -319,9 +321,8 @@ async fn connect_sqlite(url: &str, opts: &ConnectOptions) -> Result<(Backend, St
     let options = options
         .create_if_missing(opts.sqlite_create_if_missing)
         .busy_timeout(opts.sqlite_busy_timeout);
-    // `mode=ro` (a pool that only looks): switching the journal mode is a write, which a file
-    // this user may only read refuses, so the file keeps the mode it has.
-    let read_only = url.contains("mode=ro");
+    // Switching the journal mode is a write, which a file this user may only read refuses: a
+    // read-only pool keeps the mode the file has.
     let options = if read_only {
         options
     } else {
@@ -404,8 +405,10 @@ impl Db {
     /// extends or reports writes no record.
     pub async fn claimer(&self, source: Source, strategy: Strategy) -> Result<Claimer> {
         let (mapping, mut chosen, server) = self.checked_mapping(&source, strategy).await?;
-        if mapping.queues.is_none() {
-            chosen = self.check_recorded(&mapping, chosen, strategy).await?;
+        // The managed queue's mapping is rowclaim's own: it has no record to agree with.
+        let mut recorded = mapping.queues.is_some();
+        if !recorded {
+            (chosen, recorded) = self.check_recorded(&mapping, chosen, strategy).await?;
         }
         if chosen == Strategy::LeaseTable {
             let leases = TableName::parse("rowclaim_leases")?;
@@ -418,7 +421,13 @@ impl Db {
                 );
             }
         }
-        Ok(Claimer::new(self.clone(), mapping, chosen, server))
+        Ok(Claimer::new(
+            self.clone(),
+            mapping,
+            chosen,
+            server,
+            recorded,
+        ))
     }
 
     /// `source` checked against the live table, and the strategy it resolves to.

@@ -83,7 +83,9 @@ pub struct RecordedSource {
     /// The strategy of the claimer that recorded it (any strategy that keeps its claims in the
     /// same place agrees with it).
     pub strategy: Strategy,
-    /// When it was recorded, by the database's clock (seconds since the Unix epoch).
+    /// When it was recorded, by the database's clock (seconds since the Unix epoch). Kept in a
+    /// column of its own, not in the stored JSON.
+    #[serde(default)]
     pub recorded_at: i64,
 }
 
@@ -167,58 +169,47 @@ fn unquote(quoted: &str) -> String {
     quoted.trim_matches(|c| c == '"' || c == '`').to_owned()
 }
 
-/// What the registry table keeps of a record besides its key and time (one JSON text, so that
-/// a later field needs no migration).
-#[derive(Serialize, Deserialize)]
-struct Stored {
-    id_column: String,
-    status_column: String,
-    ready: String,
-    claimed: String,
-    owner_column: Option<String>,
-    lease_column: Option<String>,
-    claims: ClaimsKept,
-    strategy: Strategy,
+/// A record as the registry keeps it: the record as JSON (so that a later field needs no
+/// migration), without its time, which the database's clock fills in a column of its own.
+fn encode(r: &RecordedSource) -> Result<String> {
+    let mut v = serde_json::to_value(r)
+        .map_err(|e| Error::Internal(format!("a source record as JSON: {e}")))?;
+    if let Some(fields) = v.as_object_mut() {
+        fields.remove("recorded_at");
+    }
+    Ok(v.to_string())
 }
 
-impl Stored {
-    fn of(r: &RecordedSource) -> Stored {
-        Stored {
-            id_column: r.id_column.clone(),
-            status_column: r.status_column.clone(),
-            ready: r.ready.clone(),
-            claimed: r.claimed.clone(),
-            owner_column: r.owner_column.clone(),
-            lease_column: r.lease_column.clone(),
-            claims: r.claims,
-            strategy: r.strategy,
-        }
-    }
-
-    fn into_record(self, table: String, recorded_at: i64) -> RecordedSource {
-        RecordedSource {
-            table,
-            id_column: self.id_column,
-            status_column: self.status_column,
-            ready: self.ready,
-            claimed: self.claimed,
-            owner_column: self.owner_column,
-            lease_column: self.lease_column,
-            claims: self.claims,
-            strategy: self.strategy,
-            recorded_at,
-        }
-    }
+/// A stored record and its time; `whose` names it when it cannot be read.
+fn decode(text: Option<String>, recorded_at: i64, whose: &str) -> Result<RecordedSource> {
+    let mut r: RecordedSource =
+        serde_json::from_str(text.as_deref().unwrap_or("")).map_err(|e| {
+            Error::InvalidInput(format!(
+                "the record of {whose} in {TABLE} cannot be read ({e}); replace it with \
+                 `rowclaim source replace` or remove it with `rowclaim source forget`"
+            ))
+        })?;
+    r.recorded_at = recorded_at;
+    Ok(r)
 }
 
-fn decode(table: &str, text: Option<String>, recorded_at: i64) -> Result<RecordedSource> {
-    let stored: Stored = serde_json::from_str(text.as_deref().unwrap_or("")).map_err(|e| {
-        Error::InvalidInput(format!(
-            "the record of {table} in {TABLE} cannot be read ({e}); replace it with \
-             `rowclaim source replace` or remove it with `rowclaim source forget {table}`"
-        ))
-    })?;
-    Ok(stored.into_record(table.to_owned(), recorded_at))
+/// Records of the registry (`condition` binds what it needs), in table order; none when the
+/// registry table does not exist yet.
+async fn select<R: Run>(
+    r: &R,
+    b: Binder<R::Sql>,
+    condition: &str,
+    whose: &str,
+) -> Result<Vec<RecordedSource>> {
+    let sql = format!("SELECT mapping, recorded_at FROM {TABLE}{condition} ORDER BY source");
+    match r.count_by(Stmt::new(sql, b)).await {
+        Ok(rows) => rows
+            .into_iter()
+            .map(|(text, at)| decode(text, at, whose))
+            .collect(),
+        Err(e) if e.db_kind() == Some(DbKind::MissingTable) => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
 }
 
 /// The record of `table` (its catalog key), if there is one; `None` also when the registry table
@@ -226,25 +217,15 @@ fn decode(table: &str, text: Option<String>, recorded_at: i64) -> Result<Recorde
 async fn lookup<R: Run>(r: &R, table: &str) -> Result<Option<RecordedSource>> {
     let mut b = Binder::<R::Sql>::new();
     let key = b.bind(table.to_owned());
-    let sql = format!("SELECT mapping, recorded_at FROM {TABLE} WHERE source = {key}");
-    match r.count_by(Stmt::new(sql, b)).await {
-        Ok(rows) => rows
-            .into_iter()
-            .next()
-            .map(|(text, at)| decode(table, text, at))
-            .transpose(),
-        Err(e) if e.db_kind() == Some(DbKind::MissingTable) => Ok(None),
-        Err(e) => Err(e),
-    }
+    let condition = format!(" WHERE source = {key}");
+    Ok(select(r, b, &condition, table).await?.into_iter().next())
 }
 
 /// Records `record` unless `table` has a record already; returns the record that holds now.
 async fn insert_absent<R: Run>(r: &R, record: &RecordedSource) -> Result<RecordedSource> {
-    let stored = serde_json::to_string(&Stored::of(record))
-        .map_err(|e| Error::Internal(format!("a source record as JSON: {e}")))?;
     let mut b = Binder::<R::Sql>::new();
     let key = b.bind(record.table.clone());
-    let mapping = b.bind(stored);
+    let mapping = b.bind(encode(record)?);
     let sql = format!(
         "INSERT INTO {TABLE} (source, mapping, recorded_at) VALUES ({key}, {mapping}, {}) {}",
         R::Sql::EPOCH_SECONDS,
@@ -270,22 +251,7 @@ async fn delete<R: Run>(r: &R, table: &str) -> Result<u64> {
 }
 
 async fn list<R: Run>(r: &R) -> Result<Vec<RecordedSource>> {
-    // The key rides in the text column, the time in the number one (`count_by`'s row shape).
-    let sql = format!("SELECT source, recorded_at FROM {TABLE} ORDER BY source");
-    let keys = match r.count_by(Stmt::new(sql, Binder::new())).await {
-        Ok(rows) => rows,
-        Err(e) if e.db_kind() == Some(DbKind::MissingTable) => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
-    let mut out = Vec::with_capacity(keys.len());
-    for (key, _) in keys {
-        if let Some(key) = key {
-            if let Some(record) = lookup(r, &key).await? {
-                out.push(record);
-            }
-        }
-    }
-    Ok(out)
+    select(r, Binder::new(), "", "a table").await
 }
 
 /// The error for a claimer that disagrees with the record.
@@ -297,62 +263,70 @@ fn disagreement(table_display: &str, recorded: &RecordedSource, differences: Vec
     }
 }
 
+/// `mine` against the record that holds: the record, or the claimer refused naming each
+/// difference.
+fn agree(
+    table_display: &str,
+    mine: &RecordedSource,
+    holds: RecordedSource,
+) -> Result<RecordedSource> {
+    let differences = mine.differences(&holds);
+    if differences.is_empty() {
+        Ok(holds)
+    } else {
+        Err(disagreement(table_display, &holds, differences))
+    }
+}
+
 impl Db {
     /// Refuses a claimer whose mapping disagrees with the table's record; a table without a
     /// record (or a database without the registry) passes. `auto` (`asked`) follows the record
     /// where the mapping allows: on a table whose claims are kept in `rowclaim_leases` it picks
-    /// lease-table even when owner and lease columns are mapped. Returns the strategy to use.
-    /// Writes nothing.
+    /// lease-table even when owner and lease columns are mapped. Returns the strategy to use, and
+    /// whether the table has a record (that agrees): then the claimer's first claim need not
+    /// record. Writes nothing.
     pub(crate) async fn check_recorded(
         &self,
         m: &Mapping,
         chosen: Strategy,
         asked: Strategy,
-    ) -> Result<Strategy> {
+    ) -> Result<(Strategy, bool)> {
         let Some(recorded) = dispatch!(&self.backend, d => lookup(d, &m.source_key).await)? else {
-            return Ok(chosen);
+            return Ok((chosen, false));
         };
         let chosen = if asked == Strategy::Auto && recorded.claims == ClaimsKept::InLeaseTable {
             Strategy::LeaseTable
         } else {
             chosen
         };
-        let differences = RecordedSource::of(m, chosen).differences(&recorded);
-        if differences.is_empty() {
-            Ok(chosen)
-        } else {
-            Err(disagreement(&m.table_display, &recorded, differences))
-        }
+        agree(&m.table_display, &RecordedSource::of(m, chosen), recorded)?;
+        Ok((chosen, true))
     }
 
     /// Records the mapping of a table's first claimer, or checks a later one against the record
     /// (which another claimer may have written since this one was checked).
     pub(crate) async fn record(&self, m: &Mapping, strategy: Strategy) -> Result<()> {
-        self.ensure_registry().await?;
         let mine = RecordedSource::of(m, strategy);
-        let holds = crate::backend::retry_transient!(
-            dispatch!(&self.backend, d => insert_absent(d, &mine).await)
-        )?;
-        let differences = mine.differences(&holds);
-        if differences.is_empty() {
-            Ok(())
-        } else {
-            Err(disagreement(&m.table_display, &holds, differences))
-        }
+        let holds = self.insert_absent(&mine).await?;
+        agree(&m.table_display, &mine, holds).map(drop)
     }
 
-    /// Creates the registry table when it is missing, and says so once.
-    async fn ensure_registry(&self) -> Result<()> {
-        let name = TableName::parse(TABLE)?;
-        if !self.backend.columns(&name).await?.is_empty() {
-            return Ok(());
+    /// Records `mine` unless its table has a record, and returns the record that holds. The
+    /// registry table is made the first time, when the insert finds it missing (as counters
+    /// are): a claim on a database that has it costs no look at the catalog.
+    async fn insert_absent(&self, mine: &RecordedSource) -> Result<RecordedSource> {
+        let insert = || async { dispatch!(&self.backend, d => insert_absent(d, mine).await) };
+        match crate::backend::retry_transient!(insert().await) {
+            Err(e) if e.db_kind() == Some(DbKind::MissingTable) => {
+                crate::backend::retry_transient!(self.backend.ensure_registry().await)?;
+                self.announce_created(
+                    TABLE,
+                    "which records the mapping every claimer of a table must agree on",
+                );
+                crate::backend::retry_transient!(insert().await)
+            }
+            other => other,
         }
-        crate::backend::retry_transient!(self.backend.ensure_registry().await)?;
-        self.announce_created(
-            TABLE,
-            "which records the mapping every claimer of a table must agree on",
-        );
-        Ok(())
     }
 
     /// Says once that rowclaim created one of its own tables in the user's database.
@@ -385,16 +359,10 @@ impl Db {
         strategy: Strategy,
     ) -> Result<RecordedSource> {
         let (m, chosen, _) = self.checked_mapping(&source, strategy).await?;
-        self.ensure_registry().await?;
         dispatch!(&self.backend, d => delete(d, &m.source_key).await)?;
         let mine = RecordedSource::of(&m, chosen);
-        let holds = dispatch!(&self.backend, d => insert_absent(d, &mine).await)?;
-        let differences = mine.differences(&holds);
-        if differences.is_empty() {
-            Ok(holds)
-        } else {
-            Err(disagreement(&m.table_display, &holds, differences))
-        }
+        let holds = self.insert_absent(&mine).await?;
+        agree(&m.table_display, &mine, holds)
     }
 
     /// Removes the record of `table`; the next claim records its mapping anew. Returns whether

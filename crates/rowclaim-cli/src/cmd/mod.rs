@@ -21,7 +21,7 @@ mod values;
 mod work;
 
 use clap::{Parser, Subcommand};
-use rowclaim::{Claimer, ConnectOptions, Db, Retention};
+use rowclaim::{Claimer, Db, Retention};
 
 use crate::error::CliError;
 use crate::exit;
@@ -167,9 +167,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         DEFAULT_DATABASE.to_owned()
     });
     let url = if command.only_reads() {
-        let url = only_reading(url);
-        refuse_missing_sqlite_file(&url).await?;
-        url
+        only_reading(url)
     } else {
         url
     };
@@ -197,35 +195,9 @@ async fn dispatch(url: &str, command: Command) -> Result<(), CliError> {
     }
 }
 
-/// A command that only reads opens the SQLite file told not to create it, so that a mistyped
-/// --database leaves no empty database behind. The command opens its own pool afterwards; this
-/// first open is what refuses a missing file.
-async fn refuse_missing_sqlite_file(url: &str) -> Result<(), CliError> {
-    if !url.starts_with("sqlite:") {
-        return Ok(());
-    }
-    let look = ConnectOptions::default()
-        .max_connections(1)
-        .sqlite_create_if_missing(false);
-    match Db::connect_with(url, look).await {
-        Ok(_) => Ok(()),
-        Err(
-            e @ rowclaim::Error::NoSqliteFile {
-                directory_missing: false,
-                ..
-            },
-        ) => Err(CliError::Located {
-            source: Box::new(e),
-            context: "(commands that only read create none: check --database or DATABASE_URL; \
-                      `rowclaim init` or your own CREATE TABLE makes one)"
-                .into(),
-        }),
-        Err(e) => Err(e.into()),
-    }
-}
-
 /// A SQLite URL opened read-only (`mode=ro`), for the commands that only read: a file this user
-/// may read but not write can be looked at, and nothing is written to one that may be.
+/// may read but not write can be looked at, nothing is written to one that may be, and a
+/// missing one is not created.
 fn only_reading(url: String) -> String {
     if !url.starts_with("sqlite:") || url.contains("mode=") {
         return url;
@@ -242,6 +214,13 @@ fn name_the_database(e: CliError, url: &str) -> CliError {
         CliError::Library(e) if e.kind() == rowclaim::ErrorKind::MissingTable => {
             format!("in {}", shown_url(url))
         }
+        // Only a command that reads opens a SQLite file without creating it (`mode=ro`).
+        CliError::Library(rowclaim::Error::NoSqliteFile {
+            directory_missing: false,
+            ..
+        }) => "(commands that only read create none: check --database or DATABASE_URL; \
+               `rowclaim init` or your own CREATE TABLE makes one)"
+            .to_owned(),
         CliError::Library(rowclaim::Error::Database(_)) if url.starts_with("sqlite:") => {
             format!("(database {})", shown_url(url))
         }

@@ -129,8 +129,8 @@ struct Inner {
     strategy: Strategy,
     server: ServerInfo,
     /// Whether the table's record in the source registry is known to agree with this claimer's
-    /// mapping: written (or checked again) by the first claim, set from the start for the
-    /// managed queue, whose mapping is rowclaim's own.
+    /// mapping: found so when the claimer was made (or the managed queue, which has none),
+    /// else written (or checked again) by the first claim.
     recorded: AtomicBool,
     /// When this claimer last looked for rows whose lease expired, and whether its last claim
     /// came back short of its batch (see [`RESCUE_EVERY`]).
@@ -183,14 +183,19 @@ impl Change {
 const LOST_RACE_RETRIES: u32 = 50;
 
 impl Claimer {
-    pub(crate) fn new(db: Db, m: Mapping, strategy: Strategy, server: ServerInfo) -> Claimer {
-        let managed = m.queues.is_some();
+    pub(crate) fn new(
+        db: Db,
+        m: Mapping,
+        strategy: Strategy,
+        server: ServerInfo,
+        recorded: bool,
+    ) -> Claimer {
         Claimer {
             inner: Arc::new(Inner {
                 db,
                 m,
                 strategy,
-                recorded: AtomicBool::new(managed),
+                recorded: AtomicBool::new(recorded),
                 server,
                 rescue: StdMutex::default(),
             }),
