@@ -162,15 +162,9 @@ impl QueueStore for My {
     }
 
     async fn records(&self, filter: &JobFilter, id: Option<i64>) -> Result<Vec<JobRecord>> {
-        // DATETIME(6) holds UTC here; calendar arithmetic from the epoch involves no session
-        // time zone (unlike UNIX_TIMESTAMP). `pending_key` is the unique index's helper column,
-        // not the job's: it is not shown.
-        let ms = |c: &str| {
-            format!(
-                "CAST(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', {c}) DIV 1000 \
-                 AS SIGNED)"
-            )
-        };
+        // DATETIME(6) holds UTC here (see `epoch_ms`). `pending_key` is the unique index's
+        // helper column, not the job's: it is not shown.
+        let ms = epoch_ms;
         let text = |c: &str| format!("CAST({c} AS CHAR)");
         let columns = format!(
             "id, {}, {}, {}, {}, CAST(priority AS SIGNED), CAST(attempts AS SIGNED), \
@@ -194,11 +188,8 @@ impl QueueStore for My {
     }
 
     async fn scheduled(&self, filter: &JobFilter) -> Result<Scheduled> {
-        let first =
-            "CAST(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', MIN(run_at)) \
-                     DIV 1000 AS SIGNED)";
         let mut b = B::new();
-        let sql = scheduled_sql(&mut b, first, filter);
+        let sql = scheduled_sql(&mut b, &epoch_ms("MIN(run_at)"), filter);
         let (n, first): (i64, Option<i64>) = b.query_as(sql)?.fetch_one(&self.pool).await?;
         Ok(Scheduled::new(n, first))
     }
@@ -360,6 +351,15 @@ fn check_times(job: &JobParts<'_>) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// `expr` (a UTC `DATETIME`) as epoch milliseconds: calendar arithmetic from the epoch, so no
+/// session time zone is involved (unlike `UNIX_TIMESTAMP`).
+fn epoch_ms(expr: &str) -> String {
+    format!(
+        "CAST(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', {expr}) DIV 1000 \
+         AS SIGNED)"
+    )
 }
 
 /// Payloads below this size are sent without asking the server's packet limit (no server's
