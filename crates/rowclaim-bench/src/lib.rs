@@ -50,31 +50,43 @@ pub use error::{BenchError, Result};
 /// Logging on stderr for `rowclaim` and `rowclaim-bench` alike: `-v` says what rowclaim decides,
 /// `-vv` every retry; `ROWCLAIM_LOG` (an `EnvFilter`) overrides both.
 pub fn init_logging(verbose: u8) {
-    let level = match verbose {
-        // sqlx warns about every broken connection it tests and every slow statement, SQL text
-        // and all (a bulk fill is slow by design); an outage is rowclaim's to report, once.
-        0 => "warn,sqlx=error",
-        1 => "info,rowclaim=debug,sqlx=error",
-        _ => "debug,rowclaim=trace",
-    };
-    install_logging(level, verbose > 0);
+    init_logging_with(verbose, false, None);
 }
 
 /// Logging for `--quiet`: errors only (`ROWCLAIM_LOG` still overrides).
 pub fn init_quiet_logging() {
-    install_logging("error", false);
+    init_logging_with(0, true, None);
 }
 
-fn install_logging(level: &str, with_target: bool) {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ROWCLAIM_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
-        )
+/// A subscriber layer installed beside the stderr log, with its own filter: the `rowclaim`
+/// command's OpenTelemetry export.
+pub type ExtraLayer =
+    Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync + 'static>;
+
+/// [`init_logging`] (or, `quiet`, [`init_quiet_logging`]) with `extra` beside the stderr log.
+pub fn init_logging_with(verbose: u8, quiet: bool, extra: Option<ExtraLayer>) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let level = match (quiet, verbose) {
+        (true, _) => "error",
+        // sqlx warns about every broken connection it tests and every slow statement, SQL text
+        // and all (a bulk fill is slow by design); an outage is rowclaim's to report, once.
+        (false, 0) => "warn,sqlx=error",
+        (false, 1) => "info,rowclaim=debug,sqlx=error",
+        (false, _) => "debug,rowclaim=trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ROWCLAIM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         // Where a line comes from in the code helps when debugging (-v), not otherwise.
-        .with_target(with_target)
+        .with_target(verbose > 0 && !quiet)
+        .with_filter(filter);
+    tracing_subscriber::registry()
+        .with(extra)
+        .with(stderr)
         .init();
 }
 

@@ -57,6 +57,10 @@ pub enum CliError {
         source: std::io::Error,
     },
 
+    /// The metrics recorder could not be set up (`--metrics`, the dashboard's `/metrics`).
+    #[error("setting up metrics: {0}")]
+    Metrics(String),
+
     /// A task the command started panicked (a bug).
     #[error("{what}: {source}")]
     Panicked {
@@ -81,9 +85,10 @@ impl CliError {
             CliError::Bench(e) => bench_exit(e),
             CliError::Incomplete(_) => exit::INCOMPLETE,
             CliError::Interrupted(_) => exit::INTERRUPTED,
-            CliError::DemoFailed(_) | CliError::Io { .. } | CliError::Panicked { .. } => {
-                exit::FAILURE
-            }
+            CliError::DemoFailed(_)
+            | CliError::Io { .. }
+            | CliError::Metrics(_)
+            | CliError::Panicked { .. } => exit::FAILURE,
         }
     }
 

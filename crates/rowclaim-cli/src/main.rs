@@ -13,6 +13,9 @@
 mod cmd;
 mod error;
 mod exit;
+#[cfg(feature = "otel")]
+mod otel;
+mod prometheus;
 mod run_command;
 mod say;
 mod signals;
@@ -39,11 +42,18 @@ fn main() -> ExitCode {
     cli.database_given =
         matches.value_source("database") == Some(clap::parser::ValueSource::CommandLine);
     say::set_quiet(cli.quiet);
-    if cli.quiet {
-        rowclaim_bench::init_quiet_logging();
-    } else {
-        rowclaim_bench::init_logging(cli.verbose);
-    }
+    #[cfg(feature = "otel")]
+    let (export, flush) = match otel::layer() {
+        Ok(Some((layer, flush))) => (Some(layer), Some(flush)),
+        Ok(None) => (None, None),
+        Err(e) => {
+            eprintln!("rowclaim: {}", e.explain());
+            return e.exit_code().into();
+        }
+    };
+    #[cfg(not(feature = "otel"))]
+    let export = None;
+    rowclaim_bench::init_logging_with(cli.verbose, cli.quiet, export);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -54,6 +64,10 @@ fn main() -> ExitCode {
     let result = runtime.block_on(cmd::run(cli));
     // Do not wait for tasks still parked on the runtime (a released signal handler, say).
     runtime.shutdown_timeout(Duration::from_millis(100));
+    #[cfg(feature = "otel")]
+    if let Some(flush) = flush {
+        flush.now();
+    }
     match result {
         Ok(()) => exit::OK.into(),
         Err(e) => {

@@ -8,6 +8,8 @@
 //! - [`pgbouncer`]: a PgBouncer in transaction pooling mode in front of a server; a test's
 //!   database reached through one is [`Via::PgBouncer`].
 //! - [`galera`]: a 3-node MariaDB Galera cluster on spare ports, for the Galera test.
+//! - [`browser`]: a headless Chromium under a private chromedriver, driven over WebDriver, for
+//!   tests of web pages.
 //! - [`proxy`]: a TCP proxy between clients and such a server, to cut or black-hole connections.
 //! - [`contract`] and [`contract_suite!`]: the contract every backend × strategy must pass
 //!   (exclusive claims, expired leases re-claimed and fenced, release, order, locking reads, bad
@@ -26,6 +28,7 @@
 //! This crate is not published: it panics on every failure (it is test code) and its API changes
 //! whenever the tests need it to.
 
+pub mod browser;
 pub mod contract;
 pub mod galera;
 pub mod pgbouncer;

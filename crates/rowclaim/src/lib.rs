@@ -62,6 +62,7 @@ mod claim;
 mod db;
 mod error;
 mod mapping;
+pub mod metrics;
 mod queue;
 pub mod registry;
 mod source;
@@ -71,7 +72,8 @@ mod worker;
 
 pub use backend::{Capability, ServerInfo};
 pub use claim::{
-    Backlog, Claim, ClaimedRow, Claimer, LockMode, LockWait, LockedRows, Stats, Token,
+    Backlog, Claim, ClaimedRow, Claimer, LockMode, LockWait, LockedRows, RowFilter, SourceRow,
+    Stats, Token,
 };
 pub use db::{ConnectOptions, Db};
 pub use error::{Error, ErrorKind, Result};

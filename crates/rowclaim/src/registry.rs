@@ -106,6 +106,27 @@ impl RecordedSource {
         }
     }
 
+    /// A [`Source`] with this mapping, for looking at the table and giving held rows back
+    /// ([`crate::Claimer::rows`], [`crate::Claimer::release_row`]) with a claimer made by
+    /// [`Db::claimer`] with [`RecordedSource::strategy`]; making it records nothing. The done
+    /// and failed values are not recorded: the source gets stand-ins that differ from the ready
+    /// and claimed values, so set the real ones with [`Source::status_values`] before settling
+    /// rows with it.
+    pub fn source(&self) -> Source {
+        let (done, failed) = stand_ins(&self.ready, &self.claimed);
+        let mut s = Source::new(self.table.clone())
+            .id_column(self.id_column.clone())
+            .status_column(self.status_column.clone())
+            .status_values(self.ready.clone(), self.claimed.clone(), done, failed);
+        if let Some(c) = &self.owner_column {
+            s = s.owner_column(c.clone());
+        }
+        if let Some(c) = &self.lease_column {
+            s = s.lease_column(c.clone());
+        }
+        s
+    }
+
     /// When it was recorded.
     pub fn recorded_time(&self) -> SystemTime {
         let secs = u64::try_from(self.recorded_at).unwrap_or(0);
@@ -161,6 +182,23 @@ impl RecordedSource {
         }
         out
     }
+}
+
+/// Done and failed values for a source made from a record, which keeps neither: integers when
+/// the ready and claimed values are (so that an integer status column takes them), else short
+/// texts (so that a narrow text column holds them); never one of the recorded two.
+fn stand_ins(ready: &str, claimed: &str) -> (String, String) {
+    let taken = |v: &String| v == ready || v == claimed;
+    let ints = ready.parse::<i64>().is_ok() && claimed.parse::<i64>().is_ok();
+    let candidates: Vec<String> = if ints {
+        (1..=4).map(|n| (-n).to_string()).collect()
+    } else {
+        ["d", "f", "x", "y"].map(String::from).to_vec()
+    };
+    let mut free = candidates.into_iter().filter(|v| !taken(v));
+    let done = free.next().unwrap_or_default();
+    let failed = free.next().unwrap_or_default();
+    (done, failed)
 }
 
 /// A quoted identifier (`"status"`, `` `status` ``) as the catalog spells it. Mapped names are

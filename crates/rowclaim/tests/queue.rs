@@ -261,6 +261,51 @@ async fn bulk(t: Arc<TestDb>) {
     );
 }
 
+/// The stats that a dashboard and `/metrics` show, from one statement: counts by status, due
+/// jobs apart from those scheduled later, the oldest due job's wait, expired leases and recent
+/// completions, per queue.
+async fn stats_per_queue(t: Arc<TestDb>) {
+    let (_db, q) = ready_queue(&t).await;
+    let later = Duration::from_secs(3600);
+    let mut jobs: Vec<NewJob> = (0..3).map(|_| NewJob::new(json!({})).queue("a")).collect();
+    jobs.extend((0..2).map(|_| NewJob::new(json!({})).queue("a").delay(later)));
+    jobs.extend((0..2).map(|_| NewJob::new(json!({})).queue("b")));
+    q.enqueue_many(&jobs).await.unwrap();
+    // One job of b completed; one of a held under a lease that runs out.
+    let b = q.claimer(&["b".into()]).await.unwrap();
+    let done = b.claim(1, Duration::from_secs(60)).await.unwrap();
+    done.complete(&done.rows()[0].id).await.unwrap();
+    let a = q.claimer(&["a".into()]).await.unwrap();
+    let held = a.claim(1, Duration::from_secs(1)).await.unwrap();
+    assert_eq!(held.len(), 1);
+    let mut stats = q.stats(None).await.unwrap();
+    for _ in 0..120 {
+        if stats.expired_leases.get("a") == Some(&1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        stats = q.stats(None).await.unwrap();
+    }
+    assert_eq!(stats.expired_leases.get("a"), Some(&1), "{stats:?}");
+    assert_eq!(stats.by_queue["a"]["ready"], 4, "{stats:?}");
+    assert_eq!(stats.by_queue["a"]["running"], 1, "{stats:?}");
+    assert_eq!(
+        stats.due.get("a"),
+        Some(&2),
+        "the 2 scheduled later are not due"
+    );
+    assert_eq!(stats.due.get("b"), Some(&1), "{stats:?}");
+    assert_eq!(stats.completed_last_minute.get("b"), Some(&1), "{stats:?}");
+    assert_eq!(stats.completed_last_minute.get("a"), None, "{stats:?}");
+    assert_eq!(stats.expired_leases.get("b"), None, "{stats:?}");
+    let oldest = stats.oldest_ready_secs["a"];
+    assert!((0.0..3600.0).contains(&oldest), "{stats:?}");
+    // One queue asked: only it.
+    let only_b = q.stats(Some("b")).await.unwrap();
+    assert_eq!(only_b.by_queue.keys().collect::<Vec<_>>(), ["b"]);
+    assert!(only_b.oldest_ready_secs.contains_key("b"), "{only_b:?}");
+}
+
 /// A job enqueued in the caller's transaction exists only if it commits.
 async fn in_transaction(t: Arc<TestDb>) {
     let (_db, _q) = ready_queue(&t).await;
@@ -429,6 +474,10 @@ macro_rules! queue_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn bulk_enqueue_all_or_nothing() {
             with_db($backend, bulk).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn stats_per_queue_in_one_statement() {
+            with_db($backend, stats_per_queue).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn enqueue_in_callers_transaction() {

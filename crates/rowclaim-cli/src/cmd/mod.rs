@@ -8,6 +8,7 @@
 mod bench;
 mod claim;
 mod completions;
+mod dashboard;
 mod demo;
 mod enqueue;
 mod extend;
@@ -129,6 +130,15 @@ pub enum Command {
     /// worker took and checks that no row was processed twice. Needs no server, and takes no
     /// --database (its database is a file of its own; --keep PATH keeps it).
     Demo(demo::DemoArgs),
+    /// Serve a web dashboard of the managed queue and the own tables rowclaim has claimed:
+    /// counts by status, charts, running jobs and claimed rows with their holders, jobs and rows
+    /// one by one; retry, cancel or delete a job, give a held row back (each confirmed, logged
+    /// and listed on its actions page). It prints one line on stdout, the address to open with
+    /// its login token: `dashboard at http://127.0.0.1:8080/login?token=…`. Only that token
+    /// opens a session; every action also needs the session's CSRF token. Plain HTTP, so on a
+    /// loopback address only, unless --behind-tls-proxy.
+    #[command(after_help = exit::AFTER_HELP.as_str())]
+    Dashboard(dashboard::DashboardArgs),
     /// Print a completion script for SHELL on stdout, e.g.
     /// `rowclaim completions bash > ~/.local/share/bash-completion/completions/rowclaim`.
     Completions(completions::CompletionsArgs),
@@ -191,6 +201,7 @@ async fn dispatch(url: &str, command: Command) -> Result<(), CliError> {
         Command::Source(op) => source::run(url, op).await,
         Command::Enqueue(a) => enqueue::run(url, a).await,
         Command::Bench(scenario) => bench::run(url, scenario).await,
+        Command::Dashboard(a) => dashboard::run(url, a).await,
         Command::Demo(_) | Command::Completions(_) => Ok(()),
     }
 }

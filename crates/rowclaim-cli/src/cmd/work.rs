@@ -10,6 +10,7 @@ use rowclaim::Retention;
 
 use super::source_args::SourceArgs;
 use crate::error::CliError;
+use crate::prometheus;
 use crate::run_command::{self, RunCommand};
 use crate::signals::{stop_on_signal, StopSignals};
 
@@ -84,6 +85,12 @@ pub struct WorkArgs {
         hide_env_values = true
     )]
     listen_database: Option<String>,
+    /// Serve Prometheus metrics on this address at /metrics, e.g. 127.0.0.1:9464 (port 0
+    /// picks one, and the address is said): this worker's claims, results, latencies and
+    /// in-flight jobs, plus the queue's (or table's) counts read from the database at most
+    /// every 5 s.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
     /// The command to run per row, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND [ARGS]")]
     command: Vec<String>,
@@ -122,6 +129,21 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
     let claimer = super::claimer_keeping(url, &a.source, opts, a.completed, &a.kinds).await?;
     super::say_strategy(&claimer, a.source.strategy);
     let queue = claimer.db().queue();
+    if let Some(addr) = a.metrics {
+        let watched = if a.source.queues.is_empty() {
+            prometheus::Watched {
+                queue: None,
+                sources: prometheus::fixed(vec![claimer.clone()]),
+            }
+        } else {
+            prometheus::Watched {
+                queue: Some((queue.clone(), a.source.queues.clone())),
+                sources: prometheus::fixed(Vec::new()),
+            }
+        };
+        let bound = prometheus::serve(addr, prometheus::Endpoint::new(watched)?).await?;
+        crate::say::say!("metrics at http://{bound}/metrics");
+    }
     let mut worker = rowclaim::Worker::for_claimer(claimer)
         .handler(RunCommand {
             command: a.command,

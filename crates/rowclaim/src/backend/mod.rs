@@ -39,7 +39,9 @@ pub(crate) mod sqlite;
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 compile_error!("rowclaim needs at least one of the features postgres, mysql, sqlite");
 
-pub(crate) use request::{ClaimArgs, Claimed, Outcome, Position, Resolved, Target};
+pub(crate) use request::{
+    ClaimArgs, Claimed, Outcome, Position, Resolved, RowQuery, StoredRow, Target,
+};
 pub(crate) use retry::{commit, enqueue_what, is_transient, pause, retry_transient, MAX_RETRIES};
 pub(crate) use server::ServerKind;
 pub use server::{Capability, ServerInfo};
@@ -137,6 +139,12 @@ pub(crate) trait ClaimStore: run::Run {
     async fn backlog(&self, m: &Mapping) -> Result<(u64, u64, u64)> {
         run::backlog(self, m).await
     }
+    /// Rows as stored, in id order, with who holds them and until when (for looking at a
+    /// source, not for claiming).
+    async fn rows(&self, m: &Mapping, strategy: Strategy, q: &RowQuery) -> Result<Vec<StoredRow>>;
+    /// Gives the claimed row `id` back whoever holds it: ready, owner and lease cleared, its
+    /// entry in `rowclaim_leases` removed. Returns how many rows (or leases) changed.
+    async fn release_row(&self, m: &Mapping, strategy: Strategy, id: &RowId) -> Result<u64>;
 }
 
 /// One of the databases this build has a driver for.
@@ -366,5 +374,16 @@ impl Backend {
     }
     pub(crate) async fn backlog(&self, m: &Mapping) -> Result<(u64, u64, u64)> {
         dispatch!(self, d => d.backlog(m).await)
+    }
+    pub(crate) async fn rows(
+        &self,
+        m: &Mapping,
+        s: Strategy,
+        q: &RowQuery,
+    ) -> Result<Vec<StoredRow>> {
+        dispatch!(self, d => d.rows(m, s, q).await)
+    }
+    pub(crate) async fn release_row(&self, m: &Mapping, s: Strategy, id: &RowId) -> Result<u64> {
+        dispatch!(self, d => d.release_row(m, s, id).await)
     }
 }

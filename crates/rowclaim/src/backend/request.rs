@@ -183,3 +183,22 @@ pub(crate) enum Target<'a> {
     /// These rows; all or nothing.
     Ids(&'a IdList, usize),
 }
+
+/// Which rows of a source a look at it wants (`Claimer::rows`, `Claimer::row`): values parsed
+/// to the status and id columns' kinds, to be bound.
+pub(crate) struct RowQuery {
+    pub status: Option<crate::RowId>,
+    pub id: Option<crate::RowId>,
+    /// Only rows whose id sorts after this one (the next page).
+    pub after: Option<crate::RowId>,
+    pub limit: i64,
+}
+
+/// A row as a driver reads it for a look: the row as JSON, its status as text, who holds it
+/// (owner column or lease table) and when that lease ends, in epoch milliseconds.
+pub(crate) type StoredRow = (
+    serde_json::Value,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+);

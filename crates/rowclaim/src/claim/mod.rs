@@ -2,8 +2,10 @@
 //! operations on them.
 
 mod claimed;
+mod rows;
 
 pub use claimed::LockedRows;
+pub use rows::{RowFilter, SourceRow};
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -226,6 +228,11 @@ impl Claimer {
     /// The server this claimer works on.
     pub fn server(&self) -> &ServerInfo {
         &self.inner.server
+    }
+
+    /// The checked mapping this claimer works with.
+    pub(crate) fn mapping(&self) -> &Mapping {
+        &self.inner.m
     }
 
     /// The source's table, as it was named.

@@ -197,6 +197,47 @@ pub struct QueueStats {
     pub oldest_ready_secs: BTreeMap<String, f64>,
     /// Jobs completed in the last minute, per queue.
     pub completed_last_minute: BTreeMap<String, u64>,
+    /// Ready jobs whose time has come, per queue (the rest of `ready` waits for its run-at).
+    pub due: BTreeMap<String, u64>,
+    /// Running jobs whose lease has ended, per queue: their worker died or lost the database,
+    /// and the next claim takes them again.
+    pub expired_leases: BTreeMap<String, u64>,
+}
+
+/// One row of the stats statement: a queue and status, its jobs, and of those the due ones,
+/// the oldest due one's wait, the expired leases and the completions of the last minute.
+pub(crate) type StatsRow = (String, String, i64, i64, Option<f64>, i64, i64);
+
+impl QueueStats {
+    /// Folds the rows of the one stats statement each database sends.
+    pub(crate) fn from_rows(rows: impl IntoIterator<Item = StatsRow>) -> QueueStats {
+        let mut stats = QueueStats::default();
+        for (queue, status, jobs, due, oldest, expired, recent) in rows {
+            let n = |v: i64| v.max(0) as u64;
+            if due > 0 {
+                *stats.due.entry(queue.clone()).or_default() += n(due);
+            }
+            if let Some(secs) = oldest {
+                let e = stats.oldest_ready_secs.entry(queue.clone()).or_default();
+                *e = e.max(secs.max(0.0));
+            }
+            if expired > 0 {
+                *stats.expired_leases.entry(queue.clone()).or_default() += n(expired);
+            }
+            if recent > 0 {
+                *stats
+                    .completed_last_minute
+                    .entry(queue.clone())
+                    .or_default() += n(recent);
+            }
+            stats
+                .by_queue
+                .entry(queue)
+                .or_default()
+                .insert(status, n(jobs));
+        }
+        stats
+    }
 }
 
 /// A claimed job, read from its row.

@@ -8,10 +8,10 @@
 mod record;
 mod wakeups;
 
-pub(crate) use job::JobParts;
 pub use job::{
     backoff, Enqueued, Job, JobFailure, NewJob, QueueStats, Retention, DEFAULT_MAX_ATTEMPTS,
 };
+pub(crate) use job::{JobParts, StatsRow};
 pub use record::{JobFilter, JobRecord, Scheduled, JOB_STATUSES};
 pub use wakeups::Wakeups;
 #[cfg(feature = "postgres")]
@@ -210,6 +210,15 @@ impl Queue {
         )
     }
 
+    /// Deletes a job that is not running (a running one must be cancelled first, so that its
+    /// worker is fenced out rather than finding its job gone). Returns whether one was deleted.
+    pub async fn delete(&self, id: i64) -> Result<bool> {
+        Ok(
+            retry_transient!(dispatch!(&self.db.backend, d => d.admin(Admin::Delete(id)).await))?
+                > 0,
+        )
+    }
+
     /// Deletes completed, dead and cancelled jobs that finished longer than `age` ago.
     pub async fn prune(&self, age: Duration) -> Result<u64> {
         retry_transient!(dispatch!(&self.db.backend, d => d.admin(Admin::Prune(age)).await))
@@ -294,6 +303,7 @@ impl Queue {
 pub(crate) enum Admin {
     Cancel(i64),
     Retry(i64),
+    Delete(i64),
     Prune(Duration),
 }
 

@@ -3,10 +3,10 @@
 use super::record::{records_sql, scheduled_sql, RecordRow, Scheduled};
 use super::{
     Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
+    StatsRow,
 };
 use crate::backend::mysql::*;
 use crate::backend::sql::Binder;
-use sqlx::Row;
 
 use crate::{Error, Result};
 
@@ -97,6 +97,12 @@ impl QueueStore for My {
                 }
                 retried
             }
+            Admin::Delete(id) => {
+                sqlx::query("DELETE FROM rowclaim_jobs WHERE id = ? AND status <> 'running'")
+                    .bind(id)
+                    .execute(&self.pool)
+                    .await
+            }
             Admin::Prune(age) => {
                 sqlx::query(
                     "DELETE FROM rowclaim_jobs WHERE status IN ('completed', 'dead', 'cancelled') \
@@ -111,54 +117,26 @@ impl QueueStore for My {
     }
 
     async fn stats(&self, queue: Option<&str>) -> Result<QueueStats> {
-        let mut stats = QueueStats::default();
-        let only = |b: &mut B| match queue {
+        // One statement, so that a dashboard or a metrics scrape costs one query. The wait is
+        // in microseconds, so that one under a second is not rounded away.
+        let mut b = B::new();
+        let only = match queue {
             Some(q) => format!(" AND queue = {}", b.bind(q.to_owned())),
             None => String::new(),
         };
-
-        let mut b = B::new();
         let sql = format!(
-            "SELECT CAST(queue AS CHAR), CAST(status AS CHAR), COUNT(*) FROM rowclaim_jobs \
-             WHERE TRUE{} GROUP BY queue, status",
-            only(&mut b)
+            "SELECT CAST(queue AS CHAR), CAST(status AS CHAR), COUNT(*), \
+               CAST(SUM(status = 'ready' AND run_at <= UTC_TIMESTAMP(6)) AS SIGNED), \
+               CAST(TIMESTAMPDIFF(MICROSECOND, \
+                 MIN(CASE WHEN status = 'ready' AND run_at <= UTC_TIMESTAMP(6) THEN run_at END), \
+                 UTC_TIMESTAMP(6)) / 1e6 AS DOUBLE), \
+               CAST(SUM(status = 'running' AND lease_until < UTC_TIMESTAMP(6)) AS SIGNED), \
+               CAST(SUM(status = 'completed' \
+                 AND finished_at >= UTC_TIMESTAMP(6) - INTERVAL 60 SECOND) AS SIGNED) \
+             FROM rowclaim_jobs WHERE TRUE{only} GROUP BY queue, status"
         );
-        for r in b.query(sql)?.fetch_all(&self.pool).await? {
-            let (q, status, n): (String, String, i64) =
-                (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
-            stats
-                .by_queue
-                .entry(q)
-                .or_default()
-                .insert(status, n as u64);
-        }
-
-        // Microseconds, so that a wait under a second is not rounded away.
-        let mut b = B::new();
-        let sql = format!(
-            "SELECT CAST(queue AS CHAR), TIMESTAMPDIFF(MICROSECOND, MIN(run_at), UTC_TIMESTAMP(6)) \
-             FROM rowclaim_jobs WHERE status = 'ready' AND run_at <= UTC_TIMESTAMP(6){} \
-             GROUP BY queue",
-            only(&mut b)
-        );
-        for r in b.query(sql)?.fetch_all(&self.pool).await? {
-            let (q, us): (String, Option<i64>) = (r.try_get(0)?, r.try_get(1)?);
-            stats
-                .oldest_ready_secs
-                .insert(q, us.unwrap_or(0).max(0) as f64 / 1e6);
-        }
-
-        let mut b = B::new();
-        let sql = format!(
-            "SELECT CAST(queue AS CHAR), COUNT(*) FROM rowclaim_jobs WHERE status = 'completed' \
-             AND finished_at >= UTC_TIMESTAMP(6) - INTERVAL 60 SECOND{} GROUP BY queue",
-            only(&mut b)
-        );
-        for r in b.query(sql)?.fetch_all(&self.pool).await? {
-            let (q, n): (String, i64) = (r.try_get(0)?, r.try_get(1)?);
-            stats.completed_last_minute.insert(q, n as u64);
-        }
-        Ok(stats)
+        let rows: Vec<StatsRow> = b.query_as(sql)?.fetch_all(&self.pool).await?;
+        Ok(QueueStats::from_rows(rows))
     }
 
     async fn records(&self, filter: &JobFilter, id: Option<i64>) -> Result<Vec<JobRecord>> {

@@ -25,6 +25,8 @@ pub struct JobFilter {
     pub status: Option<String>,
     /// At most this many (50 unless set).
     pub limit: Option<u32>,
+    /// Only jobs with a lower id: the next page after a page ending there.
+    pub before_id: Option<i64>,
 }
 
 impl JobFilter {
@@ -54,6 +56,12 @@ impl JobFilter {
     /// At most `n` jobs.
     pub fn limit(mut self, n: u32) -> Self {
         self.limit = Some(n);
+        self
+    }
+
+    /// Only jobs with an id below `id` (jobs are listed newest first, so: the next page).
+    pub fn before_id(mut self, id: i64) -> Self {
+        self.before_id = Some(id);
         self
     }
 
@@ -232,6 +240,9 @@ fn filter_cond<D: Dialect>(b: &mut Binder<D>, filter: &JobFilter) -> String {
     any_of(b, "kind", &filter.kinds);
     if let Some(s) = &filter.status {
         any_of(b, "status", std::slice::from_ref(s));
+    }
+    if let Some(id) = filter.before_id {
+        cond.push_str(&format!(" AND id < {}", b.bind(id)));
     }
     cond
 }

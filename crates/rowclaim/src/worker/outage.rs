@@ -27,6 +27,8 @@ pub(crate) fn pause(failures: u32) -> Duration {
 pub(crate) struct Health {
     endpoint: String,
     state: Mutex<State>,
+    /// Counts each outage as it starts ([`crate::metrics::OUTAGES`]).
+    outage_metric: metrics::Counter,
 }
 
 #[derive(Debug, Default)]
@@ -39,10 +41,11 @@ struct State {
 }
 
 impl Health {
-    pub(crate) fn new(endpoint: &str) -> Health {
+    pub(crate) fn new(endpoint: &str, outage_metric: metrics::Counter) -> Health {
         Health {
             endpoint: endpoint.to_owned(),
             state: Mutex::default(),
+            outage_metric,
         }
     }
 
@@ -73,6 +76,7 @@ impl Health {
             None => {
                 s.since = Some(Instant::now());
                 s.outages += 1;
+                self.outage_metric.increment(1);
                 tracing::warn!(
                     "lost the database ({}) while {what}: {error}; running jobs go on, and \
                      claims, heartbeats and results are retried until it answers",
@@ -140,7 +144,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_outage_is_one_span() {
-        let h = Health::new("PostgreSQL at 127.0.0.1:1");
+        let h = Health::new("PostgreSQL at 127.0.0.1:1", metrics::Counter::noop());
         assert_eq!(h.unreachable("claiming", &"refused"), Duration::ZERO);
         tokio::time::advance(Duration::from_secs(3)).await;
         assert_eq!(

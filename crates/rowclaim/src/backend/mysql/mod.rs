@@ -308,8 +308,11 @@ pub(crate) fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
         // 1213 deadlock (also a Galera certification failure or brute-force abort: the whole
         // transaction is rolled back), 1205 lock wait timeout (MariaDB also answers NOWAIT with
         // it: a caller that asked for NOWAIT reads it as a conflict), 1047 a Galera node that is
-        // not synced with its cluster for the moment ("WSREP has not yet prepared node").
-        1213 | 1205 | 1047 => Some(DbKind::Transient),
+        // not synced with its cluster for the moment ("WSREP has not yet prepared node"), 1317
+        // a statement interrupted: on Galera a replicated DDL brute-force aborts the local
+        // statement in its way (seen with three `init`s at once); otherwise a KILL QUERY, which
+        // rolls the statement back as well, so running it again is as safe.
+        1213 | 1205 | 1047 | 1317 => Some(DbKind::Transient),
         // MySQL's ER_LOCK_NOWAIT.
         3572 => Some(DbKind::LockConflict),
         NO_SUCH_TABLE => Some(DbKind::MissingTable),

@@ -2,6 +2,10 @@
 //! reads, listing rows (the reports are shared: `sql::stats`, `sql::backlog`).
 
 use super::*;
+use crate::backend::{RowQuery, StoredRow};
+
+/// A row as JSON text, then its status, holder and lease end (see `StoredRow`).
+type TextRow = (String, Option<String>, Option<String>, Option<i64>);
 
 impl ClaimStore for My {
     type Held = sqlx::Transaction<'static, MySql>;
@@ -240,6 +244,40 @@ impl ClaimStore for My {
         Ok((tx, parse_rows(texts)?))
     }
 
+    async fn rows(&self, m: &Mapping, strategy: Strategy, q: &RowQuery) -> Result<Vec<StoredRow>> {
+        let mut b = B::new();
+        let held = sql::holder_columns(m, strategy, &mut b, epoch_ms, "CAST(NULL AS SIGNED)");
+        let sql = sql::rows_sql(m, &mut b, &format!("{}, {held}", row_json(m)), q);
+        let rows: Vec<TextRow> = b.query_as(sql)?.fetch_all(&self.pool).await?;
+        rows.into_iter()
+            .map(|(row, st, owner, lease)| Ok((sql::parse_row(&row)?, st, owner, lease)))
+            .collect()
+    }
+
+    async fn release_row(&self, m: &Mapping, strategy: Strategy, id: &RowId) -> Result<u64> {
+        let mut b = B::new();
+        let back = sql::release_row_sql(m, &mut b, id);
+        match strategy {
+            Strategy::Transaction => Err(sql::release_refused(m)),
+            Strategy::LeaseTable => {
+                // Both or neither: the lease goes (the holder's settle finds no lease of its
+                // token) and the row, if marked claimed, is ready again.
+                let mut tx = self.begin().await?;
+                let gone =
+                    sqlx::query("DELETE FROM rowclaim_leases WHERE source = ? AND row_id = ?")
+                        .bind(m.source_key.clone())
+                        .bind(id.to_string())
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected();
+                let changed = b.query(back)?.execute(&mut *tx).await?.rows_affected();
+                tx.commit().await?;
+                Ok(gone + changed)
+            }
+            _ => run::Run::execute(self, sql::Stmt::new(back, b)).await,
+        }
+    }
+
     async fn held_end(held: Self::Held, commit: bool) -> Result<()> {
         if commit {
             held.commit().await?;
@@ -248,4 +286,13 @@ impl ClaimStore for My {
         }
         Ok(())
     }
+}
+
+/// A `DATETIME(6)` holding UTC as epoch milliseconds (the managed queue's records spell it the
+/// same way in `queue/mysql.rs`).
+fn epoch_ms(expr: &str) -> String {
+    format!(
+        "CAST(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', {expr}) DIV 1000 \
+         AS SIGNED)"
+    )
 }

@@ -2,6 +2,7 @@
 //! reads, listing rows (the reports are shared: `sql::stats`, `sql::backlog`).
 
 use super::*;
+use crate::backend::{RowQuery, StoredRow};
 
 impl ClaimStore for Pg {
     type Held = sqlx::Transaction<'static, Postgres>;
@@ -158,6 +159,47 @@ impl ClaimStore for Pg {
         Ok((tx, json_rows(rows)))
     }
 
+    async fn rows(&self, m: &Mapping, strategy: Strategy, q: &RowQuery) -> Result<Vec<StoredRow>> {
+        let mut b = B::new();
+        let held = sql::holder_columns(m, strategy, &mut b, epoch_ms, "CAST(NULL AS int8)");
+        let sql = sql::rows_sql(m, &mut b, &format!("to_jsonb(t), {held}"), q);
+        type Found = (
+            sqlx::types::Json<serde_json::Value>,
+            Option<String>,
+            Option<String>,
+            Option<i64>,
+        );
+        let rows: Vec<Found> = b.query_as(sql)?.fetch_all(self.exec()).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(row, st, owner, lease)| (row.0, st, owner, lease))
+            .collect())
+    }
+
+    async fn release_row(&self, m: &Mapping, strategy: Strategy, id: &RowId) -> Result<u64> {
+        let mut b = B::new();
+        let sql = match strategy {
+            Strategy::Transaction => return Err(sql::release_refused(m)),
+            Strategy::LeaseTable => {
+                // Both in one statement: the lease goes (the holder's settle finds no lease of
+                // its token) and the row, if marked claimed, is ready again.
+                let source = b.bind(m.source_key.clone());
+                let key = b.bind(id.to_string());
+                let back = sql::release_row_sql(m, &mut b, id);
+                format!(
+                    "WITH gone AS (DELETE FROM rowclaim_leases WHERE source = {source} \
+                     AND row_id = {key} RETURNING 1), back AS ({back} RETURNING 1) \
+                     SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM back)"
+                )
+            }
+            _ => {
+                let sql = sql::release_row_sql(m, &mut b, id);
+                return run::Run::execute(self, sql::Stmt::new(sql, b)).await;
+            }
+        };
+        Ok(u64::try_from(run::Run::count(self, sql::Stmt::new(sql, b)).await?).unwrap_or(0))
+    }
+
     async fn held_end(held: Self::Held, commit: bool) -> Result<()> {
         if commit {
             held.commit().await?;
@@ -166,4 +208,9 @@ impl ClaimStore for Pg {
         }
         Ok(())
     }
+}
+
+/// A `timestamptz` as epoch milliseconds, whatever the session's time zone.
+fn epoch_ms(expr: &str) -> String {
+    format!("floor(extract(epoch FROM {expr}) * 1000)::int8")
 }

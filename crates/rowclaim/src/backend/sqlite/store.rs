@@ -2,6 +2,10 @@
 //! listing rows (the reports are shared: `sql::stats`, `sql::backlog`).
 
 use super::*;
+use crate::backend::{RowQuery, StoredRow};
+
+/// A row as JSON text, then its status, holder and lease end (see `StoredRow`).
+type TextRow = (String, Option<String>, Option<String>, Option<i64>);
 
 impl ClaimStore for Lite {
     type Held = LiteHeld;
@@ -230,6 +234,41 @@ impl ClaimStore for Lite {
             },
             rows,
         ))
+    }
+
+    async fn rows(&self, m: &Mapping, strategy: Strategy, q: &RowQuery) -> Result<Vec<StoredRow>> {
+        let mut b = B::new();
+        // Lease columns hold epoch milliseconds here already.
+        let held = sql::holder_columns(m, strategy, &mut b, |c| c.to_owned(), "NULL");
+        let sql = sql::rows_sql(m, &mut b, &format!("{}, {held}", json_of(&m.columns)), q);
+        let rows: Vec<TextRow> = b.query_as(sql)?.fetch_all(&self.pool).await?;
+        rows.into_iter()
+            .map(|(row, st, owner, lease)| Ok((sql::parse_row(&row)?, st, owner, lease)))
+            .collect()
+    }
+
+    async fn release_row(&self, m: &Mapping, strategy: Strategy, id: &RowId) -> Result<u64> {
+        let mut b = B::new();
+        let back = sql::release_row_sql(m, &mut b, id);
+        if strategy == Strategy::Transaction {
+            return Err(sql::release_refused(m));
+        }
+        let mut tx = self.write().await?;
+        let gone = if strategy == Strategy::LeaseTable {
+            // With the row's change, in one transaction: the lease goes, so the holder's
+            // settle finds no lease of its token.
+            sqlx::query("DELETE FROM rowclaim_leases WHERE source = ? AND row_id = ?")
+                .bind(m.source_key.clone())
+                .bind(id.to_string())
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+        } else {
+            0
+        };
+        let changed = b.query(back)?.execute(&mut *tx).await?.rows_affected();
+        tx.commit().await?;
+        Ok(gone + changed)
     }
 
     async fn held_end(held: Self::Held, commit: bool) -> Result<()> {

@@ -37,11 +37,13 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::handler::{Handler, StopReason, Task, TaskResult};
 use super::outage::{pause, Health};
 use super::WorkerReport;
 use crate::backend::Outcome;
+use crate::metrics::{secs, Running, WorkerMetrics};
 use crate::{backoff, Claim, ClaimedRow, Claimer, Error, Job, Result, RowId, Strategy, Wakeups};
 
 /// What the runtime was asked to do.
@@ -76,20 +78,43 @@ pub(crate) enum Phase {
     Now,
 }
 
-#[derive(Default)]
-struct Tally {
-    completed: AtomicU64,
-    retried: AtomicU64,
-    failed: AtomicU64,
-    dead: AtomicU64,
-    released: AtomicU64,
-    lost: AtomicU64,
-    given_up: AtomicU64,
-    unconfirmed: AtomicU64,
+/// One count of the worker's report, also recorded as its metric.
+struct Count {
+    n: AtomicU64,
+    metric: metrics::Counter,
 }
 
-fn add(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
+impl Count {
+    fn new(metric: &metrics::Counter) -> Count {
+        Count {
+            n: AtomicU64::new(0),
+            metric: metric.clone(),
+        }
+    }
+
+    fn add(&self, k: u64) {
+        self.n.fetch_add(k, Ordering::Relaxed);
+        self.metric.increment(k);
+    }
+
+    fn get(&self) -> u64 {
+        self.n.load(Ordering::Relaxed)
+    }
+}
+
+struct Tally {
+    completed: Count,
+    retried: Count,
+    failed: Count,
+    dead: Count,
+    released: Count,
+    lost: Count,
+    given_up: Count,
+    unconfirmed: Count,
+}
+
+fn add(counter: &Count) {
+    counter.add(1);
 }
 
 /// Which count a recorded result goes to.
@@ -103,7 +128,20 @@ enum Counter {
 }
 
 impl Tally {
-    fn of(&self, c: Counter) -> &AtomicU64 {
+    fn new(m: &WorkerMetrics) -> Tally {
+        Tally {
+            completed: Count::new(&m.completed),
+            retried: Count::new(&m.retried),
+            failed: Count::new(&m.failed),
+            dead: Count::new(&m.dead),
+            released: Count::new(&m.released),
+            lost: Count::new(&m.leases_lost),
+            given_up: Count::new(&m.given_up),
+            unconfirmed: Count::new(&m.unconfirmed),
+        }
+    }
+
+    fn of(&self, c: Counter) -> &Count {
         match c {
             Counter::Completed => &self.completed,
             Counter::Retried => &self.retried,
@@ -129,6 +167,7 @@ struct Shared {
     cfg: Config,
     health: Health,
     tally: Tally,
+    metrics: WorkerMetrics,
     /// The rows are jobs of the managed queue (retries with backoff, dead after the last attempt).
     managed: bool,
     /// Claims have leases to renew.
@@ -265,7 +304,7 @@ impl Held {
 
     /// Whether rows of this claim that are gone were given up by this worker, not taken by
     /// another.
-    fn lost_counter<'t>(&self, t: &'t Tally) -> &'t AtomicU64 {
+    fn lost_counter<'t>(&self, t: &'t Tally) -> &'t Count {
         if self.abandoned.load(Ordering::Relaxed) {
             &t.given_up
         } else {
@@ -296,20 +335,23 @@ pub(crate) async fn run(
 ) -> Result<WorkerReport> {
     let (settles, results) = mpsc::unbounded_channel();
     let flush_limit = (cfg.lease / 3).max(Duration::from_secs(2));
+    let metrics = WorkerMetrics::of(&claimer);
     let _settler = AbortOnDrop(tokio::spawn(settler(
         results,
         cfg.settle_delay,
         flush_limit,
+        metrics.clone(),
     )));
     let sh = Arc::new(Shared {
         settles,
-        health: Health::new(claimer.db().endpoint()),
+        health: Health::new(claimer.db().endpoint(), metrics.outages.clone()),
         managed: claimer.managed_queues().is_some(),
         renews: claimer.claims_expire() || claimer.strategy() == Strategy::Transaction,
         claimer,
         handler,
         cfg,
-        tally: Tally::default(),
+        tally: Tally::new(&metrics),
+        metrics,
         fatal: Mutex::new(None),
         fatal_set: Notify::new(),
         closing: AtomicBool::new(false),
@@ -357,7 +399,16 @@ pub(crate) async fn run(
                 add(&sh.tally.given_up);
                 continue;
             }
-            jobs.spawn(supervise(sh.clone(), held, row));
+            let span = tracing::info_span!(
+                "job",
+                id = %row.id,
+                token = %held.claim.token(),
+                source = %sh.claimer.table_name(),
+                queue = tracing::field::Empty,
+                kind = tracing::field::Empty,
+                attempt = tracing::field::Empty,
+            );
+            jobs.spawn(supervise(sh.clone(), held, row).instrument(span));
         }
         helds.retain(|h| h.claim.open_count() > 0);
         while beats.try_join_next().is_some() {}
@@ -369,12 +420,7 @@ pub(crate) async fn run(
             .min(sh.cfg.batch as usize);
         let wanted = room > 0 && waiting.len() <= sh.cfg.refill;
         if claiming.is_none() && wanted && idle_until.is_none() && retry_at.is_none() {
-            let (claimer, lease, limit) = (sh.claimer.clone(), sh.cfg.lease, sh.claim_timeout());
-            claiming = Some(Box::pin(async move {
-                tokio::time::timeout(limit, claimer.claim(room as u32, lease))
-                    .await
-                    .ok()
-            }));
+            claiming = Some(Box::pin(claim_rows(sh.clone(), room as u32)));
         }
 
         tokio::select! {
@@ -530,7 +576,7 @@ pub(crate) async fn run(
         return Err(e);
     }
     outcome?;
-    let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let n = Count::get;
     let t = &sh.tally;
     Ok(WorkerReport {
         completed: n(&t.completed),
@@ -544,6 +590,38 @@ pub(crate) async fn run(
         outages: sh.health.outages(),
         interrupted,
     })
+}
+
+/// One claim statement of up to `most` rows, within the claim's time limit (`None`: no answer
+/// in time), measured and traced.
+async fn claim_rows(sh: Arc<Shared>, most: u32) -> Option<Result<Claim>> {
+    let span = tracing::debug_span!(
+        "claim",
+        source = %sh.claimer.table_name(),
+        strategy = %sh.claimer.strategy(),
+        most,
+        rows = tracing::field::Empty,
+        token = tracing::field::Empty,
+    );
+    let started = Instant::now();
+    let claim = sh
+        .claimer
+        .claim(most, sh.cfg.lease)
+        .instrument(span.clone());
+    let got = tokio::time::timeout(sh.claim_timeout(), claim).await.ok();
+    let m = &sh.metrics;
+    m.claim_seconds.record(secs(started.elapsed()));
+    match &got {
+        Some(Ok(claim)) if claim.is_empty() => m.claims_empty.increment(1),
+        Some(Ok(claim)) => {
+            m.claims_rows.increment(1);
+            m.claimed_rows.increment(claim.len() as u64);
+            span.record("rows", claim.len());
+            span.record("token", tracing::field::display(claim.token()));
+        }
+        _ => m.claims_failed.increment(1),
+    }
+    got
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -596,12 +674,8 @@ async fn release_waiting(sh: &Shared, waiting: VecDeque<(Arc<Held>, ClaimedRow)>
         match result {
             Ok(Ok(lost)) => {
                 let released = ids.len() - lost.len();
-                sh.tally
-                    .released
-                    .fetch_add(released as u64, Ordering::Relaxed);
-                sh.tally
-                    .lost
-                    .fetch_add(lost.len() as u64, Ordering::Relaxed);
+                sh.tally.released.add(released as u64);
+                sh.tally.lost.add(lost.len() as u64);
             }
             failed => {
                 if let Ok(Err(e)) = failed {
@@ -612,9 +686,7 @@ async fn release_waiting(sh: &Shared, waiting: VecDeque<(Arc<Held>, ClaimedRow)>
                     );
                 }
                 held.give_up(&ids);
-                sh.tally
-                    .given_up
-                    .fetch_add(ids.len() as u64, Ordering::Relaxed);
+                sh.tally.given_up.add(ids.len() as u64);
             }
         }
     }

@@ -129,6 +129,7 @@ pub(super) async fn settler(
     mut rx: mpsc::UnboundedReceiver<Settle>,
     delay: Duration,
     limit: Duration,
+    metrics: WorkerMetrics,
 ) {
     let mut flushing = JoinSet::new();
     let mut pending: Vec<Settle> = Vec::new();
@@ -145,7 +146,11 @@ pub(super) async fn settler(
                 pending.push(s);
             }
             let take = pending.len().min(FLUSH_MOST);
-            flushing.spawn(flush(pending.drain(..take).collect(), limit));
+            flushing.spawn(flush(
+                pending.drain(..take).collect(),
+                limit,
+                metrics.clone(),
+            ));
             continue;
         }
         tokio::select! {
@@ -164,7 +169,7 @@ pub(super) async fn settler(
     }
 }
 
-pub(super) async fn flush(batch: Vec<Settle>, limit: Duration) {
+pub(super) async fn flush(batch: Vec<Settle>, limit: Duration, metrics: WorkerMetrics) {
     type Group = (Arc<Held>, Outcome, Vec<(RowId, oneshot::Sender<Flushed>)>);
     let mut groups: Vec<Group> = Vec::new();
     for s in batch {
@@ -178,9 +183,13 @@ pub(super) async fn flush(batch: Vec<Settle>, limit: Duration) {
     }
     let mut statements = JoinSet::new();
     for (held, outcome, rows) in groups {
+        let (seconds, batch_rows) = (metrics.settle_seconds.clone(), metrics.settle_rows.clone());
         statements.spawn(async move {
             let ids: Vec<RowId> = rows.iter().map(|(id, _)| id.clone()).collect();
+            let started = Instant::now();
             let result = tokio::time::timeout(limit, held.claim.settle_rows(&ids, outcome)).await;
+            seconds.record(secs(started.elapsed()));
+            batch_rows.record(ids.len() as f64);
             // A broken transaction claim loses all its rows at once: stop the others' jobs now.
             held.stop_forgotten();
             let failed = match result {

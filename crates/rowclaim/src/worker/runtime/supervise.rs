@@ -39,25 +39,34 @@ pub(super) async fn heartbeat(sh: Arc<Shared>, held: Arc<Held>) {
             return;
         }
         let sent = Instant::now();
+        // When this renewal was due: a third of the lease after the last confirmation.
+        let due = held.lease_end() - held.lease + every;
         let limit = sh.attempt_timeout(give_up_at);
+        let m = &sh.metrics;
         match tokio::time::timeout(limit, held.claim.beat()).await {
             Ok(Ok(beat)) => {
                 sh.health.answered();
                 held.stop(&beat.lost, StopReason::LeaseLost);
                 if beat.renewed {
                     held.confirm(sent);
+                    m.renewed.increment(1);
+                    m.heartbeat_lag
+                        .record(secs(Instant::now().saturating_duration_since(due)));
                     failures = 0;
                 } else {
+                    m.renewal_failed.increment(1);
                     failures += 1;
                 }
             }
             Ok(Err(e)) => {
                 sh.health.failed("renewing leases", &e);
+                m.renewal_failed.increment(1);
                 failures += 1;
             }
             Err(_) => {
                 sh.health
                     .unreachable("renewing leases", &"no answer in time");
+                m.renewal_failed.increment(1);
                 failures += 1;
             }
         }
@@ -99,6 +108,12 @@ pub(super) async fn supervise(
     } else {
         None
     };
+    if let Some(job) = &job {
+        let span = tracing::Span::current();
+        span.record("queue", job.queue.as_str());
+        span.record("kind", job.kind.as_str());
+        span.record("attempt", job.attempt);
+    }
     // A job whose lease ran out on its last attempt (its worker died) must not run again.
     if let Some(job) = job.as_ref().filter(|j| j.exhausted()) {
         let why = format!("no attempts left after {} runs", job.max_attempts);
@@ -140,6 +155,8 @@ pub(super) async fn supervise(
             .map_err(panic_message),
     );
     let deadline = limit.map(|l| Instant::now() + l);
+    let started = Instant::now();
+    let running = Running::start(&sh.metrics.in_flight);
     let ended = tokio::select! {
         // A result that is there wins over a stop that came at the same moment.
         biased;
@@ -163,6 +180,8 @@ pub(super) async fn supervise(
             Ended::Stopped(reason)
         }
     };
+    drop(running);
+    sh.metrics.job_seconds.record(secs(started.elapsed()));
     unregister();
 
     let failure = |why: String| match &job {
@@ -192,10 +211,12 @@ pub(super) async fn supervise(
             (Outcome::Ready, Counter::Released)
         }
         Ended::Panicked(message) => {
+            sh.metrics.panics.increment(1);
             tracing::warn!("row {id}: the handler panicked: {message}");
             failure(format!("panicked: {message}"))
         }
         Ended::Stopped(reason @ StopReason::TimedOut(_)) => {
+            sh.metrics.timeouts.increment(1);
             tracing::warn!("row {id}: stopped: {reason}");
             failure(reason.to_string())
         }

@@ -1,0 +1,140 @@
+//! The changes the dashboard makes: retry, cancel or delete a job, give a held row back. Each
+//! arrives as a POST that passed the session, CSRF, origin and read-only checks
+//! (`auth::require_session`); each is logged (tracing, info) and kept in [`ActionLog`] for the
+//! actions page, whatever its outcome.
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, PoisonError};
+use std::time::SystemTime;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::Extension;
+
+use super::auth::Who;
+use super::pages::path_segment;
+use super::server::State as St;
+
+/// Actions kept for the actions page.
+const KEEP: usize = 200;
+
+/// One action taken (or attempted) through the dashboard.
+#[derive(Clone, Debug)]
+pub struct Action {
+    pub at: SystemTime,
+    /// Who asked (session name and address).
+    pub who: String,
+    /// e.g. `retry job`.
+    pub what: String,
+    /// The job id, or `table row id`.
+    pub target: String,
+    /// What came of it, e.g. `done`, `no such job in that state`, or the error.
+    pub outcome: String,
+}
+
+/// The last actions, newest last.
+#[derive(Default)]
+pub struct ActionLog {
+    actions: Mutex<VecDeque<Action>>,
+}
+
+impl ActionLog {
+    fn push(&self, a: Action) {
+        tracing::info!(
+            who = %a.who,
+            action = %a.what,
+            target = %a.target,
+            outcome = %a.outcome,
+            "dashboard action"
+        );
+        let mut actions = self.actions.lock().unwrap_or_else(PoisonError::into_inner);
+        if actions.len() == KEEP {
+            actions.pop_front();
+        }
+        actions.push_back(a);
+    }
+
+    /// The actions, newest first.
+    pub fn newest_first(&self) -> Vec<Action> {
+        let actions = self.actions.lock().unwrap_or_else(PoisonError::into_inner);
+        actions.iter().rev().cloned().collect()
+    }
+}
+
+/// `POST /jobs/{id}/{retry|cancel|delete}`.
+pub async fn job(
+    State(state): State<St>,
+    Extension(who): Extension<Who>,
+    Path((id, action)): Path<(i64, String)>,
+) -> Response {
+    let queue = state.db.queue();
+    let (what, result, not_in_state) = match action.as_str() {
+        "retry" => (
+            "retry job",
+            queue.retry(id).await,
+            "not dead or cancelled (only those can be retried)",
+        ),
+        "cancel" => (
+            "cancel job",
+            queue.cancel(id).await,
+            "not ready or running (only those can be cancelled)",
+        ),
+        "delete" => (
+            "delete job",
+            queue.delete(id).await,
+            "no such job, or it is running (cancel it first)",
+        ),
+        _ => return (StatusCode::NOT_FOUND, "no such action\n").into_response(),
+    };
+    let outcome = match &result {
+        Ok(true) => "done".to_owned(),
+        Ok(false) => not_in_state.to_owned(),
+        Err(e) => format!("failed: {e}"),
+    };
+    state.actions.push(Action {
+        at: SystemTime::now(),
+        who: who.to_string(),
+        what: what.to_owned(),
+        target: format!("job {id}"),
+        outcome,
+    });
+    let back = match (action.as_str(), &result) {
+        ("delete", Ok(true)) => "/actions".to_owned(),
+        _ => format!("/jobs/{id}"),
+    };
+    Redirect::to(&back).into_response()
+}
+
+/// `POST /sources/{table}/rows/{id}/release`: gives a claimed row back, whoever holds it.
+pub async fn release_row(
+    State(state): State<St>,
+    Extension(who): Extension<Who>,
+    Path((table, id)): Path<(String, String)>,
+) -> Response {
+    let outcome = match state.source(&table).await {
+        Ok(Some((_, claimer))) => match claimer.parse_id(&id) {
+            Ok(row) => match claimer.release_row(&row).await {
+                Ok(true) => "done".to_owned(),
+                Ok(false) => "not claimed (nothing to give back)".to_owned(),
+                Err(e) => format!("failed: {e}"),
+            },
+            Err(e) => format!("failed: {e}"),
+        },
+        Ok(None) => "no such source".to_owned(),
+        Err(e) => format!("failed: {e}"),
+    };
+    state.actions.push(Action {
+        at: SystemTime::now(),
+        who: who.to_string(),
+        what: "release row".to_owned(),
+        target: format!("{table} row {id}"),
+        outcome,
+    });
+    Redirect::to(&format!(
+        "/sources/{}/rows/{}",
+        path_segment(&table),
+        path_segment(&id)
+    ))
+    .into_response()
+}

@@ -1,0 +1,140 @@
+//! `rowclaim dashboard`: a web page of the managed queue and the recorded own tables, with the
+//! few actions an operator needs (retry, cancel, delete a job; give a held row back).
+//!
+//! - `server.rs`: the shared state and [`server::router`], where every route is added;
+//! - `auth.rs`: the start token, sessions, and the checks every POST passes;
+//! - `pages.rs`: the pages (every GET only reads);
+//! - `actions.rs`: the POSTs that change something, and their log;
+//! - `charts.rs`: inline SVG line charts;
+//! - `sampler.rs`: the history the charts draw, polled in the background.
+
+mod actions;
+mod auth;
+mod charts;
+mod pages;
+mod sampler;
+mod server;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use rowclaim::{ConnectOptions, Db};
+
+use crate::error::CliError;
+
+#[derive(Args, Debug)]
+pub struct DashboardArgs {
+    /// Address and port to serve on; port 0 picks a free one (the start line says which). Only
+    /// a loopback address unless --behind-tls-proxy.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Read the login token from this file (its first line) instead of making a random one.
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+    /// TLS is terminated by a proxy in front of the dashboard: allows a non-loopback --listen,
+    /// and marks the session cookie Secure.
+    #[arg(long)]
+    pub behind_tls_proxy: bool,
+    /// Only look: no action is offered, and every POST is refused (403).
+    #[arg(long)]
+    pub read_only: bool,
+    /// How often the charts' history is sampled (one cheap query per queue table and source).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = super::values::duration, allow_hyphen_values = true)]
+    pub sample_every: Duration,
+}
+
+/// Shortest token accepted from --token-file.
+const MIN_TOKEN: usize = 16;
+
+pub async fn run(url: &str, a: DashboardArgs) -> Result<(), CliError> {
+    if !a.listen.ip().is_loopback() && !a.behind_tls_proxy {
+        return Err(CliError::BadInput(format!(
+            "--listen {}: not a loopback address, and the dashboard speaks plain HTTP; serve it \
+             on 127.0.0.1 (or ::1), or give --behind-tls-proxy when a proxy in front of it \
+             terminates TLS",
+            a.listen
+        )));
+    }
+    let token = match &a.token_file {
+        Some(path) => read_token(path)?,
+        None => auth::random_hex(32).map_err(|e| CliError::Io {
+            what: "making a token from the operating system's random numbers",
+            source: std::io::Error::other(e.to_string()),
+        })?,
+    };
+    let db = Db::connect_with(url, ConnectOptions::default().max_connections(4)).await?;
+    let state = Arc::new(server::Dashboard::new(
+        db,
+        auth::Auth::new(token.clone(), a.behind_tls_proxy),
+        a.read_only,
+        sampler::History::default(),
+    ));
+    let listener = tokio::net::TcpListener::bind(a.listen)
+        .await
+        .map_err(CliError::io("listening on --listen"))?;
+    let at = listener
+        .local_addr()
+        .map_err(CliError::io("listening on --listen"))?;
+    tokio::spawn(sampler::run(state.clone(), a.sample_every));
+    let metrics = crate::prometheus::Endpoint::new(crate::prometheus::Watched {
+        queue: Some((state.db.queue(), Vec::new())),
+        sources: recorded_sources(state.clone()),
+    })?;
+    let app = server::router(state, metrics);
+    // The one line that holds the token: on stdout, for the operator (and tests) to open.
+    let query: String = form_urlencoded::byte_serialize(token.as_bytes()).collect();
+    println!("dashboard at http://{at}/login?token={query}");
+    crate::say::say!(
+        "serving the dashboard on {at}{}; Ctrl-C stops it",
+        if a.read_only { " (read-only)" } else { "" }
+    );
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await
+    .map_err(CliError::io("serving the dashboard"))
+}
+
+/// Every recorded own table, for `/metrics`, by the dashboard's cached claimers.
+fn recorded_sources(state: server::State) -> crate::prometheus::SourceList {
+    Box::new(move || {
+        let state = state.clone();
+        Box::pin(async move {
+            let mut claimers = Vec::new();
+            let records = match state.db.recorded_sources().await {
+                Ok(records) => records,
+                Err(e) => {
+                    tracing::warn!("metrics: listing the recorded tables: {e}");
+                    return claimers;
+                }
+            };
+            for record in records {
+                if let Ok((_, claimer)) = state.claimer_of(record).await {
+                    claimers.push(claimer);
+                }
+            }
+            claimers
+        })
+    })
+}
+
+/// The token in `path`: its first line, trimmed, long enough to be a secret.
+fn read_token(path: &std::path::Path) -> Result<String, CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::BadInput(format!("--token-file {}: {e}", path.display())))?;
+    let token = text.lines().next().unwrap_or_default().trim().to_owned();
+    if token.chars().count() < MIN_TOKEN {
+        return Err(CliError::BadInput(format!(
+            "--token-file {}: the token must have at least {MIN_TOKEN} characters",
+            path.display()
+        )));
+    }
+    Ok(token)
+}

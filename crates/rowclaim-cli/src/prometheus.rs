@@ -1,0 +1,300 @@
+//! Prometheus text for `work --metrics ADDR` and the dashboard's `/metrics`.
+//!
+//! Two kinds of series: what this process's workers record through the library's metrics
+//! ([`rowclaim::metrics`]: claims, completions, latencies…, kept by the installed recorder), and
+//! gauges read from the database: jobs per queue and status, due jobs, the oldest due job's wait,
+//! expired leases, and rows per status of tables of your own. The database gauges are read at
+//! most once per [`REFRESH`], with one statement per queue table or source, however often
+//! Prometheus scrapes; concurrent scrapes share one read.
+
+use std::fmt::Write as _;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use rowclaim::{Claimer, Queue};
+use tokio::sync::Mutex;
+
+use crate::error::CliError;
+
+/// The longest a scrape shows database gauges as they were (and the least time between two
+/// reads of them).
+pub const REFRESH: Duration = Duration::from_secs(5);
+
+/// Buckets of the latency histograms, in seconds: a claim or settle statement takes
+/// milliseconds when healthy, seconds under contention or an outage; jobs take anything.
+const SECONDS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0,
+];
+const ROWS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0];
+
+/// The process's recorder, installed once: the library's metrics land here.
+fn recorder() -> Result<&'static PrometheusHandle, CliError> {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    if let Some(h) = HANDLE.get() {
+        return Ok(h);
+    }
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_rows".into()), ROWS))
+        .map_err(|e| CliError::Metrics(e.to_string()))?
+        .build_recorder();
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder).map_err(|e| CliError::Metrics(e.to_string()))?;
+    rowclaim::metrics::describe();
+    Ok(HANDLE.get_or_init(|| handle))
+}
+
+/// What the database gauges are read from.
+pub struct Watched {
+    /// The managed queue, limited to these queues (all when empty), if it is watched. A
+    /// database without it (never `rowclaim init`ed) just has no queue gauges.
+    pub queue: Option<(Queue, Vec<String>)>,
+    /// Tables of your own, each by a claimer that only reads (stats never claim), found anew
+    /// at each read: the dashboard's list grows as tables are first claimed.
+    pub sources: SourceList,
+}
+
+/// The claimers of the tables to read, at the time of a read.
+pub type SourceList =
+    Box<dyn Fn() -> Pin<Box<dyn Future<Output = Vec<Claimer>> + Send>> + Send + Sync>;
+
+/// A fixed list of tables.
+pub fn fixed(claimers: Vec<Claimer>) -> SourceList {
+    Box::new(move || {
+        let claimers = claimers.clone();
+        Box::pin(async move { claimers })
+    })
+}
+
+/// A `/metrics` endpoint: the recorder's series plus the database gauges.
+pub struct Endpoint {
+    handle: &'static PrometheusHandle,
+    watched: Watched,
+    /// The last database read: when, and its text.
+    cache: Mutex<Option<(Instant, String)>>,
+}
+
+impl Endpoint {
+    /// Installs the recorder (once per process) and watches `watched`.
+    pub fn new(watched: Watched) -> Result<Arc<Endpoint>, CliError> {
+        Ok(Arc::new(Endpoint {
+            handle: recorder()?,
+            watched,
+            cache: Mutex::new(None),
+        }))
+    }
+
+    /// The whole scrape: database gauges (at most [`REFRESH`] old), then the recorder's series.
+    pub async fn render(&self) -> String {
+        let mut text = self.database_gauges().await;
+        text.push_str(&self.handle.render());
+        text
+    }
+
+    async fn database_gauges(&self) -> String {
+        let mut cache = self.cache.lock().await;
+        if let Some((at, text)) = cache.as_ref() {
+            if at.elapsed() < REFRESH {
+                return text.clone();
+            }
+        }
+        let text = read_gauges(&self.watched).await;
+        *cache = Some((Instant::now(), text.clone()));
+        text
+    }
+}
+
+/// The router serving `GET /metrics` (the dashboard merges it into its own).
+pub fn router(endpoint: Arc<Endpoint>) -> Router {
+    Router::new().route(
+        "/metrics",
+        get(move || {
+            let endpoint = endpoint.clone();
+            async move {
+                (
+                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    endpoint.render().await,
+                )
+                    .into_response()
+            }
+        }),
+    )
+}
+
+/// Serves `/metrics` on `addr` in the background (`work --metrics`); the listener is bound
+/// before this returns, so a bad address is an error now, naming the flag. Returns the address
+/// bound (port 0 picks one).
+pub async fn serve(addr: SocketAddr, endpoint: Arc<Endpoint>) -> Result<SocketAddr, CliError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| CliError::BadInput(format!("--metrics {addr}: cannot listen there: {e}")))?;
+    let bound = listener.local_addr().unwrap_or(addr);
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router(endpoint)).await {
+            tracing::error!("serving metrics on {bound}: {e}");
+        }
+    });
+    Ok(bound)
+}
+
+/// Reads the gauges from the database, as Prometheus text. A read that fails is said in the
+/// text (`rowclaim_database_up 0`) and logged, so a scrape still answers while the database is
+/// away.
+async fn read_gauges(w: &Watched) -> String {
+    let mut out = String::new();
+    let mut up = true;
+    if let Some((queue, only)) = &w.queue {
+        match queue.stats(single(only)).await {
+            Ok(stats) => queue_gauges(&mut out, &stats, only),
+            // Told to run `rowclaim init`: there is no queue here, which is no outage.
+            Err(e) if e.kind() == rowclaim::ErrorKind::BadInput => {}
+            Err(e) => {
+                tracing::warn!("metrics: reading the queue's counts: {e}");
+                up = false;
+            }
+        }
+    }
+    let mut sources = Vec::new();
+    for claimer in &(w.sources)().await {
+        match claimer.stats().await {
+            Ok(stats) => sources.push((claimer.table_name().to_owned(), stats)),
+            Err(e) => {
+                tracing::warn!("metrics: reading {}'s counts: {e}", claimer.table_name());
+                up = false;
+            }
+        }
+    }
+    source_gauges(&mut out, &sources);
+    gauge_header(
+        &mut out,
+        "rowclaim_database_up",
+        "Whether the last read of the database gauges succeeded.",
+    );
+    let _ = writeln!(out, "rowclaim_database_up {}", u8::from(up));
+    out
+}
+
+/// One queue asked: the statement filters by it; several: all, filtered here.
+fn single(only: &[String]) -> Option<&str> {
+    match only {
+        [one] => Some(one.as_str()),
+        _ => None,
+    }
+}
+
+/// A gauge's value for one queue.
+type PerQueue<'a> = dyn Fn(&String) -> f64 + 'a;
+
+fn queue_gauges(out: &mut String, stats: &rowclaim::QueueStats, only: &[String]) {
+    let wanted = |q: &String| only.is_empty() || only.contains(q);
+    let queues: Vec<&String> = stats.by_queue.keys().filter(|q| wanted(q)).collect();
+    gauge_header(
+        out,
+        "rowclaim_queue_jobs",
+        "Jobs of the managed queue, by status.",
+    );
+    for q in &queues {
+        for status in rowclaim::JOB_STATUSES {
+            let n = stats.by_queue[*q].get(*status).copied().unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "rowclaim_queue_jobs{{queue=\"{}\",status=\"{status}\"}} {n}",
+                escape(q)
+            );
+        }
+    }
+    let per_queue: [(&str, &str, &PerQueue); 4] = [
+        (
+            "rowclaim_queue_due_jobs",
+            "Ready jobs whose run-at has come.",
+            &|q| stats.due.get(q).copied().unwrap_or(0) as f64,
+        ),
+        (
+            "rowclaim_queue_oldest_wait_seconds",
+            "How long the oldest due job has waited.",
+            &|q| stats.oldest_ready_secs.get(q).copied().unwrap_or(0.0),
+        ),
+        (
+            "rowclaim_queue_expired_leases",
+            "Running jobs whose lease has ended (their worker died or lost the database).",
+            &|q| stats.expired_leases.get(q).copied().unwrap_or(0) as f64,
+        ),
+        (
+            "rowclaim_queue_completed_last_minute",
+            "Jobs completed in the last minute (kept completed jobs only).",
+            &|q| stats.completed_last_minute.get(q).copied().unwrap_or(0) as f64,
+        ),
+    ];
+    for (name, help, value) in per_queue {
+        gauge_header(out, name, help);
+        for q in &queues {
+            let _ = writeln!(out, "{name}{{queue=\"{}\"}} {}", escape(q), value(q));
+        }
+    }
+}
+
+fn source_gauges(out: &mut String, sources: &[(String, rowclaim::Stats)]) {
+    if sources.is_empty() {
+        return;
+    }
+    gauge_header(
+        out,
+        "rowclaim_source_rows",
+        "Rows of a table of your own, by status value.",
+    );
+    for (table, stats) in sources {
+        for (status, n) in &stats.by_status {
+            let _ = writeln!(
+                out,
+                "rowclaim_source_rows{{source=\"{}\",status=\"{}\"}} {n}",
+                escape(table),
+                escape(status)
+            );
+        }
+    }
+    gauge_header(
+        out,
+        "rowclaim_source_expired_leases",
+        "Claimed rows whose lease has ended (claimable again).",
+    );
+    for (table, stats) in sources {
+        let _ = writeln!(
+            out,
+            "rowclaim_source_expired_leases{{source=\"{}\"}} {}",
+            escape(table),
+            stats.expired_leases
+        );
+    }
+}
+
+fn gauge_header(out: &mut String, name: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+}
+
+/// A label value as the text format wants it: backslash, quote and newline escaped.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape(r#"a"b\c"#), r#"a\"b\\c"#);
+        assert_eq!(escape("x\ny"), "x\\ny");
+    }
+}

@@ -1,0 +1,292 @@
+//! `rowclaim dashboard` in a real browser (headless Chromium from Debian's packages, driven over
+//! WebDriver by `rowclaim_testkit::browser`), on every backend: log in with the printed token,
+//! watch a queue's counts change while a `rowclaim work` process drains it, retry a dead job from
+//! its page and see it complete, no actions and a refused forged POST when read-only, and nothing
+//! but the login page without the token.
+//!
+//! With `ROWCLAIM_SCREENSHOTS=1` the PostgreSQL run also writes the README's screenshots to
+//! `docs/screenshots/`.
+
+use rowclaim_testkit as common;
+mod support;
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::browser::Browser;
+use common::{with_db, Backend, TestDb};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// Jobs the worker drains while the page is watched.
+const JOBS: usize = 60;
+
+/// A dashboard process and the login address it printed.
+struct Dashboard {
+    child: tokio::process::Child,
+    base: String,
+    login: String,
+}
+
+async fn dashboard(url: &str, extra: &[&str]) -> Dashboard {
+    let mut args = vec![
+        "dashboard",
+        "--listen",
+        "127.0.0.1:0",
+        "--sample-every",
+        "1s",
+    ];
+    args.extend_from_slice(extra);
+    let mut child = support::rowclaim(url, &args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the dashboard");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(Duration::from_secs(120), lines.next_line())
+        .await
+        .expect("the dashboard says where it is within 2 minutes")
+        .expect("read its stdout")
+        .expect("a start line");
+    let login = line
+        .strip_prefix("dashboard at ")
+        .unwrap_or_else(|| panic!("the start line: {line}"))
+        .to_owned();
+    let base = login.split("/login").next().unwrap_or_default().to_owned();
+    Dashboard { child, base, login }
+}
+
+async fn run_ok(url: &str, args: &[&str], stdin: &str) -> String {
+    let out = support::run_fed(url, args, stdin).await;
+    assert!(out.status.success(), "rowclaim {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Loads `url` again and again (the page's own refresh is every 10 s; reloading is quicker)
+/// until the text of `css` passes `ok`, for at most 3 minutes: the suite runs on a loaded
+/// machine, so only the end state is asserted, never how soon it came.
+async fn reload_until(b: &Browser, url: &str, css: &str, ok: impl Fn(&str) -> bool) -> String {
+    let mut last = String::new();
+    for _ in 0..180 {
+        b.goto(url).await.expect("load the page");
+        if let Ok(text) = b.text(css).await {
+            if ok(text.trim()) {
+                return text.trim().to_owned();
+            }
+            last = text;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    panic!("{css} on {url} never passed; last seen {last:?}");
+}
+
+fn count_cell(queue: &str, status: &str) -> String {
+    format!("tr[data-queue=\"{queue}\"] td[data-status=\"{status}\"]")
+}
+
+async fn in_a_browser(t: Arc<TestDb>) {
+    let url = t.url.clone();
+    let flag_dir = tempfile::tempdir().expect("temp dir");
+    let flag = flag_dir.path().join("fixed");
+    run_ok(&url, &["init"], "").await;
+    let jobs: String = (0..JOBS).map(|i| format!("{{\"n\":{i}}}\n")).collect();
+    run_ok(&url, &["enqueue", "--queue", "mail"], &jobs).await;
+    // One job that fails until the flag file exists, with one attempt: it dies, and runs
+    // again only when retried from the page.
+    run_ok(
+        &url,
+        &[
+            "enqueue",
+            "--queue",
+            "mail",
+            "--max-attempts",
+            "1",
+            r#"{"flaky":true}"#,
+        ],
+        "",
+    )
+    .await;
+    // A queue no worker serves, for the read-only case.
+    run_ok(&url, &["enqueue", "--queue", "idle", r#"{"idle":1}"#], "").await;
+    // A table of the user's own, partly claimed: the overview lists it too.
+    t.jobs(20).await;
+    let mut claim_args = support::TABLE.to_vec();
+    claim_args.extend(["--lease", "10m"]);
+    let mut args = vec!["claim", "--batch", "3"];
+    args.extend(claim_args);
+    run_ok(&url, &args, "").await;
+
+    let dash = dashboard(&url, &[]).await;
+    let b = Browser::start().await.expect("start the browser");
+    let overview = format!("{}/", dash.base);
+
+    // Without the token: the login page, no data.
+    b.goto(&overview).await.unwrap();
+    let page = b.page_source().await.unwrap();
+    assert!(!page.contains("data-queue"), "no queue without the token");
+    assert!(
+        page.to_lowercase().contains("token"),
+        "the login page: {page}"
+    );
+
+    // With it: the overview, before any worker ran.
+    b.goto(&dash.login).await.unwrap();
+    let ready = b.text(&count_cell("mail", "ready")).await.unwrap();
+    assert_eq!(ready.trim(), (JOBS + 1).to_string(), "all of mail is ready");
+    assert!(
+        b.exists("tr[data-source]").await.unwrap(),
+        "the own table is listed"
+    );
+
+    // A worker drains the queue while the page is watched: its counts change to the end state.
+    let mut worker = support::rowclaim(
+        &url,
+        &[
+            "work",
+            "--queue",
+            "mail",
+            "--concurrency",
+            "2",
+            "--poll",
+            "200ms",
+            "--",
+            "sh",
+            "-c",
+            &format!(
+                "sleep 0.05; if grep -q flaky && [ ! -e '{}' ]; then exit 3; fi",
+                flag.display()
+            ),
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("start the worker");
+    let done = JOBS.to_string();
+    reload_until(&b, &overview, &count_cell("mail", "completed"), |t| {
+        t == done
+    })
+    .await;
+    reload_until(&b, &overview, &count_cell("mail", "dead"), |t| t == "1").await;
+    assert_eq!(
+        b.text(&count_cell("mail", "ready")).await.unwrap().trim(),
+        "0"
+    );
+
+    // Retry the dead job from its page; the worker, still running, completes it now.
+    let dead = t
+        .count("SELECT MAX(id) FROM rowclaim_jobs WHERE status = 'dead'")
+        .await;
+    std::fs::write(&flag, "").expect("write the flag");
+    let job_page = format!("{}/jobs/{dead}", dash.base);
+    b.goto(&job_page).await.unwrap();
+    assert_eq!(b.text("#status").await.unwrap().trim(), "dead");
+    b.click("form[action$=\"/retry\"] button").await.unwrap();
+    let asked = b.accept_confirm().await.unwrap();
+    assert!(!asked.is_empty(), "the retry asks first");
+    reload_until(&b, &job_page, "#status", |s| s == "completed").await;
+    assert_eq!(
+        t.count(&format!(
+            "SELECT COUNT(*) FROM rowclaim_jobs WHERE id = {dead} AND status = 'completed'"
+        ))
+        .await,
+        1,
+        "the retried job completed in the database"
+    );
+    let actions = format!("{}/actions", dash.base);
+    b.goto(&actions).await.unwrap();
+    assert!(
+        b.page_source().await.unwrap().contains("retry"),
+        "the action is logged"
+    );
+
+    if t.backend == Backend::Postgres && std::env::var_os("ROWCLAIM_SCREENSHOTS").is_some() {
+        screenshots(&b, &dash.base, dead).await;
+    }
+    let _ = worker.start_kill();
+    let _ = worker.wait().await;
+
+    // Read-only: no actions offered, and a POST forged in the page is refused.
+    let token_dir = tempfile::tempdir().expect("temp dir");
+    let token_file = token_dir.path().join("token");
+    std::fs::write(&token_file, "read-only-operator-token\n").expect("write the token");
+    let ro = dashboard(
+        &url,
+        &[
+            "--read-only",
+            "--token-file",
+            &token_file.display().to_string(),
+        ],
+    )
+    .await;
+    b.goto(&ro.login).await.unwrap();
+    let idle = t
+        .count("SELECT MAX(id) FROM rowclaim_jobs WHERE queue = 'idle'")
+        .await;
+    b.goto(&format!("{}/jobs/{idle}", ro.base)).await.unwrap();
+    assert_eq!(b.text("#status").await.unwrap().trim(), "ready");
+    assert!(
+        !b.exists("form[action$=\"/cancel\"]").await.unwrap(),
+        "no cancel button when read-only"
+    );
+    let forged = b
+        .driver()
+        .execute(
+            format!(
+                "const csrf = document.querySelector('input[name=csrf]'); \
+                 return fetch('/jobs/{idle}/cancel', {{method: 'POST', \
+                   headers: {{'Content-Type': 'application/x-www-form-urlencoded'}}, \
+                   body: 'csrf=' + (csrf ? csrf.value : '')}}).then(r => r.status);"
+            ),
+            Vec::new(),
+        )
+        .await
+        .expect("run the forged POST");
+    assert_eq!(
+        forged.json(),
+        &serde_json::json!(403),
+        "read-only refuses it"
+    );
+    assert_eq!(
+        t.count(&format!(
+            "SELECT COUNT(*) FROM rowclaim_jobs WHERE id = {idle} AND status = 'ready'"
+        ))
+        .await,
+        1,
+        "nothing changed"
+    );
+    b.close().await.expect("close the browser");
+    for mut d in [dash, ro] {
+        let _ = d.child.start_kill();
+        let _ = d.child.wait().await;
+    }
+}
+
+/// The README's screenshots: the overview, the queue's page and the retried job's page.
+async fn screenshots(b: &Browser, base: &str, job: i64) {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/screenshots");
+    std::fs::create_dir_all(dir).expect("make docs/screenshots");
+    for (page, file) in [
+        (format!("{base}/"), "overview.png"),
+        (format!("{base}/queues/mail"), "queue.png"),
+        (format!("{base}/jobs/{job}"), "job.png"),
+    ] {
+        b.goto(&page).await.unwrap();
+        b.screenshot_to(format!("{dir}/{file}")).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_in_a_browser_postgres() {
+    with_db(Backend::Postgres, in_a_browser).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_in_a_browser_mysql() {
+    with_db(Backend::MySql, in_a_browser).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_in_a_browser_sqlite() {
+    with_db(Backend::Sqlite, in_a_browser).await
+}
