@@ -603,7 +603,9 @@ async fn wait_listening(child: &mut Child, port: u16) -> std::result::Result<(),
             Err(e) => e.to_string(),
         };
         if Instant::now() > deadline {
-            return Err(format!("chromedriver not ready on port {port} after 60 s: {last}"));
+            return Err(format!(
+                "chromedriver not ready on port {port} after 60 s: {last}"
+            ));
         }
         tokio::time::sleep(POLL).await;
     }
