@@ -538,7 +538,8 @@ async fn start_chromedriver(program: &Path) -> Result<Driver> {
     let log_path = dir.path().join("chromedriver.log");
     let mut last = String::new();
     for _ in 0..3 {
-        let port = spare_port().context(|| "find a spare port on 127.0.0.1".to_owned())?;
+        let port = crate::servers::try_spare_port()
+            .context(|| "find a spare port on 127.0.0.1".to_owned())?;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -611,17 +612,29 @@ async fn wait_listening(child: &mut Child, port: u16) -> std::result::Result<(),
     }
 }
 
-/// `GET /status` on 127.0.0.1:`port`, the whole response as text (HTTP/1.0: the server closes
-/// the connection after it, so reading to the end is reading the response).
+/// `GET /status` on 127.0.0.1:`port`, the whole response as text. HTTP/1.1, because
+/// chromedriver 156 refuses HTTP/1.0 ("Cannot handle request with protocol"); it keeps the
+/// connection open even when asked to close it, so the response ends where its Content-Length
+/// says (or where the connection ends).
 async fn chromedriver_status(port: u16) -> std::io::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let exchange = async {
         let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
         stream
-            .write_all(b"GET /status HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .write_all(b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
             .await?;
         let mut response = Vec::new();
-        stream.read_to_end(&mut response).await?;
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                break;
+            }
+            response.extend_from_slice(&chunk[..n]);
+            if http_response_complete(&response) {
+                break;
+            }
+        }
         Ok(String::from_utf8_lossy(&response).into_owned())
     };
     tokio::time::timeout(Duration::from_secs(5), exchange)
@@ -634,32 +647,21 @@ async fn chromedriver_status(port: u16) -> std::io::Result<String> {
         })
 }
 
-/// A port nothing listens on now, below the ephemeral range when there is room (outgoing
-/// connections take ports from that range and could take this one before chromedriver binds it).
-fn spare_port() -> std::io::Result<u16> {
-    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
-        .unwrap_or(32768);
-    const LOW: u32 = 10_000;
-    if ephemeral_low > LOW + 1000 {
-        for _ in 0..200 {
-            let port = (LOW + random() % (ephemeral_low - LOW)) as u16;
-            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-                return Ok(port);
-            }
-        }
-    }
-    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?
-        .local_addr()?
-        .port())
-}
-
-fn random() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    h.finish() as u32
+/// Whether `response` holds a whole HTTP response: its head, and as much body as its
+/// Content-Length says.
+fn http_response_complete(response: &[u8]) -> bool {
+    let Some(head_end) = response.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&response[..head_end]);
+    let length = head.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("content-length")
+            .then(|| value.trim().parse::<usize>().ok())
+            .flatten()
+    });
+    length.is_some_and(|len| response.len() >= head_end + 4 + len)
 }
 
 /// Once per test process: kills what is left of browsers whose test process is gone (their

@@ -857,8 +857,13 @@ where
 
 /// A port nobody listens on now. Taken below the kernel's ephemeral range when there is room,
 /// so that while a server is down for a restart its port is unlikely to be handed out to an
-/// outgoing connection or a `bind(0)` (the proxies use those).
+/// outgoing connection or a `bind(0)` (the proxies use those, and chromedriver's clients).
 pub(crate) fn spare_port() -> u16 {
+    try_spare_port().unwrap_or_else(|e| panic!("find a spare port on 127.0.0.1: {e}"))
+}
+
+/// [`spare_port`], for a caller that reports the error instead of panicking.
+pub(crate) fn try_spare_port() -> std::io::Result<u16> {
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
@@ -868,14 +873,13 @@ pub(crate) fn spare_port() -> u16 {
         for _ in 0..200 {
             let port = (LOW + random() % (ephemeral_low - LOW)) as u16;
             if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-                return port;
+                return Ok(port);
             }
         }
     }
-    std::net::TcpListener::bind(("127.0.0.1", 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("find a spare port on 127.0.0.1: {e}"))
+    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?
+        .local_addr()?
+        .port())
 }
 
 fn random() -> u32 {

@@ -31,17 +31,24 @@ form.inline{display:inline}button.danger{color:#b00020}";
 const REFRESH: &str = "(function(){var dirty=false;document.addEventListener('input',function(){dirty=true;});\
 setInterval(function(){var a=document.activeElement;if(dirty||(a&&/^(INPUT|SELECT|TEXTAREA)$/.test(a.tagName)))return;location.reload();},10000);})();";
 
+/// The `<head>` of every page.
+fn head(title: &str) -> Markup {
+    html! {
+        head {
+            meta charset="utf-8";
+            meta name="viewport" content="width=device-width";
+            title { (title) " · rowclaim" }
+            style { (PreEscaped(CSS)) }
+        }
+    }
+}
+
 /// A page without the navigation (the login page).
 pub fn layout_bare(title: &str, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width";
-                title { (title) " · rowclaim" }
-                style { (PreEscaped(CSS)) }
-            }
+            (head(title))
             body { main { (body) } }
         }
     }
@@ -52,12 +59,7 @@ fn layout(state: &Dashboard, who: &Who, title: &str, refresh: bool, body: Markup
     html! {
         (DOCTYPE)
         html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width";
-                title { (title) " · rowclaim" }
-                style { (PreEscaped(CSS)) }
-            }
+            (head(title))
             body {
                 header {
                     strong { "rowclaim" }
