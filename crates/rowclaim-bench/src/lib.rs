@@ -26,6 +26,7 @@ mod drain;
 mod error;
 mod latency;
 mod plain;
+mod recorder;
 mod scale;
 mod setup;
 mod spawn;
@@ -46,6 +47,7 @@ use serde::Serialize;
 
 pub(crate) use error::{bad, check_failed, Context};
 pub use error::{BenchError, Result};
+pub use recorder::prometheus_recorder;
 
 /// Logging on stderr for `rowclaim` and `rowclaim-bench` alike: `-v` says what rowclaim decides,
 /// `-vv` every retry; `ROWCLAIM_LOG` (an `EnvFilter`) overrides both.

@@ -58,6 +58,11 @@ pub struct WorkerArgs {
     /// What becomes of completed jobs (the queue only): keep or delete.
     #[arg(long, value_name = "WHAT", default_value = "keep", value_parser = crate::parse_retention)]
     completed: rowclaim::Retention,
+    /// Record the worker's metrics in a Prometheus recorder, as `rowclaim work --metrics` does
+    /// (for `-- COMMAND`: passes `--metrics 127.0.0.1:0`), to measure what recording costs. The
+    /// library Worker's run also checks the recorded completions against its own count.
+    #[arg(long)]
+    metrics: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -85,6 +90,7 @@ struct WorkerReport {
     peak_rss_mb: f64,
     async_commit: bool,
     hold_snapshot: bool,
+    metrics: bool,
 }
 
 pub(crate) async fn run(setting: &super::Setting, a: WorkerArgs) -> Result<()> {
@@ -169,13 +175,14 @@ pub(crate) async fn run(setting: &super::Setting, a: WorkerArgs) -> Result<()> {
         peak_rss_mb,
         async_commit: a.async_commit,
         hold_snapshot: a.hold_snapshot,
+        metrics: a.metrics,
     };
     if a.json {
         print_json(&report)?;
         return Ok(());
     }
     println!(
-        "{}, {} ({}), {} jobs, concurrency {}{}{}{}",
+        "{}, {} ({}), {} jobs, concurrency {}{}{}{}{}",
         report.backend,
         report.target,
         report.runner,
@@ -188,7 +195,8 @@ pub(crate) async fn run(setting: &super::Setting, a: WorkerArgs) -> Result<()> {
             ", a REPEATABLE READ snapshot held"
         } else {
             ""
-        }
+        },
+        if a.metrics { ", metrics recorded" } else { "" }
     );
     let mut t = Table::new(
         [
@@ -239,6 +247,11 @@ async fn library_worker(url: &str, a: &WorkerArgs, target: Target) -> Result<(f6
     if let Some(b) = a.batch {
         worker = worker.batch(b);
     }
+    let recorder = if a.metrics {
+        Some(crate::prometheus_recorder().map_err(|e| bad(format!("--metrics: {e}")))?)
+    } else {
+        None
+    };
     let cpu = self_cpu();
     let started = Instant::now();
     let report = worker.run(std::future::pending()).await?;
@@ -249,7 +262,25 @@ async fn library_worker(url: &str, a: &WorkerArgs, target: Target) -> Result<(f6
             report.completed, a.jobs
         )));
     }
-    Ok((seconds, self_cpu().saturating_sub(cpu)))
+    let cpu = self_cpu().saturating_sub(cpu);
+    if let Some(recorder) = recorder {
+        let recorded = completed_recorded(&recorder.render());
+        if recorded != a.jobs as f64 {
+            return Err(check_failed(format!(
+                "the metrics recorded {recorded} completions of {} jobs",
+                a.jobs
+            )));
+        }
+    }
+    Ok((seconds, cpu))
+}
+
+/// The sum of `rowclaim_jobs_completed_total` over its labels, in Prometheus text.
+fn completed_recorded(text: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(rowclaim::metrics::COMPLETED))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// Drains with `rowclaim work --until-empty -- COMMAND`; returns the seconds and the CPU of the
@@ -280,6 +311,9 @@ async fn work_command(setting: &super::Setting, a: &WorkerArgs) -> Result<(f64, 
     }
     if let Some(b) = a.batch {
         cmd.args(["--batch", &b.to_string()]);
+    }
+    if a.metrics {
+        cmd.args(["--metrics", "127.0.0.1:0"]);
     }
     cmd.arg("--").args(&a.command);
     cmd.stdin(Stdio::null())

@@ -95,7 +95,7 @@ fn rate_adds_up(report: &serde_json::Value, rows: f64) -> bool {
 }
 
 /// `worker`: the library Worker drains every job once and reports the CPU it spent; completed
-/// jobs can be deleted; `spawn` measures the spawn alone.
+/// jobs can be deleted, with the metrics recorded; `spawn` measures the spawn alone.
 async fn bench_worker(t: Arc<TestDb>) {
     let r = bench_json(&t, &["worker", "--jobs", "300", "--prefetch", "50"]).await;
     assert_eq!(r["scenario"], "worker");
@@ -108,8 +108,17 @@ async fn bench_worker(t: Arc<TestDb>) {
             .await,
         300
     );
-    let deleting = ["worker", "--jobs", "200", "--completed", "delete"];
-    bench_json(&t, &deleting).await;
+    // --metrics: the run fails its own check unless the recorder counted every completion.
+    let deleting = [
+        "worker",
+        "--jobs",
+        "200",
+        "--completed",
+        "delete",
+        "--metrics",
+    ];
+    let r = bench_json(&t, &deleting).await;
+    assert_eq!(r["metrics"], true, "{r}");
     assert_eq!(
         t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'bench'")
             .await,

@@ -11,14 +11,14 @@ use std::fmt::Write as _;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 use rowclaim::{Claimer, Queue};
 use tokio::sync::Mutex;
 
@@ -28,29 +28,9 @@ use crate::error::CliError;
 /// reads of them).
 pub const REFRESH: Duration = Duration::from_secs(5);
 
-/// Buckets of the latency histograms, in seconds: a claim or settle statement takes
-/// milliseconds when healthy, seconds under contention or an outage; jobs take anything.
-const SECONDS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-    60.0, 300.0,
-];
-const ROWS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0];
-
-/// The process's recorder, installed once: the library's metrics land here.
+/// The process's recorder (installed once): the library's metrics land here.
 fn recorder() -> Result<&'static PrometheusHandle, CliError> {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    if let Some(h) = HANDLE.get() {
-        return Ok(h);
-    }
-    let recorder = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS)
-        .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_rows".into()), ROWS))
-        .map_err(|e| CliError::Metrics(e.to_string()))?
-        .build_recorder();
-    let handle = recorder.handle();
-    metrics::set_global_recorder(recorder).map_err(|e| CliError::Metrics(e.to_string()))?;
-    rowclaim::metrics::describe();
-    Ok(HANDLE.get_or_init(|| handle))
+    rowclaim_bench::prometheus_recorder().map_err(CliError::Metrics)
 }
 
 /// What the database gauges are read from.

@@ -510,6 +510,11 @@ async fn dashboard(t: Arc<TestDb>) {
         actions.contains("retry job") && actions.contains(&format!("job {dead}")),
         "{actions}"
     );
+    let history = d.get(&format!("/jobs/{dead}")).await.body;
+    assert!(
+        history.contains("retry job from the dashboard by session"),
+        "the retry in the job's timeline: {history}"
+    );
 
     // A held row given back: ready, and its holder's result is refused (fencing).
     let a = d

@@ -519,7 +519,8 @@ fn action_button(who: &Who, action: &str, label: &str, confirm: &str, danger: bo
     }
 }
 
-/// `GET /jobs/{id}`: the job as stored, its times as a timeline, and what may be done to it.
+/// `GET /jobs/{id}`: the job as stored, its times and the dashboard's actions on it as a
+/// timeline, and what may be done to it.
 pub async fn job(
     State(state): State<St>,
     Extension(who): Extension<Who>,
@@ -545,17 +546,18 @@ pub async fn job(
         }
     };
     let payload = serde_json::to_string_pretty(&job.payload).unwrap_or_default();
-    let mut timeline: Vec<(SystemTime, &str)> = vec![(job.created_at, "enqueued")];
+    let mut timeline: Vec<(SystemTime, String)> = vec![(job.created_at, "enqueued".to_owned())];
     timeline.push((
         job.run_at,
         match job.status.as_str() {
             "ready" => "due to run",
             _ => "last run due",
-        },
+        }
+        .to_owned(),
     ));
     // A finished job keeps its last lease in the row; only a running one's lease means anything.
     if let Some(l) = job.lease_until.filter(|_| job.status == "running") {
-        timeline.push((l, "lease ends"));
+        timeline.push((l, "lease ends".to_owned()));
     }
     if let Some(f) = job.finished_at {
         timeline.push((
@@ -565,8 +567,19 @@ pub async fn job(
                 "dead" => "died (no attempts left)",
                 "cancelled" => "cancelled",
                 _ => "finished",
-            },
+            }
+            .to_owned(),
         ));
+    }
+    // What was done to it here (retries reset its attempts and times, so only this says so).
+    let target = format!("job {id}");
+    for a in state.actions.newest_first() {
+        if a.target == target {
+            timeline.push((
+                a.at,
+                format!("{} from the dashboard by {}: {}", a.what, a.who, a.outcome),
+            ));
+        }
     }
     timeline.sort_by_key(|(t, _)| *t);
     let st = job.status.as_str();
