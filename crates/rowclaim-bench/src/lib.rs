@@ -49,6 +49,10 @@ pub(crate) use error::{bad, check_failed, Context};
 pub use error::{BenchError, Result};
 pub use recorder::prometheus_recorder;
 
+/// The log target of what an operator did through `rowclaim dashboard` (logins, actions, refused
+/// requests): logged at every verbosity, `--quiet` included, because it is the audit trail.
+pub const AUDIT: &str = "rowclaim::audit";
+
 /// Logging on stderr for `rowclaim` and `rowclaim-bench` alike: `-v` says what rowclaim decides,
 /// `-vv` every retry; `ROWCLAIM_LOG` (an `EnvFilter`) overrides both.
 pub fn init_logging(verbose: u8) {
@@ -70,11 +74,12 @@ pub fn init_logging_with(verbose: u8, quiet: bool, extra: Option<ExtraLayer>) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
+    // `rowclaim::audit` (AUDIT) at info in every case.
     let level = match (quiet, verbose) {
-        (true, _) => "error",
+        (true, _) => "error,rowclaim::audit=info",
         // sqlx warns about every broken connection it tests and every slow statement, SQL text
         // and all (a bulk fill is slow by design); an outage is rowclaim's to report, once.
-        (false, 0) => "warn,sqlx=error",
+        (false, 0) => "warn,sqlx=error,rowclaim::audit=info",
         (false, 1) => "info,rowclaim=debug,sqlx=error",
         (false, _) => "debug,rowclaim=trace",
     };

@@ -146,7 +146,7 @@ async fn read_gauges(w: &Watched) -> String {
     let mut sources = Vec::new();
     for claimer in &(w.sources)().await {
         match claimer.stats().await {
-            Ok(stats) => sources.push((claimer.table_name().to_owned(), stats)),
+            Ok(stats) => sources.push((claimer.source_name().to_owned(), stats)),
             Err(e) => {
                 tracing::warn!("metrics: reading {}'s counts: {e}", claimer.table_name());
                 up = false;

@@ -28,7 +28,8 @@ struct Dashboard {
     login: String,
 }
 
-async fn dashboard(url: &str, extra: &[&str]) -> Dashboard {
+/// Starts `rowclaim dashboard` with `extra` flags; `token`: the one in its --token-file.
+async fn dashboard(url: &str, extra: &[&str], token: Option<&str>) -> Dashboard {
     let mut args = vec![
         "dashboard",
         "--listen",
@@ -48,11 +49,16 @@ async fn dashboard(url: &str, extra: &[&str]) -> Dashboard {
         .expect("the dashboard says where it is within 2 minutes")
         .expect("read its stdout")
         .expect("a start line");
-    let login = line
+    let at = line
         .strip_prefix("dashboard at ")
-        .unwrap_or_else(|| panic!("the start line: {line}"))
-        .to_owned();
-    let base = login.split("/login").next().unwrap_or_default().to_owned();
+        .unwrap_or_else(|| panic!("the start line: {line}"));
+    let base = at.split("/login").next().unwrap_or_default().to_owned();
+    // With --token-file the line names no token: log in with the file's.
+    let login = match (at.contains("?token="), token) {
+        (true, _) => at.to_owned(),
+        (false, Some(token)) => format!("{base}/login?token={token}"),
+        (false, None) => panic!("no token in {line}"),
+    };
     Dashboard { child, base, login }
 }
 
@@ -116,7 +122,7 @@ async fn in_a_browser(t: Arc<TestDb>) {
     args.extend(claim_args);
     run_ok(&url, &args, "").await;
 
-    let dash = dashboard(&url, &[]).await;
+    let dash = dashboard(&url, &[], None).await;
     let b = Browser::start().await.expect("start the browser");
     let overview = format!("{}/", dash.base);
 
@@ -184,6 +190,11 @@ async fn in_a_browser(t: Arc<TestDb>) {
     b.click("form[action$=\"/retry\"] button").await.unwrap();
     let asked = b.accept_confirm().await.unwrap();
     assert!(!asked.is_empty(), "the retry asks first");
+    // The POST answers with the job's page again, its timeline naming the retry: only then is
+    // it safe to load another page (which would cancel a form submission still under way).
+    b.wait_for_text_contains("#timeline", "retry job from the dashboard")
+        .await
+        .unwrap();
     reload_until(&b, &job_page, "#status", |s| s == "completed").await;
     assert_eq!(
         t.count(&format!(
@@ -217,6 +228,7 @@ async fn in_a_browser(t: Arc<TestDb>) {
             "--token-file",
             &token_file.display().to_string(),
         ],
+        Some("read-only-operator-token"),
     )
     .await;
     b.goto(&ro.login).await.unwrap();

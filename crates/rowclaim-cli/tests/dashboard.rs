@@ -28,21 +28,32 @@ struct Answer {
     body: String,
 }
 
-/// A running dashboard: its address, its login token, the process.
+/// A running dashboard: its address, its login and metrics tokens, the process.
 struct Dash {
     host: String,
     token: String,
+    metrics_token: String,
+    /// The start lines it printed on stdout.
+    start_lines: String,
     child: tokio::process::Child,
     /// Every page body seen, to look for secrets in at the end.
     seen: Vec<String>,
     cookie: Option<String>,
 }
 
+/// Where `line` (`<what> at http://HOST/PATH…`) says `what` is served, and what follows PATH.
+fn served_at<'l>(line: &'l str, what: &str, path: &str) -> (&'l str, &'l str) {
+    line.strip_prefix(&format!("{what} at http://"))
+        .and_then(|rest| rest.split_once(path))
+        .unwrap_or_else(|| panic!("the {what} start line: {line}"))
+}
+
 impl Dash {
-    /// Starts `rowclaim -v dashboard --listen 127.0.0.1:0 EXTRA…` on `url` and reads its line.
-    async fn start(url: &str, extra: &[&str]) -> Dash {
+    /// Starts `rowclaim dashboard --listen 127.0.0.1:0 EXTRA…` on `url` (at the default log
+    /// level: what the operator does must be logged without `-v`) and reads its start lines.
+    /// `tokens`: the login and metrics tokens given in files, which the lines must not show.
+    async fn start(url: &str, extra: &[&str], tokens: Option<(&str, &str)>) -> Dash {
         let mut args = vec![
-            "-v",
             "dashboard",
             "--listen",
             "127.0.0.1:0",
@@ -55,18 +66,43 @@ impl Dash {
         let mut child = cmd.spawn().expect("start the dashboard");
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
-        let line = tokio::time::timeout(Duration::from_secs(120), lines.next_line())
-            .await
-            .expect("the dashboard says where it is within 2 minutes")
-            .expect("read its stdout")
-            .expect("a line on stdout");
-        let rest = line
-            .strip_prefix("dashboard at http://")
-            .unwrap_or_else(|| panic!("the start line: {line}"));
-        let (host, query) = rest.split_once("/login?token=").expect("a login address");
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(120), lines.next_line())
+                .await
+                .expect("the dashboard says where it is within 2 minutes")
+                .expect("read its stdout")
+                .expect("a line on stdout")
+        };
+        let (login, metrics) = (next().await, next().await);
+        let (host, after) = served_at(&login, "dashboard", "/login");
+        let (metrics_host, metrics_after) = served_at(&metrics, "metrics", "/metrics");
+        assert_eq!(host, metrics_host);
+        let (token, metrics_token) = match tokens {
+            None => (
+                after
+                    .strip_prefix("?token=")
+                    .unwrap_or_else(|| panic!("the token in {login}"))
+                    .to_owned(),
+                metrics_after
+                    .strip_prefix(" (Authorization: Bearer ")
+                    .and_then(|t| t.strip_suffix(')'))
+                    .unwrap_or_else(|| panic!("the metrics token in {metrics}"))
+                    .to_owned(),
+            ),
+            Some((login_token, metrics_token)) => {
+                assert!(
+                    !login.contains(login_token),
+                    "a chosen token is never printed"
+                );
+                assert!(!metrics.contains(metrics_token), "nor the metrics one");
+                (login_token.to_owned(), metrics_token.to_owned())
+            }
+        };
         Dash {
             host: host.to_owned(),
-            token: query.to_owned(),
+            token,
+            metrics_token,
+            start_lines: format!("{login}\n{metrics}"),
             child,
             seen: Vec::new(),
             cookie: None,
@@ -135,10 +171,22 @@ impl Dash {
         self.send("GET", path, &[], "").await
     }
 
-    /// Logs in with the start token: the session cookie is kept for later requests.
+    /// Logs in with the start token through the login form (a POST from the dashboard's own
+    /// page): the session cookie is kept for later requests.
     async fn login(&mut self) {
+        let body = format!("token={}", self.token);
+        let a = self.post("/login", &body).await;
+        self.keep_session(a);
+    }
+
+    /// Logs in through the printed address (`GET /login?token=…`).
+    async fn login_by_link(&mut self) {
         let path = format!("/login?token={}", self.token);
         let a = self.get(&path).await;
+        self.keep_session(a);
+    }
+
+    fn keep_session(&mut self, a: Answer) {
         assert_eq!(a.status, 303, "login redirects: {}", a.body);
         let set = a
             .headers
@@ -342,7 +390,7 @@ async fn fill(t: &TestDb) -> (i64, String, String) {
 async fn dashboard(t: Arc<TestDb>) {
     let (dead, token, row) = fill(&t).await;
     let (url, mysql_user) = url_with_password(&t).await;
-    let mut d = Dash::start(&url, &[]).await;
+    let mut d = Dash::start(&url, &[], None).await;
 
     // Without the token: the login page at most, and no data.
     for path in ["/", "/queues/mail", &format!("/jobs/{dead}"), "/actions"] {
@@ -362,20 +410,24 @@ async fn dashboard(t: Arc<TestDb>) {
         .await;
     assert_eq!(csrf_less.status, 401, "a POST without a session");
 
-    // /metrics: for the start token as a bearer token (a scraper), not for anyone.
+    // /metrics: for the metrics token as a bearer token (a scraper), not for anyone, and not
+    // for the login token (a scrape config must hold no credential that can act).
     let anon = d.get("/metrics").await;
     assert_eq!(anon.status, 401, "{}", anon.body);
     assert!(!anon.body.contains("rowclaim_queue_jobs"), "{}", anon.body);
-    let wrong = d
-        .send(
-            "GET",
-            "/metrics",
-            &[("Authorization", "Bearer 0123456789abcdef")],
-            "",
-        )
-        .await;
-    assert_eq!(wrong.status, 401);
-    let bearer = format!("Bearer {}", d.token);
+    for wrong in ["0123456789abcdef".to_owned(), d.token.clone()] {
+        let bearer = format!("Bearer {wrong}");
+        let a = d
+            .send("GET", "/metrics", &[("Authorization", &bearer)], "")
+            .await;
+        assert_eq!(a.status, 401, "{}", a.body);
+    }
+    // Nor does the metrics token open a session.
+    let path = format!("/login?token={}", d.metrics_token);
+    let a = d.get(&path).await;
+    assert_eq!(a.status, 401, "the metrics token is no login");
+    assert!(!a.headers.contains_key("set-cookie"));
+    let bearer = format!("Bearer {}", d.metrics_token);
     let scraped = d
         .send("GET", "/metrics", &[("Authorization", &bearer)], "")
         .await;
@@ -399,7 +451,19 @@ async fn dashboard(t: Arc<TestDb>) {
         scraped.body
     );
 
-    d.login().await;
+    // A login form posted from another site is refused (no session for it).
+    let body = format!("token={}", d.token);
+    let a = d
+        .send(
+            "POST",
+            "/login",
+            &[("Origin", "http://evil.example")],
+            &body,
+        )
+        .await;
+    assert_eq!(a.status, 403, "{}", a.body);
+    assert!(!a.headers.contains_key("set-cookie"));
+    d.login_by_link().await;
     let overview = d.get("/").await;
     assert_eq!(overview.status, 200);
     let mail = row_of(&overview.body, "data-queue=\"mail\"");
@@ -516,12 +580,37 @@ async fn dashboard(t: Arc<TestDb>) {
         "the retry in the job's timeline: {history}"
     );
 
-    // A held row given back: ready, and its holder's result is refused (fencing).
+    // A release for a holder that no longer holds the row (the page was old) gives nothing back.
+    let release = format!("/sources/{table}/rows/{row}/release");
+    let stale = "01999999-0000-7000-8000-000000000000";
     let a = d
-        .post(
-            &format!("/sources/{table}/rows/{row}/release"),
-            &format!("csrf={csrf}"),
-        )
+        .post(&release, &format!("csrf={csrf}&holder={stale}"))
+        .await;
+    assert_eq!(a.status, 303, "{}", a.body);
+    assert_eq!(
+        t.count(&format!(
+            "SELECT COUNT(*) FROM jobs WHERE id = {row} AND owner = '{token}'"
+        ))
+        .await,
+        1,
+        "still its holder's"
+    );
+    assert!(
+        d.get("/actions")
+            .await
+            .body
+            .contains("not held by that claim"),
+        "the refusal is listed"
+    );
+    // The row's page posts the holder it shows: given back, ready, and its holder's result is
+    // refused (fencing).
+    let page = d.get(&format!("/sources/{table}/rows/{row}")).await.body;
+    assert!(
+        page.contains(&format!("name=\"holder\" value=\"{token}\"")),
+        "the form names the holder: {page}"
+    );
+    let a = d
+        .post(&release, &format!("csrf={csrf}&holder={token}"))
         .await;
     assert_eq!(a.status, 303, "{}", a.body);
     assert_eq!(
@@ -548,10 +637,14 @@ async fn dashboard(t: Arc<TestDb>) {
         String::from_utf8_lossy(&out.stderr)
     );
 
+    let secrets = [d.token.clone(), d.metrics_token.clone()];
+    let start_lines = d.start_lines.clone();
     let (stderr, mut pages) = d.stop().await;
+    pages.push(start_lines);
+    // At the default log level: the audit trail needs no -v.
     assert!(
-        stderr.contains("dashboard action"),
-        "actions are logged: {stderr}"
+        stderr.contains("dashboard action") && stderr.contains("logged in"),
+        "actions and logins are logged: {stderr}"
     );
 
     // Read-only, with a token of the operator's: nothing offered, every POST refused.
@@ -559,8 +652,27 @@ async fn dashboard(t: Arc<TestDb>) {
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, "operator-chosen-token-1234\n").expect("write the token");
     let token_path = token_file.display().to_string();
-    let mut ro = Dash::start(&url, &["--read-only", "--token-file", &token_path]).await;
+    let metrics_file = dir.path().join("metrics-token");
+    std::fs::write(&metrics_file, "operator-metrics-token-5678\n").expect("write the token");
+    let metrics_path = metrics_file.display().to_string();
+    let mut ro = Dash::start(
+        &url,
+        &[
+            "--read-only",
+            "--token-file",
+            &token_path,
+            "--metrics-token-file",
+            &metrics_path,
+        ],
+        Some(("operator-chosen-token-1234", "operator-metrics-token-5678")),
+    )
+    .await;
     assert_eq!(ro.token, "operator-chosen-token-1234");
+    let bearer = "Bearer operator-metrics-token-5678";
+    let a = ro
+        .send("GET", "/metrics", &[("Authorization", bearer)], "")
+        .await;
+    assert_eq!(a.status, 200, "the metrics token from its file: {}", a.body);
     ro.login().await;
     let ready_job = t
         .count("SELECT MAX(id) FROM rowclaim_jobs WHERE status = 'ready'")
@@ -607,10 +719,13 @@ async fn dashboard(t: Arc<TestDb>) {
             !log.contains(SECRET),
             "the database password in the log:\n{log}"
         );
-        assert!(
-            !log.contains("operator-chosen-token-1234"),
-            "the token in the log:\n{log}"
-        );
+        for token in secrets
+            .iter()
+            .map(String::as_str)
+            .chain(["operator-chosen-token-1234", "operator-metrics-token-5678"])
+        {
+            assert!(!log.contains(token), "a token in the log:\n{log}");
+        }
     }
     if let Some(user) = mysql_user {
         t.exec(&format!("DROP USER '{user}'@'%'")).await;

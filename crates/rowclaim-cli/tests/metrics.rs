@@ -114,6 +114,15 @@ async fn stop(mut child: tokio::process::Child) {
     let _ = tokio::time::timeout(Duration::from_secs(60), child.wait()).await;
 }
 
+/// `table` as the database's catalog names it: the `source` label of every series.
+fn catalog_name(t: &TestDb, table: &str) -> String {
+    match t.backend {
+        Backend::Postgres => format!("public.{table}"),
+        Backend::MySql => format!("{}.{table}", t.name),
+        Backend::Sqlite => format!("main.{table}"),
+    }
+}
+
 async fn queue_metrics(t: Arc<TestDb>) {
     // A password the server does not ask for (trust auth) must still never show.
     let url = match t.backend {
@@ -156,7 +165,8 @@ async fn queue_metrics(t: Arc<TestDb>) {
         ],
     )
     .await;
-    let m = [("queue", "m"), ("source", "rowclaim_jobs")];
+    let source = catalog_name(&t, "rowclaim_jobs");
+    let m = [("queue", "m"), ("source", source.as_str())];
     let body = scrape_until(&addr, "27 completed and 3 dead jobs", |b| {
         value(b, "rowclaim_jobs_completed_total", &m) == Some(27.0)
             && value(b, "rowclaim_jobs_dead_total", &m) == Some(3.0)
@@ -220,13 +230,16 @@ async fn own_table_metrics(t: Arc<TestDb>) {
     let mut args: Vec<&str> = support::TABLE.to_vec();
     args.extend(["--concurrency", "2", "--", "sh", "-c", "cat >/dev/null"]);
     let (worker, addr) = worker_with_metrics(&t.url, &args).await;
-    let s = [("source", "jobs")];
+    // The worker's series and the table's gauges carry the same source label, whatever the
+    // name the worker was given (`jobs`): the catalog's.
+    let source = catalog_name(&t, "jobs");
+    let s = [("source", source.as_str())];
     let body = scrape_until(&addr, "12 rows done", |b| {
         value(b, "rowclaim_jobs_completed_total", &s) == Some(12.0)
             && value(
                 b,
                 "rowclaim_source_rows",
-                &[("source", "jobs"), ("status", "done")],
+                &[("source", source.as_str()), ("status", "done")],
             ) == Some(12.0)
     })
     .await;

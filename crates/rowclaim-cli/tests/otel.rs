@@ -103,21 +103,33 @@ async fn job_spans_reach_the_collector(t: Arc<TestDb>) {
         sent.iter().map(|s| &s.0).collect::<Vec<_>>()
     );
     let all: Vec<u8> = traces.into_iter().flatten().copied().collect();
-    let has = |needle: &str| all.windows(needle.len()).any(|w| w == needle.as_bytes());
-    // OTLP protobuf keeps strings as they are: the span name, attribute keys and values.
-    for needle in [
-        "job",
+    // OTLP protobuf keeps strings as they are, each after its field's tag and its length: a
+    // span's name is field 5 of Span (tag 0x2A); an attribute's key is field 1 of KeyValue and a
+    // string value field 1 of AnyValue (both tag 0x0A). Looking for tag, length and text finds
+    // the field itself, not the same letters inside a longer string.
+    let field = |tag: u8, text: &str| -> Vec<u8> {
+        let len = u8::try_from(text.len()).expect("a short string");
+        [vec![tag, len], text.as_bytes().to_vec()].concat()
+    };
+    let has = |needle: &[u8]| all.windows(needle.len()).any(|w| w == needle);
+    assert!(has(&field(0x2A, "job")), "no span named job");
+    for key in [
+        "id",
         "token",
-        "rowclaim_jobs",
-        "traced",
-        "mail",
-        "rowclaim",
+        "source",
+        "queue",
+        "kind",
+        "attempt",
+        "service.name",
     ] {
-        assert!(has(needle), "{needle:?} not in what the collector got");
+        assert!(has(&field(0x0A, key)), "no attribute {key:?}");
+    }
+    for value in ["traced", "mail", "main.rowclaim_jobs"] {
+        assert!(has(&field(0x0A, value)), "no attribute value {value:?}");
     }
     for token in &tokens {
         assert!(
-            has(token),
+            has(&field(0x0A, token)),
             "the span of the job run under token {token} was not sent"
         );
     }

@@ -5,7 +5,8 @@
 //! Without an installed recorder every call here costs next to nothing.
 //!
 //! Every worker metric carries three labels:
-//! - `source`: the table (`rowclaim_jobs` for the managed queue), as the claimer names it;
+//! - `source`: the table as the catalog names it ([`crate::Claimer::source_name`], e.g.
+//!   `public.rowclaim_jobs`), so that a worker's series and the table's gauges join;
 //! - `queue`: the managed queues the worker serves, comma-separated and sorted (empty for a
 //!   table of your own);
 //! - `strategy`: the claim strategy in use (never `auto`).
@@ -152,7 +153,7 @@ impl WorkerMetrics {
             })
             .unwrap_or_default();
         let labels = vec![
-            Label::new("source", claimer.table_name().to_owned()),
+            Label::new("source", claimer.source_name().to_owned()),
             Label::new("queue", queue),
             Label::new("strategy", claimer.strategy().to_string()),
         ];

@@ -72,12 +72,23 @@ async fn rows_and_release(t: Arc<TestDb>, strategy: Strategy) {
     assert_eq!(rest.len(), 2, "{rest:?}");
 
     let id = held[0].id.clone();
-    assert!(look.release_row(&id).await.expect("release"), "it was held");
+    // Given back only while the holder the operator saw still holds it.
+    let other = "01999999-0000-7000-8000-000000000000";
+    assert!(
+        !look.release_row(&id, Some(other)).await.expect("release"),
+        "another holder's row is left alone"
+    );
+    let row = look.row(&id).await.expect("row").expect("still there");
+    assert_eq!(row.owner.as_deref(), Some(token.as_str()), "{row:?}");
+    assert!(
+        look.release_row(&id, Some(&token)).await.expect("release"),
+        "it was held"
+    );
     let row = look.row(&id).await.expect("row").expect("still there");
     assert_eq!(row.status, "ready");
     assert_eq!(row.owner, None, "{row:?}");
     assert!(
-        !look.release_row(&id).await.expect("again"),
+        !look.release_row(&id, None).await.expect("again"),
         "nothing held now"
     );
     // Fencing: the holder's result for the released row is refused, the other row still its.
@@ -100,6 +111,50 @@ async fn rows_in_lease_table(t: Arc<TestDb>) {
     rows_and_release(t, Strategy::LeaseTable).await
 }
 
+async fn rows_optimistic(t: Arc<TestDb>) {
+    rows_and_release(t, Strategy::Optimistic).await
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn rows_skip_locked(t: Arc<TestDb>) {
+    rows_and_release(t, Strategy::SkipLocked).await
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+/// A row a `transaction` claimer of the same table holds in its open transaction: a release
+/// fails at once (it would otherwise wait for that transaction, on MySQL/MariaDB for its lock
+/// timeout again and again), and the claimer still settles its row.
+async fn release_does_not_wait_for_a_transaction(t: Arc<TestDb>) {
+    t.jobs(2).await;
+    let db = t.db().await;
+    // The first claim records the table as claimed in place (token); a transaction claimer keeps
+    // its claims in the table too, so it may share it.
+    let first = db
+        .claimer(harness_source(), Strategy::Token)
+        .await
+        .expect("claimer");
+    let c = first
+        .claim(1, Duration::from_secs(3600))
+        .await
+        .expect("claim");
+    c.complete(&c.rows()[0].id).await.expect("complete");
+    let tx_claimer = db
+        .claimer(harness_source(), Strategy::Transaction)
+        .await
+        .expect("a transaction claimer");
+    let held = tx_claimer
+        .claim(1, Duration::from_secs(3600))
+        .await
+        .expect("claim in a transaction");
+    let id = held.rows()[0].id.clone();
+    let err = first
+        .release_row(&id, None)
+        .await
+        .expect_err("the row is locked by the open transaction");
+    assert_eq!(err.kind(), ErrorKind::LockConflict, "{err}");
+    held.complete(&id).await.expect("the holder still settles");
+}
+
 /// Without an owner column there is no token to fence a holder out by: an operator's release
 /// is refused, and the row stays with its holder, who settles it.
 async fn release_needs_a_fence(t: Arc<TestDb>) {
@@ -116,7 +171,10 @@ async fn release_needs_a_fence(t: Arc<TestDb>) {
         .await
         .expect("claim");
     let id = claim.rows()[0].id.clone();
-    let err = worker.release_row(&id).await.expect_err("no owner column");
+    let err = worker
+        .release_row(&id, None)
+        .await
+        .expect_err("no owner column");
     assert_eq!(err.kind(), ErrorKind::BadInput, "{err}");
     assert!(err.to_string().contains("owner column"), "{err}");
     claim
@@ -192,6 +250,10 @@ macro_rules! look_cases {
                 with_db($backend, super::rows_in_lease_table).await
             }
             #[tokio::test(flavor = "multi_thread")]
+            async fn rows_optimistic() {
+                with_db($backend, super::rows_optimistic).await
+            }
+            #[tokio::test(flavor = "multi_thread")]
             async fn release_needs_a_fence() {
                 with_db($backend, super::release_needs_a_fence).await
             }
@@ -202,6 +264,27 @@ macro_rules! look_cases {
         }
     };
 }
+
+/// Cases for servers with row locks and SKIP LOCKED (not SQLite).
+macro_rules! row_lock_cases {
+    ($name:ident, $backend:expr, $feature:literal) => {
+        #[cfg(feature = $feature)]
+        mod $name {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread")]
+            async fn rows_skip_locked() {
+                with_db($backend, super::rows_skip_locked).await
+            }
+            #[tokio::test(flavor = "multi_thread")]
+            async fn release_does_not_wait_for_a_transaction() {
+                with_db($backend, super::release_does_not_wait_for_a_transaction).await
+            }
+        }
+    };
+}
+
+row_lock_cases!(postgres_locks, Backend::Postgres, "postgres");
+row_lock_cases!(mysql_locks, Backend::MySql, "mysql");
 
 look_cases!(postgres, Backend::Postgres, "postgres");
 look_cases!(mysql, Backend::MySql, "mysql");

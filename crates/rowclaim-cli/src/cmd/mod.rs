@@ -133,10 +133,11 @@ pub enum Command {
     /// Serve a web dashboard of the managed queue and the own tables rowclaim has claimed:
     /// counts by status, charts, running jobs and claimed rows with their holders, jobs and rows
     /// one by one; retry, cancel or delete a job, give a held row back (each confirmed, logged
-    /// and listed on its actions page). It prints one line on stdout, the address to open with
-    /// its login token: `dashboard at http://127.0.0.1:8080/login?token=…`. Only that token
-    /// opens a session; every action also needs the session's CSRF token. Plain HTTP, so on a
-    /// loopback address only, unless --behind-tls-proxy.
+    /// and listed on its actions page). It prints two lines on stdout: the address to open with
+    /// its login token (`dashboard at http://127.0.0.1:8080/login?token=…`) and where /metrics
+    /// is with the bearer token a scraper presents. Only the login token opens a session; every
+    /// action also needs the session's CSRF token. Plain HTTP, so on a loopback address only,
+    /// unless --behind-tls-proxy.
     #[command(after_help = exit::AFTER_HELP.as_str())]
     Dashboard(dashboard::DashboardArgs),
     /// Print a completion script for SHELL on stdout, e.g.

@@ -142,9 +142,17 @@ pub(crate) trait ClaimStore: run::Run {
     /// Rows as stored, in id order, with who holds them and until when (for looking at a
     /// source, not for claiming).
     async fn rows(&self, m: &Mapping, strategy: Strategy, q: &RowQuery) -> Result<Vec<StoredRow>>;
-    /// Gives the claimed row `id` back whoever holds it: ready, owner and lease cleared, its
-    /// entry in `rowclaim_leases` removed. Returns how many rows (or leases) changed.
-    async fn release_row(&self, m: &Mapping, strategy: Strategy, id: &RowId) -> Result<u64>;
+    /// Gives the claimed row `id` back: ready, owner and lease cleared, its entry in
+    /// `rowclaim_leases` removed; only while `holder` holds it, when given. A row locked by an
+    /// open transaction (a `transaction` claimer of the same table) is [`crate::Error::Locked`]
+    /// at once, not waited for. Returns how many rows (or leases) changed.
+    async fn release_row(
+        &self,
+        m: &Mapping,
+        strategy: Strategy,
+        id: &RowId,
+        holder: Option<&str>,
+    ) -> Result<u64>;
 }
 
 /// One of the databases this build has a driver for.
@@ -383,7 +391,13 @@ impl Backend {
     ) -> Result<Vec<StoredRow>> {
         dispatch!(self, d => d.rows(m, s, q).await)
     }
-    pub(crate) async fn release_row(&self, m: &Mapping, s: Strategy, id: &RowId) -> Result<u64> {
-        dispatch!(self, d => d.release_row(m, s, id).await)
+    pub(crate) async fn release_row(
+        &self,
+        m: &Mapping,
+        s: Strategy,
+        id: &RowId,
+        holder: Option<&str>,
+    ) -> Result<u64> {
+        dispatch!(self, d => d.release_row(m, s, id, holder).await)
     }
 }

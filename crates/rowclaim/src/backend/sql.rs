@@ -548,16 +548,18 @@ pub(crate) fn rows_sql<D: Dialect>(
     )
 }
 
-/// The statement that gives a claimed row back whoever holds it, for strategies that keep
-/// claims in the table: ready, owner and lease cleared. The holder's token no longer matches,
-/// so fencing refuses whatever it does with the row later.
+/// The statement that gives a claimed row back, for strategies that keep claims in the table:
+/// ready, owner and lease cleared; only while `holder` owns it, when given (and the mapping has
+/// an owner column). The holder's token no longer matches, so fencing refuses whatever it does
+/// with the row later.
 pub(crate) fn release_row_sql<D: Dialect>(
     m: &Mapping,
     b: &mut Binder<D>,
     id: &crate::RowId,
+    holder: Option<&str>,
 ) -> String {
     let set = outcome_set(m, b, &Outcome::Ready);
-    let cond = format!(
+    let mut cond = format!(
         "{} = {} AND {} = {}{}",
         m.id,
         b.value(id),
@@ -565,7 +567,27 @@ pub(crate) fn release_row_sql<D: Dialect>(
         status_literal(&m.claimed),
         m.filter
     );
+    if let (Some(ow), Some(h)) = (&m.owner, holder) {
+        cond.push_str(&format!(" AND {ow} = {}", b.bind(h.to_owned())));
+    }
     change_sql(m, Some(&set), &cond)
+}
+
+/// The locking read a release takes first, `wait_clause` being the dialect's NOWAIT: a row that
+/// a `transaction` claimer holds in its open transaction fails at once instead of keeping the
+/// releasing connection waiting for that transaction.
+pub(crate) fn lock_row_sql<D: Dialect>(
+    m: &Mapping,
+    b: &mut Binder<D>,
+    id: &crate::RowId,
+    wait_clause: &str,
+) -> String {
+    format!(
+        "SELECT 1 FROM {} WHERE {} = {} FOR UPDATE{wait_clause}",
+        m.table,
+        m.id,
+        b.value(id)
+    )
 }
 
 /// A row held by the transaction strategy is locked by its claimer's open transaction: an

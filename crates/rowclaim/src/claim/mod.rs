@@ -240,6 +240,13 @@ impl Claimer {
         &self.inner.m.table_display
     }
 
+    /// The table as the database's catalog names it (`schema.table`; `main.table` on SQLite):
+    /// the same for every claimer of the table however its name was written, as
+    /// `rowclaim_sources` records it and as metrics and traces label it.
+    pub fn source_name(&self) -> &str {
+        &self.inner.m.source_key
+    }
+
     /// Parses an id given as text (e.g. on the command line) for this source's id column.
     pub fn parse_id(&self, text: &str) -> Result<RowId> {
         self.inner.m.id_kind.parse(text, "row id")

@@ -98,17 +98,21 @@ impl Claimer {
         Ok(self.look(&q).await?.into_iter().next())
     }
 
-    /// Gives the claimed row `id` back, whoever holds it: ready again, its owner and lease
-    /// cleared; for a source whose claims are kept in `rowclaim_leases`, its lease there is
-    /// removed. The holder is fenced out: whatever it later does with the row by its token is
-    /// refused with [`Error::LeaseLost`]. Only rows the source's filter lets through are
-    /// released. Returns whether a row was held.
+    /// Gives the claimed row `id` back: ready again, its owner and lease cleared; for a source
+    /// whose claims are kept in `rowclaim_leases`, its lease there is removed. With `holder`
+    /// (a claim token, as [`SourceRow::owner`] showed it), only while that claim still holds the
+    /// row: an operator who saw one holder never throws out another that took the row since.
+    /// The holder is fenced out: whatever it later does with the row by its token is refused
+    /// with [`Error::LeaseLost`]. Only rows the source's filter lets through are released.
+    /// Returns whether a row was given back.
     ///
     /// Refused ([`Error::Unsupported`]) for the transaction strategy, whose rows are held by
     /// the claiming process's open transaction, and for a source with neither an owner column
     /// nor the lease table: there is no token to fence the holder out by, so its later result
-    /// would land on the row after another worker claimed it.
-    pub async fn release_row(&self, id: &RowId) -> Result<bool> {
+    /// would land on the row after another worker claimed it. A row locked by an open
+    /// transaction (a `transaction` claimer of the same table) fails at once with
+    /// [`Error::Locked`] on PostgreSQL and MySQL/MariaDB, instead of waiting for it.
+    pub async fn release_row(&self, id: &RowId, holder: Option<&str>) -> Result<bool> {
         let m = self.mapping();
         if m.owner.is_none() && self.strategy() != crate::Strategy::LeaseTable {
             return Err(Error::Unsupported(format!(
@@ -120,8 +124,12 @@ impl Claimer {
         }
         // An id of the wrong kind would otherwise be a database error about a cast.
         let id = m.id_kind.parse(&id.to_string(), "row id")?;
-        let changed =
-            retry_transient!(self.db().backend.release_row(m, self.strategy(), &id).await)?;
+        let changed = retry_transient!(
+            self.db()
+                .backend
+                .release_row(m, self.strategy(), &id, holder)
+                .await
+        )?;
         Ok(changed > 0)
     }
 

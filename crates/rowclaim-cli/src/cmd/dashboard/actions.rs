@@ -10,7 +10,9 @@ use std::time::SystemTime;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::Extension;
+use axum::{Extension, Form};
+
+use rowclaim_bench::AUDIT;
 
 use super::auth::Who;
 use super::pages::path_segment;
@@ -42,6 +44,7 @@ pub struct ActionLog {
 impl ActionLog {
     fn push(&self, a: Action) {
         tracing::info!(
+            target: AUDIT,
             who = %a.who,
             action = %a.what,
             target = %a.target,
@@ -106,17 +109,36 @@ pub async fn job(
     Redirect::to(&back).into_response()
 }
 
-/// `POST /sources/{table}/rows/{id}/release`: gives a claimed row back, whoever holds it.
+/// The release form: the holder the row's page showed, so that a row another claim took since
+/// is not given back in its place.
+#[derive(serde::Deserialize)]
+pub struct ReleaseForm {
+    #[serde(default)]
+    holder: String,
+}
+
+/// `POST /sources/{table}/rows/{id}/release`: gives a claimed row back, if the holder the page
+/// showed still holds it.
 pub async fn release_row(
     State(state): State<St>,
     Extension(who): Extension<Who>,
     Path((table, id)): Path<(String, String)>,
+    Form(form): Form<ReleaseForm>,
 ) -> Response {
+    let holder = Some(form.holder.trim()).filter(|h| !h.is_empty());
     let outcome = match state.source(&table).await {
         Ok(Some((_, claimer))) => match claimer.parse_id(&id) {
-            Ok(row) => match claimer.release_row(&row).await {
+            Ok(row) => match claimer.release_row(&row, holder).await {
                 Ok(true) => "done".to_owned(),
+                Ok(false) if holder.is_some() => {
+                    "not held by that claim any more (nothing given back)".to_owned()
+                }
                 Ok(false) => "not claimed (nothing to give back)".to_owned(),
+                Err(e) if e.kind() == rowclaim::ErrorKind::LockConflict => {
+                    "locked by an open transaction (a transaction-strategy claimer): it comes \
+                     back when that transaction ends"
+                        .to_owned()
+                }
                 Err(e) => format!("failed: {e}"),
             },
             Err(e) => format!("failed: {e}"),
@@ -128,7 +150,7 @@ pub async fn release_row(
         at: SystemTime::now(),
         who: who.to_string(),
         what: "release row".to_owned(),
-        target: format!("{table} row {id}"),
+        target: format!("{} row {}", shown(&table), shown(&id)),
         outcome,
     });
     Redirect::to(&format!(
@@ -137,4 +159,28 @@ pub async fn release_row(
         path_segment(&id)
     ))
     .into_response()
+}
+
+/// A name from the request's path as the log and the actions page show it: quoted, with control
+/// characters escaped (no forged log lines), and cut short.
+fn shown(text: &str) -> String {
+    const MOST: usize = 80;
+    let mut quoted = format!("{text:?}");
+    if let Some((cut, _)) = quoted.char_indices().nth(MOST) {
+        quoted.truncate(cut);
+        quoted.push('…');
+    }
+    quoted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown;
+
+    #[test]
+    fn path_names_are_escaped_and_cut() {
+        assert_eq!(shown("jobs"), "\"jobs\"");
+        assert_eq!(shown("a\nb\u{1b}[31m"), "\"a\\nb\\u{1b}[31m\"");
+        assert!(shown(&"x".repeat(500)).chars().count() <= 81);
+    }
 }

@@ -16,6 +16,7 @@ use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::html;
+use rowclaim_bench::AUDIT;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
@@ -37,6 +38,9 @@ const MOST_SESSIONS: usize = 256;
 /// The start token and the sessions it opened.
 pub struct Auth {
     token: String,
+    /// What a scraper presents for `/metrics` (a bearer token): not the start token, so that a
+    /// Prometheus configuration holds no credential that can log in and act.
+    metrics_token: String,
     /// Session id → the session and when it was last used.
     sessions: Mutex<HashMap<String, (Session, Instant)>>,
     /// Behind a TLS proxy the cookie is marked Secure.
@@ -69,9 +73,10 @@ impl std::fmt::Display for Who {
 }
 
 impl Auth {
-    pub fn new(token: String, secure_cookie: bool) -> Auth {
+    pub fn new(token: String, metrics_token: String, secure_cookie: bool) -> Auth {
         Auth {
             token,
+            metrics_token,
             sessions: Mutex::default(),
             secure_cookie,
         }
@@ -131,9 +136,13 @@ pub fn random_hex(n: usize) -> Result<String, getrandom::Error> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Whether two secrets are equal, taking as long whatever the first difference.
+/// Whether two secrets are equal, taking as long whatever the first difference and whatever
+/// their lengths: their digests are compared (a comparison of the texts themselves would end at
+/// once on a length mismatch, telling the length of an operator's token).
 pub fn same_secret(a: &str, b: &str) -> bool {
-    a.as_bytes().ct_eq(b.as_bytes()).into()
+    use sha2::{Digest, Sha256};
+    let (a, b) = (Sha256::digest(a.as_bytes()), Sha256::digest(b.as_bytes()));
+    a[..].ct_eq(&b[..]).into()
 }
 
 fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
@@ -152,19 +161,47 @@ pub struct LoginQuery {
     token: Option<String>,
 }
 
-/// `GET /login?token=…`: a right token opens a session and goes to the overview (out of the
-/// address bar, the token is not kept in history as the page's address); without one, the
-/// login form; a wrong one, the form again with 401.
-pub async fn login(
+/// `GET /login?token=…`, the address printed at start: a right token opens a session and goes
+/// to the overview (out of the address bar, so the token is not kept in history as the page's
+/// address); without one, the login form; a wrong one, the form again with 401.
+pub async fn login_link(
     State(state): State<St>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Query(q): Query<LoginQuery>,
 ) -> Response {
-    let Some(given) = q.token.filter(|t| !t.is_empty()) else {
-        return (StatusCode::OK, login_page(None)).into_response();
-    };
+    match q.token.filter(|t| !t.is_empty()) {
+        None => (StatusCode::OK, login_page(None)).into_response(),
+        Some(given) => log_in(&state, peer, &given),
+    }
+}
+
+/// `POST /login` from the login form: the token in the body, so that a pasted token never
+/// stands in an address (a proxy's access log, the browser's history). Only from this
+/// dashboard's own page (Origin or Referer), so another site cannot log a browser in.
+pub async fn login_form(
+    State(state): State<St>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if !same_origin(&headers) {
+        tracing::warn!(target: AUDIT, peer = %peer.ip(), "dashboard: refused a login form from another site");
+        return (
+            StatusCode::FORBIDDEN,
+            "refused: it came from another site\n",
+        )
+            .into_response();
+    }
+    match form_field(&body, "token").filter(|t| !t.is_empty()) {
+        None => (StatusCode::OK, login_page(None)).into_response(),
+        Some(given) => log_in(&state, peer, &given),
+    }
+}
+
+/// Opens a session for the right start token.
+fn log_in(state: &St, peer: SocketAddr, given: &str) -> Response {
     if !same_secret(given.trim(), &state.auth.token) {
-        tracing::warn!(peer = %peer.ip(), "dashboard: a login with a wrong token was refused");
+        tracing::warn!(target: AUDIT, peer = %peer.ip(), "dashboard: a login with a wrong token was refused");
         return (
             StatusCode::UNAUTHORIZED,
             login_page(Some("That token is not this dashboard's.")),
@@ -178,13 +215,14 @@ pub async fn login(
             return StatusCode::INTERNAL_SERVER_ERROR.into_response();
         }
     };
-    tracing::info!(session = %session.name, peer = %peer.ip(), "dashboard: logged in");
+    tracing::info!(target: AUDIT, session = %session.name, peer = %peer.ip(), "dashboard: logged in");
     let secure = if state.auth.secure_cookie {
         "; Secure"
     } else {
         ""
     };
     let cookie = format!("{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict{secure}");
+    // 303: the browser follows with a GET, and a reload of the overview posts nothing again.
     ([(header::SET_COOKIE, cookie)], Redirect::to("/")).into_response()
 }
 
@@ -192,7 +230,7 @@ pub async fn login(
 pub async fn logout(State(state): State<St>, headers: HeaderMap) -> Response {
     if let Some((id, session)) = state.auth.session(&headers) {
         state.auth.close_session(&id);
-        tracing::info!(session = %session.name, "dashboard: logged out");
+        tracing::info!(target: AUDIT, session = %session.name, "dashboard: logged out");
     }
     let gone = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
     ([(header::SET_COOKIE, gone)], Redirect::to("/login")).into_response()
@@ -205,7 +243,7 @@ fn login_page(problem: Option<&str>) -> maud::Markup {
             h1 { "rowclaim dashboard" }
             @if let Some(p) = problem { p.problem { (p) } }
             p { "Open the address " code { "rowclaim dashboard" } " printed when it started, or paste its token:" }
-            form method="get" action="/login" {
+            form method="post" action="/login" {
                 input type="password" name="token" autocomplete="off" placeholder="token" autofocus;
                 " "
                 button type="submit" { "Log in" }
@@ -238,7 +276,7 @@ pub async fn require_session(State(state): State<St>, req: Request, next: Next) 
     next.run(req).await
 }
 
-/// For `/metrics`, which a scraper reads without a browser: the start token as a bearer token
+/// For `/metrics`, which a scraper reads without a browser: the metrics token as a bearer token
 /// (Prometheus' `authorization` in a scrape config), or a session. Never a POST.
 pub async fn require_bearer_or_session(
     State(state): State<St>,
@@ -250,7 +288,7 @@ pub async fn require_bearer_or_session(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|t| same_secret(t.trim(), &state.auth.token));
+        .is_some_and(|t| same_secret(t.trim(), &state.auth.metrics_token));
     if req.method() != Method::GET {
         return StatusCode::METHOD_NOT_ALLOWED.into_response();
     }
@@ -260,7 +298,7 @@ pub async fn require_bearer_or_session(
     (
         StatusCode::UNAUTHORIZED,
         [(header::WWW_AUTHENTICATE, "Bearer")],
-        "the dashboard's token is required: Authorization: Bearer <token>\n",
+        "the dashboard's metrics token is required: Authorization: Bearer <metrics token>\n",
     )
         .into_response()
 }
@@ -269,7 +307,7 @@ pub async fn require_bearer_or_session(
 /// back for the handler.
 async fn checked_post(state: &St, who: &Who, req: Request) -> Result<Request, Response> {
     let refuse = |why: &str| {
-        tracing::warn!(who = %who, path = %req.uri().path(), "dashboard: refused a POST: {why}");
+        tracing::warn!(target: AUDIT, who = %who, path = %req.uri().path(), "dashboard: refused a POST: {why}");
         (StatusCode::FORBIDDEN, format!("refused: {why}\n")).into_response()
     };
     // Logging out changes no data: read-only dashboards allow it.
@@ -289,7 +327,7 @@ async fn checked_post(state: &St, who: &Who, req: Request) -> Result<Request, Re
         Some(t) if same_secret(&t, &who.session.csrf) => Ok(req),
         _ => {
             let why = "no or a wrong CSRF token";
-            tracing::warn!(who = %who, path = %req.uri().path(), "dashboard: refused a POST: {why}");
+            tracing::warn!(target: AUDIT, who = %who, path = %req.uri().path(), "dashboard: refused a POST: {why}");
             Err((StatusCode::FORBIDDEN, format!("refused: {why}\n")).into_response())
         }
     }

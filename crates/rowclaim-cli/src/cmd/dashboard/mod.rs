@@ -24,6 +24,7 @@ use clap::Args;
 use rowclaim::{ConnectOptions, Db};
 
 use crate::error::CliError;
+use auth::same_secret;
 
 #[derive(Args, Debug)]
 pub struct DashboardArgs {
@@ -31,9 +32,14 @@ pub struct DashboardArgs {
     /// a loopback address unless --behind-tls-proxy.
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Read the login token from this file (its first line) instead of making a random one.
+    /// Read the login token from this file (its first line) instead of making a random one; the
+    /// start line then names the address without it.
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
+    /// Read the token a scraper presents for /metrics (`Authorization: Bearer …`) from this file
+    /// instead of making a random one. It opens /metrics only, never a session.
+    #[arg(long, value_name = "PATH")]
+    pub metrics_token_file: Option<PathBuf>,
     /// TLS is terminated by a proxy in front of the dashboard: allows a non-loopback --listen,
     /// and marks the session cookie Secure.
     #[arg(long)]
@@ -58,17 +64,19 @@ pub async fn run(url: &str, a: DashboardArgs) -> Result<(), CliError> {
             a.listen
         )));
     }
-    let token = match &a.token_file {
-        Some(path) => read_token(path)?,
-        None => auth::random_hex(32).map_err(|e| CliError::Io {
-            what: "making a token from the operating system's random numbers",
-            source: std::io::Error::other(e.to_string()),
-        })?,
-    };
+    let token = token_from(a.token_file.as_deref(), "--token-file")?;
+    let metrics_token = token_from(a.metrics_token_file.as_deref(), "--metrics-token-file")?;
+    if same_secret(&token, &metrics_token) {
+        return Err(CliError::BadInput(
+            "--metrics-token-file: the metrics token must differ from the login token (it \
+             would open a session)"
+                .into(),
+        ));
+    }
     let db = Db::connect_with(url, ConnectOptions::default().max_connections(4)).await?;
     let state = Arc::new(server::Dashboard::new(
         db,
-        auth::Auth::new(token.clone(), a.behind_tls_proxy),
+        auth::Auth::new(token.clone(), metrics_token.clone(), a.behind_tls_proxy),
         a.read_only,
         sampler::History::default(),
     ));
@@ -84,9 +92,32 @@ pub async fn run(url: &str, a: DashboardArgs) -> Result<(), CliError> {
         sources: recorded_sources(state.clone()),
     })?;
     let app = server::router(state, metrics);
-    // The one line that holds the token: on stdout, for the operator (and tests) to open.
-    let query: String = form_urlencoded::byte_serialize(token.as_bytes()).collect();
-    println!("dashboard at http://{at}/login?token={query}");
+    // The start lines, on stdout for the operator (and tests) to open. A token the operator
+    // chose (a file) is theirs to know already: it is never printed, so that stdout kept in a
+    // journal holds no lasting credential.
+    let login = match &a.token_file {
+        None => {
+            let query: String = form_urlencoded::byte_serialize(token.as_bytes()).collect();
+            format!("dashboard at http://{at}/login?token={query}")
+        }
+        Some(path) => format!(
+            "dashboard at http://{at}/login (the token is in {})",
+            path.display()
+        ),
+    };
+    let metrics_line = match &a.metrics_token_file {
+        None => format!("metrics at http://{at}/metrics (Authorization: Bearer {metrics_token})"),
+        Some(path) => format!(
+            "metrics at http://{at}/metrics (Authorization: Bearer, the token in {})",
+            path.display()
+        ),
+    };
+    // Whoever reads stdout may have gone (a closed pipe): the dashboard serves on regardless.
+    {
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{login}\n{metrics_line}").and_then(|()| out.flush());
+    }
     crate::say::say!(
         "serving the dashboard on {at}{}; Ctrl-C stops it",
         if a.read_only { " (read-only)" } else { "" }
@@ -125,14 +156,21 @@ fn recorded_sources(state: server::State) -> crate::prometheus::SourceList {
     })
 }
 
-/// The token in `path`: its first line, trimmed, long enough to be a secret.
-fn read_token(path: &std::path::Path) -> Result<String, CliError> {
+/// The token in `path` (`flag`'s file: its first line, trimmed, long enough to be a secret), or
+/// a random one without a file.
+fn token_from(path: Option<&std::path::Path>, flag: &str) -> Result<String, CliError> {
+    let Some(path) = path else {
+        return auth::random_hex(32).map_err(|e| CliError::Io {
+            what: "making a token from the operating system's random numbers",
+            source: std::io::Error::other(e.to_string()),
+        });
+    };
     let text = std::fs::read_to_string(path)
-        .map_err(|e| CliError::BadInput(format!("--token-file {}: {e}", path.display())))?;
+        .map_err(|e| CliError::BadInput(format!("{flag} {}: {e}", path.display())))?;
     let token = text.lines().next().unwrap_or_default().trim().to_owned();
     if token.chars().count() < MIN_TOKEN {
         return Err(CliError::BadInput(format!(
-            "--token-file {}: the token must have at least {MIN_TOKEN} characters",
+            "{flag} {}: the token must have at least {MIN_TOKEN} characters",
             path.display()
         )));
     }

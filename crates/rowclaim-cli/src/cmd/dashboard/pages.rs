@@ -509,11 +509,20 @@ fn job_table(jobs: &[JobRecord]) -> Markup {
     }
 }
 
-/// A form that POSTs `action` with the session's CSRF token, after the browser asks to confirm.
-fn action_button(who: &Who, action: &str, label: &str, confirm: &str, danger: bool) -> Markup {
+/// A form that POSTs `action` with the session's CSRF token (and the `fields`), after the
+/// browser asks to confirm.
+fn action_button(
+    who: &Who,
+    action: &str,
+    fields: &[(&str, &str)],
+    label: &str,
+    confirm: &str,
+    danger: bool,
+) -> Markup {
     html! {
         form.inline method="post" action=(action) data-confirm=(confirm) onsubmit="return confirm(this.dataset.confirm)" {
             input type="hidden" name="csrf" value=(who.session.csrf);
+            @for (name, value) in fields { input type="hidden" name=(name) value=(value); }
             button.danger[danger] type="submit" { (label) }
         }
     }
@@ -607,13 +616,13 @@ pub async fn job(
             h2 { "Actions" }
             p #actions {
                 @if st == "dead" || st == "cancelled" {
-                    (action_button(&who, &format!("/jobs/{id}/retry"), "Retry", &format!("Retry job {id} (ready again, attempts reset)?"), false)) " "
+                    (action_button(&who, &format!("/jobs/{id}/retry"), &[], "Retry", &format!("Retry job {id} (ready again, attempts reset)?"), false)) " "
                 }
                 @if st == "ready" || st == "running" {
-                    (action_button(&who, &format!("/jobs/{id}/cancel"), "Cancel", &format!("Cancel job {id}? A running job's result will be refused."), true)) " "
+                    (action_button(&who, &format!("/jobs/{id}/cancel"), &[], "Cancel", &format!("Cancel job {id}? A running job's result will be refused."), true)) " "
                 }
                 @if st != "running" {
-                    (action_button(&who, &format!("/jobs/{id}/delete"), "Delete", &format!("Delete job {id} for good?"), true))
+                    (action_button(&who, &format!("/jobs/{id}/delete"), &[], "Delete", &format!("Delete job {id} for good?"), true))
                 }
             }
         }
@@ -797,6 +806,7 @@ pub async fn row(
                 (action_button(
                     &who,
                     &format!("/sources/{}/rows/{}/release", path_segment(&table), path_segment(&id)),
+                    &[("holder", row.owner.as_deref().unwrap_or_default())],
                     "Release",
                     &format!("Give row {id} back (ready again)? Its holder's result will be refused."),
                     true,

@@ -77,7 +77,8 @@ impl Dashboard {
     }
 }
 
-/// The dashboard's routes, over `state`. Every route but the login page asks for a session
+/// The dashboard's routes, over `state`. Every route but the login page (and `/metrics`, which
+/// asks for the metrics token or a session) asks for a session
 /// (see `auth::require_session`); every POST also for the session's CSRF token, a matching
 /// origin, and a dashboard that is not read-only. A route merged in here (`.merge(…)`) before
 /// the session layer is applied gets the same protection; see `with_session`.
@@ -95,13 +96,13 @@ pub fn router(state: State, metrics: Arc<crate::prometheus::Endpoint>) -> Router
             post(actions::release_row),
         )
         .route("/logout", post(auth::logout));
-    // Prometheus text for a scraper: the start token as a bearer token, or a session.
+    // Prometheus text for a scraper: the metrics token as a bearer token, or a session.
     let metrics = crate::prometheus::router(metrics).layer(axum::middleware::from_fn_with_state(
         state.clone(),
         auth::require_bearer_or_session,
     ));
     with_session(pages, state.clone())
-        .route("/login", get(auth::login))
+        .route("/login", get(auth::login_link).post(auth::login_form))
         .with_state(state)
         .merge(metrics)
         .layer(axum::middleware::map_response(guard_headers))

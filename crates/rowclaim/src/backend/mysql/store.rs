@@ -254,28 +254,57 @@ impl ClaimStore for My {
             .collect()
     }
 
-    async fn release_row(&self, m: &Mapping, strategy: Strategy, id: &RowId) -> Result<u64> {
-        let mut b = B::new();
-        let back = sql::release_row_sql(m, &mut b, id);
-        match strategy {
-            Strategy::Transaction => Err(sql::release_refused(m)),
-            Strategy::LeaseTable => {
-                // Both or neither: the lease goes (the holder's settle finds no lease of its
-                // token) and the row, if marked claimed, is ready again.
-                let mut tx = self.begin().await?;
-                let gone =
-                    sqlx::query("DELETE FROM rowclaim_leases WHERE source = ? AND row_id = ?")
-                        .bind(m.source_key.clone())
-                        .bind(id.to_string())
-                        .execute(&mut *tx)
-                        .await?
-                        .rows_affected();
-                let changed = b.query(back)?.execute(&mut *tx).await?.rows_affected();
-                tx.commit().await?;
-                Ok(gone + changed)
-            }
-            _ => run::Run::execute(self, sql::Stmt::new(back, b)).await,
+    async fn release_row(
+        &self,
+        m: &Mapping,
+        strategy: Strategy,
+        id: &RowId,
+        holder: Option<&str>,
+    ) -> Result<u64> {
+        if strategy == Strategy::Transaction {
+            return Err(sql::release_refused(m));
         }
+        let mut tx = self.begin().await?;
+        let mut b = B::new();
+        let lock = sql::lock_row_sql(m, &mut b, id, " NOWAIT");
+        // MariaDB answers NOWAIT on a locked row with its lock-wait timeout (1205), MySQL with
+        // its own code: both mean the row is held by an open transaction.
+        b.query(lock)?
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| match crate::error::db_kind(&e) {
+                Some(DbKind::Transient | DbKind::LockConflict) => Error::Locked,
+                _ => Error::Database(e),
+            })?;
+        // Both or neither: the lease goes (the holder's settle finds no lease of its token)
+        // and the row, if marked claimed, is ready again.
+        let gone = if strategy == Strategy::LeaseTable {
+            let mut b = B::new();
+            let mut delete = format!(
+                "DELETE FROM rowclaim_leases WHERE source = {} AND row_id = {}",
+                b.bind(m.source_key.clone()),
+                b.bind(id.to_string())
+            );
+            if let Some(h) = holder {
+                delete.push_str(&format!(" AND token = {}", b.bind(h.to_owned())));
+            }
+            let gone = b.query(delete)?.execute(&mut *tx).await?.rows_affected();
+            if gone == 0 && holder.is_some() {
+                // Not held by that holder (any more): nothing to give back.
+                return Ok(0);
+            }
+            gone
+        } else {
+            0
+        };
+        let mut b = B::new();
+        let in_table = (strategy != Strategy::LeaseTable)
+            .then_some(holder)
+            .flatten();
+        let back = sql::release_row_sql(m, &mut b, id, in_table);
+        let changed = b.query(back)?.execute(&mut *tx).await?.rows_affected();
+        tx.commit().await?;
+        Ok(gone + changed)
     }
 
     async fn held_end(held: Self::Held, commit: bool) -> Result<()> {

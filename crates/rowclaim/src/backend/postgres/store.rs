@@ -176,28 +176,62 @@ impl ClaimStore for Pg {
             .collect())
     }
 
-    async fn release_row(&self, m: &Mapping, strategy: Strategy, id: &RowId) -> Result<u64> {
+    async fn release_row(
+        &self,
+        m: &Mapping,
+        strategy: Strategy,
+        id: &RowId,
+        holder: Option<&str>,
+    ) -> Result<u64> {
+        if strategy == Strategy::Transaction {
+            return Err(sql::release_refused(m));
+        }
+        let mut tx = self.begin().await?;
         let mut b = B::new();
-        let sql = match strategy {
-            Strategy::Transaction => return Err(sql::release_refused(m)),
-            Strategy::LeaseTable => {
-                // Both in one statement: the lease goes (the holder's settle finds no lease of
-                // its token) and the row, if marked claimed, is ready again.
-                let source = b.bind(m.source_key.clone());
-                let key = b.bind(id.to_string());
-                let back = sql::release_row_sql(m, &mut b, id);
-                format!(
-                    "WITH gone AS (DELETE FROM rowclaim_leases WHERE source = {source} \
-                     AND row_id = {key} RETURNING 1), back AS ({back} RETURNING 1) \
-                     SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM back)"
-                )
+        let lock = sql::lock_row_sql(m, &mut b, id, " NOWAIT");
+        b.query(lock)?.execute(self.on(&mut tx)).await.map_err(
+            |e| match crate::error::db_kind(&e) {
+                Some(DbKind::LockConflict) => Error::Locked,
+                _ => Error::Database(e),
+            },
+        )?;
+        // The lease and the row change together: the holder's settle then finds no lease of
+        // its token, and the row, if marked claimed, is ready again.
+        let gone = if strategy == Strategy::LeaseTable {
+            let mut b = B::new();
+            let mut delete = format!(
+                "DELETE FROM rowclaim_leases WHERE source = {} AND row_id = {}",
+                b.bind(m.source_key.clone()),
+                b.bind(id.to_string())
+            );
+            if let Some(h) = holder {
+                delete.push_str(&format!(" AND token = {}", b.bind(h.to_owned())));
             }
-            _ => {
-                let sql = sql::release_row_sql(m, &mut b, id);
-                return run::Run::execute(self, sql::Stmt::new(sql, b)).await;
+            let gone = b
+                .query(delete)?
+                .execute(self.on(&mut tx))
+                .await?
+                .rows_affected();
+            if gone == 0 && holder.is_some() {
+                // Not held by that holder (any more): nothing to give back.
+                return Ok(0);
             }
+            gone
+        } else {
+            0
         };
-        Ok(u64::try_from(run::Run::count(self, sql::Stmt::new(sql, b)).await?).unwrap_or(0))
+        let mut b = B::new();
+        let in_table = (strategy != Strategy::LeaseTable)
+            .then_some(holder)
+            .flatten();
+        let back = sql::release_row_sql(m, &mut b, id, in_table);
+        let changed = b
+            .query(back)?
+            .execute(self.on(&mut tx))
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(gone + changed)
     }
 
     async fn held_end(held: Self::Held, commit: bool) -> Result<()> {

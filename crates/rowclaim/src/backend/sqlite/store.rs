@@ -247,25 +247,44 @@ impl ClaimStore for Lite {
             .collect()
     }
 
-    async fn release_row(&self, m: &Mapping, strategy: Strategy, id: &RowId) -> Result<u64> {
-        let mut b = B::new();
-        let back = sql::release_row_sql(m, &mut b, id);
+    async fn release_row(
+        &self,
+        m: &Mapping,
+        strategy: Strategy,
+        id: &RowId,
+        holder: Option<&str>,
+    ) -> Result<u64> {
         if strategy == Strategy::Transaction {
             return Err(sql::release_refused(m));
         }
+        // SQLite has no row locks: the write transaction is the lock.
         let mut tx = self.write().await?;
         let gone = if strategy == Strategy::LeaseTable {
             // With the row's change, in one transaction: the lease goes, so the holder's
             // settle finds no lease of its token.
-            sqlx::query("DELETE FROM rowclaim_leases WHERE source = ? AND row_id = ?")
-                .bind(m.source_key.clone())
-                .bind(id.to_string())
-                .execute(&mut *tx)
-                .await?
-                .rows_affected()
+            let mut b = B::new();
+            let mut delete = format!(
+                "DELETE FROM rowclaim_leases WHERE source = {} AND row_id = {}",
+                b.bind(m.source_key.clone()),
+                b.bind(id.to_string())
+            );
+            if let Some(h) = holder {
+                delete.push_str(&format!(" AND token = {}", b.bind(h.to_owned())));
+            }
+            let gone = b.query(delete)?.execute(&mut *tx).await?.rows_affected();
+            if gone == 0 && holder.is_some() {
+                // Not held by that holder (any more): nothing to give back.
+                return Ok(0);
+            }
+            gone
         } else {
             0
         };
+        let mut b = B::new();
+        let in_table = (strategy != Strategy::LeaseTable)
+            .then_some(holder)
+            .flatten();
+        let back = sql::release_row_sql(m, &mut b, id, in_table);
         let changed = b.query(back)?.execute(&mut *tx).await?.rows_affected();
         tx.commit().await?;
         Ok(gone + changed)

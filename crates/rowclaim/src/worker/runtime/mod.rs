@@ -403,7 +403,7 @@ pub(crate) async fn run(
                 "job",
                 id = %row.id,
                 token = %held.claim.token(),
-                source = %sh.claimer.table_name(),
+                source = %sh.claimer.source_name(),
                 queue = tracing::field::Empty,
                 kind = tracing::field::Empty,
                 attempt = tracing::field::Empty,
@@ -597,7 +597,7 @@ pub(crate) async fn run(
 async fn claim_rows(sh: Arc<Shared>, most: u32) -> Option<Result<Claim>> {
     let span = tracing::debug_span!(
         "claim",
-        source = %sh.claimer.table_name(),
+        source = %sh.claimer.source_name(),
         strategy = %sh.claimer.strategy(),
         most,
         rows = tracing::field::Empty,
