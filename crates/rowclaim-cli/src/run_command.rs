@@ -17,19 +17,32 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// How much of the end of a failed command's stderr is kept with its row (a job's `last_error`).
 pub const STDERR_TAIL: usize = 2048;
 
+/// The exit status by which a command asks to run again later (sysexits' EX_TEMPFAIL).
+pub const SNOOZE_STATUS: i32 = 75;
+
 /// Runs one command per row: the row (or a managed job's payload) as one JSON line on stdin,
 /// its id and token (and a job's kind, attempt and queue) in the environment.
 pub struct RunCommand {
     pub command: Vec<String>,
     /// How long a stopped command gets between SIGTERM and SIGKILL.
     pub kill_after: Duration,
+    /// How long a command that exits with [`SNOOZE_STATUS`] waits before it runs again.
+    pub snooze_for: Duration,
+    /// Most bytes of a command's stdout kept as its output (0: none, and stdout is not piped).
+    pub output_limit: usize,
 }
 
 impl Handler for RunCommand {
     fn run(&self, task: Task) -> TaskFuture {
         let command = self.command.clone();
-        let kill_after = self.kill_after;
-        Box::pin(async move { run_command(&command, kill_after, task).await })
+        let (kill_after, snooze_for, output_limit) =
+            (self.kill_after, self.snooze_for, self.output_limit);
+        Box::pin(async move {
+            match run_command(&command, kill_after, output_limit, task).await {
+                Ran::Result(r) => r,
+                Ran::Snooze => TaskResult::Snooze(snooze_for),
+            }
+        })
     }
 
     fn stop_grace(&self) -> Duration {
@@ -66,9 +79,27 @@ impl Drop for Group {
     }
 }
 
-async fn run_command(command: &[String], kill_after: Duration, task: Task) -> TaskResult {
+/// How a command's run ended.
+enum Ran {
+    Result(TaskResult),
+    /// It exited with [`SNOOZE_STATUS`].
+    Snooze,
+}
+
+impl From<TaskResult> for Ran {
+    fn from(r: TaskResult) -> Ran {
+        Ran::Result(r)
+    }
+}
+
+async fn run_command(
+    command: &[String],
+    kill_after: Duration,
+    output_limit: usize,
+    task: Task,
+) -> Ran {
     let Some((program, args)) = command.split_first() else {
-        return TaskResult::Abort("no COMMAND given after --".into());
+        return TaskResult::Abort("no COMMAND given after --".into()).into();
     };
     let input = match task.job() {
         Some(job) => job.payload.to_string(),
@@ -79,7 +110,11 @@ async fn run_command(command: &[String], kill_after: Duration, task: Task) -> Ta
         .env("ROWCLAIM_ID", task.id().to_string())
         .env("ROWCLAIM_TOKEN", task.token().to_string())
         .stdin(Stdio::piped())
-        .stdout(Stdio::inherit())
+        .stdout(if output_limit > 0 {
+            Stdio::piped()
+        } else {
+            Stdio::inherit()
+        })
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
@@ -108,10 +143,10 @@ async fn run_command(command: &[String], kill_after: Duration, task: Task) -> Ta
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
             ) =>
         {
-            return TaskResult::Abort(format!("cannot run {program:?}: {e}"))
+            return TaskResult::Abort(format!("cannot run {program:?}: {e}")).into()
         }
         // Out of processes, files or memory: this row fails, and runs again later.
-        Err(e) => return TaskResult::Failed(format!("cannot start {program:?} now: {e}")),
+        Err(e) => return TaskResult::Failed(format!("cannot start {program:?} now: {e}")).into(),
     };
     let mut group = Group {
         leader: child.id().map(|id| Pid::from_raw(id as i32)),
@@ -121,6 +156,11 @@ async fn run_command(command: &[String], kill_after: Duration, task: Task) -> Ta
         .stderr
         .take()
         .map(|from| tokio::spawn(tee_stderr(from, tail.clone())));
+    let head = Arc::new(Mutex::new(Vec::new()));
+    let out_tee = child
+        .stdout
+        .take()
+        .map(|from| tokio::spawn(tee_stdout(from, head.clone(), output_limit)));
     if let Some(mut stdin) = child.stdin.take() {
         // A command that does not read its input closes the pipe early; that is fine.
         tokio::spawn(async move {
@@ -146,17 +186,83 @@ async fn run_command(command: &[String], kill_after: Duration, task: Task) -> Ta
             group.reaped();
             // The runtime records the stop itself; this text only says what happened.
             let failure = format!("{program} was stopped: {reason}");
-            return failed_with_tail(failure, tee, &tail).await;
+            return failed_with_tail(failure, tee, &tail).await.into();
         }
     };
     group.reaped();
     let failure = match status {
-        Ok(status) if status.success() => return TaskResult::Done,
+        Ok(status) if status.success() => {
+            return match output(out_tee, &head, output_limit).await {
+                Some(out) => TaskResult::Output(out),
+                None => TaskResult::Done,
+            }
+            .into();
+        }
+        Ok(status) if status.code() == Some(SNOOZE_STATUS) => return Ran::Snooze,
         Ok(status) => format!("{program} exited with {}", status_text(status)),
         Err(e) => format!("waiting for {program}: {e}"),
     };
     eprintln!("rowclaim: row {id}: {failure}");
-    failed_with_tail(failure, tee, &tail).await
+    failed_with_tail(failure, tee, &tail).await.into()
+}
+
+/// What a command that succeeded printed, as its output: a JSON document as JSON, other text
+/// (or a document cut at `limit`) as a string; `None` when it printed nothing.
+async fn output(
+    tee: Option<tokio::task::JoinHandle<bool>>,
+    head: &Mutex<Vec<u8>>,
+    limit: usize,
+) -> Option<serde_json::Value> {
+    let tee = tee?;
+    // A child the command left running may hold the pipe open: do not wait for it long.
+    let cut = matches!(
+        tokio::time::timeout(Duration::from_millis(200), tee).await,
+        Ok(Ok(true))
+    );
+    let head = head.lock().map(|h| h.clone()).unwrap_or_default();
+    let text = String::from_utf8_lossy(&head[..head.len().min(limit)]);
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    if !cut {
+        if let Ok(doc) = serde_json::from_str::<serde_json::Value>(text) {
+            return Some(doc);
+        }
+    }
+    let shown = if cut {
+        format!("{text}…")
+    } else {
+        text.to_owned()
+    };
+    Some(serde_json::Value::String(shown))
+}
+
+/// Copies the command's stdout to ours as it comes, keeping its first `limit` bytes; returns
+/// whether there was more than that.
+async fn tee_stdout(
+    mut from: tokio::process::ChildStdout,
+    head: Arc<Mutex<Vec<u8>>>,
+    limit: usize,
+) -> bool {
+    let mut to = tokio::io::stdout();
+    let mut buf = vec![0u8; 8192];
+    let mut cut = false;
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        // Our own stdout closed is no reason to stop keeping the output.
+        let _ = to.write_all(&buf[..n]).await;
+        if let Ok(mut h) = head.lock() {
+            let room = limit.saturating_sub(h.len());
+            h.extend_from_slice(&buf[..n.min(room)]);
+            cut |= n > room;
+        }
+    }
+    let _ = to.flush().await;
+    cut
 }
 
 /// The row failed with `failure` and, after it, the end of the command's stderr (the terminal

@@ -249,13 +249,13 @@ async fn galera_cluster() {
         assert_eq!(
             db.count("SELECT version FROM rowclaim_schema WHERE component = 'jobs'")
                 .await,
-            3,
+            5,
             "round {round}"
         );
         assert_eq!(
             db.count(
                 "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() \
-                 AND TABLE_NAME = 'rowclaim_jobs' AND COLUMN_NAME = 'timeout_ms'"
+                 AND TABLE_NAME = 'rowclaim_jobs' AND COLUMN_NAME = 'output'"
             )
             .await,
             1,

@@ -163,6 +163,7 @@ async fn jobs_have_one_json_shape_on_every_database() {
         "unique_key",
         "last_error",
         "timeout_ms",
+        "output",
     ]
     .into_iter()
     .map(str::to_owned)

@@ -78,12 +78,13 @@ pub use claim::{
 pub use db::{ConnectOptions, Db};
 pub use error::{Error, ErrorKind, Result};
 pub use queue::{
-    backoff, Enqueued, Job, JobFailure, JobFilter, JobRecord, NewJob, Queue, QueueStats, Retention,
-    Scheduled, Wakeups, DEFAULT_MAX_ATTEMPTS, JOB_STATUSES,
+    backoff, Enqueued, Job, JobFailure, JobFilter, JobRecord, NewJob, Queue, QueueSettings,
+    QueueStats, Retention, Scheduled, Wakeups, DEFAULT_MAX_ATTEMPTS, JOB_STATUSES,
 };
 pub use source::Source;
 pub use strategy::Strategy;
 pub use value::RowId;
 pub use worker::{
-    Handler, Shutdown, StopReason, Task, TaskFuture, TaskResult, Worker, WorkerReport,
+    Handler, IntoTaskResult, Shutdown, StopReason, Task, TaskFuture, TaskResult, Worker,
+    WorkerReport,
 };

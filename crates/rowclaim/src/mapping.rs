@@ -82,6 +82,8 @@ pub(crate) struct Mapping {
     pub error_column: Option<String>,
     /// Managed queue: when a job completed or died.
     pub finished_column: Option<String>,
+    /// Managed queue: what a completed job's handler produced (JSON).
+    pub output_column: Option<String>,
 }
 
 impl Mapping {

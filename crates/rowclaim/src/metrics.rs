@@ -34,6 +34,8 @@ pub const RETRIED: &str = "rowclaim_jobs_retried_total";
 pub const DEAD: &str = "rowclaim_jobs_dead_total";
 /// Rows given back unprocessed (shutdown, a handler that asked to abort).
 pub const RELEASED: &str = "rowclaim_rows_released_total";
+/// Rows whose handler asked to run them again later (a snooze: no attempt used).
+pub const SNOOZED: &str = "rowclaim_jobs_snoozed_total";
 /// Rows this worker held whose lease another worker (or a cancel) took over: their result, if
 /// any, was refused by fencing.
 pub const LEASES_LOST: &str = "rowclaim_leases_lost_total";
@@ -81,6 +83,7 @@ pub fn describe() {
     describe_counter!(RETRIED, "Queue jobs that failed with attempts left.");
     describe_counter!(DEAD, "Queue jobs that failed their last attempt.");
     describe_counter!(RELEASED, "Rows given back unprocessed.");
+    describe_counter!(SNOOZED, "Rows whose handler asked to run them again later.");
     describe_counter!(
         LEASES_LOST,
         "Rows whose lease another worker took over (their result was refused)."
@@ -126,6 +129,7 @@ pub(crate) struct WorkerMetrics {
     pub retried: Counter,
     pub dead: Counter,
     pub released: Counter,
+    pub snoozed: Counter,
     pub leases_lost: Counter,
     pub given_up: Counter,
     pub unconfirmed: Counter,
@@ -175,6 +179,7 @@ impl WorkerMetrics {
             retried: counter(RETRIED),
             dead: counter(DEAD),
             released: counter(RELEASED),
+            snoozed: counter(SNOOZED),
             leases_lost: counter(LEASES_LOST),
             given_up: counter(GIVEN_UP),
             unconfirmed: counter(UNCONFIRMED),

@@ -403,6 +403,7 @@ impl Source {
                 .map(|q| ((naming.quote)("kind"), q.kinds.clone())),
             error_column: self.managed.as_ref().map(|_| (naming.quote)("last_error")),
             finished_column: self.managed.as_ref().map(|_| (naming.quote)("finished_at")),
+            output_column: self.managed.as_ref().map(|_| (naming.quote)("output")),
             // Only plainly named columns go into a row's JSON: their names are safe as literals.
             columns: columns
                 .iter()

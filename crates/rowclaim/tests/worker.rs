@@ -464,6 +464,190 @@ async fn abort(t: Arc<TestDb>) {
     );
 }
 
+/// A handler's output is kept with its job; a snooze runs the job again later without using an
+/// attempt; on a table of your own a snooze gives the row back with its attempt refunded.
+async fn output_and_snooze(t: Arc<TestDb>) {
+    let (db, q) = queue(&t).await;
+    let out = q
+        .enqueue(&NewJob::new(json!({"n": 2})).kind("double"))
+        .await
+        .unwrap()
+        .id;
+    let later = q
+        .enqueue(&NewJob::new(json!({})).kind("later").max_attempts(1))
+        .await
+        .unwrap()
+        .id;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let report = Worker::new(&db)
+        .handle("double", |job| async move {
+            Ok::<_, String>(json!({ "twice": job.payload["n"].as_i64().unwrap_or(0) * 2 }))
+        })
+        .handle("later", move |_job| {
+            let r = r.clone();
+            async move {
+                // The first run asks to run again in a moment: it has one attempt only, so a
+                // snooze that used it would leave the job dead instead of run.
+                Ok::<_, String>(if r.fetch_add(1, Ordering::SeqCst) == 0 {
+                    TaskResult::Snooze(Duration::from_millis(300))
+                } else {
+                    TaskResult::Done
+                })
+            }
+        })
+        .poll(Duration::from_millis(100))
+        .until_empty(true)
+        .wait_scheduled(true)
+        .run(std::future::pending())
+        .await
+        .unwrap();
+    assert_eq!((report.completed, report.snoozed), (2, 1), "{report:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let done = q.get(out).await.unwrap().expect("the job");
+    assert_eq!(done.output, Some(json!({"twice": 4})), "{done:?}");
+    let snoozed = q.get(later).await.unwrap().expect("the job");
+    assert_eq!(snoozed.status, "completed", "{snoozed:?}");
+    assert_eq!(
+        snoozed.attempts, 1,
+        "the snooze used no attempt: {snoozed:?}"
+    );
+    assert_eq!(snoozed.output, None);
+
+    // A row of your own table: back at once, its attempts column as before the claim.
+    t.jobs(1).await;
+    let claimer = own_claimer(&t).await;
+    let own_runs = Arc::new(AtomicUsize::new(0));
+    let r = own_runs.clone();
+    let report = Worker::for_claimer(claimer)
+        .handle_rows(move |_row| {
+            let r = r.clone();
+            async move {
+                Ok::<_, String>(if r.fetch_add(1, Ordering::SeqCst) == 0 {
+                    TaskResult::Snooze(Duration::from_secs(3600))
+                } else {
+                    TaskResult::Done
+                })
+            }
+        })
+        .poll(Duration::from_millis(100))
+        .until_empty(true)
+        .run(std::future::pending())
+        .await
+        .unwrap();
+    assert_eq!((report.completed, report.snoozed), (1, 1), "{report:?}");
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE status = 'done' AND attempts = 1")
+            .await,
+        1,
+        "two runs, one attempt"
+    );
+}
+
+/// A paused queue: jobs claimed ahead go back without a run (and without using an attempt)
+/// while the running one finishes; nothing of it is claimed until it is resumed; other queues
+/// go on meanwhile.
+async fn pause_and_resume(t: Arc<TestDb>) {
+    let (db, q) = queue(&t).await;
+    let jobs: Vec<NewJob> = (0..11)
+        .map(|i| NewJob::new(json!({ "i": i })).queue("p"))
+        .collect();
+    q.enqueue_many(&jobs).await.unwrap();
+    let started = Arc::new(AtomicUsize::new(0));
+    let others = Arc::new(AtomicUsize::new(0));
+    let go = Arc::new(tokio::sync::Notify::new());
+    let (s, o, g) = (started.clone(), others.clone(), go.clone());
+    let worker = Worker::new(&db)
+        .queue("p")
+        .queue("other")
+        .handle_any(move |job| {
+            let (s, o, g) = (s.clone(), o.clone(), g.clone());
+            async move {
+                if job.queue == "other" {
+                    o.fetch_add(1, Ordering::SeqCst);
+                    return Ok::<_, String>(());
+                }
+                // The first job of p waits to be let go: the rest wait, claimed ahead.
+                if s.fetch_add(1, Ordering::SeqCst) == 0 {
+                    g.notified().await;
+                }
+                Ok(())
+            }
+        })
+        .concurrency(1)
+        .prefetch(10)
+        // Heartbeats, and so looks at the paused queues, every second.
+        .lease(Duration::from_secs(3))
+        .poll(Duration::from_millis(100));
+    let stop = worker.shutdown_handle();
+    let steps = async {
+        until_at_least(&started, 1).await;
+        assert_eq!(
+            t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'running'")
+                .await,
+            11,
+            "one running, ten claimed ahead"
+        );
+        assert!(q.pause("p").await.unwrap(), "it was running");
+        assert!(!q.pause("p").await.unwrap(), "paused already");
+        // The ten claimed ahead go back, unrun, their attempt refunded.
+        until_count(
+            t.clone(),
+            "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'p' AND status = 'ready' \
+             AND attempts = 0",
+            10,
+        )
+        .await;
+        go.notify_one();
+        // Other queues go on; a job of p enqueued now is not claimed either.
+        q.enqueue(&NewJob::new(json!({"late": true})).queue("p"))
+            .await
+            .unwrap();
+        q.enqueue_many(
+            &(0..5)
+                .map(|i| NewJob::new(json!({ "o": i })).queue("other"))
+                .collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap();
+        until_at_least(&others, 5).await;
+        until_count(
+            t.clone(),
+            "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'p' AND status = 'completed'",
+            1,
+        )
+        .await;
+        assert_eq!(started.load(Ordering::SeqCst), 1, "nothing of p ran paused");
+        assert_eq!(
+            t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'p' AND status = 'ready'")
+                .await,
+            11
+        );
+        let settings = q.settings().await.unwrap();
+        assert!(
+            settings
+                .iter()
+                .any(|s| s.name == "p" && s.paused_at.is_some()),
+            "{settings:?}"
+        );
+        assert!(q.resume("p").await.unwrap());
+        assert!(!q.resume("p").await.unwrap(), "running already");
+        until_count(
+            t.clone(),
+            "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'p' AND status = 'completed' \
+             AND attempts = 1",
+            12,
+        )
+        .await;
+        stop.drain();
+    };
+    let (report, ()) = tokio::join!(worker.run(std::future::pending()), steps);
+    let report = report.unwrap();
+    assert_eq!(report.completed, 17, "{report:?}");
+    assert_eq!(started.load(Ordering::SeqCst), 12, "each job of p ran once");
+    assert!(q.settings().await.unwrap().is_empty(), "no queue is paused");
+}
+
 macro_rules! worker_cases {
     ($backend:expr) => {
         use super::*;
@@ -498,6 +682,14 @@ macro_rules! worker_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_handler_that_cannot_run_stops_the_worker() {
             with_db($backend, abort).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn output_is_kept_and_a_snooze_uses_no_attempt() {
+            with_db($backend, output_and_snooze).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_paused_queue_runs_nothing_until_resumed() {
+            with_db($backend, pause_and_resume).await
         }
     };
 }

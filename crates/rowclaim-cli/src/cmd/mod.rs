@@ -14,6 +14,7 @@ mod enqueue;
 mod extend;
 mod init;
 mod jobs;
+mod queue;
 mod settle;
 mod source;
 mod source_args;
@@ -110,6 +111,10 @@ pub enum Command {
     /// there was no such job to show or change.
     #[command(subcommand, after_help = exit::AFTER_HELP.as_str())]
     Jobs(jobs::JobsCommand),
+    /// A queue of the managed queue as a whole: pause it (workers start none of its jobs),
+    /// resume it, list the queues with their jobs per state and whether they are paused.
+    #[command(subcommand, after_help = exit::AFTER_HELP.as_str())]
+    Queue(queue::QueueCommand),
     /// The mapping each table's claimers agree on, recorded by the first claim on it: list the
     /// records, replace one when every claimer moves to a new mapping, forget one.
     #[command(subcommand, after_help = exit::AFTER_HELP.as_str())]
@@ -149,7 +154,9 @@ impl Command {
     /// Commands that only look at the database: they must not create a SQLite file.
     fn only_reads(&self) -> bool {
         match self {
-            Command::Stats(_) | Command::Source(source::SourceCommand::List(_)) => true,
+            Command::Stats(_)
+            | Command::Source(source::SourceCommand::List(_))
+            | Command::Queue(queue::QueueCommand::List(_)) => true,
             Command::Jobs(op) => matches!(
                 op,
                 jobs::JobsCommand::List { .. } | jobs::JobsCommand::Show { .. }
@@ -199,6 +206,7 @@ async fn dispatch(url: &str, command: Command) -> Result<(), CliError> {
         Command::Stats(a) => stats::run(url, a).await,
         Command::Init(a) => init::run(url, a).await,
         Command::Jobs(op) => jobs::run(url, op).await,
+        Command::Queue(op) => queue::run(url, op).await,
         Command::Source(op) => source::run(url, op).await,
         Command::Enqueue(a) => enqueue::run(url, a).await,
         Command::Bench(scenario) => bench::run(url, scenario).await,

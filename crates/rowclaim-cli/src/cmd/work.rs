@@ -42,6 +42,16 @@ pub struct WorkArgs {
     /// How long a stopped command gets between SIGTERM and SIGKILL.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = super::values::duration, allow_hyphen_values = true)]
     kill_after: Duration,
+    /// A command that exits with 75 (EX_TEMPFAIL) asks to run again later: its row is snoozed
+    /// this long, without using an attempt (a managed job's run-at moves on; a row of your own
+    /// table, which has no run-at, is ready again at once).
+    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = super::values::duration, allow_hyphen_values = true)]
+    snooze_for: Duration,
+    /// Keep at most this many bytes of a command's stdout as its job's output (`jobs show`): a
+    /// JSON document as JSON, other text as a string. Its stdout still reaches ours whole. 0
+    /// keeps none.
+    #[arg(long, value_name = "BYTES", default_value = "65536", value_parser = super::values::count_or_zero, allow_hyphen_values = true)]
+    output_limit: u32,
     /// With --queue: what becomes of completed jobs: keep (as `completed`, until `jobs prune`)
     /// or delete.
     #[arg(long, value_name = "WHAT", default_value = "keep", value_parser = parse_retention)]
@@ -148,6 +158,8 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
         .handler(RunCommand {
             command: a.command,
             kill_after: a.kill_after,
+            snooze_for: a.snooze_for,
+            output_limit: a.output_limit as usize,
         })
         .concurrency(concurrency)
         .prefetch(prefetch)

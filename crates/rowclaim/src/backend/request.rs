@@ -148,7 +148,8 @@ impl Resolved {
 /// The state a settled row moves to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
-    Done,
+    /// Done, with what the handler produced (JSON text) where the mapping keeps it.
+    Done(Option<String>),
     /// Failed for good (the managed queue's `dead`), with the error if there is a column for it.
     Failed(Option<String>),
     /// Given back, ready at once.
@@ -158,20 +159,29 @@ pub(crate) enum Outcome {
         after: Duration,
         error: Option<String>,
     },
+    /// Given back to run again after a delay without using an attempt: ready, the claim's
+    /// attempt taken back, run-at moved on (where there is a column for each).
+    Snooze { after: Duration },
+    /// Given back before it started (its queue was paused): ready at once, the claim's attempt
+    /// taken back, its place in the order kept.
+    Unstarted,
 }
 
 impl Outcome {
     /// Whether settling this way deletes the row instead of changing its status: a completed job
     /// of a managed queue that keeps no completed jobs.
     pub(crate) fn deletes(&self, m: &Mapping) -> bool {
-        *self == Outcome::Done && m.delete_done
+        matches!(self, Outcome::Done(_)) && m.delete_done
     }
 
     pub(crate) fn status<'m>(&self, m: &'m Mapping) -> &'m crate::RowId {
         match self {
-            Outcome::Done => &m.done,
+            Outcome::Done(_) => &m.done,
             Outcome::Failed(_) => &m.failed,
-            Outcome::Ready | Outcome::Retry { .. } => &m.ready,
+            Outcome::Ready
+            | Outcome::Retry { .. }
+            | Outcome::Snooze { .. }
+            | Outcome::Unstarted => &m.ready,
         }
     }
 }

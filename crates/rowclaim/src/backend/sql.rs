@@ -40,6 +40,13 @@ pub(crate) trait Dialect: Sized + 'static {
     fn id_in(b: &mut Binder<Self>, column: &str, ids: &IdList) -> String;
     /// A claimed row of alias `t` as a JSON object (the managed queue's job: its own columns).
     fn row_json(m: &Mapping) -> String;
+    /// A time column (or expression) as epoch milliseconds, whatever the session's time zone.
+    fn epoch_ms(expr: &str) -> String;
+    /// JSON `text`, bound, as a JSON column takes it (PostgreSQL casts it to `jsonb`; the
+    /// others keep JSON as text).
+    fn json(b: &mut Binder<Self>, text: String) -> String {
+        b.bind(text)
+    }
     /// The bound values as the driver's arguments.
     fn arguments(values: Vec<Value>) -> Result<<Self::DB as sqlx::Database>::Arguments>;
 }
@@ -432,32 +439,60 @@ pub(crate) fn outcome_set<D: Dialect>(m: &Mapping, b: &mut Binder<D>, outcome: &
         m.status,
         status_literal(outcome.status(m))
     )];
-    if matches!(outcome, Outcome::Ready | Outcome::Retry { .. }) {
+    if matches!(
+        outcome,
+        Outcome::Ready | Outcome::Retry { .. } | Outcome::Snooze { .. } | Outcome::Unstarted
+    ) {
         set.extend(m.owner.iter().map(|ow| format!("{ow} = NULL")));
         set.extend(m.lease.iter().map(|le| format!("{le} = NULL")));
     }
-    if let (Outcome::Retry { after, .. }, Some(run_at)) = (outcome, &m.run_at) {
+    if let (Outcome::Retry { after, .. } | Outcome::Snooze { after }, Some(run_at)) =
+        (outcome, &m.run_at)
+    {
         set.push(format!("{run_at} = {}", D::later(b, *after)));
+    }
+    // A snooze, or a row that never started, is no attempt: the claim's is taken back.
+    if let (Outcome::Snooze { .. } | Outcome::Unstarted, Some(at)) = (outcome, &m.attempts) {
+        set.push(format!(
+            "{at} = CASE WHEN {at} > 0 THEN {at} - 1 ELSE 0 END"
+        ));
+    }
+    if let (Outcome::Done(Some(out)), Some(col)) = (outcome, &m.output_column) {
+        set.push(format!("{col} = {}", D::json(b, out.clone())));
     }
     if let (Outcome::Failed(Some(e)) | Outcome::Retry { error: Some(e), .. }, Some(col)) =
         (outcome, &m.error_column)
     {
         set.push(format!("{col} = {}", b.bind(e.clone())));
     }
-    if let (Outcome::Done | Outcome::Failed(_), Some(col)) = (outcome, &m.finished_column) {
+    if let (Outcome::Done(_) | Outcome::Failed(_), Some(col)) = (outcome, &m.finished_column) {
         set.push(format!("{col} = {}", D::NOW));
     }
     set.join(", ")
 }
 
-/// For the managed queue: ` AND queue IN (…)` (and ` AND kind IN (…)`) with the names bound;
-/// empty otherwise.
+/// For the managed queue: ` AND queue IN (…)` (and ` AND kind IN (…)`) with the names bound,
+/// and not of a paused queue (`rowclaim_queues`, see `queue/settings.rs`); empty otherwise.
 pub(crate) fn queue_condition<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> String {
     let mut cond = String::new();
     for (col, names) in [&m.queues, &m.kinds].into_iter().flatten() {
         if !names.is_empty() {
             let list: Vec<String> = names.iter().map(|n| b.bind(n.clone())).collect();
             cond.push_str(&format!(" AND {col} IN ({})", list.join(", ")));
+        }
+    }
+    if let Some((col, names)) = &m.queues {
+        match names.as_slice() {
+            // One queue: a test of that queue alone, which the planners evaluate once before
+            // the scan and which then skips the scan of a paused queue's backlog altogether.
+            [one] => cond.push_str(&format!(
+                " AND NOT EXISTS (SELECT 1 FROM rowclaim_queues \
+                 WHERE name = {} AND paused_at IS NOT NULL)",
+                b.bind(one.clone())
+            )),
+            _ => cond.push_str(&format!(
+                " AND {col} NOT IN (SELECT name FROM rowclaim_queues WHERE paused_at IS NOT NULL)"
+            )),
         }
     }
     cond

@@ -60,7 +60,7 @@ impl Claim {
 
     /// Marks a row done. [`Error::LeaseLost`] if this claim no longer holds it.
     pub async fn complete(&self, id: &RowId) -> Result<()> {
-        self.settle(id, Outcome::Done).await
+        self.settle(id, Outcome::Done(None)).await
     }
 
     /// Marks a row failed.

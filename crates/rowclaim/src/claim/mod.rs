@@ -171,10 +171,11 @@ enum Change {
 impl Change {
     fn verb(&self) -> &'static str {
         match self {
-            Change::Settle(Outcome::Done) => "complete",
+            Change::Settle(Outcome::Done(_)) => "complete",
             Change::Settle(Outcome::Failed(_)) => "fail",
-            Change::Settle(Outcome::Ready) => "release",
+            Change::Settle(Outcome::Ready | Outcome::Unstarted) => "release",
             Change::Settle(Outcome::Retry { .. }) => "retry",
+            Change::Settle(Outcome::Snooze { .. }) => "snooze",
             Change::Extend(_) => "extend",
         }
     }
@@ -369,7 +370,7 @@ impl Claimer {
     /// Returns how many rows changed; [`Error::LeaseLost`] (and no change) if the token no longer
     /// holds one of them.
     pub async fn complete(&self, token: &Token, ids: &[RowId]) -> Result<u64> {
-        self.settle(token, ids, Outcome::Done).await
+        self.settle(token, ids, Outcome::Done(None)).await
     }
 
     /// Marks rows `token` holds as failed. See [`Claimer::complete`].

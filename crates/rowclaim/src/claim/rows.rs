@@ -1,7 +1,7 @@
 //! Looking at a source's rows as they are stored, and giving a held row back by hand: what a
 //! dashboard or an operator needs, apart from claiming.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use crate::backend::{retry_transient, RowQuery};
 use crate::{Claimer, Error, Result, RowId};
@@ -149,19 +149,10 @@ impl Claimer {
                     id,
                     status: status.unwrap_or_default(),
                     owner,
-                    lease_until: lease_ms.map(at_ms),
+                    lease_until: lease_ms.map(crate::queue::at_ms),
                     data,
                 })
             })
             .collect()
-    }
-}
-
-fn at_ms(ms: i64) -> SystemTime {
-    let d = Duration::from_millis(ms.unsigned_abs());
-    if ms >= 0 {
-        UNIX_EPOCH + d
-    } else {
-        UNIX_EPOCH - d
     }
 }

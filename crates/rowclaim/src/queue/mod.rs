@@ -6,13 +6,16 @@
 //! hand. Claiming, fencing and lease expiry are the same as for any source.
 
 mod record;
+mod settings;
 mod wakeups;
 
 pub use job::{
     backoff, Enqueued, Job, JobFailure, NewJob, QueueStats, Retention, DEFAULT_MAX_ATTEMPTS,
 };
 pub(crate) use job::{JobParts, StatsRow};
+pub(crate) use record::at_ms;
 pub use record::{JobFilter, JobRecord, Scheduled, JOB_STATUSES};
+pub use settings::QueueSettings;
 pub use wakeups::Wakeups;
 #[cfg(feature = "postgres")]
 pub(crate) use wakeups::CHANNEL;
@@ -54,6 +57,9 @@ pub(crate) trait QueueStore {
     /// A connection that hears of new jobs, where the database can push them
     /// ([`crate::Capability::Listen`]); `None` elsewhere.
     async fn listen(&self) -> Result<Option<Listener>>;
+    /// Wakes the workers listening for `queue` as a new job would (nothing where there is no
+    /// listening).
+    async fn wake(&self, queue: &str) -> Result<()>;
 }
 
 /// A connection listening for enqueues.
@@ -252,11 +258,52 @@ impl Queue {
         Ok(got.into_iter().next())
     }
 
+    /// Pauses `queue`: from the moment this returns no worker claims a job of it (the claim
+    /// itself checks), jobs a worker claimed ahead go back at its next heartbeat, and running
+    /// jobs finish. Returns whether it was running before. The queue need not have jobs yet.
+    pub async fn pause(&self, queue: &str) -> Result<bool> {
+        check_queue_name(queue)?;
+        retry_transient!(
+            dispatch!(&self.db.backend, d => settings::set_paused(d, queue, true).await)
+        )
+        .map_err(not_initialised)
+    }
+
+    /// Lets workers claim jobs of `queue` again. Returns whether it was paused.
+    pub async fn resume(&self, queue: &str) -> Result<bool> {
+        check_queue_name(queue)?;
+        let resumed = retry_transient!(
+            dispatch!(&self.db.backend, d => settings::set_paused(d, queue, false).await)
+        )
+        .map_err(not_initialised)?;
+        if resumed {
+            // Idle workers that listen hear of it as of new jobs, instead of at their next poll.
+            dispatch!(&self.db.backend, d => d.wake(queue).await)?;
+        }
+        Ok(resumed)
+    }
+
+    /// The queues with settings of their own (paused ones), by name.
+    pub async fn settings(&self) -> Result<Vec<QueueSettings>> {
+        retry_transient!(dispatch!(&self.db.backend, d => settings::settings(d).await))
+            .map_err(not_initialised)
+    }
+
     /// Jobs per queue and status, the oldest due ready job's wait, and recent throughput.
     pub async fn stats(&self, queue: Option<&str>) -> Result<QueueStats> {
         retry_transient!(dispatch!(&self.db.backend, d => d.stats(queue).await))
             .map_err(not_initialised)
     }
+}
+
+/// A queue name as every job's is checked: 1 to 255 characters.
+fn check_queue_name(queue: &str) -> Result<()> {
+    if queue.is_empty() || queue.len() > 255 {
+        return Err(Error::InvalidInput(format!(
+            "queue name {queue:?} must have 1 to 255 characters"
+        )));
+    }
+    Ok(())
 }
 
 /// Says what to do when the managed queue's table is missing, or older than this rowclaim.
@@ -274,7 +321,9 @@ fn not_initialised(e: Error) -> Error {
     };
     if missing {
         Error::InvalidInput(
-            "the managed queue does not exist here yet: run `rowclaim init` first".into(),
+            "the managed queue does not exist here yet, or its tables are older than this \
+             rowclaim: run `rowclaim init` (it creates or migrates them)"
+                .into(),
         )
     } else if old {
         Error::InvalidInput(format!(

@@ -6,7 +6,7 @@ use super::{
     StatsRow,
 };
 use crate::backend::mysql::*;
-use crate::backend::sql::Binder;
+use crate::backend::sql::{Binder, Dialect};
 
 use crate::{Error, Result};
 
@@ -16,6 +16,10 @@ impl QueueStore for My {
     /// No LISTEN here: workers poll.
     async fn listen(&self) -> Result<Option<Listener>> {
         Ok(None)
+    }
+
+    async fn wake(&self, _queue: &str) -> Result<()> {
+        Ok(())
     }
 
     async fn init(&self) -> Result<()> {
@@ -140,13 +144,13 @@ impl QueueStore for My {
     }
 
     async fn records(&self, filter: &JobFilter, id: Option<i64>) -> Result<Vec<JobRecord>> {
-        // DATETIME(6) holds UTC here (see `epoch_ms`). `pending_key` is the unique index's
+        // DATETIME(6) holds UTC here (see `Sql::epoch_ms`). `pending_key` is the unique index's
         // helper column, not the job's: it is not shown.
-        let ms = epoch_ms;
+        let ms = Sql::epoch_ms;
         let text = |c: &str| format!("CAST({c} AS CHAR)");
         let columns = format!(
             "id, {}, {}, {}, {}, CAST(priority AS SIGNED), CAST(attempts AS SIGNED), \
-             CAST(max_attempts AS SIGNED), {}, {}, {}, {}, {}, {}, {}, timeout_ms",
+             CAST(max_attempts AS SIGNED), {}, {}, {}, {}, {}, {}, {}, timeout_ms, {}",
             text("queue"),
             text("kind"),
             text("payload"),
@@ -158,6 +162,7 @@ impl QueueStore for My {
             text("owner"),
             text("unique_key"),
             text("last_error"),
+            text("output"),
         );
         let mut b = B::new();
         let sql = records_sql(&mut b, &columns, filter, id);
@@ -167,7 +172,7 @@ impl QueueStore for My {
 
     async fn scheduled(&self, filter: &JobFilter) -> Result<Scheduled> {
         let mut b = B::new();
-        let sql = scheduled_sql(&mut b, &epoch_ms("MIN(run_at)"), filter);
+        let sql = scheduled_sql(&mut b, &Sql::epoch_ms("MIN(run_at)"), filter);
         let (n, first): (i64, Option<i64>) = b.query_as(sql)?.fetch_one(&self.pool).await?;
         Ok(Scheduled::new(n, first))
     }
@@ -262,6 +267,11 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE IF NOT EXISTS rowclaim_jobs (
      ADD KEY rowclaim_jobs_claim (status, queue, priority DESC, run_at, id)",
     // v3: a job's own time limit (NULL: the worker's).
     "ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS timeout_ms BIGINT NULL",
+    // v4: what a completed job produced.
+    "ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS output LONGTEXT NULL",
+    // v5: per-queue settings (paused since when).
+    "CREATE TABLE IF NOT EXISTS rowclaim_queues (name VARCHAR(255) NOT NULL PRIMARY KEY, \
+     paused_at DATETIME(6) NULL) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
 ];
 
 /// Runs the migrations above the recorded version, recording each as it is done. The caller holds
@@ -329,15 +339,6 @@ fn check_times(job: &JobParts<'_>) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// `expr` (a UTC `DATETIME`) as epoch milliseconds: calendar arithmetic from the epoch, so no
-/// session time zone is involved (unlike `UNIX_TIMESTAMP`).
-fn epoch_ms(expr: &str) -> String {
-    format!(
-        "CAST(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', {expr}) DIV 1000 \
-         AS SIGNED)"
-    )
 }
 
 /// Payloads below this size are sent without asking the server's packet limit (no server's

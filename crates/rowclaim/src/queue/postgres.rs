@@ -39,6 +39,14 @@ impl QueueStore for Pg {
         }
     }
 
+    async fn wake(&self, queue: &str) -> Result<()> {
+        sqlx::query("SELECT pg_notify('rowclaim_jobs', $1)") // crate::queue::CHANNEL
+            .bind(queue.to_owned())
+            .execute(self.exec())
+            .await?;
+        Ok(())
+    }
+
     async fn init(&self) -> Result<()> {
         let mut tx = self.durable().await?;
         // Concurrent inits take turns; DDL is transactional here, so a failed step leaves nothing.
@@ -151,7 +159,8 @@ impl QueueStore for Pg {
         let ms = |c: &str| format!("floor(extract(epoch FROM {c}) * 1000)::int8");
         let columns = format!(
             "id, queue, kind, payload::text, status, priority::int8, attempts::int8, \
-             max_attempts::int8, {}, {}, {}, {}, owner, unique_key, last_error, timeout_ms",
+             max_attempts::int8, {}, {}, {}, {}, owner, unique_key, last_error, timeout_ms, \
+             output::text",
             ms("run_at"),
             ms("created_at"),
             ms("finished_at"),
@@ -208,6 +217,11 @@ const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
     &["DROP INDEX IF EXISTS rowclaim_jobs_owner"],
     // v3: a job's own time limit (NULL: the worker's).
     &["ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS timeout_ms bigint"],
+    // v4: what a completed job produced; per-queue settings (paused since when).
+    &[
+        "ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS output jsonb",
+        "CREATE TABLE IF NOT EXISTS rowclaim_queues (name text PRIMARY KEY, paused_at timestamptz)",
+    ],
 ];
 
 /// When a job runs: at its absolute time (epoch ms) if it has one, else now + its delay.

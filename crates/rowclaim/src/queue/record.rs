@@ -120,52 +120,93 @@ pub struct JobRecord {
     pub last_error: Option<String>,
     /// Its own time limit per run, in milliseconds, if it was enqueued with one.
     pub timeout_ms: Option<i64>,
+    /// What its handler produced when it completed (for `rowclaim work`, the command's stdout),
+    /// if anything.
+    pub output: Option<serde_json::Value>,
 }
 
-/// The columns every store selects, in this order (times in epoch milliseconds).
-pub(crate) type RecordRow = (
-    i64,
-    String,
-    String,
-    String,
-    String,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    Option<i64>,
-    Option<i64>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<i64>,
-);
+/// The columns every store selects, in this order (times in epoch milliseconds; the payload
+/// and output as JSON text).
+pub(crate) struct RecordRow {
+    id: i64,
+    queue: String,
+    kind: String,
+    payload: String,
+    status: String,
+    priority: i64,
+    attempts: i64,
+    max_attempts: i64,
+    run_at: i64,
+    created_at: i64,
+    finished_at: Option<i64>,
+    lease_until: Option<i64>,
+    owner: Option<String>,
+    unique_key: Option<String>,
+    last_error: Option<String>,
+    timeout_ms: Option<i64>,
+    output: Option<String>,
+}
+
+// By position, as each store's `columns` lists them (more columns than sqlx's tuples take).
+impl<'r, R> sqlx::FromRow<'r, R> for RecordRow
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    fn from_row(row: &'r R) -> std::result::Result<Self, sqlx::Error> {
+        Ok(RecordRow {
+            id: row.try_get(0)?,
+            queue: row.try_get(1)?,
+            kind: row.try_get(2)?,
+            payload: row.try_get(3)?,
+            status: row.try_get(4)?,
+            priority: row.try_get(5)?,
+            attempts: row.try_get(6)?,
+            max_attempts: row.try_get(7)?,
+            run_at: row.try_get(8)?,
+            created_at: row.try_get(9)?,
+            finished_at: row.try_get(10)?,
+            lease_until: row.try_get(11)?,
+            owner: row.try_get(12)?,
+            unique_key: row.try_get(13)?,
+            last_error: row.try_get(14)?,
+            timeout_ms: row.try_get(15)?,
+            output: row.try_get(16)?,
+        })
+    }
+}
+
+/// JSON text as the JSON it is (a store that keeps JSON as text may hold anything).
+fn json_of(text: String) -> serde_json::Value {
+    serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
+}
 
 impl JobRecord {
     pub(crate) fn from_row(r: RecordRow) -> JobRecord {
-        let (id, queue, kind, payload, status, priority, attempts, max_attempts) =
-            (r.0, r.1, r.2, r.3, r.4, r.5, r.6, r.7);
-        // MySQL and SQLite keep the payload as text, PostgreSQL as jsonb: all of it arrives as
-        // text here and is shown as the JSON it is.
-        let payload = serde_json::from_str(&payload).unwrap_or(serde_json::Value::String(payload));
         JobRecord {
-            id,
-            queue,
-            kind,
-            status,
-            payload,
-            priority,
-            attempts,
-            max_attempts,
-            run_at: at_ms(r.8),
-            created_at: at_ms(r.9),
-            finished_at: r.10.map(at_ms),
-            lease_until: r.11.map(at_ms),
-            owner: r.12,
-            unique_key: r.13,
-            last_error: r.14,
-            timeout_ms: r.15,
+            id: r.id,
+            queue: r.queue,
+            kind: r.kind,
+            status: r.status,
+            // MySQL and SQLite keep the payload as text, PostgreSQL as jsonb: all of it arrives
+            // as text here and is shown as the JSON it is.
+            payload: json_of(r.payload),
+            priority: r.priority,
+            attempts: r.attempts,
+            max_attempts: r.max_attempts,
+            run_at: at_ms(r.run_at),
+            created_at: at_ms(r.created_at),
+            finished_at: r.finished_at.map(at_ms),
+            lease_until: r.lease_until.map(at_ms),
+            owner: r.owner,
+            unique_key: r.unique_key,
+            last_error: r.last_error,
+            timeout_ms: r.timeout_ms,
+            output: r.output.map(json_of),
         }
     }
 }
@@ -247,7 +288,8 @@ fn filter_cond<D: Dialect>(b: &mut Binder<D>, filter: &JobFilter) -> String {
     cond
 }
 
-fn at_ms(ms: i64) -> SystemTime {
+/// Epoch milliseconds (as every store reads times) as a time; also before 1970.
+pub(crate) fn at_ms(ms: i64) -> SystemTime {
     let d = Duration::from_millis(ms.unsigned_abs());
     if ms >= 0 {
         UNIX_EPOCH + d
@@ -260,7 +302,7 @@ fn rfc3339<S: Serializer>(t: &SystemTime, s: S) -> std::result::Result<S::Ok, S:
     s.serialize_str(&format_rfc3339(*t))
 }
 
-fn rfc3339_opt<S: Serializer>(
+pub(crate) fn rfc3339_opt<S: Serializer>(
     t: &Option<SystemTime>,
     s: S,
 ) -> std::result::Result<S::Ok, S::Error> {

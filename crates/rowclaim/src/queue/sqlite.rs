@@ -16,6 +16,10 @@ impl QueueStore for Lite {
         Ok(None)
     }
 
+    async fn wake(&self, _queue: &str) -> Result<()> {
+        Ok(())
+    }
+
     async fn init(&self) -> Result<()> {
         // The write lock makes concurrent inits take turns; DDL is transactional here.
         let mut tx = self.write().await?;
@@ -120,7 +124,7 @@ impl QueueStore for Lite {
         // Times are epoch milliseconds here already.
         let columns = "id, queue, kind, payload, status, priority, attempts, max_attempts, \
                        run_at, created_at, finished_at, lease_until, owner, unique_key, \
-                       last_error, timeout_ms";
+                       last_error, timeout_ms, output";
         let mut b = sql::Binder::<Sql>::new();
         let sql = records_sql(&mut b, columns, filter, id);
         let rows: Vec<RecordRow> = b.query_as(sql)?.fetch_all(&self.pool).await?;
@@ -169,6 +173,11 @@ const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
     &["DROP INDEX IF EXISTS rowclaim_jobs_owner"],
     // v3: a job's own time limit (NULL: the worker's).
     &["ALTER TABLE rowclaim_jobs ADD COLUMN timeout_ms INTEGER"],
+    // v4: what a completed job produced; per-queue settings (paused since when, epoch ms).
+    &[
+        "ALTER TABLE rowclaim_jobs ADD COLUMN output TEXT",
+        "CREATE TABLE IF NOT EXISTS rowclaim_queues (name TEXT PRIMARY KEY, paused_at INTEGER)",
+    ],
 ];
 
 /// Enqueues one job on a connection (in the caller's transaction when they hold one). A unique key

@@ -89,11 +89,19 @@ impl Task {
 }
 
 /// What a handler says about one row.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum TaskResult {
     /// It worked: the row is completed.
     Done,
+    /// It worked and produced this: the row is completed, and a managed job keeps it as its
+    /// output (`jobs show`; gone with the job when completed jobs are deleted). A table of your
+    /// own has nowhere to keep it: the row is just completed.
+    Output(serde_json::Value),
+    /// Not now: run it again after this long, without using an attempt (a managed job's run-at
+    /// moves on; a row of your own table, which has no run-at, is ready again at once, its
+    /// attempts column taken back).
+    Snooze(Duration),
     /// It failed. A managed job runs again after a backoff while it has attempts left, then is
     /// dead; a row of your own table is marked failed.
     Failed(String),
@@ -104,10 +112,35 @@ pub enum TaskResult {
     Abort(String),
 }
 
-impl<E: Display> From<Result<(), E>> for TaskResult {
-    fn from(r: Result<(), E>) -> TaskResult {
+/// What a handler's `Ok` means: `()` is [`TaskResult::Done`], a JSON value is
+/// [`TaskResult::Output`], and a [`TaskResult`] says itself (e.g. `Ok(TaskResult::Snooze(d))`).
+pub trait IntoTaskResult {
+    /// The result this `Ok` value stands for.
+    fn into_task_result(self) -> TaskResult;
+}
+
+impl IntoTaskResult for () {
+    fn into_task_result(self) -> TaskResult {
+        TaskResult::Done
+    }
+}
+
+impl IntoTaskResult for serde_json::Value {
+    fn into_task_result(self) -> TaskResult {
+        TaskResult::Output(self)
+    }
+}
+
+impl IntoTaskResult for TaskResult {
+    fn into_task_result(self) -> TaskResult {
+        self
+    }
+}
+
+impl<T: IntoTaskResult, E: Display> From<Result<T, E>> for TaskResult {
+    fn from(r: Result<T, E>) -> TaskResult {
         match r {
-            Ok(()) => TaskResult::Done,
+            Ok(done) => done.into_task_result(),
             Err(e) => TaskResult::Failed(e.to_string()),
         }
     }
@@ -134,10 +167,11 @@ pub trait Handler: Send + Sync + 'static {
 /// A handler made of an async function of the whole [`Task`].
 pub(crate) struct TaskFn<F>(pub F);
 
-impl<F, Fut, E> Handler for TaskFn<F>
+impl<F, Fut, T, E> Handler for TaskFn<F>
 where
     F: Fn(Task) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    Fut: Future<Output = Result<T, E>> + Send + 'static,
+    T: IntoTaskResult,
     E: Display,
 {
     fn run(&self, task: Task) -> TaskFuture {
@@ -148,10 +182,11 @@ where
 
 type JobFn = Arc<dyn Fn(Job) -> Pin<Box<dyn Future<Output = TaskResult> + Send>> + Send + Sync>;
 
-pub(crate) fn job_fn<F, Fut, E>(handler: F) -> JobFn
+pub(crate) fn job_fn<F, Fut, T, E>(handler: F) -> JobFn
 where
     F: Fn(Job) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    Fut: Future<Output = Result<T, E>> + Send + 'static,
+    T: IntoTaskResult,
     E: Display,
 {
     Arc::new(move |job| {

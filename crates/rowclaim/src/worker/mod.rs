@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-pub use handler::{Handler, StopReason, Task, TaskFuture, TaskResult};
+pub use handler::{Handler, IntoTaskResult, StopReason, Task, TaskFuture, TaskResult};
 
 use crate::{ClaimedRow, Claimer, Db, Error, Job, Result, Retention};
 use handler::{job_fn, ByKind, TaskFn};
@@ -94,6 +94,8 @@ pub struct WorkerReport {
     pub dead: u64,
     /// Rows given back unfinished at shutdown (or not started).
     pub released: u64,
+    /// Rows whose handler asked to run them again later ([`TaskResult::Snooze`]).
+    pub snoozed: u64,
     /// Rows that stopped being this worker's: their lease expired and another worker took them,
     /// or they were cancelled; their results, if any, were refused.
     pub lost: u64,
@@ -188,11 +190,14 @@ impl Worker {
     }
 
     /// Runs jobs of `kind` with `handler`. An `Err` is retried with backoff until the job's last
-    /// attempt, then the job is dead with the error kept.
-    pub fn handle<F, Fut, E>(mut self, kind: impl Into<String>, handler: F) -> Self
+    /// attempt, then the job is dead with the error kept. `Ok(())` completes the job; `Ok` of a
+    /// JSON value completes it and keeps the value as its output; `Ok(TaskResult::Snooze(d))`
+    /// runs it again after `d` without using an attempt ([`IntoTaskResult`]).
+    pub fn handle<F, Fut, T, E>(mut self, kind: impl Into<String>, handler: F) -> Self
     where
         F: Fn(Job) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = std::result::Result<(), E>> + Send + 'static,
+        Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
+        T: IntoTaskResult,
         E: Display,
     {
         self.kinds.kinds.insert(kind.into(), job_fn(handler));
@@ -200,10 +205,11 @@ impl Worker {
     }
 
     /// Runs jobs of every kind that has no handler of its own. Without it such jobs are dead.
-    pub fn handle_any<F, Fut, E>(mut self, handler: F) -> Self
+    pub fn handle_any<F, Fut, T, E>(mut self, handler: F) -> Self
     where
         F: Fn(Job) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = std::result::Result<(), E>> + Send + 'static,
+        Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
+        T: IntoTaskResult,
         E: Display,
     {
         self.kinds.fallback = Some(job_fn(handler));
@@ -212,10 +218,11 @@ impl Worker {
 
     /// Runs every row with `handler`, given the claimed row (all its columns as JSON). `Ok`
     /// completes the row; an `Err` fails it (a managed job is retried while it has attempts).
-    pub fn handle_rows<F, Fut, E>(self, handler: F) -> Self
+    pub fn handle_rows<F, Fut, T, E>(self, handler: F) -> Self
     where
         F: Fn(ClaimedRow) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = std::result::Result<(), E>> + Send + 'static,
+        Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
+        T: IntoTaskResult + 'static,
         E: Display + 'static,
     {
         self.handler(TaskFn(move |task: Task| handler(task.row)))

@@ -59,6 +59,15 @@ impl Dialect for Sql {
         format!("`{ident}`")
     }
 
+    /// A UTC `DATETIME` as epoch milliseconds: calendar arithmetic from the epoch, so no
+    /// session time zone is involved (unlike `UNIX_TIMESTAMP`).
+    fn epoch_ms(expr: &str) -> String {
+        format!(
+            "CAST(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', {expr}) DIV 1000 \
+             AS SIGNED)"
+        )
+    }
+
     fn keep_existing(key: &str) -> String {
         format!("ON DUPLICATE KEY UPDATE {key} = {key}")
     }

@@ -76,7 +76,7 @@ impl ClaimStore for My {
         list: &IdList,
         outcome: Outcome,
     ) -> Result<Option<Vec<RowId>>> {
-        let keeps_owner = matches!(outcome, Outcome::Done | Outcome::Failed(_));
+        let keeps_owner = matches!(outcome, Outcome::Done(_) | Outcome::Failed(_));
         let Some(owner) = m.owner.as_ref() else {
             return Ok(None);
         };
@@ -161,7 +161,10 @@ impl ClaimStore for My {
         outcome: Outcome,
     ) -> Result<()> {
         let tx = held;
-        if !matches!(outcome, Outcome::Ready) {
+        if !matches!(
+            outcome,
+            Outcome::Ready | Outcome::Snooze { .. } | Outcome::Unstarted
+        ) {
             // A released row is still ready in the table; its lock goes at commit.
             let mut b = B::new();
             let st = status_literal(outcome.status(m));
@@ -246,7 +249,7 @@ impl ClaimStore for My {
 
     async fn rows(&self, m: &Mapping, strategy: Strategy, q: &RowQuery) -> Result<Vec<StoredRow>> {
         let mut b = B::new();
-        let held = sql::holder_columns(m, strategy, &mut b, epoch_ms, "CAST(NULL AS SIGNED)");
+        let held = sql::holder_columns(m, strategy, &mut b, Sql::epoch_ms, "CAST(NULL AS SIGNED)");
         let sql = sql::rows_sql(m, &mut b, &format!("{}, {held}", row_json(m)), q);
         let rows: Vec<TextRow> = b.query_as(sql)?.fetch_all(&self.pool).await?;
         rows.into_iter()
@@ -315,13 +318,4 @@ impl ClaimStore for My {
         }
         Ok(())
     }
-}
-
-/// A `DATETIME(6)` holding UTC as epoch milliseconds (the managed queue's records spell it the
-/// same way in `queue/mysql.rs`).
-fn epoch_ms(expr: &str) -> String {
-    format!(
-        "CAST(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', {expr}) DIV 1000 \
-         AS SIGNED)"
-    )
 }

@@ -70,6 +70,14 @@ impl Dialect for Sql {
         claimed_json(m)
     }
 
+    fn epoch_ms(expr: &str) -> String {
+        format!("floor(extract(epoch FROM {expr}) * 1000)::int8")
+    }
+
+    fn json(b: &mut B, text: String) -> String {
+        format!("CAST({} AS jsonb)", b.bind(text))
+    }
+
     fn arguments(values: Vec<Value>) -> Result<sqlx::postgres::PgArguments> {
         sql::arguments::<Postgres>(values, |args, v| match v {
             Value::Ints(v) => sql::add::<Postgres, _>(args, v),

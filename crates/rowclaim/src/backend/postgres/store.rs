@@ -101,7 +101,10 @@ impl ClaimStore for Pg {
         outcome: Outcome,
     ) -> Result<()> {
         let tx = held;
-        if matches!(outcome, Outcome::Ready) {
+        if matches!(
+            outcome,
+            Outcome::Ready | Outcome::Snooze { .. } | Outcome::Unstarted
+        ) {
             return Ok(()); // still ready in the table; the lock goes at commit
         }
         let mut b = B::new();
@@ -161,7 +164,7 @@ impl ClaimStore for Pg {
 
     async fn rows(&self, m: &Mapping, strategy: Strategy, q: &RowQuery) -> Result<Vec<StoredRow>> {
         let mut b = B::new();
-        let held = sql::holder_columns(m, strategy, &mut b, epoch_ms, "CAST(NULL AS int8)");
+        let held = sql::holder_columns(m, strategy, &mut b, Sql::epoch_ms, "CAST(NULL AS int8)");
         let sql = sql::rows_sql(m, &mut b, &format!("to_jsonb(t), {held}"), q);
         type Found = (
             sqlx::types::Json<serde_json::Value>,
@@ -242,9 +245,4 @@ impl ClaimStore for Pg {
         }
         Ok(())
     }
-}
-
-/// A `timestamptz` as epoch milliseconds, whatever the session's time zone.
-fn epoch_ms(expr: &str) -> String {
-    format!("floor(extract(epoch FROM {expr}) * 1000)::int8")
 }

@@ -43,6 +43,11 @@ impl Dialect for Sql {
         format!("\"{ident}\"")
     }
 
+    /// Times are epoch milliseconds here already.
+    fn epoch_ms(expr: &str) -> String {
+        expr.to_owned()
+    }
+
     fn keep_existing(key: &str) -> String {
         format!("ON CONFLICT ({key}) DO NOTHING")
     }

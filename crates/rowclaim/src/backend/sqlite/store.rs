@@ -139,7 +139,10 @@ impl ClaimStore for Lite {
         if Lite::deadline_passed(tx, *deadline_ms).await? {
             return Err(expired());
         }
-        if matches!(outcome, Outcome::Ready) {
+        if matches!(
+            outcome,
+            Outcome::Ready | Outcome::Snooze { .. } | Outcome::Unstarted
+        ) {
             return Ok(());
         }
         let mut b = B::new();

@@ -108,6 +108,7 @@ struct Tally {
     failed: Count,
     dead: Count,
     released: Count,
+    snoozed: Count,
     lost: Count,
     given_up: Count,
     unconfirmed: Count,
@@ -125,6 +126,7 @@ enum Counter {
     Failed,
     Dead,
     Released,
+    Snoozed,
 }
 
 impl Tally {
@@ -135,6 +137,7 @@ impl Tally {
             failed: Count::new(&m.failed),
             dead: Count::new(&m.dead),
             released: Count::new(&m.released),
+            snoozed: Count::new(&m.snoozed),
             lost: Count::new(&m.leases_lost),
             given_up: Count::new(&m.given_up),
             unconfirmed: Count::new(&m.unconfirmed),
@@ -148,6 +151,7 @@ impl Tally {
             Counter::Failed => &self.failed,
             Counter::Dead => &self.dead,
             Counter::Released => &self.released,
+            Counter::Snoozed => &self.snoozed,
         }
     }
 }
@@ -361,6 +365,12 @@ pub(crate) async fn run(
     let _listener = wakeups
         .filter(Wakeups::listening)
         .map(|w| AbortOnDrop(tokio::spawn(listen(w, wake.clone()))));
+    // The paused queues, looked at every heartbeat: claims skip them by themselves, and rows
+    // claimed ahead of a pause are given back instead of started.
+    let (paused_tx, mut paused) = watch::channel(Paused::default());
+    let _paused_watch = sh
+        .managed
+        .then(|| AbortOnDrop(tokio::spawn(watch_paused(sh.clone(), paused_tx))));
 
     let mut waiting: VecDeque<(Arc<Held>, ClaimedRow)> = VecDeque::new();
     // Supervisors of started rows, results being recorded, heartbeats of claims: dropping these
@@ -390,6 +400,10 @@ pub(crate) async fn run(
             if !held.claim.is_open(&row.id) {
                 // A heartbeat found it taken over, or gave it up, before it started.
                 add(held.lost_counter(&sh.tally));
+                continue;
+            }
+            if paused.borrow().holds(&row) {
+                records.spawn(record(sh.clone(), unstarted(held, &row)));
                 continue;
             }
             if !held.may_start(sh.renews) {
@@ -498,6 +512,16 @@ pub(crate) async fn run(
                     }
                 }
             }
+            Ok(()) = paused.changed(), if sh.managed => {
+                // Rows of a queue paused since they were claimed go back, not started.
+                let now_paused = paused.borrow_and_update().clone();
+                let (back, keep): (Vec<_>, Vec<_>) =
+                    waiting.drain(..).partition(|(_, row)| now_paused.holds(row));
+                waiting.extend(keep);
+                for (held, row) in back {
+                    records.spawn(record(sh.clone(), unstarted(held, &row)));
+                }
+            }
             () = sleep_until(retry_at), if retry_at.is_some() => retry_at = None,
             () = wake.notified(), if idle_until.is_some() => idle_until = None,
             () = sleep_until(idle_until), if idle_until.is_some() => idle_until = None,
@@ -584,6 +608,7 @@ pub(crate) async fn run(
         failed: n(&t.failed),
         dead: n(&t.dead),
         released: n(&t.released),
+        snoozed: n(&t.snoozed),
         lost: n(&t.lost),
         given_up: n(&t.given_up),
         unconfirmed: n(&t.unconfirmed),
@@ -694,6 +719,63 @@ async fn release_waiting(sh: &Shared, waiting: VecDeque<(Arc<Held>, ClaimedRow)>
 
 /// Wakes the claim loop when a job is enqueued (PostgreSQL LISTEN). After the listening
 /// connection broke and came back, jobs may have been missed: it wakes the loop then too.
+/// The managed queues that are paused, as a worker last looked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Paused(std::collections::HashSet<String>);
+
+impl Paused {
+    /// Whether `row`, a managed job, is of a paused queue.
+    fn holds(&self, row: &ClaimedRow) -> bool {
+        !self.0.is_empty()
+            && row
+                .data
+                .get("queue")
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(|q| self.0.contains(q))
+    }
+}
+
+/// A row claimed but not started, given back: its queue was paused meanwhile.
+fn unstarted(held: Arc<Held>, row: &ClaimedRow) -> Finished {
+    tracing::debug!(
+        "row {}: its queue is paused; given back, not started",
+        row.id
+    );
+    Finished {
+        held,
+        id: row.id.clone(),
+        outcome: Outcome::Unstarted,
+        counter: Counter::Released,
+    }
+}
+
+/// Looks at the paused queues every third of the lease (as often as heartbeats renew it), for
+/// as long as the worker runs. A look that fails keeps the last answer.
+async fn watch_paused(sh: Arc<Shared>, paused: watch::Sender<Paused>) {
+    let every = (sh.cfg.lease / 3).max(Duration::from_millis(100));
+    let queue = sh.claimer.db().queue();
+    loop {
+        match queue.settings().await {
+            Ok(settings) => {
+                let now = Paused(
+                    settings
+                        .into_iter()
+                        .filter(|s| s.paused_at.is_some())
+                        .map(|s| s.name)
+                        .collect(),
+                );
+                paused.send_if_modified(|p| {
+                    let changed = *p != now;
+                    *p = now;
+                    changed
+                });
+            }
+            Err(e) => tracing::debug!("looking at the paused queues: {e}"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
 async fn listen(mut wakeups: Wakeups, wake: Arc<Notify>) {
     let mut failures = 0u32;
     loop {

@@ -165,7 +165,8 @@ pub(super) async fn supervise(
             match (ended_as(r), stop) {
                 // A handler that stops itself may end before this select sees the stop: what
                 // it says then is about the stop, unless it finished the work anyway.
-                (ended @ Ended::Result(TaskResult::Done), _) | (ended, None) => ended,
+                (ended @ Ended::Result(TaskResult::Done | TaskResult::Output(_)), _)
+                | (ended, None) => ended,
                 (_, Some(reason)) => Ended::Stopped(reason),
             }
         }
@@ -196,7 +197,11 @@ pub(super) async fn supervise(
         None => (Outcome::Failed(Some(why)), Counter::Failed),
     };
     let (outcome, counter) = match ended {
-        Ended::Result(TaskResult::Done) => (Outcome::Done, Counter::Completed),
+        Ended::Result(TaskResult::Done) => (Outcome::Done(None), Counter::Completed),
+        Ended::Result(TaskResult::Output(v)) => {
+            (Outcome::Done(Some(v.to_string())), Counter::Completed)
+        }
+        Ended::Result(TaskResult::Snooze(after)) => (Outcome::Snooze { after }, Counter::Snoozed),
         Ended::Result(TaskResult::Failed(why)) => failure(why),
         Ended::Result(TaskResult::Dead(why)) => {
             let counter = if job.is_some() {
