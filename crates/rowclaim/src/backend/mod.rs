@@ -20,6 +20,7 @@ use crate::mapping::{Column, Mapping, Naming, TableName};
 use crate::value::IdList;
 use crate::{LockMode, LockWait, Result, RowId, Stats, Strategy};
 
+mod inspect;
 mod request;
 mod retry;
 pub(crate) mod run;
@@ -42,6 +43,7 @@ compile_error!("rowclaim needs at least one of the features postgres, mysql, sql
 pub(crate) use request::{
     ClaimArgs, Claimed, Outcome, Position, Resolved, RowQuery, StoredRow, Target,
 };
+pub(crate) use inspect::{Inspect, Lookup, Need, Reads};
 pub(crate) use retry::{commit, enqueue_what, is_transient, pause, retry_transient, MAX_RETRIES};
 pub(crate) use server::ServerKind;
 pub use server::{Capability, ServerInfo};
