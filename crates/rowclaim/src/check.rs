@@ -280,8 +280,12 @@ impl Db {
         let resolved = Resolved::of(strategy)?;
         let leases_exist = self.table_exists("rowclaim_leases").await?;
         findings.push(
-            self.index_finding(&m, resolved, strategy == Strategy::LeaseTable && leases_exist)
-                .await?,
+            self.index_finding(
+                &m,
+                resolved,
+                strategy == Strategy::LeaseTable && leases_exist,
+            )
+            .await?,
         );
         findings.push(
             self.privileges_finding(&m, strategy, record.is_some(), leases_exist)
@@ -487,7 +491,11 @@ fn index_verdict(m: &Mapping, l: &Lookup, fix: String) -> Finding {
     } else {
         format!(" (plan: {})", l.plan)
     };
-    let note = l.note.as_ref().map(|n| format!("; {n}")).unwrap_or_default();
+    let note = l
+        .note
+        .as_ref()
+        .map(|n| format!("; {n}"))
+        .unwrap_or_default();
     let (t, order) = (&m.table_display, &m.order_by);
     let slow = |message: String| {
         let severity = if l.best_possible {

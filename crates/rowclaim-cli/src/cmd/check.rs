@@ -151,6 +151,9 @@ mod tests {
         let out = super::wrap("  ok  x  ", text.trim());
         assert!(out.lines().count() > 1, "{out}");
         assert!(out.lines().all(|l| l.len() <= super::WIDTH), "{out}");
-        assert!(out.lines().skip(1).all(|l| l.starts_with("         word")), "{out}");
+        assert!(
+            out.lines().skip(1).all(|l| l.starts_with("         word")),
+            "{out}"
+        );
     }
 }

@@ -40,10 +40,10 @@ pub(crate) mod sqlite;
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 compile_error!("rowclaim needs at least one of the features postgres, mysql, sqlite");
 
+pub(crate) use inspect::{Inspect, Lookup, Need, Reads};
 pub(crate) use request::{
     ClaimArgs, Claimed, Outcome, Position, Resolved, RowQuery, StoredRow, Target,
 };
-pub(crate) use inspect::{Inspect, Lookup, Need, Reads};
 pub(crate) use retry::{commit, enqueue_what, is_transient, pause, retry_transient, MAX_RETRIES};
 pub(crate) use server::ServerKind;
 pub use server::{Capability, ServerInfo};

@@ -38,7 +38,10 @@ fn walk(v: &serde_json::Value, names: &[String], status: &str, judge: &mut Judge
                     "ALL" => judge.reads(Reads::Everything),
                     // The whole index, in its order.
                     "index" => judge.reads(Reads::Walks(key)),
-                    _ if parts.first().is_some_and(|p| p.eq_ignore_ascii_case(status)) => {
+                    _ if parts
+                        .first()
+                        .is_some_and(|p| p.eq_ignore_ascii_case(status)) =>
+                    {
                         judge.reads(Reads::Index(key))
                     }
                     _ if !key.is_empty() => judge.reads(Reads::Walks(key)),
@@ -94,7 +97,9 @@ impl My {
 
     /// The binary log's format against what claims of `strategy` write.
     fn binlog_finding(vars: &BTreeMap<String, String>, strategy: Strategy) -> Finding {
-        let on = vars.get("log_bin").is_some_and(|v| v.eq_ignore_ascii_case("ON"));
+        let on = vars
+            .get("log_bin")
+            .is_some_and(|v| v.eq_ignore_ascii_case("ON"));
         let format = vars
             .get("binlog_format")
             .map(|f| f.to_ascii_uppercase())
@@ -166,8 +171,9 @@ impl Inspect for My {
             .scalar(format!("EXPLAIN FORMAT=JSON {sql}"))?
             .fetch_one(&self.pool)
             .await?;
-        let plan: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| Error::Internal(format!("EXPLAIN FORMAT=JSON gave no JSON ({e}): {text}")))?;
+        let plan: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            Error::Internal(format!("EXPLAIN FORMAT=JSON gave no JSON ({e}): {text}"))
+        })?;
         let name = unquoted(m.table.rsplit('.').next().unwrap_or(&m.table));
         // The lookups alias the table `t`, except the token and optimistic candidates.
         let names = [name, "t".to_owned()];
@@ -239,7 +245,10 @@ impl Inspect for My {
             )
             .fix("connect to the primary")
         } else {
-            Finding::ok(Topic::Writable, "the server takes writes (read_only is OFF)")
+            Finding::ok(
+                Topic::Writable,
+                "the server takes writes (read_only is OFF)",
+            )
         });
 
         // MySQL 8 and MariaDB 11.1+ say transaction_isolation, older MariaDB tx_isolation.
@@ -269,34 +278,41 @@ impl Inspect for My {
         found.push(My::binlog_finding(&vars, strategy));
 
         let server = self.server().await?;
-        found.push(if server.supports(crate::Capability::RowLocksSeenByAllWriters) {
-            Finding::ok(Topic::Galera, "not a node of a Galera cluster (wsrep_on is off)")
-        } else {
-            let status = self
-                .status(&["wsrep_cluster_size", "wsrep_local_state_comment"])
-                .await?;
-            let size = status.get("wsrep_cluster_size").map_or("?", String::as_str);
-            let state = status
-                .get("wsrep_local_state_comment")
-                .map_or("unknown", String::as_str);
-            let said = format!(
-                "a node of a {size}-node Galera cluster ({state}): a row lock holds off this \
+        found.push(
+            if server.supports(crate::Capability::RowLocksSeenByAllWriters) {
+                Finding::ok(
+                    Topic::Galera,
+                    "not a node of a Galera cluster (wsrep_on is off)",
+                )
+            } else {
+                let status = self
+                    .status(&["wsrep_cluster_size", "wsrep_local_state_comment"])
+                    .await?;
+                let size = status.get("wsrep_cluster_size").map_or("?", String::as_str);
+                let state = status
+                    .get("wsrep_local_state_comment")
+                    .map_or("unknown", String::as_str);
+                let said = format!(
+                    "a node of a {size}-node Galera cluster ({state}): a row lock holds off this \
                  node's claimers only, so a claim counts once its commit is known (claims that \
                  meet on two nodes conflict at commit and are tried again) and the transaction \
                  strategy is refused; see DEPLOYING.md"
-            );
-            if state.eq_ignore_ascii_case("Synced") {
-                Finding::new(Topic::Galera, Severity::Advice, said)
-            } else {
-                Finding::new(Topic::Galera, Severity::Warning, said)
-                    .fix("claim on a node that is Synced with its cluster")
-            }
-        });
+                );
+                if state.eq_ignore_ascii_case("Synced") {
+                    Finding::new(Topic::Galera, Severity::Advice, said)
+                } else {
+                    Finding::new(Topic::Galera, Severity::Warning, said)
+                        .fix("claim on a node that is Synced with its cluster")
+                }
+            },
+        );
 
         if let Some(lease) = &m.lease {
             let name = unquoted(lease);
             let column = columns.iter().find(|c| c.name.eq_ignore_ascii_case(&name));
-            let ty = column.map(|c| c.sql_type.to_ascii_lowercase()).unwrap_or_default();
+            let ty = column
+                .map(|c| c.sql_type.to_ascii_lowercase())
+                .unwrap_or_default();
             let zone = vars.get("time_zone").map_or("?", String::as_str);
             found.push(if ty.starts_with("timestamp") {
                 Finding::new(

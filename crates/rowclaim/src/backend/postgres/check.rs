@@ -19,7 +19,12 @@ struct Scan {
 
 /// Collects the scans of `relation` in a plan node and below, and whether a sort takes their
 /// rows; returns whether the node reads `relation`.
-fn walk(node: &serde_json::Value, relation: &str, scans: &mut Vec<Scan>, sorted: &mut bool) -> bool {
+fn walk(
+    node: &serde_json::Value,
+    relation: &str,
+    scans: &mut Vec<Scan>,
+    sorted: &mut bool,
+) -> bool {
     let text = |key: &str| node.get(key).and_then(|v| v.as_str()).map(str::to_owned);
     let mut reads = false;
     if text("Relation Name").as_deref() == Some(relation) {
@@ -88,7 +93,10 @@ impl Inspect for Pg {
         // with sequential scans and sorts priced out, the planner takes an index that yields the
         // rows in order wherever there is one, so a scan or a sort left in the plan means there is
         // none. (On a small table it would rightly prefer a scan, and say nothing about growth.)
-        for setting in ["SET LOCAL enable_seqscan = off", "SET LOCAL enable_sort = off"] {
+        for setting in [
+            "SET LOCAL enable_seqscan = off",
+            "SET LOCAL enable_sort = off",
+        ] {
             sqlx::query(setting).execute(self.on(&mut tx)).await?;
         }
         let explained: Result<sqlx::types::Json<serde_json::Value>> = async {
@@ -174,13 +182,12 @@ impl Inspect for Pg {
         _strategy: Strategy,
         _columns: &[Column],
     ) -> Result<Vec<Finding>> {
-        let (standby, read_only, isolation, role): (bool, String, String, String) =
-            sqlx::query_as(
-                "SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only'), \
+        let (standby, read_only, isolation, role): (bool, String, String, String) = sqlx::query_as(
+            "SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only'), \
                  current_setting('default_transaction_isolation'), quote_ident(current_user)",
-            )
-            .fetch_one(self.exec())
-            .await?;
+        )
+        .fetch_one(self.exec())
+        .await?;
         let mut found = Vec::new();
         found.push(if standby {
             Finding::new(

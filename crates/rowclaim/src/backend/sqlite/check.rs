@@ -31,9 +31,7 @@ fn step(detail: &str) -> Option<Step<'_>> {
     {
         Some((_, used)) => {
             let index = used.split(' ').next();
-            let by = used
-                .split_once('(')
-                .map(|(_, b)| b.trim_end_matches(')'));
+            let by = used.split_once('(').map(|(_, b)| b.trim_end_matches(')'));
             (index, by)
         }
         None => (None, None),
@@ -188,10 +186,16 @@ mod tests {
     #[test]
     fn plan_steps_are_read() {
         let s = step("SEARCH jobs USING INDEX jobs_status (status=?)").unwrap();
-        assert_eq!((s.table, s.index, s.by), ("jobs", Some("jobs_status"), Some("status=?")));
+        assert_eq!(
+            (s.table, s.index, s.by),
+            ("jobs", Some("jobs_status"), Some("status=?"))
+        );
         assert!(s.search);
         let s = step("SCAN t USING COVERING INDEX jobs_ready").unwrap();
-        assert_eq!((s.table, s.index, s.by, s.search), ("t", Some("jobs_ready"), None, false));
+        assert_eq!(
+            (s.table, s.index, s.by, s.search),
+            ("t", Some("jobs_ready"), None, false)
+        );
         let s = step("SCAN jobs").unwrap();
         assert_eq!((s.index, s.search), (None, false));
         assert!(step("USE TEMP B-TREE FOR ORDER BY").is_none());
