@@ -329,8 +329,8 @@ fn readme_block(database: &str) -> String {
         .unwrap()
 }
 
-/// The README's schema for this database, pasted as it is, then the README's own flags claim a
-/// row of it with `rowclaim claim` and complete it.
+/// The README's schema for this database, pasted as it is, passes `rowclaim check`; then the
+/// README's own flags claim a row of it with `rowclaim claim` and complete it.
 async fn readme_schema_works(t: Arc<TestDb>) {
     let database = match t.backend {
         Backend::Postgres => "PostgreSQL",
@@ -344,6 +344,19 @@ async fn readme_schema_works(t: Arc<TestDb>) {
         .await;
     let (_, src) = readme_schema();
     let src: Vec<&str> = src.iter().map(String::as_str).collect();
+
+    // The indexes the README recommends are the ones `check` asks for.
+    let mut args = vec!["check", "--json"];
+    args.extend(&src);
+    let out = support::rowclaim(&t.url, &args).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{database}: {}", stdout(&out));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let index = report["findings"]
+        .as_array()
+        .and_then(|f| f.iter().find(|f| f["name"] == "claim-index"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(index["severity"], "ok", "{database}: {report:#}");
 
     let mut args = vec!["claim"];
     args.extend(&src);
