@@ -304,6 +304,11 @@ mod postgres {
             let said = privileges["message"].as_str().unwrap_or_default();
             assert!(said.contains("UPDATE on public.mail"), "{said}");
             assert!(!said.contains("SELECT on public.mail"), "{said}");
+            let fix = privileges["fix"].as_str().unwrap_or_default();
+            assert!(
+                fix.contains(&format!("GRANT UPDATE ON \"public\".\"mail\" TO {role};")),
+                "{fix}"
+            );
         })
         .await
     }

@@ -423,23 +423,35 @@ impl Db {
                 format!("CREATE, to make {}", crate::registry::TABLE)
             });
         }
-        let missing = dispatch!(&self.backend, d => d.missing_privileges(&needs).await)?;
-        Ok(if missing.is_empty() {
-            Finding::ok(
+        let lacks = dispatch!(&self.backend, d => d.missing_privileges(&needs).await)?;
+        if lacks.missing.is_empty() {
+            return Ok(Finding::ok(
                 Topic::Privileges,
                 format!("this user has what claims need: {}", uses.join("; ")),
-            )
+            ));
+        }
+        let what: Vec<&str> = lacks.missing.iter().map(|(w, _)| w.as_str()).collect();
+        let mut grants: Vec<&str> = Vec::new();
+        for grant in lacks.missing.iter().filter_map(|(_, g)| g.as_deref()) {
+            // One CREATE grant makes both of rowclaim's tables.
+            if !grants.contains(&grant) {
+                grants.push(grant);
+            }
+        }
+        let caveat = lacks.caveat.map(|c| format!(" ({c})")).unwrap_or_default();
+        let finding = Finding::new(
+            Topic::Privileges,
+            Severity::Error,
+            format!(
+                "this user lacks what claims need: {}{caveat}; claims, or the first claim's \
+                 record of the mapping, fail without it",
+                what.join("; ")
+            ),
+        );
+        Ok(if grants.is_empty() {
+            finding
         } else {
-            Finding::new(
-                Topic::Privileges,
-                Severity::Error,
-                format!(
-                    "this user lacks what claims need: {} (claims, or the first claim's record \
-                     of the mapping, fail without it)",
-                    missing.join("; ")
-                ),
-            )
-            .fix(format!("grant {}", missing.join("; ")))
+            finding.fix(grants.join(" "))
         })
     }
 

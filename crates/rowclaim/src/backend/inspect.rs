@@ -50,6 +50,16 @@ pub(crate) struct Need {
     pub privileges: &'static [&'static str],
 }
 
+/// What a user lacks of what claims need.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Privileges {
+    /// Each privilege missing, said as a phrase (`UPDATE on public.jobs`), with the statement
+    /// that grants it where there is one.
+    pub missing: Vec<(String, Option<String>)>,
+    /// What the look could not see (privileges through roles, say), when something is missing.
+    pub caveat: Option<&'static str>,
+}
+
 /// The inspect role: see the module docs.
 pub(crate) trait Inspect {
     /// Plans the statement a claim of `strategy` finds ready rows with (`EXPLAIN`: nothing runs,
@@ -67,9 +77,8 @@ pub(crate) trait Inspect {
         strategy: Strategy,
         columns: &[Column],
     ) -> Result<Vec<Finding>>;
-    /// Which of the needs this connection's user lacks, each said as one phrase
-    /// (`UPDATE on public.jobs`); none when it has them all.
-    async fn missing_privileges(&self, needs: &[Need]) -> Result<Vec<String>>;
+    /// Which of the needs this connection's user lacks; none when it has them all.
+    async fn missing_privileges(&self, needs: &[Need]) -> Result<Privileges>;
     /// The database's clock (the lease clock), in milliseconds since the Unix epoch.
     async fn clock_ms(&self) -> Result<i64>;
 }

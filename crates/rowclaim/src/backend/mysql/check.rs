@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::backend::inspect::{index_columns, index_name, unquoted, Judge, Need, Reads};
+use crate::backend::inspect::{
+    index_columns, index_name, unquoted, Judge, Need, Privileges, Reads,
+};
 use crate::backend::{Inspect, Lookup};
 use crate::check::{Finding, Severity, Topic};
 
@@ -358,7 +360,7 @@ impl Inspect for My {
         Ok(found)
     }
 
-    async fn missing_privileges(&self, needs: &[Need]) -> Result<Vec<String>> {
+    async fn missing_privileges(&self, needs: &[Need]) -> Result<Privileges> {
         let (user, database): (String, Option<String>) =
             sqlx::query_as("SELECT CAST(CURRENT_USER() AS CHAR), CAST(DATABASE() AS CHAR)")
                 .fetch_one(&self.pool)
@@ -368,7 +370,7 @@ impl Inspect for My {
             Some((u, h)) => format!("'{u}'@'{h}'"),
             None => format!("'{user}'"),
         };
-        let mut missing = Vec::new();
+        let mut lacks = Privileges::default();
         for need in needs {
             let (schema, table) = match need.table.split_once('.') {
                 Some((s, t)) => (s.to_owned(), t.to_owned()),
@@ -392,26 +394,30 @@ impl Inspect for My {
             .fetch_all(&self.pool)
             .await?;
             let has = |p: &str| held.iter().any(|h| h.eq_ignore_ascii_case(p));
+            let (s, t) = (Sql::quote(&schema), Sql::quote(&table));
             if need.exists {
                 for p in need.privileges {
                     if !has(p) {
-                        missing.push(format!("{p} on {schema}.{table} to {grantee}"));
+                        lacks.missing.push((
+                            format!("{p} on {schema}.{table}"),
+                            Some(format!("GRANT {p} ON {s}.{t} TO {grantee};")),
+                        ));
                     }
                 }
             } else if !has("CREATE") {
-                missing.push(format!(
-                    "CREATE on {schema}.* to {grantee} (to make {})",
-                    need.table
+                lacks.missing.push((
+                    format!("CREATE on {schema}.* (to make {})", need.table),
+                    Some(format!("GRANT CREATE ON {s}.* TO {grantee};")),
                 ));
             }
         }
-        if !missing.is_empty() {
-            // Privileges that come through a role are not in those views.
-            if let Some(last) = missing.last_mut() {
-                last.push_str(" (as the grant tables show them, without roles)");
-            }
+        if !lacks.missing.is_empty() {
+            lacks.caveat = Some(
+                "as the grant tables show them to this user; privileges held through a role are \
+                 not seen there",
+            );
         }
-        Ok(missing)
+        Ok(lacks)
     }
 
     async fn clock_ms(&self) -> Result<i64> {

@@ -2,7 +2,9 @@
 //! rows, the settings that matter to claims, privileges and the clock. Nothing here writes.
 
 use super::*;
-use crate::backend::inspect::{index_columns, index_name, mentions, unquoted, Judge, Need, Reads};
+use crate::backend::inspect::{
+    index_columns, index_name, mentions, unquoted, Judge, Need, Privileges, Reads,
+};
 use crate::backend::{Inspect, Lookup};
 use crate::check::{Finding, Severity, Topic};
 
@@ -257,39 +259,51 @@ impl Inspect for Pg {
         Ok(found)
     }
 
-    async fn missing_privileges(&self, needs: &[Need]) -> Result<Vec<String>> {
-        let mut missing = Vec::new();
+    async fn missing_privileges(&self, needs: &[Need]) -> Result<Privileges> {
+        let role: String = sqlx::query_scalar("SELECT quote_ident(current_user)")
+            .fetch_one(self.exec())
+            .await?;
+        let mut lacks = Privileges::default();
         for need in needs {
             if need.exists {
                 let table: Vec<String> = need.table.split('.').map(Sql::quote).collect();
+                let table = table.join(".");
                 for privilege in need.privileges {
                     let has: bool = sqlx::query_scalar("SELECT has_table_privilege($1, $2)")
-                        .bind(table.join("."))
+                        .bind(table.clone())
                         .bind(*privilege)
                         .fetch_one(self.exec())
                         .await?;
                     if !has {
-                        missing.push(format!("{privilege} on {}", need.table));
+                        lacks.missing.push((
+                            format!("{privilege} on {}", need.table),
+                            Some(format!("GRANT {privilege} ON {table} TO {role};")),
+                        ));
                     }
                 }
             } else {
                 // rowclaim's tables are made unqualified: in the first schema of the search path.
                 let (can, schema): (bool, Option<String>) = sqlx::query_as(
                     "SELECT COALESCE(has_schema_privilege(current_schema(), 'CREATE'), false), \
-                     current_schema()::text",
+                     quote_ident(current_schema())",
                 )
                 .fetch_one(self.exec())
                 .await?;
                 if !can {
-                    missing.push(format!(
-                        "CREATE on schema {} (to make {})",
-                        schema.as_deref().unwrap_or("(none in the search path)"),
-                        need.table
-                    ));
+                    lacks.missing.push(match schema {
+                        Some(schema) => (
+                            format!("CREATE on schema {schema} (to make {})", need.table),
+                            Some(format!("GRANT CREATE ON SCHEMA {schema} TO {role};")),
+                        ),
+                        None => (
+                            format!("a schema in the search path (to make {})", need.table),
+                            None,
+                        ),
+                    });
                 }
             }
         }
-        Ok(missing)
+        Ok(lacks)
     }
 
     async fn clock_ms(&self) -> Result<i64> {

@@ -2,7 +2,9 @@
 //! rows, whether the file can be written, and the clock. Nothing here writes.
 
 use super::*;
-use crate::backend::inspect::{index_columns, index_name, mentions, unquoted, Judge, Need, Reads};
+use crate::backend::inspect::{
+    index_columns, index_name, mentions, unquoted, Judge, Need, Privileges, Reads,
+};
 use crate::backend::{Inspect, Lookup};
 use crate::check::Finding;
 
@@ -148,27 +150,32 @@ impl Inspect for Lite {
         Ok(Vec::new())
     }
 
-    async fn missing_privileges(&self, _needs: &[Need]) -> Result<Vec<String>> {
+    async fn missing_privileges(&self, _needs: &[Need]) -> Result<Privileges> {
         // SQLite has no privileges: whoever may write the file and its directory (where the
         // WAL and its index live) may claim. Opening the file for writing changes nothing.
         let Some(file) = self.file() else {
-            return Ok(Vec::new());
+            return Ok(Privileges::default());
         };
-        let mut missing = Vec::new();
+        let mut lacks = Privileges::default();
         if let Err(e) = std::fs::OpenOptions::new().write(true).open(&file) {
-            missing.push(format!("write access to {} ({e})", file.display()));
+            lacks
+                .missing
+                .push((format!("write access to {} ({e})", file.display()), None));
         }
         let dir = file
             .parent()
             .filter(|d| !d.as_os_str().is_empty())
             .unwrap_or(std::path::Path::new("."));
         if std::fs::metadata(dir).is_ok_and(|d| d.permissions().readonly()) {
-            missing.push(format!(
-                "write access to the directory {} (for the file's WAL)",
-                dir.display()
+            lacks.missing.push((
+                format!(
+                    "write access to the directory {} (for the file's WAL)",
+                    dir.display()
+                ),
+                None,
             ));
         }
-        Ok(missing)
+        Ok(lacks)
     }
 
     async fn clock_ms(&self) -> Result<i64> {
