@@ -1,9 +1,10 @@
 //! The command line: the global flags, the commands, and which file runs each.
 //!
 //! One file per command (or family of commands), each holding its flags and what it does:
-//! `work`, `claim`, `settle` (complete, fail, release), `extend`, `stats`, `init`, `enqueue`,
-//! `jobs`, `demo` and `bench` (which hands over to the `rowclaim-bench` crate). What several of
-//! them share is here ([`claimer`], [`say_strategy`]) and in `source_args.rs` (the table flags).
+//! `work`, `claim`, `settle` (complete, fail, release), `extend`, `stats`, `check`, `init`,
+//! `enqueue`, `jobs`, `demo` and `bench` (which hands over to the `rowclaim-bench` crate). What
+//! several of them share is here ([`claimer`], [`say_strategy`]) and in `source_args.rs` (the
+//! table flags).
 
 mod bench;
 mod check;
