@@ -45,6 +45,11 @@ pub enum CliError {
     #[error("{0}")]
     Interrupted(String),
 
+    /// `check` found something that makes claims slow or unsafe; the report is on stdout. The
+    /// text counts the findings and names their topics.
+    #[error("{summary}")]
+    CheckFound { exit: Exit, summary: String },
+
     /// `demo`'s workers did not share the rows exactly once.
     #[error("demo FAILED its own check: {0}")]
     DemoFailed(String),
@@ -85,6 +90,7 @@ impl CliError {
             CliError::Bench(e) => bench_exit(e),
             CliError::Incomplete(_) => exit::INCOMPLETE,
             CliError::Interrupted(_) => exit::INTERRUPTED,
+            CliError::CheckFound { exit, .. } => *exit,
             CliError::DemoFailed(_)
             | CliError::Io { .. }
             | CliError::Metrics(_)

@@ -70,6 +70,22 @@ pub const OUTCOME_UNKNOWN: Exit = Exit {
               check before doing it again",
 };
 
+pub const CHECK_SLOW: Exit = Exit {
+    code: 7,
+    name: "slow",
+    meaning: "`check` found something that makes claims slow (a claim without a fitting index, a \
+              default isolation that makes claims fail and retry), and nothing worse",
+};
+
+pub const CHECK_UNSAFE: Exit = Exit {
+    code: 8,
+    name: "unsafe",
+    meaning: "`check` found something that makes claims fail or lose exclusivity (a \
+              statement-based binary log, a standby or read-only server, missing privileges, a \
+              strategy the server or table cannot do, a mapping that differs from the recorded \
+              one)",
+};
+
 pub const INTERRUPTED: Exit = Exit {
     code: 130,
     name: "interrupted",
@@ -78,7 +94,7 @@ pub const INTERRUPTED: Exit = Exit {
 };
 
 /// Every exit code, in order.
-pub const TABLE: [Exit; 8] = [
+pub const TABLE: [Exit; 10] = [
     OK,
     NOTHING_CLAIMED,
     BAD_INPUT,
@@ -86,6 +102,8 @@ pub const TABLE: [Exit; 8] = [
     FAILURE,
     INCOMPLETE,
     OUTCOME_UNKNOWN,
+    CHECK_SLOW,
+    CHECK_UNSAFE,
     INTERRUPTED,
 ];
 

@@ -55,9 +55,10 @@ fn the_default_database_is_named_and_reads_create_no_file() {
         "no --database or DATABASE_URL; using sqlite://rowclaim.db in {}",
         here.display()
     );
-    let reads: [&[&str]; 4] = [
+    let reads: [&[&str]; 5] = [
         &["stats"],
         &["stats", "--table", "emails"],
+        &["check", "--table", "emails"],
         &["jobs", "list"],
         &["jobs", "show", "1"],
     ];
@@ -329,8 +330,8 @@ fn readme_block(database: &str) -> String {
         .unwrap()
 }
 
-/// The README's schema for this database, pasted as it is, then the README's own flags claim a
-/// row of it with `rowclaim claim` and complete it.
+/// The README's schema for this database, pasted as it is, passes `rowclaim check`; then the
+/// README's own flags claim a row of it with `rowclaim claim` and complete it.
 async fn readme_schema_works(t: Arc<TestDb>) {
     let database = match t.backend {
         Backend::Postgres => "PostgreSQL",
@@ -344,6 +345,19 @@ async fn readme_schema_works(t: Arc<TestDb>) {
         .await;
     let (_, src) = readme_schema();
     let src: Vec<&str> = src.iter().map(String::as_str).collect();
+
+    // The indexes the README recommends are the ones `check` asks for.
+    let mut args = vec!["check", "--json"];
+    args.extend(&src);
+    let out = support::rowclaim(&t.url, &args).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{database}: {}", stdout(&out));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let index = report["findings"]
+        .as_array()
+        .and_then(|f| f.iter().find(|f| f["name"] == "claim-index"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(index["severity"], "ok", "{database}: {report:#}");
 
     let mut args = vec!["claim"];
     args.extend(&src);
@@ -456,6 +470,23 @@ fn a_read_only_sqlite_file_is_read_and_named() {
     assert!(
         !dir.path().join("jobs.db-wal").exists(),
         "reading switched the file to WAL"
+    );
+
+    // `check` reads it too, and says that claims would fail: no write access for this user.
+    let out = as_nobody(&["check", "--queue", "default", "--json"]);
+    assert_eq!(out.status.code(), Some(8), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let privileges = report["findings"]
+        .as_array()
+        .and_then(|f| f.iter().find(|f| f["name"] == "privileges"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(privileges["severity"], "error", "{report:#}");
+    assert!(
+        privileges["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&format!("write access to {}", file.display()))),
+        "{report:#}"
     );
 
     let out = as_nobody(&["enqueue", "{}"]);

@@ -493,6 +493,8 @@ pub struct PrivateMariadb {
     /// The running server; the lock serialises stop/start.
     child: tokio::sync::Mutex<Option<Child>>,
     dir: tempfile::TempDir,
+    /// Options given after [`MARIADB_FLAGS`] at every start (see [`PrivateMariadb::start_with`]).
+    extra: Vec<String>,
 }
 
 /// Server flags besides datadir, port, socket, pid and log files.
@@ -516,6 +518,14 @@ impl PrivateMariadb {
     /// mariadb-install-db in a new temp dir, then starts mariadbd on a spare port of 127.0.0.1
     /// and waits until `root` can log in.
     pub async fn start() -> PrivateMariadb {
+        PrivateMariadb::start_with(&[]).await
+    }
+
+    /// [`PrivateMariadb::start`] with more mariadbd options, given after the usual ones (so they
+    /// win over them) at this start and every later one: a server configured as the shared one
+    /// must not be, e.g. `["--log-bin", "--binlog-format=STATEMENT"]` for statement-based
+    /// replication.
+    pub async fn start_with(extra: &[&str]) -> PrivateMariadb {
         sweep_leftovers();
         let mariadbd =
             first_existing(&["/usr/sbin/mariadbd", "/usr/sbin/mysqld"]).unwrap_or_else(|| {
@@ -531,6 +541,7 @@ impl PrivateMariadb {
             root: is_root(),
             child: tokio::sync::Mutex::new(None),
             dir: new_dir(MY_PREFIX),
+            extra: extra.iter().map(|o| (*o).to_owned()).collect(),
         };
         // Its own tmpdir: internal temp table names of two servers in one dir can collide.
         let tmp = my.dir.path().join("tmp");
@@ -754,6 +765,7 @@ impl PrivateMariadb {
             .arg(format!("--log-error={}", d.join("error.log").display()))
             .arg(format!("--tmpdir={}", d.join("tmp").display()))
             .args(MARIADB_FLAGS)
+            .args(&self.extra)
             .current_dir(d)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

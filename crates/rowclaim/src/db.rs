@@ -436,6 +436,18 @@ impl Db {
         source: &Source,
         strategy: Strategy,
     ) -> Result<(crate::mapping::Mapping, Strategy, ServerInfo)> {
+        let (mapping, _) = self.live_mapping(source).await?;
+        let server = self.backend.server().await?;
+        let chosen = strategy.resolve(&server, &mapping)?;
+        Ok((mapping, chosen, server))
+    }
+
+    /// `source` checked against the live table (names, columns, types, `--where`), and the
+    /// table's columns.
+    pub(crate) async fn live_mapping(
+        &self,
+        source: &Source,
+    ) -> Result<(crate::mapping::Mapping, Vec<crate::mapping::Column>)> {
         source.validate()?;
         let table = TableName::parse(source.table_name())?;
         let columns = self.backend.columns(&table).await?;
@@ -450,9 +462,7 @@ impl Db {
             self.check_filter(&mapping, condition, &table.display)
                 .await?;
         }
-        let server = self.backend.server().await?;
-        let chosen = strategy.resolve(&server, &mapping)?;
-        Ok((mapping, chosen, server))
+        Ok((mapping, columns))
     }
 
     /// Asks the database whether the source's `--where` is a condition on its table (a statement

@@ -58,6 +58,7 @@
 )]
 
 mod backend;
+mod check;
 mod claim;
 mod db;
 mod error;
@@ -71,6 +72,7 @@ mod value;
 mod worker;
 
 pub use backend::{Capability, ServerInfo};
+pub use check::{CheckReport, Finding, Severity, Topic};
 pub use claim::{
     Backlog, Claim, ClaimedRow, Claimer, LockMode, LockWait, LockedRows, RowFilter, SourceRow,
     Stats, Token,

@@ -292,6 +292,21 @@ async fn list<R: Run>(r: &R) -> Result<Vec<RecordedSource>> {
     select(r, Binder::new(), "", "a table").await
 }
 
+/// The strategy a claimer uses on a table with `recorded`: `auto` (`asked`) follows a record that
+/// keeps claims in `rowclaim_leases`, even when owner and lease columns are mapped; otherwise
+/// `chosen`, which the record may still refuse.
+pub(crate) fn follow_record(
+    chosen: Strategy,
+    asked: Strategy,
+    recorded: &RecordedSource,
+) -> Strategy {
+    if asked == Strategy::Auto && recorded.claims == ClaimsKept::InLeaseTable {
+        Strategy::LeaseTable
+    } else {
+        chosen
+    }
+}
+
 /// The error for a claimer that disagrees with the record.
 fn disagreement(table_display: &str, recorded: &RecordedSource, differences: Vec<String>) -> Error {
     Error::MappingDisagrees {
@@ -303,7 +318,7 @@ fn disagreement(table_display: &str, recorded: &RecordedSource, differences: Vec
 
 /// `mine` against the record that holds: the record, or the claimer refused naming each
 /// difference.
-fn agree(
+pub(crate) fn agree(
     table_display: &str,
     mine: &RecordedSource,
     holds: RecordedSource,
@@ -329,16 +344,17 @@ impl Db {
         chosen: Strategy,
         asked: Strategy,
     ) -> Result<(Strategy, bool)> {
-        let Some(recorded) = dispatch!(&self.backend, d => lookup(d, &m.source_key).await)? else {
+        let Some(recorded) = self.record_of(m).await? else {
             return Ok((chosen, false));
         };
-        let chosen = if asked == Strategy::Auto && recorded.claims == ClaimsKept::InLeaseTable {
-            Strategy::LeaseTable
-        } else {
-            chosen
-        };
+        let chosen = follow_record(chosen, asked, &recorded);
         agree(&m.table_display, &RecordedSource::of(m, chosen), recorded)?;
         Ok((chosen, true))
+    }
+
+    /// The record of `m`'s table, if it has one. Writes nothing.
+    pub(crate) async fn record_of(&self, m: &Mapping) -> Result<Option<RecordedSource>> {
+        dispatch!(&self.backend, d => lookup(d, &m.source_key).await)
     }
 
     /// Records the mapping of a table's first claimer, or checks a later one against the record

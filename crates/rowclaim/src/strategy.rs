@@ -70,20 +70,7 @@ impl Strategy {
             reason,
         };
         match self {
-            // Never `transaction`: its locks are the claim, and on a Galera cluster they hold
-            // off one node's claimers only. What it picks writes its claim to the table, which
-            // the cluster checks at commit.
-            Strategy::Auto => Ok(if m.owner.is_some() && m.lease.is_some() {
-                if server.skip_locked().is_ok() {
-                    Strategy::SkipLocked
-                } else {
-                    Strategy::Token
-                }
-            } else {
-                // Without owner and lease columns only a side table gives both crash recovery and
-                // a token that works across processes.
-                Strategy::LeaseTable
-            }),
+            Strategy::Auto => Ok(auto_choice(server, m).0),
             Strategy::SkipLocked => {
                 server.skip_locked().map_err(|why| {
                     unsupported(format!(
@@ -130,6 +117,45 @@ impl Strategy {
             }
             Strategy::Optimistic | Strategy::LeaseTable | Strategy::Transaction => Ok(self),
         }
+    }
+}
+
+/// What `auto` picks on this server for this mapping, and why, in words for a person (`rowclaim
+/// check` shows them). Never `transaction`: its locks are the claim, and on a Galera cluster they
+/// hold off one node's claimers only. What it picks writes its claim to the table, which the
+/// cluster checks at commit.
+pub(crate) fn auto_choice(server: &ServerInfo, m: &Mapping) -> (Strategy, String) {
+    match (&m.owner, &m.lease) {
+        (Some(_), Some(_)) => match server.skip_locked() {
+            Ok(()) => (
+                Strategy::SkipLocked,
+                format!(
+                    "owner and lease columns are mapped and {} has SKIP LOCKED",
+                    server.description
+                ),
+            ),
+            Err(why) => (
+                Strategy::Token,
+                format!("owner and lease columns are mapped, but {why}"),
+            ),
+        },
+        // Without owner and lease columns only a side table gives both crash recovery and a
+        // token that works across processes.
+        (owner, _) => (
+            Strategy::LeaseTable,
+            format!(
+                "{} has no {} mapped, so only a side table (rowclaim_leases) gives crash \
+                 recovery and a token that works across processes",
+                m.table_display,
+                if owner.is_none() && m.lease.is_none() {
+                    "owner or lease column"
+                } else if owner.is_none() {
+                    "owner column"
+                } else {
+                    "lease column"
+                }
+            ),
+        ),
     }
 }
 

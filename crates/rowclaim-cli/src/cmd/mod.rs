@@ -1,11 +1,13 @@
 //! The command line: the global flags, the commands, and which file runs each.
 //!
 //! One file per command (or family of commands), each holding its flags and what it does:
-//! `work`, `claim`, `settle` (complete, fail, release), `extend`, `stats`, `init`, `enqueue`,
-//! `jobs`, `demo` and `bench` (which hands over to the `rowclaim-bench` crate). What several of
-//! them share is here ([`claimer`], [`say_strategy`]) and in `source_args.rs` (the table flags).
+//! `work`, `claim`, `settle` (complete, fail, release), `extend`, `stats`, `check`, `init`,
+//! `enqueue`, `jobs`, `demo` and `bench` (which hands over to the `rowclaim-bench` crate). What
+//! several of them share is here ([`claimer`], [`say_strategy`]) and in `source_args.rs` (the
+//! table flags).
 
 mod bench;
+mod check;
 mod claim;
 mod completions;
 mod dashboard;
@@ -102,6 +104,15 @@ pub enum Command {
     /// completed in the last minute.
     #[command(after_help = exit::AFTER_HELP.as_str())]
     Stats(stats::StatsArgs),
+    /// Check what claims on a source would meet on the live database, writing nothing: the
+    /// strategy auto picks and why; whether the claim's statement finds ready rows through an
+    /// index (the server's own plan of it; if not, the CREATE INDEX to run); privileges; a
+    /// standby or read-only server; the default isolation; on MySQL/MariaDB the binary log
+    /// format (statement-based logging breaks claims), Galera and the lease column's type; the
+    /// database's clock against this one. Exits 7 when something makes claims slow, 8 when
+    /// something makes them fail or lose exclusivity.
+    #[command(after_help = exit::AFTER_HELP.as_str())]
+    Check(check::CheckArgs),
     /// Create or migrate the managed job queue (table rowclaim_jobs). Idempotent; safe to run
     /// from several processes at once.
     #[command(after_help = exit::AFTER_HELP.as_str())]
@@ -155,6 +166,7 @@ impl Command {
     fn only_reads(&self) -> bool {
         match self {
             Command::Stats(_)
+            | Command::Check(_)
             | Command::Source(source::SourceCommand::List(_))
             | Command::Queue(queue::QueueCommand::List(_)) => true,
             Command::Jobs(op) => matches!(
@@ -204,6 +216,7 @@ async fn dispatch(url: &str, command: Command) -> Result<(), CliError> {
         Command::Release(a) => settle::release(url, a).await,
         Command::Extend(a) => extend::run(url, a).await,
         Command::Stats(a) => stats::run(url, a).await,
+        Command::Check(a) => check::run(url, a).await,
         Command::Init(a) => init::run(url, a).await,
         Command::Jobs(op) => jobs::run(url, op).await,
         Command::Queue(op) => queue::run(url, op).await,

@@ -1,6 +1,6 @@
-//! `<source>`: the table flags that `work`, `claim`, `complete`/`fail`/`release`, `extend` and
-//! `stats` share: a table and its column mapping on the command line, a named source from
-//! `rowclaim.toml`, or the managed queue (`--queue`).
+//! `<source>`: the table flags that `work`, `claim`, `complete`/`fail`/`release`, `extend`,
+//! `stats` and `check` share: a table and its column mapping on the command line, a named source
+//! from `rowclaim.toml`, or the managed queue (`--queue`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

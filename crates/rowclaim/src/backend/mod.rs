@@ -20,6 +20,7 @@ use crate::mapping::{Column, Mapping, Naming, TableName};
 use crate::value::IdList;
 use crate::{LockMode, LockWait, Result, RowId, Stats, Strategy};
 
+mod inspect;
 mod request;
 mod retry;
 pub(crate) mod run;
@@ -39,6 +40,7 @@ pub(crate) mod sqlite;
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 compile_error!("rowclaim needs at least one of the features postgres, mysql, sqlite");
 
+pub(crate) use inspect::{Inspect, Lookup, Need, Reads};
 pub(crate) use request::{
     ClaimArgs, Claimed, Outcome, Position, Resolved, RowQuery, StoredRow, Target,
 };

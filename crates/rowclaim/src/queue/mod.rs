@@ -199,6 +199,23 @@ impl Queue {
             .map_err(not_initialised)
     }
 
+    /// [`Db::check`] for a claimer of jobs from `queues` (all queues when empty), as
+    /// [`Queue::claimer`] makes it: the strategy it uses, whether its claim reads ready jobs
+    /// through the queue's index, privileges, the server's settings and the clock. Writes
+    /// nothing.
+    pub async fn check(&self, queues: &[String]) -> Result<crate::CheckReport> {
+        for q in queues {
+            if q.is_empty() {
+                return Err(Error::InvalidInput("queue name must not be empty".into()));
+            }
+        }
+        let source = Source::managed(queues.to_vec(), Vec::new(), false);
+        self.db
+            .check_source(&source, Strategy::Auto)
+            .await
+            .map_err(not_initialised)
+    }
+
     /// Cancels a ready or running job (a running one's result is then refused by fencing).
     /// Returns whether a job was cancelled.
     pub async fn cancel(&self, id: i64) -> Result<bool> {

@@ -20,17 +20,10 @@ impl My {
     /// for the moment of this transaction when leases have expired. On a Galera cluster the rows
     /// are read back by token after the commit instead (see `verify_after_commit`).
     async fn skip_locked(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
-        let (m, t, id, order, filter) = (a.m, &a.m.table, &a.m.id, &a.m.order_by, &a.m.filter);
+        let (m, t, id) = (a.m, &a.m.table, &a.m.id);
         let mut b = B::new();
         let batch = i64::from(a.batch);
-        let arm = |b: &mut B, cond: String| {
-            format!(
-                "(SELECT {} FROM {t} AS t WHERE {cond}{filter} ORDER BY {order} \
-                 LIMIT {} FOR UPDATE SKIP LOCKED)",
-                id_text(m),
-                b.bind(batch)
-            )
-        };
+        let arm = |b: &mut B, cond: String| locking_arm(m, b, &cond, batch);
         let sql = match a.expired.then(|| sql::expired_arm(m, &mut b)).flatten() {
             Some(expired) => {
                 let e = arm(&mut b, expired);
@@ -100,14 +93,7 @@ impl My {
         let (m, t, id, filter) = (a.m, &a.m.table, &a.m.id, &a.m.filter);
         let mut b = B::new();
         let batch = i64::from(a.batch);
-        let pick = sql::candidates(
-            m,
-            &mut b,
-            &format!("CAST({id} AS CHAR) AS rowclaim_id"),
-            batch,
-            a.expired,
-        );
-        let sql = format!("SELECT rowclaim_id FROM ({pick}) AS c");
+        let sql = optimistic_pick(m, &mut b, batch, a.expired);
         let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
         if found.is_empty() {
             return Ok(Claimed::none());
@@ -153,20 +139,11 @@ impl My {
     /// then the rows are marked, all in one transaction (on a Galera cluster read back after
     /// the commit).
     async fn lease_table(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
-        let (m, t, id, order, filter) = (a.m, &a.m.table, &a.m.id, &a.m.order_by, &a.m.filter);
+        let (m, t, id) = (a.m, &a.m.table, &a.m.id);
         let mut b = B::new();
         let batch = i64::from(a.batch);
         let st = &m.status;
-        let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
-        let source = b.bind(m.source_key.clone());
-        let limit = b.bind(batch);
-        let sql = format!(
-            "SELECT {} FROM {t} AS t WHERE ({st} = {ready} OR {st} = {claimed}){filter} \
-             AND NOT EXISTS (SELECT 1 FROM rowclaim_leases l WHERE l.source = {source} \
-             AND l.row_id = CAST(t.{id} AS CHAR) AND l.lease_until >= UTC_TIMESTAMP(6)) \
-             ORDER BY {order} LIMIT {limit}",
-            id_text(m)
-        );
+        let sql = lease_candidates(m, &mut b, batch, true);
         let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
         if found.is_empty() {
             return Ok(Claimed::none());
@@ -238,17 +215,9 @@ impl My {
     /// the session's idle timeout (`wait_timeout`, whole seconds) is the lease: past it the server
     /// closes the connection, the transaction rolls back and the rows are free again.
     async fn transaction(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
-        let (m, t, order, filter) = (a.m, &a.m.table, &a.m.order_by, &a.m.filter);
+        let m = a.m;
         let mut b = B::new();
-        let batch = i64::from(a.batch);
-        let ready = status_literal(&m.ready);
-        let limit = b.bind(batch);
-        let sql = format!(
-            "SELECT {} FROM {t} AS t WHERE {} = {ready}{filter} \
-             ORDER BY {order} LIMIT {limit} FOR UPDATE SKIP LOCKED",
-            Sql::row_json(m),
-            m.status
-        );
+        let sql = transaction_pick(m, &mut b, i64::from(a.batch));
         let mut tx = self.begin().await?;
         let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
         if rows.is_empty() {
@@ -264,4 +233,79 @@ impl My {
             .await?;
         Ok(Claimed::held(rows, Some(tx)))
     }
+}
+
+/// One arm of the skip-locked claim: the first `batch` unlocked rows that meet `cond`, locked.
+fn locking_arm(m: &Mapping, b: &mut B, cond: &str, batch: i64) -> String {
+    format!(
+        "(SELECT {} FROM {} AS t WHERE {cond}{} ORDER BY {} LIMIT {} FOR UPDATE SKIP LOCKED)",
+        id_text(m),
+        m.table,
+        m.filter,
+        m.order_by,
+        b.bind(batch)
+    )
+}
+
+/// The optimistic claim's candidates, read without locks.
+fn optimistic_pick(m: &Mapping, b: &mut B, batch: i64, expired: bool) -> String {
+    let select = format!("CAST({} AS CHAR) AS rowclaim_id", m.id);
+    let pick = sql::candidates(m, b, &select, batch, expired);
+    format!("SELECT rowclaim_id FROM ({pick}) AS c")
+}
+
+/// The lease-table claim's candidates: ready or claimed rows without a live lease. Without
+/// `leases` the lease table is left out (`rowclaim check` on a database that has none yet).
+fn lease_candidates(m: &Mapping, b: &mut B, batch: i64, leases: bool) -> String {
+    let (t, id, st) = (&m.table, &m.id, &m.status);
+    let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
+    let live = if leases {
+        let source = b.bind(m.source_key.clone());
+        format!(
+            " AND NOT EXISTS (SELECT 1 FROM rowclaim_leases l WHERE l.source = {source} \
+             AND l.row_id = CAST(t.{id} AS CHAR) AND l.lease_until >= UTC_TIMESTAMP(6))"
+        )
+    } else {
+        String::new()
+    };
+    let limit = b.bind(batch);
+    format!(
+        "SELECT {} FROM {t} AS t WHERE ({st} = {ready} OR {st} = {claimed}){}{live} \
+         ORDER BY {} LIMIT {limit}",
+        id_text(m),
+        m.filter,
+        m.order_by
+    )
+}
+
+/// The transaction claim's locking read of ready rows.
+fn transaction_pick(m: &Mapping, b: &mut B, batch: i64) -> String {
+    let limit = b.bind(batch);
+    format!(
+        "SELECT {} FROM {} AS t WHERE {} = {}{} ORDER BY {} LIMIT {limit} FOR UPDATE SKIP LOCKED",
+        Sql::row_json(m),
+        m.table,
+        m.status,
+        status_literal(&m.ready),
+        m.filter,
+        m.order_by
+    )
+}
+
+/// The statement a claim of `strategy` looks for ready rows with, as the claim sends it: the
+/// locking read of skip-locked and transaction, the token UPDATE's candidates, the first
+/// statement of the others. `rowclaim check` explains it.
+pub(super) fn lookup(m: &Mapping, strategy: Resolved, batch: i64, leases: bool) -> (String, B) {
+    let mut b = B::new();
+    let sql = match strategy {
+        Resolved::SkipLocked => {
+            let ready = sql::ready_arm(m, &mut b);
+            locking_arm(m, &mut b, &ready, batch)
+        }
+        Resolved::Token => sql::candidates(m, &mut b, &m.id, batch, false),
+        Resolved::Optimistic => optimistic_pick(m, &mut b, batch, false),
+        Resolved::LeaseTable => lease_candidates(m, &mut b, batch, leases),
+        Resolved::Transaction => transaction_pick(m, &mut b, batch),
+    };
+    (sql, b)
 }

@@ -16,6 +16,7 @@
 //! strategy, locking reads) does not block inserts or the claims and settles of other rows.
 
 mod catalog;
+mod check;
 mod claim;
 mod store;
 

@@ -23,7 +23,7 @@ impl Pg {
     /// ready rows in two arms that start there (the rest of its priority, then lower priorities),
     /// each an index range: see `Position`.
     async fn skip_locked(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
-        let (m, t, id, order, filter) = (a.m, &a.m.table, &a.m.id, &a.m.order_by, &a.m.filter);
+        let (m, t, id) = (a.m, &a.m.table, &a.m.id);
         let row = Sql::row_json(a.m);
         let mut b = B::new();
         let batch = i64::from(a.batch);
@@ -52,10 +52,7 @@ impl Pg {
                 .iter()
                 .map(|p| format!(" - (SELECT count(*) FROM {p})"))
                 .collect::<String>();
-            ctes.push(format!(
-                "a{n} AS (SELECT {id} FROM {t} WHERE {cond}{filter} ORDER BY {order} \
-                 LIMIT {limit}{left} FOR UPDATE SKIP LOCKED)"
-            ));
+            ctes.push(format!("a{n} AS ({})", locking_arm(m, cond, &limit, &left)));
             before.push(format!("a{n}"));
         }
         let union = before
@@ -138,14 +135,7 @@ impl Pg {
         let row = Sql::row_json(a.m);
         let mut b = B::new();
         let batch = i64::from(a.batch);
-        let pick = sql::candidates(
-            m,
-            &mut b,
-            &format!("{id}::text AS rowclaim_id"),
-            batch,
-            a.expired,
-        );
-        let sql = format!("SELECT rowclaim_id FROM ({pick}) AS c");
+        let sql = optimistic_pick(m, &mut b, batch, a.expired);
         let found: Vec<String> = b.scalar(sql)?.fetch_all(self.exec()).await?;
         if found.is_empty() {
             return Ok(Claimed::none());
@@ -167,20 +157,12 @@ impl Pg {
     /// inserting the lease key is the claim (an expired lease is taken over in the same statement),
     /// then the rows are marked.
     async fn lease_table(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
-        let (m, t, id, order, filter) = (a.m, &a.m.table, &a.m.id, &a.m.order_by, &a.m.filter);
+        let (m, t, id) = (a.m, &a.m.table, &a.m.id);
         let row = Sql::row_json(a.m);
         let mut b = B::new();
         let batch = i64::from(a.batch);
         let st = &m.status;
-        let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
-        let source = b.bind(m.source_key.clone());
-        let limit = b.bind(batch);
-        let sql = format!(
-            "SELECT t.{id}::text AS rowclaim_id FROM {t} AS t WHERE ({st} = {ready} OR {st} = {claimed}){filter} \
-             AND NOT EXISTS (SELECT 1 FROM rowclaim_leases l WHERE l.source = {source} \
-             AND l.row_id = t.{id}::text AND l.lease_until >= now()) \
-             ORDER BY {order} LIMIT {limit}"
-        );
+        let sql = lease_candidates(m, &mut b, batch, true);
         let found: Vec<String> = b.scalar(sql)?.fetch_all(self.exec()).await?;
         if found.is_empty() {
             return Ok(Claimed::none());
@@ -235,22 +217,13 @@ impl Pg {
     /// the session's idle timeout is the lease: past it the server ends the session and the rows
     /// are free again.
     async fn transaction(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
-        let (m, t, order, filter) = (a.m, &a.m.table, &a.m.order_by, &a.m.filter);
-        let row = Sql::row_json(a.m);
         let mut b = B::new();
-        let batch = i64::from(a.batch);
         let mut tx = self.begin().await?;
         sqlx::query("SELECT set_config('idle_in_transaction_session_timeout', $1, true)")
             .bind(sql::lease_ms(a.lease).to_string())
             .execute(self.on(&mut tx))
             .await?;
-        let ready = status_literal(&m.ready);
-        let limit = b.bind(batch);
-        let sql = format!(
-            "SELECT {row} FROM {t} AS t WHERE {} = {ready}{filter} \
-             ORDER BY {order} LIMIT {limit} FOR UPDATE SKIP LOCKED",
-            m.status
-        );
+        let sql = transaction_pick(a.m, &mut b, i64::from(a.batch));
         let rows = json_rows(b.scalar(sql)?.fetch_all(self.on(&mut tx)).await?);
         let held = if rows.is_empty() {
             tx.rollback().await?;
@@ -260,4 +233,74 @@ impl Pg {
         };
         Ok(Claimed::held(rows, held))
     }
+}
+
+/// One arm of the skip-locked claim: the first `limit` unlocked rows that meet `cond`, locked.
+fn locking_arm(m: &Mapping, cond: &str, limit: &str, left: &str) -> String {
+    format!(
+        "SELECT {} FROM {} WHERE {cond}{} ORDER BY {} LIMIT {limit}{left} FOR UPDATE SKIP LOCKED",
+        m.id, m.table, m.filter, m.order_by
+    )
+}
+
+/// The optimistic claim's candidates, read without locks.
+fn optimistic_pick(m: &Mapping, b: &mut B, batch: i64, expired: bool) -> String {
+    let select = format!("{}::text AS rowclaim_id", m.id);
+    let pick = sql::candidates(m, b, &select, batch, expired);
+    format!("SELECT rowclaim_id FROM ({pick}) AS c")
+}
+
+/// The lease-table claim's candidates: ready or claimed rows without a live lease. Without
+/// `leases` the lease table is left out (`rowclaim check` on a database that has none yet).
+fn lease_candidates(m: &Mapping, b: &mut B, batch: i64, leases: bool) -> String {
+    let (t, id, st) = (&m.table, &m.id, &m.status);
+    let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
+    let live = if leases {
+        let source = b.bind(m.source_key.clone());
+        format!(
+            " AND NOT EXISTS (SELECT 1 FROM rowclaim_leases l WHERE l.source = {source} \
+             AND l.row_id = t.{id}::text AND l.lease_until >= now())"
+        )
+    } else {
+        String::new()
+    };
+    let limit = b.bind(batch);
+    format!(
+        "SELECT t.{id}::text AS rowclaim_id FROM {t} AS t \
+         WHERE ({st} = {ready} OR {st} = {claimed}){}{live} ORDER BY {} LIMIT {limit}",
+        m.filter, m.order_by
+    )
+}
+
+/// The transaction claim's locking read of ready rows.
+fn transaction_pick(m: &Mapping, b: &mut B, batch: i64) -> String {
+    let limit = b.bind(batch);
+    format!(
+        "SELECT {} FROM {} AS t WHERE {} = {}{} ORDER BY {} LIMIT {limit} FOR UPDATE SKIP LOCKED",
+        Sql::row_json(m),
+        m.table,
+        m.status,
+        status_literal(&m.ready),
+        m.filter,
+        m.order_by
+    )
+}
+
+/// The statement a claim of `strategy` looks for ready rows with, as the claim sends it: the
+/// first arm of skip-locked's UPDATE, the token UPDATE's candidates, the first statement of the
+/// others. `rowclaim check` explains it.
+pub(super) fn lookup(m: &Mapping, strategy: Resolved, batch: i64, leases: bool) -> (String, B) {
+    let mut b = B::new();
+    let sql = match strategy {
+        Resolved::SkipLocked => {
+            let limit = b.bind(batch);
+            let ready = sql::ready_arm(m, &mut b);
+            locking_arm(m, &ready, &limit, "")
+        }
+        Resolved::Token => sql::candidates(m, &mut b, &m.id, batch, false),
+        Resolved::Optimistic => optimistic_pick(m, &mut b, batch, false),
+        Resolved::LeaseTable => lease_candidates(m, &mut b, batch, leases),
+        Resolved::Transaction => transaction_pick(m, &mut b, batch),
+    };
+    (sql, b)
 }

@@ -4,6 +4,7 @@
 //! bound as one array (`= ANY($n)`), so every statement's text is stable and prepared once.
 
 mod catalog;
+mod check;
 mod claim;
 pub(crate) mod route;
 mod store;

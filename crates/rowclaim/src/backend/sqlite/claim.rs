@@ -45,14 +45,7 @@ impl Lite {
         let json = Sql::row_json(m);
         let batch = i64::from(a.batch);
         let mut b = B::new();
-        let pick = sql::candidates(
-            m,
-            &mut b,
-            &format!("CAST({id} AS TEXT) AS rowclaim_id"),
-            batch,
-            a.expired,
-        );
-        let sql = format!("SELECT rowclaim_id FROM ({pick})");
+        let sql = optimistic_pick(m, &mut b, batch, a.expired);
         let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
         if found.is_empty() {
             return Ok(Claimed::none());
@@ -72,22 +65,13 @@ impl Lite {
     /// The `lease-table` strategy on SQLite: under the write lock: rows without a live lease,
     /// insert their lease keys (taking over expired ones), mark the rows.
     async fn lease_table(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
-        let (m, t, id, order, filter) = (a.m, &a.m.table, &a.m.id, &a.m.order_by, &a.m.filter);
+        let (m, t, id) = (a.m, &a.m.table, &a.m.id);
         let json = Sql::row_json(m);
         let batch = i64::from(a.batch);
         let mut b = B::new();
         let mut tx = self.write().await?;
         let st = &m.status;
-        let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
-        let source = b.bind(m.source_key.clone());
-        let limit = b.bind(batch);
-        let sql = format!(
-            "SELECT CAST(t.{id} AS TEXT) AS rowclaim_id FROM {t} AS t \
-             WHERE ({st} = {ready} OR {st} = {claimed}){filter} \
-             AND NOT EXISTS (SELECT 1 FROM rowclaim_leases l WHERE l.source = {source} \
-             AND l.row_id = CAST(t.{id} AS TEXT) AND l.lease_until >= {NOW}) \
-             ORDER BY {order} LIMIT {limit}"
-        );
+        let sql = lease_candidates(m, &mut b, batch, true);
         let found: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
         if found.is_empty() {
             tx.rollback().await?;
@@ -124,9 +108,6 @@ impl Lite {
     /// SQLite cannot end the session on its own, so the deadline is checked before each later
     /// write.
     async fn transaction(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
-        let (m, t, order, filter) = (a.m, &a.m.table, &a.m.order_by, &a.m.filter);
-        let json = Sql::row_json(m);
-        let batch = i64::from(a.batch);
         let mut b = B::new();
         let mut tx = self.write().await?;
         let sql = format!("SELECT {NOW} + ?");
@@ -134,12 +115,7 @@ impl Lite {
             .bind(sql::lease_ms(a.lease))
             .fetch_one(&mut *tx)
             .await?;
-        let ready = status_literal(&m.ready);
-        let limit = b.bind(batch);
-        let sql = format!(
-            "SELECT {json} FROM {t} WHERE {} = {ready}{filter} ORDER BY {order} LIMIT {limit}",
-            m.status
-        );
+        let sql = transaction_pick(a.m, &mut b, i64::from(a.batch));
         let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
         let held = if rows.is_empty() {
             tx.rollback().await?;
@@ -149,4 +125,61 @@ impl Lite {
         };
         Ok(Claimed::held(rows, held))
     }
+}
+
+/// The optimistic claim's candidates, read without the write lock.
+fn optimistic_pick(m: &Mapping, b: &mut B, batch: i64, expired: bool) -> String {
+    let select = format!("CAST({} AS TEXT) AS rowclaim_id", m.id);
+    let pick = sql::candidates(m, b, &select, batch, expired);
+    format!("SELECT rowclaim_id FROM ({pick})")
+}
+
+/// The lease-table claim's candidates: ready or claimed rows without a live lease. Without
+/// `leases` the lease table is left out (`rowclaim check` on a database that has none yet).
+fn lease_candidates(m: &Mapping, b: &mut B, batch: i64, leases: bool) -> String {
+    let (t, id, st) = (&m.table, &m.id, &m.status);
+    let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
+    let live = if leases {
+        let source = b.bind(m.source_key.clone());
+        format!(
+            " AND NOT EXISTS (SELECT 1 FROM rowclaim_leases l WHERE l.source = {source} \
+             AND l.row_id = CAST(t.{id} AS TEXT) AND l.lease_until >= {NOW})"
+        )
+    } else {
+        String::new()
+    };
+    let limit = b.bind(batch);
+    format!(
+        "SELECT CAST(t.{id} AS TEXT) AS rowclaim_id FROM {t} AS t \
+         WHERE ({st} = {ready} OR {st} = {claimed}){}{live} ORDER BY {} LIMIT {limit}",
+        m.filter, m.order_by
+    )
+}
+
+/// The transaction claim's read of ready rows (under the write lock).
+fn transaction_pick(m: &Mapping, b: &mut B, batch: i64) -> String {
+    let limit = b.bind(batch);
+    format!(
+        "SELECT {} FROM {} WHERE {} = {}{} ORDER BY {} LIMIT {limit}",
+        Sql::row_json(m),
+        m.table,
+        m.status,
+        status_literal(&m.ready),
+        m.filter,
+        m.order_by
+    )
+}
+
+/// The statement a claim of `strategy` looks for ready rows with, as the claim sends it: the
+/// token UPDATE's candidates, the first statement of the others (SQLite has no skip-locked).
+/// `rowclaim check` explains it.
+pub(super) fn lookup(m: &Mapping, strategy: Resolved, batch: i64, leases: bool) -> (String, B) {
+    let mut b = B::new();
+    let sql = match strategy {
+        Resolved::Token | Resolved::SkipLocked => sql::candidates(m, &mut b, &m.id, batch, false),
+        Resolved::Optimistic => optimistic_pick(m, &mut b, batch, false),
+        Resolved::LeaseTable => lease_candidates(m, &mut b, batch, leases),
+        Resolved::Transaction => transaction_pick(m, &mut b, batch),
+    };
+    (sql, b)
 }

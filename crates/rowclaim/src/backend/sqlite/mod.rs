@@ -7,6 +7,7 @@
 //! Placeholders are positional `?`: every statement binds in the order its text uses them.
 
 mod catalog;
+mod check;
 mod claim;
 mod store;
 
