@@ -154,10 +154,15 @@ impl Schedule {
     }
 
     /// The job each tick enqueues: its queue, kind, payload, priority, attempts and time limit.
-    /// Its delay, run-at and unique key are the schedule's: a tick's job runs at its tick, with
-    /// the unique key `schedule:<name>:<tick in epoch seconds>`.
+    /// A job without a kind gets the schedule's name as its kind. Its delay, run-at and unique
+    /// key are the schedule's: a tick's job runs at its tick, with the unique key
+    /// `schedule:<name>:<tick in epoch seconds>`.
     pub fn job(mut self, job: NewJob) -> Self {
-        self.job = job;
+        self.job = if job.parts().kind.is_empty() {
+            job.kind(self.name.clone())
+        } else {
+            job
+        };
         self
     }
 
