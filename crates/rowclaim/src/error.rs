@@ -98,7 +98,7 @@ pub enum Error {
     /// A schedule that cannot run: its name, cron expression, time zone, interval or job is
     /// not valid. `field` names which (`name`, `cron`, `zone`, `every`, `job`); the error of the
     /// parser that refused it, if any, is kept as the source.
-    #[error("schedule {schedule}: {field} {value:?} {problem}")]
+    #[error("schedule {schedule}: {}", describe_field(field, value, problem))]
     InvalidSchedule {
         /// The schedule's name.
         schedule: String,
@@ -323,6 +323,14 @@ impl Error {
             Error::Database(e) => connection_broke(e),
             _ => false,
         }
+    }
+}
+
+fn describe_field(field: &str, value: &str, problem: &str) -> String {
+    if value.is_empty() {
+        format!("{field}: {problem}")
+    } else {
+        format!("{field} {value:?} {problem}")
     }
 }
 

@@ -14,6 +14,7 @@ mod enqueue;
 mod extend;
 mod init;
 mod jobs;
+mod schedule;
 mod settle;
 mod source;
 mod source_args;
@@ -110,6 +111,13 @@ pub enum Command {
     /// there was no such job to show or change.
     #[command(subcommand, after_help = exit::AFTER_HELP.as_str())]
     Jobs(jobs::JobsCommand),
+    /// Schedules of the managed queue: cron expressions (in a time zone) and fixed intervals,
+    /// written as [schedule.NAME] tables in rowclaim.toml. `work --queue Q` runs those whose
+    /// queue it serves; `schedule run` runs them without a worker; any number of schedulers may
+    /// run the same schedules, and each tick is enqueued once. list shows the stored schedules,
+    /// forget removes one no scheduler runs any more.
+    #[command(subcommand, after_help = exit::AFTER_HELP.as_str())]
+    Schedule(schedule::ScheduleCommand),
     /// The mapping each table's claimers agree on, recorded by the first claim on it: list the
     /// records, replace one when every claimer moves to a new mapping, forget one.
     #[command(subcommand, after_help = exit::AFTER_HELP.as_str())]
@@ -148,7 +156,9 @@ impl Command {
     /// Commands that only look at the database: they must not create a SQLite file.
     fn only_reads(&self) -> bool {
         match self {
-            Command::Stats(_) | Command::Source(source::SourceCommand::List(_)) => true,
+            Command::Stats(_)
+            | Command::Source(source::SourceCommand::List(_))
+            | Command::Schedule(schedule::ScheduleCommand::List(_)) => true,
             Command::Jobs(op) => matches!(
                 op,
                 jobs::JobsCommand::List { .. } | jobs::JobsCommand::Show { .. }
@@ -199,6 +209,7 @@ async fn dispatch(url: &str, command: Command) -> Result<(), CliError> {
         Command::Init(a) => init::run(url, a).await,
         Command::Jobs(op) => jobs::run(url, op).await,
         Command::Source(op) => source::run(url, op).await,
+        Command::Schedule(op) => schedule::run(url, op).await,
         Command::Enqueue(a) => enqueue::run(url, a).await,
         Command::Bench(scenario) => bench::run(url, scenario).await,
         Command::Dashboard(a) => dashboard::run(url, a).await,

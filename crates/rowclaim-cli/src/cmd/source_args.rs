@@ -76,6 +76,9 @@ fn parse_strategy(s: &str) -> Result<Strategy, String> {
 struct ConfigFile {
     #[serde(default)]
     source: BTreeMap<String, Source>,
+    /// Read by `schedule.rs`; only allowed here.
+    #[serde(default, rename = "schedule")]
+    _schedule: Option<toml::Value>,
 }
 
 /// What a command works on: a table (given or configured) or the managed queue.

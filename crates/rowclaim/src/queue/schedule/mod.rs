@@ -214,7 +214,7 @@ impl Schedule {
         }
         self.job
             .check()
-            .map_err(|e| self.invalid("job", self.job.queue_name(), e.to_string()))?;
+            .map_err(|e| self.invalid("job", "", e.to_string()))?;
         let (timing, expression, zone) = match &self.when {
             When::Every(every) => {
                 if let Some(z) = &self.zone {
