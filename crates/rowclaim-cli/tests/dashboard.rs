@@ -329,7 +329,7 @@ async fn fill(t: &TestDb) -> (i64, String, String) {
     // A schedule of queue mail, registered only (a ready shutdown): shown with its next tick.
     let db = t.db().await;
     rowclaim::Scheduler::new(&db)
-        .add(
+        .schedule(
             rowclaim::Schedule::cron("nightly-report", "0 3 * * *")
                 .zone("Europe/Paris")
                 .job(rowclaim::NewJob::new(serde_json::json!({})).queue("mail")),

@@ -108,7 +108,10 @@ async fn three_schedulers(t: Arc<TestDb>) {
         let db = t.db().await;
         let until = stop.until();
         schedulers.push(tokio::spawn(async move {
-            Scheduler::new(&db).add(every_second()).run(until).await
+            Scheduler::new(&db)
+                .schedule(every_second())
+                .run(until)
+                .await
         }));
     }
     wait_until("8 ticks", || async {
@@ -195,7 +198,7 @@ async fn missed_ticks(t: Arc<TestDb>) {
             ("all", CatchUp::All),
             ("none", CatchUp::None),
         ] {
-            s = s.add(
+            s = s.schedule(
                 Schedule::cron(name, &cron)
                     .job(NewJob::new(json!({})).queue("catchup"))
                     .catch_up(policy),
@@ -252,7 +255,7 @@ async fn redefined(t: Arc<TestDb>) {
     let old_def = every_second();
     let running_old = tokio::spawn({
         let until = stop.until();
-        async move { Scheduler::new(&old).add(old_def).run(until).await }
+        async move { Scheduler::new(&old).schedule(old_def).run(until).await }
     });
     wait_until("2 ticks of the old definition", || async {
         ticks_of(&t, "tick").await.len() >= 2
@@ -263,7 +266,7 @@ async fn redefined(t: Arc<TestDb>) {
     let new = t.db().await;
     // Registered only: from here on, nobody runs the old definition.
     Scheduler::new(&new)
-        .add(new_def.clone())
+        .schedule(new_def.clone())
         .run(std::future::ready(()))
         .await
         .unwrap();
@@ -272,7 +275,7 @@ async fn redefined(t: Arc<TestDb>) {
         .await;
     let running_new = tokio::spawn({
         let until = stop.until();
-        async move { Scheduler::new(&new).add(new_def).run(until).await }
+        async move { Scheduler::new(&new).schedule(new_def).run(until).await }
     });
     wait_until("3 ticks of the new definition", || async {
         t.count(&format!(
@@ -365,7 +368,7 @@ async fn worker_runs_schedules(t: Arc<TestDb>) {
 async fn not_initialised(t: Arc<TestDb>) {
     let db = t.db().await;
     let err = Scheduler::new(&db)
-        .add(every_second())
+        .schedule(every_second())
         .run(std::future::ready(()))
         .await
         .unwrap_err();
@@ -385,7 +388,10 @@ async fn killed_sessions(t: Arc<TestDb>) {
         let db = Db::connect(&url).await.unwrap();
         let until = stop.until();
         schedulers.push(tokio::spawn(async move {
-            Scheduler::new(&db).add(every_second()).run(until).await
+            Scheduler::new(&db)
+                .schedule(every_second())
+                .run(until)
+                .await
         }));
     }
     for round in 1..=4 {

@@ -81,7 +81,7 @@ pub async fn run(url: &str, cmd: ScheduleCommand) -> Result<(), CliError> {
             say!("{}", running(&schedules, &a.config));
             let mut scheduler = Scheduler::new(&db);
             for s in schedules {
-                scheduler = scheduler.add(s);
+                scheduler = scheduler.schedule(s);
             }
             let mut signals = StopSignals::listen()?;
             let report = scheduler

@@ -392,7 +392,7 @@ impl Worker {
         } else {
             let mut s = Scheduler::new(claimer.db());
             for schedule in self.schedules {
-                s = s.add(schedule);
+                s = s.schedule(schedule);
             }
             Some(s.start().await?)
         };

@@ -536,7 +536,7 @@ fn not_initialised(e: Error) -> Error {
 /// # async fn demo(db: rowclaim::Db) -> rowclaim::Result<()> {
 /// use rowclaim::{Schedule, Scheduler};
 /// let report = Scheduler::new(&db)
-///     .add(Schedule::cron("nightly", "0 3 * * *").zone("Europe/Paris"))
+///     .schedule(Schedule::cron("nightly", "0 3 * * *").zone("Europe/Paris"))
 ///     .run(async { let _ = tokio::signal::ctrl_c().await; })
 ///     .await?;
 /// println!("{} jobs enqueued", report.enqueued);
@@ -585,7 +585,7 @@ impl Scheduler {
     }
 
     /// Adds a schedule.
-    pub fn add(mut self, schedule: Schedule) -> Self {
+    pub fn schedule(mut self, schedule: Schedule) -> Self {
         self.schedules.push(schedule);
         self
     }
