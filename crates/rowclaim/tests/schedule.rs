@@ -416,6 +416,34 @@ async fn killed_sessions(t: Arc<TestDb>) {
     once_each_and_contiguous(&ticks_of(&t, "tick").await, 1);
 }
 
+/// PostgreSQL: a schedule whose job the database refuses (a payload jsonb cannot hold) enqueues
+/// nothing and is tried again, and does not hold up another schedule of the same scheduler.
+#[cfg(feature = "postgres")]
+async fn a_refused_schedule_holds_up_no_other(t: Arc<TestDb>) {
+    let db = init(&t).await;
+    let refused = Schedule::every("refused", Duration::from_secs(1))
+        .job(NewJob::new(json!({"nul": "\u{0}"})).queue("ticks"));
+    let stop = Stop::new();
+    let running = tokio::spawn({
+        let until = stop.until();
+        async move {
+            Scheduler::new(&db)
+                .schedule(refused)
+                .schedule(every_second())
+                .run(until)
+                .await
+        }
+    });
+    wait_until("4 ticks of the good schedule", || async {
+        ticks_of(&t, "tick").await.len() >= 4
+    })
+    .await;
+    stop.stop();
+    running.await.unwrap().unwrap();
+    once_each_and_contiguous(&ticks_of(&t, "tick").await, 1);
+    assert!(ticks_of(&t, "refused").await.is_empty());
+}
+
 macro_rules! schedule_cases {
     ($backend:expr) => {
         use super::*;
@@ -449,6 +477,15 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_scheduler_rides_out_killed_sessions() {
         with_db(Backend::Postgres, super::killed_sessions).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_schedule_holds_up_no_other() {
+        with_db(
+            Backend::Postgres,
+            super::a_refused_schedule_holds_up_no_other,
+        )
+        .await
     }
 }
 #[cfg(feature = "sqlite")]

@@ -616,6 +616,7 @@ impl Scheduler {
                 schedule: s,
                 compiled,
                 warned: false,
+                failing: None,
             });
         }
         let mut running = Running {
@@ -636,6 +637,8 @@ struct Item {
     compiled: Compiled,
     /// Whether it was said that another definition of it is stored.
     warned: bool,
+    /// What went wrong with it last (said once), while it goes wrong.
+    failing: Option<String>,
 }
 
 /// A scheduler whose schedules are checked and registered.
@@ -705,6 +708,7 @@ impl Running {
         let mut refused: Option<String> = None;
         loop {
             let pass = tokio::select! {
+                biased;
                 () = &mut stop => break,
                 pass = self.pass() => pass,
             };
@@ -749,6 +753,7 @@ impl Running {
                 }
             };
             tokio::select! {
+                biased;
                 () = &mut stop => break,
                 () = tokio::time::sleep(wait) => {}
             }
@@ -757,83 +762,127 @@ impl Running {
     }
 
     /// One look at the stored schedules: enqueues the due ticks of this scheduler's schedules.
-    /// Returns how long to wait before the next look.
+    /// Returns how long to wait before the next look. A lost connection ends the pass (an
+    /// outage); anything else wrong with one schedule (a job the database refuses, an
+    /// expression with no tick left) is said and that schedule tried again later, so that it
+    /// does not hold up the others.
     async fn pass(&mut self) -> Result<Duration> {
-        let backend = &self.db.backend;
+        let Running { db, items, report } = self;
+        let backend = &db.backend;
         let now = retry_transient!(dispatch!(backend, d => d.schedule_now().await))?;
         let rows = retry_transient!(dispatch!(backend, d => d.schedule_rows().await))?;
         let stored: BTreeMap<&str, &Row> = rows.iter().map(|r| (r.0.as_str(), r)).collect();
-        let mut wake = now.saturating_add(i64::try_from(MAX_WAIT.as_millis()).unwrap_or(0));
-        for item in &mut self.items {
-            let def = item.compiled.def.borrow();
-            let Some(row) = stored.get(def.name) else {
-                // Forgotten, or the table was made anew: store it again.
-                let first = item
-                    .compiled
-                    .timing
-                    .next_after(now)
-                    .map_err(|e| Error::Internal(format!("schedule {}: {e}", def.name)))?;
-                retry_transient!(dispatch!(backend, d => d.insert_schedule(&def, first).await))?;
-                wake = wake.min(first);
-                continue;
-            };
-            if row.6 != def.fingerprint {
-                if !item.warned {
-                    item.warned = true;
-                    tracing::warn!(
-                        schedule = def.name,
-                        "schedule {} is stored with another definition (a scheduler started \
-                         later has it so); this scheduler leaves it to the schedulers that have \
-                         that one",
-                        def.name
-                    );
+        let mut wake = now.saturating_add(millis(MAX_WAIT));
+        for item in items.iter_mut() {
+            let row = stored.get(item.compiled.def.name.as_str()).copied();
+            match item.tick(backend, row, now, report).await {
+                Ok(next) => {
+                    if item.failing.take().is_some() {
+                        tracing::warn!(
+                            schedule = item.schedule.name,
+                            "schedule {} is enqueued again",
+                            item.schedule.name
+                        );
+                    }
+                    wake = wake.min(next.unwrap_or(wake));
                 }
-                continue;
-            }
-            item.warned = false;
-            let seen_next = row.7;
-            if seen_next > now {
-                wake = wake.min(seen_next);
-                continue;
-            }
-            let due = item
-                .compiled
-                .timing
-                .due(seen_next, now, item.schedule.catch_up)
-                .map_err(|e| Error::Internal(format!("schedule {}: {e}", def.name)))?;
-            let firing = Firing {
-                name: def.name,
-                fingerprint: def.fingerprint,
-                seen_next,
-                next: due.next,
-                jobs: due
-                    .ticks
-                    .iter()
-                    .map(|t| (*t, item.schedule.job_at(*t)))
-                    .collect(),
-            };
-            let fired = retry_transient!(dispatch!(backend, d => d.fire(&firing).await))?;
-            if let Some(enqueued) = fired {
-                let new = enqueued.iter().filter(|e| !e.existing).count() as u64;
-                self.report.enqueued += new;
-                self.report.skipped += due.skipped;
-                if due.skipped > 0 {
-                    tracing::info!(
-                        schedule = def.name,
-                        "schedule {}: {} missed tick(s) skipped (catch-up {}), {} enqueued",
-                        def.name,
-                        due.skipped,
-                        item.schedule.catch_up,
-                        new
-                    );
-                } else {
-                    tracing::debug!(schedule = def.name, "schedule {}: {new} enqueued", def.name);
+                Err(e) if e.is_connection() => return Err(e),
+                Err(e) => {
+                    let text = e.to_string();
+                    if item.failing.as_deref() != Some(text.as_str()) {
+                        tracing::warn!(
+                            schedule = item.schedule.name,
+                            "schedule {}: {text}; trying again in {}",
+                            item.schedule.name,
+                            humantime::format_duration(ITEM_RETRY)
+                        );
+                        item.failing = Some(text);
+                    }
+                    wake = wake.min(now.saturating_add(millis(ITEM_RETRY)));
                 }
             }
-            wake = wake.min(due.next);
         }
         let ms = u64::try_from(wake.saturating_sub(now)).unwrap_or(0);
         Ok(Duration::from_millis(ms).clamp(MIN_WAIT, MAX_WAIT))
+    }
+}
+
+/// How soon a schedule whose tick failed (other than by a lost connection) is tried again.
+const ITEM_RETRY: Duration = Duration::from_secs(5);
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl Item {
+    /// Enqueues this schedule's due ticks, as stored in `row` (None: not stored). Returns when
+    /// it ticks next (None: it is not this scheduler's to tick).
+    async fn tick(
+        &mut self,
+        backend: &crate::backend::Backend,
+        row: Option<&Row>,
+        now: i64,
+        report: &mut SchedulerReport,
+    ) -> Result<Option<i64>> {
+        let def = self.compiled.def.borrow();
+        let no_tick = |e: timing::NoTick| Error::InvalidInput(format!("no tick to come: {e}"));
+        let Some(row) = row else {
+            // Forgotten, or the table was made anew: store it again.
+            let first = self.compiled.timing.next_after(now).map_err(no_tick)?;
+            retry_transient!(dispatch!(backend, d => d.insert_schedule(&def, first).await))?;
+            return Ok(Some(first));
+        };
+        if row.6 != def.fingerprint {
+            if !self.warned {
+                self.warned = true;
+                tracing::warn!(
+                    schedule = def.name,
+                    "schedule {} is stored with another definition (a scheduler started later \
+                     has it so); this scheduler leaves it to the schedulers that have that one",
+                    def.name
+                );
+            }
+            return Ok(None);
+        }
+        self.warned = false;
+        let seen_next = row.7;
+        if seen_next > now {
+            return Ok(Some(seen_next));
+        }
+        let due = self
+            .compiled
+            .timing
+            .due(seen_next, now, self.schedule.catch_up)
+            .map_err(no_tick)?;
+        let firing = Firing {
+            name: def.name,
+            fingerprint: def.fingerprint,
+            seen_next,
+            next: due.next,
+            jobs: due
+                .ticks
+                .iter()
+                .map(|t| (*t, self.schedule.job_at(*t)))
+                .collect(),
+        };
+        // None: another scheduler advanced it first, and enqueued the tick.
+        if let Some(enqueued) = retry_transient!(dispatch!(backend, d => d.fire(&firing).await))? {
+            let new = enqueued.iter().filter(|e| !e.existing).count() as u64;
+            report.enqueued += new;
+            report.skipped += due.skipped;
+            if due.skipped > 0 {
+                tracing::info!(
+                    schedule = def.name,
+                    "schedule {}: {} missed tick(s) skipped (catch-up {}), {new} enqueued",
+                    def.name,
+                    due.skipped,
+                    self.schedule.catch_up
+                );
+            } else {
+                tracing::debug!(schedule = def.name, "schedule {}: {new} enqueued", def.name);
+            }
+        }
+        Ok(Some(due.next))
     }
 }
 
