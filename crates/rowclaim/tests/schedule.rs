@@ -364,6 +364,27 @@ async fn worker_runs_schedules(t: Arc<TestDb>) {
     assert!(err.to_string().contains("schedule bad: zone"), "{err}");
 }
 
+/// `init` makes the schedules' table as its own schema component, also when three processes
+/// run it at once.
+async fn init_makes_the_component(t: Arc<TestDb>) {
+    let mut inits = Vec::new();
+    for _ in 0..3 {
+        let db = t.db().await;
+        inits.push(tokio::spawn(async move { db.queue().init().await }));
+    }
+    for i in inits {
+        i.await.unwrap().expect("concurrent init");
+    }
+    assert_eq!(
+        t.count(
+            "SELECT COUNT(*) FROM rowclaim_schema WHERE component = 'schedules' AND version = 1"
+        )
+        .await,
+        1
+    );
+    assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_schedules").await, 0);
+}
+
 /// Without `init`, a scheduler says to run it.
 async fn not_initialised(t: Arc<TestDb>) {
     let db = t.db().await;
@@ -462,6 +483,10 @@ macro_rules! schedule_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_worker_runs_and_stops_its_schedules() {
             with_db($backend, worker_runs_schedules).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn init_makes_the_schedules_component() {
+            with_db($backend, init_makes_the_component).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_scheduler_without_init_says_so() {
