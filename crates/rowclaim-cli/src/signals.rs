@@ -27,6 +27,11 @@ impl StopSignals {
         })
     }
 
+    /// The first of these signals (what stops `schedule run`).
+    pub async fn first(&mut self) {
+        self.next().await;
+    }
+
     async fn next(&mut self) {
         tokio::select! {
             _ = self.int.recv() => {}

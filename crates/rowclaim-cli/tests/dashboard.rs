@@ -374,6 +374,17 @@ async fn fill(t: &TestDb) -> (i64, String, String) {
         .await;
     }
     t.jobs(5).await;
+    // A schedule of queue mail, registered only (a ready shutdown): shown with its next tick.
+    let db = t.db().await;
+    rowclaim::Scheduler::new(&db)
+        .schedule(
+            rowclaim::Schedule::cron("nightly-report", "0 3 * * *")
+                .zone("Europe/Paris")
+                .job(rowclaim::NewJob::new(serde_json::json!({})).queue("mail")),
+        )
+        .run(std::future::ready(()))
+        .await
+        .expect("register a schedule");
     let claim = [
         &["claim", "--batch", "2", "--lease", "1h"],
         TABLE.as_slice(),
@@ -481,8 +492,18 @@ async fn dashboard(t: Arc<TestDb>) {
         .unwrap_or_default()
         .to_owned();
 
+    let nightly = row_of(&overview.body, "data-schedule=\"nightly-report\"");
+    for shown in ["0 3 * * *", "Europe/Paris", "/queues/mail", "never"] {
+        assert!(nightly.contains(shown), "{shown} in {nightly}");
+    }
+    assert!(!nightly.contains("overdue"), "{nightly}");
+
     let queue = d.get("/queues/mail").await;
     assert_eq!(queue.status, 200);
+    assert!(
+        queue.body.contains("data-schedule=\"nightly-report\""),
+        "the queue's schedules on its page"
+    );
     assert!(queue.body.contains("id=\"running\""), "running jobs listed");
     let job = d.get(&format!("/jobs/{dead}")).await;
     assert_eq!(job.status, 200);

@@ -95,6 +95,24 @@ pub enum Error {
     #[error("{0}")]
     InvalidInput(String),
 
+    /// A schedule that cannot run: its name, cron expression, time zone, interval or job is
+    /// not valid. `field` names which (`name`, `cron`, `zone`, `every`, `job`); the error of the
+    /// parser that refused it, if any, is kept as the source.
+    #[error("schedule {schedule}: {}", describe_field(field, value, problem))]
+    InvalidSchedule {
+        /// The schedule's name.
+        schedule: String,
+        /// Which part of it is wrong.
+        field: &'static str,
+        /// The value given.
+        value: String,
+        /// What is wrong with it.
+        problem: String,
+        /// The cron parser's or time zone database's own error.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+
     /// A job's payload is more than one statement may carry to this server (MySQL/MariaDB's
     /// `max_allowed_packet`). `job` is its place among the jobs given, from 1. Nothing was
     /// enqueued.
@@ -274,6 +292,7 @@ impl Error {
             | Error::InvalidInput(_)
             | Error::MappingDisagrees { .. }
             | Error::PayloadTooLarge { .. }
+            | Error::InvalidSchedule { .. }
             | Error::InvalidUrl(_)
             | Error::NoSqliteFile { .. } => ErrorKind::BadInput,
             Error::MissingTable { .. } => ErrorKind::MissingTable,
@@ -304,6 +323,14 @@ impl Error {
             Error::Database(e) => connection_broke(e),
             _ => false,
         }
+    }
+}
+
+fn describe_field(field: &str, value: &str, problem: &str) -> String {
+    if value.is_empty() {
+        format!("{field}: {problem}")
+    } else {
+        format!("{field} {value:?} {problem}")
     }
 }
 

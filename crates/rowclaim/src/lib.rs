@@ -80,8 +80,9 @@ pub use claim::{
 pub use db::{ConnectOptions, Db};
 pub use error::{Error, ErrorKind, Result};
 pub use queue::{
-    backoff, Enqueued, Job, JobFailure, JobFilter, JobRecord, NewJob, Queue, QueueSettings,
-    QueueStats, Retention, Scheduled, Wakeups, DEFAULT_MAX_ATTEMPTS, JOB_STATUSES,
+    backoff, schedule_key, CatchUp, Enqueued, Job, JobFailure, JobFilter, JobRecord, NewJob, Queue,
+    QueueSettings, QueueStats, Retention, Schedule, ScheduleStatus, Scheduled, Scheduler,
+    SchedulerReport, Wakeups, DEFAULT_MAX_ATTEMPTS, JOB_STATUSES, LATE_WINDOW, MAX_CATCH_UP,
 };
 pub use source::Source;
 pub use strategy::Strategy;

@@ -17,6 +17,7 @@ mod extend;
 mod init;
 mod jobs;
 mod queue;
+mod schedule;
 mod settle;
 mod source;
 mod source_args;
@@ -126,6 +127,13 @@ pub enum Command {
     /// resume it, list the queues with their jobs per state and whether they are paused.
     #[command(subcommand, after_help = exit::AFTER_HELP.as_str())]
     Queue(queue::QueueCommand),
+    /// Schedules of the managed queue: cron expressions (in a time zone) and fixed intervals,
+    /// written as [schedule.NAME] tables in rowclaim.toml. `work --queue Q` runs those whose
+    /// queue it serves; `schedule run` runs them without a worker; any number of schedulers may
+    /// run the same schedules, and each tick is enqueued once. list shows the stored schedules,
+    /// forget removes one no scheduler runs any more.
+    #[command(subcommand, after_help = exit::AFTER_HELP.as_str())]
+    Schedule(schedule::ScheduleCommand),
     /// The mapping each table's claimers agree on, recorded by the first claim on it: list the
     /// records, replace one when every claimer moves to a new mapping, forget one.
     #[command(subcommand, after_help = exit::AFTER_HELP.as_str())]
@@ -168,7 +176,8 @@ impl Command {
             Command::Stats(_)
             | Command::Check(_)
             | Command::Source(source::SourceCommand::List(_))
-            | Command::Queue(queue::QueueCommand::List(_)) => true,
+            | Command::Queue(queue::QueueCommand::List(_))
+            | Command::Schedule(schedule::ScheduleCommand::List(_)) => true,
             Command::Jobs(op) => matches!(
                 op,
                 jobs::JobsCommand::List { .. } | jobs::JobsCommand::Show { .. }
@@ -221,6 +230,7 @@ async fn dispatch(url: &str, command: Command) -> Result<(), CliError> {
         Command::Jobs(op) => jobs::run(url, op).await,
         Command::Queue(op) => queue::run(url, op).await,
         Command::Source(op) => source::run(url, op).await,
+        Command::Schedule(op) => schedule::run(url, op).await,
         Command::Enqueue(a) => enqueue::run(url, a).await,
         Command::Bench(scenario) => bench::run(url, scenario).await,
         Command::Dashboard(a) => dashboard::run(url, a).await,

@@ -59,7 +59,8 @@ pub struct SourceArgs {
     /// Use the source NAME from the config file ([source.NAME] in ./rowclaim.toml).
     #[arg(long, value_name = "NAME")]
     pub source: Option<String>,
-    /// The config file for --source.
+    /// The config file: its [source.NAME] for --source; with `work --queue`, its
+    /// [schedule.NAME] of the queues served (a missing file has none).
     #[arg(long, value_name = "PATH", default_value = "rowclaim.toml")]
     pub config: PathBuf,
     /// How rows are claimed: auto, skip-locked, token, optimistic, lease-table, transaction.
@@ -76,6 +77,9 @@ fn parse_strategy(s: &str) -> Result<Strategy, String> {
 struct ConfigFile {
     #[serde(default)]
     source: BTreeMap<String, Source>,
+    /// Read by `schedule.rs`; only allowed here.
+    #[serde(default, rename = "schedule")]
+    _schedule: Option<toml::Value>,
 }
 
 /// What a command works on: a table (given or configured) or the managed queue.

@@ -101,6 +101,11 @@ pub struct WorkArgs {
     /// every 5 s.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
+    /// With --queue: do not run the schedules of the config file (--config) whose jobs go to
+    /// the queues served. Without it they run beside the worker, until it starts to stop; any
+    /// number of workers may run them, and each tick is enqueued once.
+    #[arg(long)]
+    no_schedules: bool,
     /// The command to run per row, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND [ARGS]")]
     command: Vec<String>,
@@ -132,6 +137,12 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
                    own table with --where";
         return Err(CliError::BadInput(why.into()));
     }
+    // The config file's schedules of the queues served, checked before connecting.
+    let schedules = if a.no_schedules || a.source.queues.is_empty() {
+        Vec::new()
+    } else {
+        super::schedule::from_config(&a.source.config, &a.source.queues, false)?
+    };
     let mut opts = rowclaim::ConnectOptions::default().max_connections(connections.max(2));
     if let Some(listen) = &a.listen_database {
         opts = opts.listen_database(listen.clone());
@@ -171,6 +182,12 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
         .listen(!a.no_listen);
     if let Some(n) = a.batch {
         worker = worker.batch(n);
+    }
+    if !schedules.is_empty() {
+        crate::say::say!("{}", super::schedule::running(&schedules, &a.source.config));
+    }
+    for s in schedules {
+        worker = worker.schedule(s);
     }
     if let Some(limit) = a.timeout {
         worker = worker.timeout(limit);

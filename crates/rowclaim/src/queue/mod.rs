@@ -6,6 +6,7 @@
 //! hand. Claiming, fencing and lease expiry are the same as for any source.
 
 mod record;
+mod schedule;
 mod settings;
 mod wakeups;
 
@@ -15,6 +16,10 @@ pub use job::{
 pub(crate) use job::{JobParts, StatsRow};
 pub(crate) use record::at_ms;
 pub use record::{JobFilter, JobRecord, Scheduled, JOB_STATUSES};
+pub use schedule::{
+    unique_key as schedule_key, CatchUp, Schedule, ScheduleStatus, Scheduler, SchedulerReport,
+    LATE_WINDOW, MAX_CATCH_UP,
+};
 pub use settings::QueueSettings;
 pub use wakeups::Wakeups;
 #[cfg(feature = "postgres")]
@@ -107,11 +112,13 @@ impl Db {
 }
 
 impl Queue {
-    /// Creates or migrates `rowclaim_jobs` and its indexes. Versioned and idempotent; safe when
-    /// several processes run it at once (they take turns on a lock; on a Galera cluster, where
-    /// that lock is per node, a step that collides with another node's is run again).
+    /// Creates or migrates `rowclaim_jobs` and its indexes, then `rowclaim_schedules` (the
+    /// schedules' own component). Versioned and idempotent; safe when several processes run it
+    /// at once (they take turns on a lock; on a Galera cluster, where that lock is per node, a
+    /// step that collides with another node's is run again).
     pub async fn init(&self) -> Result<()> {
-        dispatch!(&self.db.backend, d => d.init().await)
+        dispatch!(&self.db.backend, d => d.init().await)?;
+        schedule::init(&self.db).await
     }
 
     /// Enqueues one job. With a unique key that is pending already, returns that job instead.

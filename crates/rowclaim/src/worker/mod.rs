@@ -3,7 +3,7 @@
 //! handler that runs a command per row.
 
 mod handler;
-mod outage;
+pub(crate) mod outage;
 mod runtime;
 
 use std::fmt::Display;
@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 pub use handler::{Handler, IntoTaskResult, StopReason, Task, TaskFuture, TaskResult};
 
-use crate::{ClaimedRow, Claimer, Db, Error, Job, Result, Retention};
+use crate::{ClaimedRow, Claimer, Db, Error, Job, Result, Retention, Schedule, Scheduler};
 use handler::{job_fn, ByKind, TaskFn};
 use runtime::{Config, Phase};
 
@@ -72,6 +72,7 @@ pub struct Worker {
     listen: bool,
     settle_delay: Duration,
     retention: Retention,
+    schedules: Vec<Schedule>,
     phase: Arc<watch::Sender<Phase>>,
 }
 
@@ -176,6 +177,7 @@ impl Worker {
             listen: true,
             settle_delay: Duration::ZERO,
             retention: Retention::Keep,
+            schedules: Vec::new(),
             phase: Arc::new(watch::channel(Phase::Run).0),
         }
     }
@@ -332,6 +334,15 @@ impl Worker {
         self
     }
 
+    /// Runs `schedule` while the worker runs: its ticks' jobs are enqueued (into the schedule's
+    /// own queue, whichever queues the worker takes jobs from), exactly once however many
+    /// workers run the same schedule. Scheduling stops when the worker starts to drain or
+    /// returns. See [`Scheduler`].
+    pub fn schedule(mut self, schedule: Schedule) -> Self {
+        self.schedules.push(schedule);
+        self
+    }
+
     /// A handle that stops this worker once it runs.
     pub fn shutdown_handle(&self) -> Shutdown {
         Shutdown(self.phase.clone())
@@ -381,6 +392,17 @@ impl Worker {
                 )),
                 None => Arc::new(self.kinds),
             };
+        // Schedules are checked and registered before the first claim: a bad one stops the
+        // worker before it takes any job.
+        let scheduler = if self.schedules.is_empty() {
+            None
+        } else {
+            let mut s = Scheduler::new(claimer.db());
+            for schedule in self.schedules {
+                s = s.schedule(schedule);
+            }
+            Some(s.start().await?)
+        };
         // Listen before the first claim, so that no job enqueued in between is missed.
         let wakeups = match claimer.managed_queues() {
             Some(queues) if self.listen => Some(claimer.db().queue().wakeups(queues).await?),
@@ -406,12 +428,29 @@ impl Worker {
         };
         let phase = self.phase;
         let runner = runtime::run(claimer, handler, cfg, wakeups, phase.subscribe());
+        // The schedules run until the worker drains; when the worker returns they are dropped
+        // mid-pass at worst, which the compare-and-set makes harmless (a pass's tick and its
+        // job commit together or not at all).
+        let mut drained = phase.subscribe();
+        let scheduling = async move {
+            if let Some(s) = scheduler {
+                let report = s
+                    .run(async move {
+                        let _ = drained.wait_for(|p| *p != Phase::Run).await;
+                    })
+                    .await;
+                tracing::debug!(enqueued = report.enqueued, "the worker's schedules stopped");
+            }
+            std::future::pending::<()>().await
+        };
         tokio::pin!(runner);
+        tokio::pin!(scheduling);
         tokio::pin!(shutdown);
         let mut asked = false;
         loop {
             tokio::select! {
                 report = &mut runner => return report,
+                () = &mut scheduling => {}
                 () = &mut shutdown, if !asked => {
                     asked = true;
                     Shutdown(phase.clone()).drain();

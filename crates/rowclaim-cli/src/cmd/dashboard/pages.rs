@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use maud::{html, Markup, PreEscaped, DOCTYPE};
-use rowclaim::{JobFilter, JobRecord, RowFilter, JOB_STATUSES};
+use rowclaim::{JobFilter, JobRecord, RowFilter, ScheduleStatus, JOB_STATUSES};
 use serde::Deserialize;
 
 use super::auth::Who;
@@ -261,6 +261,7 @@ pub async fn overview(State(state): State<St>, Extension(who): Extension<Who>) -
             .cmp(&a.rank())
             .then(a.record.table.cmp(&b.record.table))
     });
+    let (schedules, schedule_problem) = schedules(&state, None).await;
     let body = html! {
         h2 { "Managed queues" }
         @if let Some(p) = queue_problem { p.problem { (p) } }
@@ -286,6 +287,11 @@ pub async fn overview(State(state): State<St>, Extension(who): Extension<Who>) -
                     }
                 }
             }
+        }
+        @if !schedules.is_empty() || schedule_problem.is_some() {
+            h2 { "Schedules" }
+            @if let Some(p) = schedule_problem { p.problem { (p) } }
+            (schedule_table(&schedules))
         }
         h2 { "Own tables" }
         @if let Some(p) = source_problem { p.problem { (p) } }
@@ -347,6 +353,7 @@ pub async fn queue(
         }
     };
     let counts = stats.by_queue.get(&name).cloned().unwrap_or_default();
+    let (schedules, _) = schedules(&state, Some(&name)).await;
     let running = running(&state, Some(&name), 1000).await;
     let mut holders: BTreeMap<String, (u64, Option<SystemTime>)> = BTreeMap::new();
     for job in &running {
@@ -442,6 +449,10 @@ pub async fn queue(
                 td.num { (stats.completed_last_minute.get(&name).copied().unwrap_or(0)) }
             }
         }
+        @if !schedules.is_empty() {
+            h2 { "Schedules" }
+            (schedule_table(&schedules))
+        }
         (chart("Throughput", "jobs/min", &throughput))
         (chart("Wait", "s", &wait))
         (chart("Jobs by status", "jobs", &by_status))
@@ -487,6 +498,50 @@ pub async fn queue(
         @if let Some(q) = next { p { a href=(q) { "Older jobs →" } } }
     };
     layout(&state, &who, &format!("Queue {name}"), true, body).into_response()
+}
+
+/// The stored schedules (of `queue`, or all), or why they could not be read. None is no
+/// problem where the managed queue or its schedules' table does not exist yet.
+async fn schedules(
+    state: &Dashboard,
+    queue: Option<&str>,
+) -> (Vec<ScheduleStatus>, Option<String>) {
+    match state.db.queue().schedules().await {
+        Ok(mut list) => {
+            list.retain(|s| queue.is_none_or(|q| s.queue == q));
+            (list, None)
+        }
+        Err(e) if no_queue(&e) => (Vec::new(), None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    }
+}
+
+/// Schedules as a table: overdue ones (no scheduler runs them) marked.
+fn schedule_table(schedules: &[ScheduleStatus]) -> Markup {
+    html! {
+        table #schedules {
+            tr { th { "schedule" } th { "expression" } th { "zone" } th { "queue" } th { "last tick" } th { "next tick" } }
+            @for s in schedules {
+                tr data-schedule=(s.name) {
+                    td { (s.name) }
+                    td { code { (s.expression) } }
+                    td { (s.zone.as_deref().unwrap_or("")) }
+                    td { a href=(format!("/queues/{}", path_segment(&s.queue))) { (s.queue) } }
+                    td {
+                        @match (s.last_tick, s.last_job) {
+                            (Some(t), Some(job)) => { a href=(format!("/jobs/{job}")) { (when(t)) } }
+                            (Some(t), None) => { (when(t)) }
+                            (None, _) => { span.muted { "never" } }
+                        }
+                    }
+                    td.problem[s.overdue] {
+                        (when(s.next_tick))
+                        @if s.overdue { " overdue: no scheduler runs it" }
+                    }
+                }
+            }
+        }
+    }
 }
 
 fn job_table(jobs: &[JobRecord]) -> Markup {
