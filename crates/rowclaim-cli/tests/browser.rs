@@ -204,6 +204,23 @@ async fn in_a_browser(t: Arc<TestDb>) {
         1,
         "the retried job completed in the database"
     );
+    // Pause a queue from its page, and resume it.
+    let idle_page = format!("{}/queues/idle", dash.base);
+    b.goto(&idle_page).await.unwrap();
+    b.click("form[action$=\"/pause\"] button").await.unwrap();
+    b.accept_confirm().await.unwrap();
+    b.wait_for_text_contains("#state", "paused").await.unwrap();
+    assert_eq!(
+        t.count(
+            "SELECT COUNT(*) FROM rowclaim_queues WHERE name = 'idle' AND paused_at IS NOT NULL"
+        )
+        .await,
+        1,
+        "paused in the database"
+    );
+    b.click("form[action$=\"/resume\"] button").await.unwrap();
+    b.accept_confirm().await.unwrap();
+    b.wait_for_text_contains("#state", "Running").await.unwrap();
     let actions = format!("{}/actions", dash.base);
     b.goto(&actions).await.unwrap();
     assert!(

@@ -601,6 +601,59 @@ async fn dashboard(t: Arc<TestDb>) {
         "the retry in the job's timeline: {history}"
     );
 
+    // Pause and resume a queue from its page: the database says so, and so do the pages.
+    let paused =
+        "SELECT COUNT(*) FROM rowclaim_queues WHERE name = 'mail' AND paused_at IS NOT NULL";
+    let a = d.post("/queues/mail/pause", &format!("csrf={csrf}")).await;
+    assert_eq!(a.status, 303, "{}", a.body);
+    assert_eq!(t.count(paused).await, 1, "mail is paused");
+    let overview = d.get("/").await.body;
+    assert!(
+        row_of(&overview, "data-queue=\"mail\"").contains("paused"),
+        "the overview says so: {overview}"
+    );
+    let page = d.get("/queues/mail").await.body;
+    assert!(
+        page.contains("/queues/mail/resume"),
+        "a resume button: {page}"
+    );
+    let a = d.post("/queues/mail/resume", &format!("csrf={csrf}")).await;
+    assert_eq!(a.status, 303, "{}", a.body);
+    assert_eq!(t.count(paused).await, 0, "mail runs again");
+    let actions = d.get("/actions").await.body;
+    assert!(
+        actions.contains("pause queue") && actions.contains("resume queue"),
+        "{actions}"
+    );
+
+    // What a job's command printed is its output, shown on its page.
+    run_ok(&t.url, &["enqueue", "--queue", "sums", "{}"]).await;
+    let out = rowclaim(
+        &t.url,
+        &[
+            "work",
+            "--queue",
+            "sums",
+            "--until-empty",
+            "--",
+            "sh",
+            "-c",
+            "echo '{\"sum\": 42}'",
+        ],
+    )
+    .output()
+    .await
+    .expect("run the worker");
+    assert!(out.status.success(), "{out:?}");
+    let sum = t
+        .count("SELECT MAX(id) FROM rowclaim_jobs WHERE queue = 'sums'")
+        .await;
+    let page = d.get(&format!("/jobs/{sum}")).await.body;
+    assert!(
+        page.contains("id=\"output\"") && page.contains("&quot;sum&quot;: 42"),
+        "the output on the job's page: {page}"
+    );
+
     // A release for a holder that no longer holds the row (the page was old) gives nothing back.
     let release = format!("/sources/{table}/rows/{row}/release");
     let stale = "01999999-0000-7000-8000-000000000000";
@@ -712,6 +765,15 @@ async fn dashboard(t: Arc<TestDb>) {
         )
         .await;
     assert_eq!(a.status, 403, "read-only refuses POSTs");
+    let a = ro.post("/queues/mail/pause", &format!("csrf={csrf}")).await;
+    assert_eq!(a.status, 403, "and pausing");
+    assert!(
+        !ro.get("/queues/mail")
+            .await
+            .body
+            .contains("/queues/mail/pause"),
+        "no pause button when read-only"
+    );
     let a = ro.post("/logout", &format!("csrf={csrf}")).await;
     assert_eq!(
         a.status, 303,

@@ -1,4 +1,5 @@
-//! The changes the dashboard makes: retry, cancel or delete a job, give a held row back. Each
+//! The changes the dashboard makes: retry, cancel or delete a job, pause or resume a queue, give
+//! a held row back. Each
 //! arrives as a POST that passed the session, CSRF, origin and read-only checks
 //! (`auth::require_session`); each is logged (tracing, info) and kept in [`ActionLog`] for the
 //! actions page, whatever its outcome.
@@ -107,6 +108,33 @@ pub async fn job(
         _ => format!("/jobs/{id}"),
     };
     Redirect::to(&back).into_response()
+}
+
+/// `POST /queues/{queue}/{pause|resume}`.
+pub async fn queue(
+    State(state): State<St>,
+    Extension(who): Extension<Who>,
+    Path((name, action)): Path<(String, String)>,
+) -> Response {
+    let queue = state.db.queue();
+    let (what, result, unchanged) = match action.as_str() {
+        "pause" => ("pause queue", queue.pause(&name).await, "paused already"),
+        "resume" => ("resume queue", queue.resume(&name).await, "not paused"),
+        _ => return (StatusCode::NOT_FOUND, "no such action\n").into_response(),
+    };
+    let outcome = match &result {
+        Ok(true) => "done".to_owned(),
+        Ok(false) => unchanged.to_owned(),
+        Err(e) => format!("failed: {e}"),
+    };
+    state.actions.push(Action {
+        at: SystemTime::now(),
+        who: who.to_string(),
+        what: what.to_owned(),
+        target: format!("queue {}", shown(&name)),
+        outcome,
+    });
+    Redirect::to(&format!("/queues/{}", path_segment(&name))).into_response()
 }
 
 /// The release form: the holder the row's page showed, so that a row another claim took since

@@ -24,7 +24,7 @@ table{border-collapse:collapse;margin:8px 0}td,th{border-bottom:1px solid #ddd;p
 td.num,th.num{text-align:right}.problem{color:#b00020;font-weight:600}.muted{color:#777}\
 pre{background:#f4f4f4;padding:8px;overflow:auto;max-height:30em}.badge{background:#b00020;color:#fff;padding:1px 6px;border-radius:3px}\
 figure.chart{margin:8px 0}.legend span{margin-right:12px}.swatch{display:inline-block;width:10px;height:10px;margin-right:4px}\
-form.inline{display:inline}button.danger{color:#b00020}";
+form.inline{display:inline}button.danger{color:#b00020}.badge.paused{background:#8a6d00}";
 
 /// Reloads the page every 10 s, unless the user is typing in it or has changed a field (a
 /// page being filled in is never reloaded away).
@@ -179,6 +179,8 @@ fn no_queue(e: &rowclaim::Error) -> bool {
 
 struct QueueLine {
     name: String,
+    /// Since when it is paused, if it is.
+    paused: Option<SystemTime>,
     by_status: BTreeMap<String, u64>,
     oldest_wait: f64,
     completed_last_minute: u64,
@@ -218,6 +220,7 @@ impl SourceLine {
 
 /// `GET /`: every managed queue and every recorded source, problem ones first.
 pub async fn overview(State(state): State<St>, Extension(who): Extension<Who>) -> Response {
+    let paused = paused_queues(&state).await;
     let (queues, queue_problem) = match state.db.queue().stats(None).await {
         Ok(stats) => {
             let mut lines: Vec<QueueLine> = stats
@@ -232,6 +235,7 @@ pub async fn overview(State(state): State<St>, Extension(who): Extension<Who>) -
                         .unwrap_or(0),
                     // By the database's clock, which decides when a lease ends.
                     expired: stats.expired_leases.get(&name).copied().unwrap_or(0),
+                    paused: paused.get(&name).copied(),
                     by_status,
                     name,
                 })
@@ -276,7 +280,10 @@ pub async fn overview(State(state): State<St>, Extension(who): Extension<Who>) -
                 }
                 @for q in &queues {
                     tr data-queue=(q.name) {
-                        td { a href=(format!("/queues/{}", path_segment(&q.name))) { (q.name) } }
+                        td {
+                            a href=(format!("/queues/{}", path_segment(&q.name))) { (q.name) }
+                            @if q.paused.is_some() { " " span.badge.paused { "paused" } }
+                        }
                         @for s in JOB_STATUSES {
                             @let n = q.by_status.get(*s).copied().unwrap_or(0);
                             td.num.problem[*s == "dead" && n > 0] data-status=(s) { (n) }
@@ -353,6 +360,7 @@ pub async fn queue(
         }
     };
     let counts = stats.by_queue.get(&name).cloned().unwrap_or_default();
+    let paused_at = paused_queues(&state).await.get(&name).copied();
     let (schedules, _) = schedules(&state, Some(&name)).await;
     let running = running(&state, Some(&name), 1000).await;
     let mut holders: BTreeMap<String, (u64, Option<SystemTime>)> = BTreeMap::new();
@@ -440,7 +448,24 @@ pub async fn queue(
             }
             q
         });
+    let control = format!("/queues/{}", path_segment(&name));
     let body = html! {
+        p #state {
+            @match paused_at {
+                Some(t) => {
+                    span.badge { "paused" } " since " (when(t)) ": workers start none of its jobs. "
+                    @if !state.read_only {
+                        (action_button(&who, &format!("{control}/resume"), &[], "Resume", &format!("Resume queue {name}?"), false))
+                    }
+                }
+                None => {
+                    "Running. "
+                    @if !state.read_only {
+                        (action_button(&who, &format!("{control}/pause"), &[], "Pause", &format!("Pause queue {name}? Workers start none of its jobs until it is resumed; running jobs finish."), true))
+                    }
+                }
+            }
+        }
         table #counts {
             tr { @for s in JOB_STATUSES { th.num { (s) } } th.num { "oldest wait" } th.num { "completed last min" } }
             tr {
@@ -498,6 +523,20 @@ pub async fn queue(
         @if let Some(q) = next { p { a href=(q) { "Older jobs →" } } }
     };
     layout(&state, &who, &format!("Queue {name}"), true, body).into_response()
+}
+
+/// The paused queues and since when; none where they cannot be read (no managed queue, or one
+/// older than pausing).
+async fn paused_queues(state: &Dashboard) -> BTreeMap<String, SystemTime> {
+    state
+        .db
+        .queue()
+        .settings()
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|s| Some((s.name, s.paused_at?)))
+        .collect()
 }
 
 /// The stored schedules (of `queue`, or all), or why they could not be read. None is no
@@ -662,6 +701,10 @@ pub async fn job(
         ol #timeline { @for (t, what) in &timeline { li { (when(*t)) " — " (what) } } }
         h2 { "Payload" }
         pre #payload { (payload) }
+        @if let Some(out) = &job.output {
+            h2 { "Output" }
+            pre #output { (serde_json::to_string_pretty(out).unwrap_or_default()) }
+        }
         h2 { "Last error" }
         @match &job.last_error {
             Some(e) => pre #last-error { (e) },

@@ -91,6 +91,7 @@ pub fn router(state: State, metrics: Arc<crate::prometheus::Endpoint>) -> Router
         .route("/sources/{table}/rows/{id}", get(pages::row))
         .route("/actions", get(pages::actions))
         .route("/jobs/{id}/{action}", post(actions::job))
+        .route("/queues/{queue}/{action}", post(actions::queue))
         .route(
             "/sources/{table}/rows/{id}/release",
             post(actions::release_row),
