@@ -341,6 +341,7 @@ pub fn summary_json(r: &WorkerReport) -> serde_json::Value {
         "failed": r.failed + r.dead,
         "retried": r.retried,
         "released": r.released,
+        "snoozed": r.snoozed,
         "lost": r.lost,
         "given_up": r.given_up,
         "unconfirmed": r.unconfirmed,
@@ -359,6 +360,9 @@ pub fn summary(r: &WorkerReport) -> String {
         r.released,
         r.lost
     );
+    if r.snoozed > 0 {
+        line.push_str(&format!(", {} snoozed (to run again later)", r.snoozed));
+    }
     if r.given_up > 0 {
         line.push_str(&format!(
             ", {} given up during an outage (they come back when their lease ends)",
