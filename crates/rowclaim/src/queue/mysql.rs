@@ -26,7 +26,7 @@ impl QueueStore for My {
         // On a Galera cluster the named lock below is one node's only: inits on other nodes run
         // their migrations at the same time, and a write that collides with theirs fails its
         // certification (1213). Every step is idempotent, so the whole init simply runs again.
-        crate::backend::retry_transient!(self.init_once().await)
+        crate::backend::retry_transient!(self.init_once(JOBS_COMPONENT, MIGRATIONS).await)
     }
 
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
@@ -179,8 +179,13 @@ impl QueueStore for My {
 }
 
 impl My {
-    /// One try of `init`: the migrations under this node's init lock.
-    async fn init_once(&self) -> Result<()> {
+    /// One try of an init: `component`'s `migrations` (the managed queue's, the schedules')
+    /// under this node's init lock.
+    pub(super) async fn init_once(
+        &self,
+        component: &str,
+        migrations: &[&'static str],
+    ) -> Result<()> {
         // A named lock belongs to a session, so the lock, the migrations and the release all run
         // on this one connection. Should this future be dropped halfway, or the release fail, the
         // connection is closed instead of going back to the pool still holding the lock: the
@@ -202,7 +207,7 @@ impl My {
                 ),
             ))));
         }
-        let migrated = migrate(&mut conn).await;
+        let migrated = migrate(&mut conn, component, migrations).await;
         if let Err(e) = sqlx::query("SELECT RELEASE_LOCK(?)")
             .bind(INIT_LOCK)
             .execute(&mut *conn)
@@ -276,15 +281,19 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE IF NOT EXISTS rowclaim_jobs (
 
 /// Runs the migrations above the recorded version, recording each as it is done. The caller holds
 /// the init lock.
-async fn migrate(conn: &mut sqlx::MySqlConnection) -> Result<()> {
+async fn migrate(
+    conn: &mut sqlx::MySqlConnection,
+    component: &str,
+    migrations: &[&'static str],
+) -> Result<()> {
     sqlx::query(CREATE_SCHEMA).execute(&mut *conn).await?;
     let version: Option<i32> =
         sqlx::query_scalar("SELECT version FROM rowclaim_schema WHERE component = ?")
-            .bind(JOBS_COMPONENT)
+            .bind(component.to_owned())
             .fetch_optional(&mut *conn)
             .await?;
     let version = usize::try_from(version.unwrap_or(0)).unwrap_or(0);
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
+    for (i, sql) in migrations.iter().enumerate().skip(version) {
         sqlx::query(*sql).execute(&mut *conn).await?;
         let to = i as i64 + 1;
         sqlx::query(
@@ -293,7 +302,7 @@ async fn migrate(conn: &mut sqlx::MySqlConnection) -> Result<()> {
             "INSERT INTO rowclaim_schema (component, version) VALUES (?, ?) \
              ON DUPLICATE KEY UPDATE version = GREATEST(version, ?)",
         )
-        .bind(JOBS_COMPONENT)
+        .bind(component.to_owned())
         .bind(to)
         .bind(to)
         .execute(&mut *conn)

@@ -48,40 +48,7 @@ impl QueueStore for Pg {
     }
 
     async fn init(&self) -> Result<()> {
-        let mut tx = self.durable().await?;
-        // Concurrent inits take turns; DDL is transactional here, so a failed step leaves nothing.
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_init'))")
-            .execute(self.on(&mut tx))
-            .await?;
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS rowclaim_schema \
-             (component text PRIMARY KEY, version integer NOT NULL)",
-        )
-        .execute(self.on(&mut tx))
-        .await?;
-        let version: Option<i32> =
-            sqlx::query_scalar("SELECT version FROM rowclaim_schema WHERE component = 'jobs'")
-                .fetch_optional(self.on(&mut tx))
-                .await?;
-        let version = version.unwrap_or(0);
-        for (i, steps) in QUEUE_MIGRATIONS.iter().enumerate() {
-            let to = i as i32 + 1;
-            if to <= version {
-                continue;
-            }
-            for step in *steps {
-                sqlx::query(*step).execute(self.on(&mut tx)).await?;
-            }
-            sqlx::query(
-                "INSERT INTO rowclaim_schema (component, version) VALUES ('jobs', $1) \
-                 ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version",
-            )
-            .bind(to)
-            .execute(self.on(&mut tx))
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        migrate(self, "jobs", QUEUE_MIGRATIONS).await
     }
 
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
@@ -179,6 +146,52 @@ impl QueueStore for Pg {
         let (n, first): (i64, Option<i64>) = b.query_as(sql)?.fetch_one(self.exec()).await?;
         Ok(Scheduled::new(n, first))
     }
+}
+
+/// Brings `component`'s tables to the last of `migrations` (one list of statements per version),
+/// recording the version in `rowclaim_schema`: the managed queue's and the schedules' schemas.
+/// Concurrent inits take turns on one lock; DDL is transactional here, so a failed step leaves
+/// nothing.
+pub(super) async fn migrate(
+    pg: &Pg,
+    component: &str,
+    migrations: &[&[&'static str]],
+) -> Result<()> {
+    let mut tx = pg.durable().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_init'))")
+        .execute(pg.on(&mut tx))
+        .await?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS rowclaim_schema \
+         (component text PRIMARY KEY, version integer NOT NULL)",
+    )
+    .execute(pg.on(&mut tx))
+    .await?;
+    let version: Option<i32> =
+        sqlx::query_scalar("SELECT version FROM rowclaim_schema WHERE component = $1")
+            .bind(component.to_owned())
+            .fetch_optional(pg.on(&mut tx))
+            .await?;
+    let version = version.unwrap_or(0);
+    for (i, steps) in migrations.iter().enumerate() {
+        let to = i as i32 + 1;
+        if to <= version {
+            continue;
+        }
+        for step in *steps {
+            sqlx::query(*step).execute(pg.on(&mut tx)).await?;
+        }
+        sqlx::query(
+            "INSERT INTO rowclaim_schema (component, version) VALUES ($1, $2) \
+             ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version",
+        )
+        .bind(component.to_owned())
+        .bind(to)
+        .execute(pg.on(&mut tx))
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
 }
 
 /// The managed queue's schema, one list of statements per version. Append, never edit.

@@ -21,37 +21,7 @@ impl QueueStore for Lite {
     }
 
     async fn init(&self) -> Result<()> {
-        // The write lock makes concurrent inits take turns; DDL is transactional here.
-        let mut tx = self.write().await?;
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS rowclaim_schema \
-             (component TEXT PRIMARY KEY, version INTEGER NOT NULL)",
-        )
-        .execute(&mut *tx)
-        .await?;
-        let version: Option<i64> =
-            sqlx::query_scalar("SELECT version FROM rowclaim_schema WHERE component = 'jobs'")
-                .fetch_optional(&mut *tx)
-                .await?;
-        let version = version.unwrap_or(0);
-        for (i, steps) in QUEUE_MIGRATIONS.iter().enumerate() {
-            let to = i as i64 + 1;
-            if to <= version {
-                continue;
-            }
-            for step in *steps {
-                sqlx::query(*step).execute(&mut *tx).await?;
-            }
-            sqlx::query(
-                "INSERT INTO rowclaim_schema (component, version) VALUES ('jobs', ?) \
-                 ON CONFLICT (component) DO UPDATE SET version = excluded.version",
-            )
-            .bind(to)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        migrate(self, "jobs", QUEUE_MIGRATIONS).await
     }
 
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
@@ -140,6 +110,48 @@ impl QueueStore for Lite {
 }
 
 /// The managed queue's schema, one list of statements per version. Append, never edit.
+/// Brings `component`'s tables to the last of `migrations` (one list of statements per version),
+/// recording the version in `rowclaim_schema`: the managed queue's and the schedules' schemas.
+/// The write lock makes concurrent inits take turns; DDL is transactional here.
+pub(super) async fn migrate(
+    lite: &Lite,
+    component: &str,
+    migrations: &[&[&'static str]],
+) -> Result<()> {
+    let mut tx = lite.write().await?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS rowclaim_schema \
+         (component TEXT PRIMARY KEY, version INTEGER NOT NULL)",
+    )
+    .execute(&mut *tx)
+    .await?;
+    let version: Option<i64> =
+        sqlx::query_scalar("SELECT version FROM rowclaim_schema WHERE component = ?")
+            .bind(component.to_owned())
+            .fetch_optional(&mut *tx)
+            .await?;
+    let version = version.unwrap_or(0);
+    for (i, steps) in migrations.iter().enumerate() {
+        let to = i as i64 + 1;
+        if to <= version {
+            continue;
+        }
+        for step in *steps {
+            sqlx::query(*step).execute(&mut *tx).await?;
+        }
+        sqlx::query(
+            "INSERT INTO rowclaim_schema (component, version) VALUES (?, ?) \
+             ON CONFLICT (component) DO UPDATE SET version = excluded.version",
+        )
+        .bind(component.to_owned())
+        .bind(to)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
 const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
     "CREATE TABLE IF NOT EXISTS rowclaim_jobs (
         id INTEGER PRIMARY KEY,

@@ -6,12 +6,7 @@
 use super::{Definition, Firing, Row, ScheduleStore};
 use crate::backend::mysql::{My, NOW};
 use crate::queue::Enqueued;
-use crate::{Error, Result};
-
-/// The named lock `rowclaim init` runs under (the jobs' migrations take it too).
-const INIT_LOCK: &str = "rowclaim_init";
-
-const INIT_LOCK_WAIT_SECS: i64 = 60;
+use crate::Result;
 
 /// The schedules' migrations: entry `i` brings the component from version `i` to `i + 1`. MySQL
 /// commits DDL at once, so each must be safe to run again.
@@ -45,7 +40,7 @@ impl ScheduleStore for My {
         // On a Galera cluster the named lock is one node's only, and a step that collides with
         // another node's fails its certification (1213): every step is idempotent, so the whole
         // init runs again.
-        crate::backend::retry_transient!(self.init_schedules_once().await)
+        crate::backend::retry_transient!(self.init_once("schedules", MIGRATIONS).await)
     }
 
     async fn schedule_now(&self) -> Result<i64> {
@@ -162,68 +157,4 @@ impl ScheduleStore for My {
             .await?;
         Ok(done.rows_affected() > 0)
     }
-}
-
-impl My {
-    /// One try of `init_schedules`: the migrations under the init lock, all on one connection
-    /// (a named lock is its session's). Should this be dropped halfway, the connection is
-    /// closed instead of going back to the pool holding the lock.
-    async fn init_schedules_once(&self) -> Result<()> {
-        let mut conn = self.pool.acquire().await?;
-        conn.close_on_drop();
-        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
-            .bind(INIT_LOCK)
-            .bind(INIT_LOCK_WAIT_SECS)
-            .fetch_one(&mut *conn)
-            .await?;
-        if got != Some(1) {
-            return Err(Error::Database(sqlx::Error::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "could not take the lock {INIT_LOCK} within {INIT_LOCK_WAIT_SECS} s: \
-                     another `rowclaim init` is still running"
-                ),
-            ))));
-        }
-        let migrated = migrate(&mut conn).await;
-        if let Err(e) = sqlx::query("SELECT RELEASE_LOCK(?)")
-            .bind(INIT_LOCK)
-            .execute(&mut *conn)
-            .await
-        {
-            tracing::debug!(error = %e, "releasing {INIT_LOCK} failed");
-        }
-        migrated
-    }
-}
-
-/// Runs the migrations above the recorded version, recording each as it is done.
-async fn migrate(conn: &mut sqlx::MySqlConnection) -> Result<()> {
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS rowclaim_schema (
-            component VARCHAR(64) PRIMARY KEY,
-            version INT NOT NULL
-        )",
-    )
-    .execute(&mut *conn)
-    .await?;
-    let version: Option<i32> =
-        sqlx::query_scalar("SELECT version FROM rowclaim_schema WHERE component = 'schedules'")
-            .fetch_optional(&mut *conn)
-            .await?;
-    let version = usize::try_from(version.unwrap_or(0)).unwrap_or(0);
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
-        sqlx::query(*sql).execute(&mut *conn).await?;
-        let to = i as i64 + 1;
-        // Never backwards: a slower init must not undo a later one's record.
-        sqlx::query(
-            "INSERT INTO rowclaim_schema (component, version) VALUES ('schedules', ?) \
-             ON DUPLICATE KEY UPDATE version = GREATEST(version, ?)",
-        )
-        .bind(to)
-        .bind(to)
-        .execute(&mut *conn)
-        .await?;
-    }
-    Ok(())
 }

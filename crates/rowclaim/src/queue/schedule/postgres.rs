@@ -28,40 +28,8 @@ const ROW: &str = "name, queue, kind, expression, zone, catch_up, fingerprint, \
 
 impl ScheduleStore for Pg {
     async fn init_schedules(&self) -> Result<()> {
-        let mut tx = self.durable().await?;
-        // The jobs' init takes the same lock: concurrent inits take turns.
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_init'))")
-            .execute(self.on(&mut tx))
-            .await?;
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS rowclaim_schema \
-             (component text PRIMARY KEY, version integer NOT NULL)",
-        )
-        .execute(self.on(&mut tx))
-        .await?;
-        let version: Option<i32> =
-            sqlx::query_scalar("SELECT version FROM rowclaim_schema WHERE component = 'schedules'")
-                .fetch_optional(self.on(&mut tx))
-                .await?;
-        let version = version.unwrap_or(0);
-        for (i, steps) in MIGRATIONS.iter().enumerate() {
-            let to = i as i32 + 1;
-            if to <= version {
-                continue;
-            }
-            for step in *steps {
-                sqlx::query(*step).execute(self.on(&mut tx)).await?;
-            }
-            sqlx::query(
-                "INSERT INTO rowclaim_schema (component, version) VALUES ('schedules', $1) \
-                 ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version",
-            )
-            .bind(to)
-            .execute(self.on(&mut tx))
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        // Under the jobs' init lock: concurrent inits take turns.
+        crate::queue::postgres::migrate(self, "schedules", MIGRATIONS).await
     }
 
     async fn schedule_now(&self) -> Result<i64> {

@@ -24,37 +24,7 @@ const MIGRATIONS: &[&[&str]] = &[&["CREATE TABLE IF NOT EXISTS rowclaim_schedule
 
 impl ScheduleStore for Lite {
     async fn init_schedules(&self) -> Result<()> {
-        // The write lock makes concurrent inits take turns; DDL is transactional here.
-        let mut tx = self.write().await?;
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS rowclaim_schema \
-             (component TEXT PRIMARY KEY, version INTEGER NOT NULL)",
-        )
-        .execute(&mut *tx)
-        .await?;
-        let version: Option<i64> =
-            sqlx::query_scalar("SELECT version FROM rowclaim_schema WHERE component = 'schedules'")
-                .fetch_optional(&mut *tx)
-                .await?;
-        let version = version.unwrap_or(0);
-        for (i, steps) in MIGRATIONS.iter().enumerate() {
-            let to = i as i64 + 1;
-            if to <= version {
-                continue;
-            }
-            for step in *steps {
-                sqlx::query(*step).execute(&mut *tx).await?;
-            }
-            sqlx::query(
-                "INSERT INTO rowclaim_schema (component, version) VALUES ('schedules', ?) \
-                 ON CONFLICT (component) DO UPDATE SET version = excluded.version",
-            )
-            .bind(to)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        crate::queue::sqlite::migrate(self, "schedules", MIGRATIONS).await
     }
 
     async fn schedule_now(&self) -> Result<i64> {
