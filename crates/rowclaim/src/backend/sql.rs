@@ -608,6 +608,25 @@ pub(crate) fn release_row_sql<D: Dialect>(
     change_sql(m, Some(&set), &cond)
 }
 
+/// The statement that removes row `id`'s lease from `rowclaim_leases` (only `holder`'s, when
+/// given): a release of a source whose claims are kept there.
+pub(crate) fn release_lease_sql<D: Dialect>(
+    m: &Mapping,
+    b: &mut Binder<D>,
+    id: &crate::RowId,
+    holder: Option<&str>,
+) -> String {
+    let mut delete = format!(
+        "DELETE FROM rowclaim_leases WHERE source = {} AND row_id = {}",
+        b.bind(m.source_key.clone()),
+        b.bind(id.to_string())
+    );
+    if let Some(h) = holder {
+        delete.push_str(&format!(" AND token = {}", b.bind(h.to_owned())));
+    }
+    delete
+}
+
 /// The locking read a release takes first, `wait_clause` being the dialect's NOWAIT: a row that
 /// a `transaction` claimer holds in its open transaction fails at once instead of keeping the
 /// releasing connection waiting for that transaction.

@@ -283,14 +283,7 @@ impl ClaimStore for My {
         // and the row, if marked claimed, is ready again.
         let gone = if strategy == Strategy::LeaseTable {
             let mut b = B::new();
-            let mut delete = format!(
-                "DELETE FROM rowclaim_leases WHERE source = {} AND row_id = {}",
-                b.bind(m.source_key.clone()),
-                b.bind(id.to_string())
-            );
-            if let Some(h) = holder {
-                delete.push_str(&format!(" AND token = {}", b.bind(h.to_owned())));
-            }
+            let delete = sql::release_lease_sql(m, &mut b, id, holder);
             let gone = b.query(delete)?.execute(&mut *tx).await?.rows_affected();
             if gone == 0 && holder.is_some() {
                 // Not held by that holder (any more): nothing to give back.
