@@ -81,8 +81,9 @@ pub use db::{ConnectOptions, Db};
 pub use error::{Error, ErrorKind, Result};
 pub use queue::{
     backoff, schedule_key, CatchUp, Enqueued, Job, JobFailure, JobFilter, JobRecord, NewJob, Queue,
-    QueueSettings, QueueStats, Retention, Schedule, ScheduleStatus, Scheduled, Scheduler,
-    SchedulerReport, Wakeups, DEFAULT_MAX_ATTEMPTS, JOB_STATUSES, LATE_WINDOW, MAX_CATCH_UP,
+    QueueLimits, QueueSettings, QueueStats, Rate, Retention, Schedule, ScheduleStatus, Scheduled,
+    Scheduler, SchedulerReport, Wakeups, DEFAULT_MAX_ATTEMPTS, JOB_STATUSES, LATE_WINDOW,
+    MAX_CATCH_UP, MAX_RATE_PERIOD,
 };
 pub use source::Source;
 pub use strategy::Strategy;

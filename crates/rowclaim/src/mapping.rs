@@ -84,6 +84,9 @@ pub(crate) struct Mapping {
     pub finished_column: Option<String>,
     /// Managed queue: what a completed job's handler produced (JSON).
     pub output_column: Option<String>,
+    /// Managed queue: when its latest attempt started (set by every claim, by the database's
+    /// clock).
+    pub started_column: Option<String>,
 }
 
 impl Mapping {

@@ -404,6 +404,10 @@ impl Source {
             error_column: self.managed.as_ref().map(|_| (naming.quote)("last_error")),
             finished_column: self.managed.as_ref().map(|_| (naming.quote)("finished_at")),
             output_column: self.managed.as_ref().map(|_| (naming.quote)("output")),
+            started_column: self
+                .managed
+                .as_ref()
+                .map(|_| (naming.quote)("attempted_at")),
             // Only plainly named columns go into a row's JSON: their names are safe as literals.
             columns: columns
                 .iter()

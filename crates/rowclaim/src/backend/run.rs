@@ -3,7 +3,7 @@
 //! says which rows it changed (`RETURNING`). Each driver gets `Run` from `binder_queries!`.
 
 use super::sql::{
-    candidates, change_sql, held_by, outcome_set, queue_condition, Binder, Dialect, Stmt,
+    candidates, change_sql, held_by, outcome_set, queue_scope, Binder, Dialect, Stmt,
 };
 use super::{Outcome, Target};
 use crate::mapping::{status_literal, Mapping, Naming};
@@ -24,6 +24,49 @@ pub(crate) trait Run {
     async fn texts(&self, s: Stmt<Self::Sql>) -> Result<Vec<String>>;
     /// A statement answering nothing; returns how many rows it changed.
     async fn execute(&self, s: Stmt<Self::Sql>) -> Result<u64>;
+    /// A statement answering a text, then numbers (each maybe NULL), per row.
+    async fn named_numbers(&self, s: Stmt<Self::Sql>) -> Result<Vec<(String, Vec<Option<i64>>)>>;
+}
+
+/// One of a driver's transactions, as a [`Run`]: the statements of one claim written once for
+/// every database (`queue/limits.rs`) run in it. Dropped without [`InTx::commit`], it rolls
+/// back.
+pub(crate) struct InTx<'d, Driver, DB: sqlx::Database> {
+    /// The driver whose rules its statements follow (PostgreSQL's route).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub driver: &'d Driver,
+    pub tx: tokio::sync::Mutex<sqlx::Transaction<'static, DB>>,
+}
+
+impl<'d, Driver, DB: sqlx::Database> InTx<'d, Driver, DB> {
+    pub(crate) fn new(driver: &'d Driver, tx: sqlx::Transaction<'static, DB>) -> Self {
+        InTx {
+            driver,
+            tx: tokio::sync::Mutex::new(tx),
+        }
+    }
+
+    pub(crate) async fn commit(self) -> Result<()> {
+        Ok(self.tx.into_inner().commit().await?)
+    }
+}
+
+/// Rows of (text, numbers…), as [`Run::named_numbers`] answers them.
+pub(crate) fn named_numbers<R: sqlx::Row>(rows: Vec<R>) -> Result<Vec<(String, Vec<Option<i64>>)>>
+where
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    rows.into_iter()
+        .map(|r| {
+            let name: String = r.try_get(0)?;
+            let numbers = (1..r.len())
+                .map(|i| r.try_get::<Option<i64>, _>(i))
+                .collect::<std::result::Result<_, _>>()?;
+            Ok((name, numbers))
+        })
+        .collect()
 }
 
 /// Settles each named row the token still holds, on its own, in one statement that says which
@@ -81,7 +124,7 @@ pub(crate) async fn backlog<R: Run + ?Sized>(r: &R, m: &Mapping) -> Result<(u64,
     {
         let Some(cond) = cond else { continue };
         let mut b = Binder::new();
-        let queues = queue_condition(m, &mut b);
+        let queues = queue_scope(m, &mut b);
         let sql = format!(
             "SELECT COUNT(*) FROM {} WHERE {cond}{queues}{}",
             m.table, m.filter

@@ -189,6 +189,8 @@ macro_rules! binder_queries {
     };
     (@exec pool, $s:ident) => { &$s.pool };
     (@exec exec, $s:ident) => { $s.exec() };
+    (@tx pool, $s:ident, $g:ident) => { &mut **$g };
+    (@tx exec, $s:ident, $g:ident) => { $s.driver.on(&mut **$g) };
     (@ $dialect:ty, $db:ty, $driver:ty, $exec:ident) => {
         impl $crate::backend::sql::Binder<$dialect> {
             pub(crate) fn query<'q>(
@@ -251,6 +253,54 @@ macro_rules! binder_queries {
 
             async fn execute(&self, s: $crate::backend::sql::Stmt<$dialect>) -> $crate::Result<u64> {
                 Ok(s.binder.query(s.sql)?.execute($crate::backend::sql::binder_queries!(@exec $exec, self)).await?.rows_affected())
+            }
+
+            async fn named_numbers(
+                &self,
+                s: $crate::backend::sql::Stmt<$dialect>,
+            ) -> $crate::Result<Vec<(String, Vec<Option<i64>>)>> {
+                let rows = s.binder.query(s.sql)?.fetch_all($crate::backend::sql::binder_queries!(@exec $exec, self)).await?;
+                $crate::backend::run::named_numbers(rows)
+            }
+        }
+
+        /// The same statements inside one of the driver's transactions.
+        impl $crate::backend::run::Run for $crate::backend::run::InTx<'_, $driver, $db> {
+            type Sql = $dialect;
+
+            async fn count(&self, s: $crate::backend::sql::Stmt<$dialect>) -> $crate::Result<i64> {
+                let mut g = self.tx.lock().await;
+                Ok(s.binder.scalar(s.sql)?.fetch_one($crate::backend::sql::binder_queries!(@tx $exec, self, g)).await?)
+            }
+
+            async fn count_by(
+                &self,
+                s: $crate::backend::sql::Stmt<$dialect>,
+            ) -> $crate::Result<Vec<(Option<String>, i64)>> {
+                let mut g = self.tx.lock().await;
+                Ok(s.binder.query_as(s.sql)?.fetch_all($crate::backend::sql::binder_queries!(@tx $exec, self, g)).await?)
+            }
+
+            async fn texts(
+                &self,
+                s: $crate::backend::sql::Stmt<$dialect>,
+            ) -> $crate::Result<Vec<String>> {
+                let mut g = self.tx.lock().await;
+                Ok(s.binder.scalar(s.sql)?.fetch_all($crate::backend::sql::binder_queries!(@tx $exec, self, g)).await?)
+            }
+
+            async fn execute(&self, s: $crate::backend::sql::Stmt<$dialect>) -> $crate::Result<u64> {
+                let mut g = self.tx.lock().await;
+                Ok(s.binder.query(s.sql)?.execute($crate::backend::sql::binder_queries!(@tx $exec, self, g)).await?.rows_affected())
+            }
+
+            async fn named_numbers(
+                &self,
+                s: $crate::backend::sql::Stmt<$dialect>,
+            ) -> $crate::Result<Vec<(String, Vec<Option<i64>>)>> {
+                let mut g = self.tx.lock().await;
+                let rows = s.binder.query(s.sql)?.fetch_all($crate::backend::sql::binder_queries!(@tx $exec, self, g)).await?;
+                $crate::backend::run::named_numbers(rows)
             }
         }
     };
@@ -387,6 +437,9 @@ pub(crate) fn claim_set<D: Dialect>(
     if let Some(at) = &m.attempts {
         set.push(format!("{at} = COALESCE({at}, 0) + 1"));
     }
+    if let Some(st) = &m.started_column {
+        set.push(format!("{st} = {}", D::NOW));
+    }
     set.join(", ")
 }
 
@@ -472,8 +525,21 @@ pub(crate) fn outcome_set<D: Dialect>(m: &Mapping, b: &mut Binder<D>, outcome: &
 }
 
 /// For the managed queue: ` AND queue IN (…)` (and ` AND kind IN (…)`) with the names bound,
-/// and not of a paused queue (`rowclaim_queues`, see `queue/settings.rs`); empty otherwise.
+/// and not of a paused queue nor of a limited one (`rowclaim_queues`, see `queue/settings.rs`;
+/// a limited queue's jobs are claimed by `queue/limits.rs`); empty otherwise. What an
+/// ordinary claim may take.
 pub(crate) fn queue_condition<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> String {
+    let blocked = format!("paused_at IS NOT NULL OR {}", crate::queue::LIMITED);
+    queue_cond(m, b, &blocked)
+}
+
+/// [`queue_condition`], letting limited queues' jobs through: the jobs that are work now,
+/// whichever claim takes them.
+pub(crate) fn queue_scope<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> String {
+    queue_cond(m, b, "paused_at IS NOT NULL")
+}
+
+fn queue_cond<D: Dialect>(m: &Mapping, b: &mut Binder<D>, blocked: &str) -> String {
     let mut cond = String::new();
     for (col, names) in [&m.queues, &m.kinds].into_iter().flatten() {
         if !names.is_empty() {
@@ -487,11 +553,11 @@ pub(crate) fn queue_condition<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> Str
             // the scan and which then skips the scan of a paused queue's backlog altogether.
             [one] => cond.push_str(&format!(
                 " AND NOT EXISTS (SELECT 1 FROM rowclaim_queues \
-                 WHERE name = {} AND paused_at IS NOT NULL)",
+                 WHERE name = {} AND ({blocked}))",
                 b.bind(one.clone())
             )),
             _ => cond.push_str(&format!(
-                " AND {col} NOT IN (SELECT name FROM rowclaim_queues WHERE paused_at IS NOT NULL)"
+                " AND {col} NOT IN (SELECT name FROM rowclaim_queues WHERE {blocked})"
             )),
         }
     }

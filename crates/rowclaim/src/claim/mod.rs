@@ -18,10 +18,11 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, Notify};
 
 use crate::backend::{
-    retry_transient, ClaimArgs, Held, Outcome, Position, Resolved, ServerInfo, Target,
+    dispatch, retry_transient, ClaimArgs, Held, Outcome, Position, Resolved, ServerInfo, Target,
 };
 use crate::error::DbKind;
 use crate::mapping::Mapping;
+use crate::queue::QueueStore;
 use crate::value::IdList;
 use crate::{Db, Error, Result, RowId, Strategy};
 
@@ -137,7 +138,14 @@ struct Inner {
     /// When this claimer last looked for rows whose lease expired, and whether its last claim
     /// came back short of its batch (see [`RESCUE_EVERY`]).
     rescue: StdMutex<Rescue>,
+    /// Managed queue: its limited queues as last read, and when (see [`LIMITS_EVERY`]).
+    limited: StdMutex<Option<(Instant, Vec<String>)>>,
 }
+
+/// How often a claimer of the managed queue reads again which of its queues have limits. An
+/// ordinary claim never takes a limited queue's job (the claim itself checks); this only says
+/// how soon a queue that became limited is served by the limited claim (`queue/limits.rs`).
+const LIMITS_EVERY: Duration = Duration::from_secs(1);
 
 /// How often a busy claimer also looks for rows whose lease expired. Looking costs a scan of an
 /// index over claimed rows, which between vacuums also holds every row claimed and finished
@@ -201,6 +209,7 @@ impl Claimer {
                 recorded: AtomicBool::new(recorded),
                 server,
                 rescue: StdMutex::default(),
+                limited: StdMutex::default(),
             }),
         }
     }
@@ -331,7 +340,24 @@ impl Claimer {
                 crate::backend::pause(rounds.min(6)).await;
                 continue;
             }
-            let rows = self.rows_from_json(claimed.rows)?;
+            let mut found = claimed.rows;
+            if i.m.queues.is_some() && found.len() < batch as usize {
+                for queue in self.limited_queues().await? {
+                    let left = batch.saturating_sub(u32::try_from(found.len()).unwrap_or(batch));
+                    if left == 0 {
+                        break;
+                    }
+                    let args = ClaimArgs {
+                        batch: left,
+                        ..args
+                    };
+                    found.extend(retry_transient!(dispatch!(
+                        &i.db.backend,
+                        d => QueueStore::claim_limited(d, &args, &queue).await
+                    ))?);
+                }
+            }
+            let rows = self.rows_from_json(found)?;
             tracing::trace!(rows = rows.len(), "claimed");
             let ids: Vec<RowId> = rows.iter().map(|r| r.id.clone()).collect();
             return Ok(Claim {
@@ -346,6 +372,28 @@ impl Claimer {
                 claimed_at: sent,
             });
         }
+    }
+
+    /// Managed queue: which of this claimer's queues have limits (read at most every
+    /// [`LIMITS_EVERY`]).
+    async fn limited_queues(&self) -> Result<Vec<String>> {
+        let i = &self.inner;
+        {
+            let last = i.limited.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((at, queues)) = &*last {
+                if at.elapsed() < LIMITS_EVERY {
+                    return Ok(queues.clone());
+                }
+            }
+        }
+        let mut queues =
+            retry_transient!(dispatch!(&i.db.backend, d => crate::queue::limited_queues(d).await))?;
+        if let Some(mine) = self.managed_queues().filter(|q| !q.is_empty()) {
+            queues.retain(|q| mine.contains(q));
+        }
+        *i.limited.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((Instant::now(), queues.clone()));
+        Ok(queues)
     }
 
     fn rows_from_json(&self, rows: Vec<serde_json::Value>) -> Result<Vec<ClaimedRow>> {

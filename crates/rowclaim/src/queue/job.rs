@@ -41,6 +41,8 @@ pub struct NewJob {
     unique_key: Option<String>,
     #[serde(default)]
     timeout_ms: Option<i64>,
+    #[serde(default)]
+    limit_key: Option<String>,
 }
 
 /// The attempts a job gets unless told otherwise.
@@ -60,6 +62,7 @@ impl NewJob {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             unique_key: None,
             timeout_ms: None,
+            limit_key: None,
         }
     }
 
@@ -123,6 +126,16 @@ impl NewJob {
         self
     }
 
+    /// The key its queue's per-key limits count it under ([`crate::QueueLimits`]): of the jobs
+    /// with one key, at most the queue's per-key concurrency run at once, started in enqueue
+    /// order, and at most its per-key rate start per period. Jobs without a key only count
+    /// towards the queue's own limits; in a queue without limits a key changes nothing. Needs
+    /// the queue's schema version 5 (`rowclaim init`).
+    pub fn limit_key(mut self, key: impl Into<String>) -> Self {
+        self.limit_key = Some(key.into());
+        self
+    }
+
     pub(crate) fn check(&self) -> Result<()> {
         if self.queue.is_empty() || self.queue.len() > 255 {
             return Err(Error::InvalidInput(
@@ -138,6 +151,15 @@ impl NewJob {
         if self.unique_key.as_ref().is_some_and(|k| k.len() > 255) {
             return Err(Error::InvalidInput(
                 "unique key is longer than 255 characters".into(),
+            ));
+        }
+        if self
+            .limit_key
+            .as_ref()
+            .is_some_and(|k| k.is_empty() || k.len() > 255)
+        {
+            return Err(Error::InvalidInput(
+                "limit key must have 1 to 255 characters".into(),
             ));
         }
         if self.timeout_ms.is_some_and(|ms| ms <= 0) {
@@ -160,6 +182,7 @@ impl NewJob {
             max_attempts: self.max_attempts,
             unique_key: self.unique_key.as_deref(),
             timeout_ms: self.timeout_ms,
+            limit_key: self.limit_key.as_deref(),
         }
     }
 }
@@ -175,6 +198,7 @@ pub(crate) struct JobParts<'a> {
     pub max_attempts: i32,
     pub unique_key: Option<&'a str>,
     pub timeout_ms: Option<i64>,
+    pub limit_key: Option<&'a str>,
 }
 
 /// What enqueueing one job did.

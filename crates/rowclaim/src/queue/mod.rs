@@ -5,6 +5,7 @@
 //! `ready` with a later run-at after a failure, or `dead` after the last attempt; `cancelled` by
 //! hand. Claiming, fencing and lease expiry are the same as for any source.
 
+mod limits;
 mod record;
 mod schedule;
 mod settings;
@@ -14,6 +15,8 @@ pub use job::{
     backoff, Enqueued, Job, JobFailure, NewJob, QueueStats, Retention, DEFAULT_MAX_ATTEMPTS,
 };
 pub(crate) use job::{JobParts, StatsRow};
+pub(crate) use limits::{claim as claim_limited, limited_queues, LIMITED};
+pub use limits::{QueueLimits, Rate, MAX_RATE_PERIOD};
 pub(crate) use record::at_ms;
 pub use record::{JobFilter, JobRecord, Scheduled, JOB_STATUSES};
 pub use schedule::{
@@ -65,6 +68,13 @@ pub(crate) trait QueueStore {
     /// Wakes the workers listening for `queue` as a new job would (nothing where there is no
     /// listening).
     async fn wake(&self, queue: &str) -> Result<()>;
+    /// Claims what the limits of `queue` allow, in a transaction of its own (the statements are
+    /// `limits::claim`'s; the transaction is the database's: SQLite's takes the write lock).
+    async fn claim_limited(
+        &self,
+        a: &crate::backend::ClaimArgs<'_>,
+        queue: &str,
+    ) -> Result<Vec<serde_json::Value>>;
 }
 
 /// A connection listening for enqueues.
@@ -307,7 +317,21 @@ impl Queue {
         Ok(resumed)
     }
 
-    /// The queues with settings of their own (paused ones), by name.
+    /// Sets `queue`'s limits, all of them (a limit `limits` leaves out is lifted;
+    /// [`QueueLimits::default`] lifts every one). They hold for every claim that starts after
+    /// this returns; workers that served the queue without limits move its jobs to the limited
+    /// claim within a second, and jobs running already count towards them. The queue need not
+    /// have jobs yet. Needs the queue's schema version 5 (`rowclaim init`).
+    pub async fn limit(&self, queue: &str, limits: &QueueLimits) -> Result<()> {
+        check_queue_name(queue)?;
+        limits.check()?;
+        retry_transient!(dispatch!(&self.db.backend, d => limits::set(d, queue, limits).await))
+            .map_err(not_initialised)?;
+        // Idle workers that listen look again at once, under the new limits.
+        dispatch!(&self.db.backend, d => d.wake(queue).await)
+    }
+
+    /// The queues with settings of their own (paused or limited ones), by name.
     pub async fn settings(&self) -> Result<Vec<QueueSettings>> {
         retry_transient!(dispatch!(&self.db.backend, d => settings::settings(d).await))
             .map_err(not_initialised)

@@ -18,6 +18,17 @@ impl QueueStore for My {
         Ok(None)
     }
 
+    async fn claim_limited(
+        &self,
+        a: &crate::backend::ClaimArgs<'_>,
+        queue: &str,
+    ) -> Result<Vec<serde_json::Value>> {
+        let tx = crate::backend::run::InTx::new(self, self.begin().await?);
+        let rows = super::claim_limited(&tx, a, queue).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+
     async fn wake(&self, _queue: &str) -> Result<()> {
         Ok(())
     }
@@ -150,7 +161,7 @@ impl QueueStore for My {
         let text = |c: &str| format!("CAST({c} AS CHAR)");
         let columns = format!(
             "id, {}, {}, {}, {}, CAST(priority AS SIGNED), CAST(attempts AS SIGNED), \
-             CAST(max_attempts AS SIGNED), {}, {}, {}, {}, {}, {}, {}, timeout_ms, {}",
+             CAST(max_attempts AS SIGNED), {}, {}, {}, {}, {}, {}, {}, timeout_ms, {}, {}, {}",
             text("queue"),
             text("kind"),
             text("payload"),
@@ -163,6 +174,8 @@ impl QueueStore for My {
             text("unique_key"),
             text("last_error"),
             text("output"),
+            text("limit_key"),
+            ms("attempted_at"),
         );
         let mut b = B::new();
         let sql = records_sql(&mut b, &columns, filter, id);
@@ -277,6 +290,21 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE IF NOT EXISTS rowclaim_jobs (
     // v5: per-queue settings (paused since when).
     "CREATE TABLE IF NOT EXISTS rowclaim_queues (name VARCHAR(255) NOT NULL PRIMARY KEY, \
      paused_at DATETIME(6) NULL) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+    // v6–v8: limits (see `limits.rs`): a job's limit key and when its latest attempt started; a
+    // queue's limits, and the turns its limited claims take on its row (on Galera, the write
+    // that makes two nodes' limited claims of one queue conflict); the starts a rate limit
+    // counts (a primary key, as Galera needs).
+    "ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS limit_key VARCHAR(255) NULL, \
+     ADD COLUMN IF NOT EXISTS attempted_at DATETIME(6) NULL",
+    "ALTER TABLE rowclaim_queues ADD COLUMN IF NOT EXISTS concurrency BIGINT NULL, \
+     ADD COLUMN IF NOT EXISTS key_concurrency BIGINT NULL, ADD COLUMN IF NOT EXISTS rate BIGINT NULL, \
+     ADD COLUMN IF NOT EXISTS rate_period_ms BIGINT NULL, \
+     ADD COLUMN IF NOT EXISTS key_rate BIGINT NULL, ADD COLUMN IF NOT EXISTS key_rate_period_ms BIGINT NULL, \
+     ADD COLUMN IF NOT EXISTS claim_turns BIGINT NOT NULL DEFAULT 0",
+    "CREATE TABLE IF NOT EXISTS rowclaim_starts (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+     queue VARCHAR(255) NOT NULL, limit_key VARCHAR(255) NULL, started_ms BIGINT NOT NULL, \
+     KEY rowclaim_starts_queue (queue, started_ms)) \
+     ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
 ];
 
 /// Runs the migrations above the recorded version, recording each as it is done. The caller holds
@@ -395,7 +423,7 @@ fn insert_sql(b: &mut B, jobs: &[&JobParts<'_>]) -> Result<String> {
         rows.push(format!(
             "({}, {}, {}, {}, COALESCE(TIMESTAMPADD(MICROSECOND, {} * 1000, \
              TIMESTAMP '1970-01-01 00:00:00'), UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND), \
-             {}, {}, {}, UTC_TIMESTAMP(6))",
+             {}, {}, {}, {}, UTC_TIMESTAMP(6))",
             b.bind(j.queue.to_owned()),
             b.bind(j.kind.to_owned()),
             b.bind(j.payload.clone()),
@@ -405,11 +433,12 @@ fn insert_sql(b: &mut B, jobs: &[&JobParts<'_>]) -> Result<String> {
             b.bind(j.max_attempts),
             b.bind(j.unique_key.map(str::to_owned)),
             b.bind(j.timeout_ms),
+            b.bind(j.limit_key.map(str::to_owned)),
         ));
     }
     Ok(format!(
         "INSERT INTO rowclaim_jobs (queue, kind, payload, priority, run_at, max_attempts, \
-         unique_key, timeout_ms, created_at) VALUES {}",
+         unique_key, timeout_ms, limit_key, created_at) VALUES {}",
         rows.join(", ")
     ))
 }

@@ -39,6 +39,17 @@ impl QueueStore for Pg {
         }
     }
 
+    async fn claim_limited(
+        &self,
+        a: &crate::backend::ClaimArgs<'_>,
+        queue: &str,
+    ) -> Result<Vec<serde_json::Value>> {
+        let tx = crate::backend::run::InTx::new(self, self.begin().await?);
+        let rows = super::claim_limited(&tx, a, queue).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+
     async fn wake(&self, queue: &str) -> Result<()> {
         sqlx::query("SELECT pg_notify('rowclaim_jobs', $1)") // crate::queue::CHANNEL
             .bind(queue.to_owned())
@@ -127,11 +138,12 @@ impl QueueStore for Pg {
         let columns = format!(
             "id, queue, kind, payload::text, status, priority::int8, attempts::int8, \
              max_attempts::int8, {}, {}, {}, {}, owner, unique_key, last_error, timeout_ms, \
-             output::text",
+             output::text, limit_key, {}",
             ms("run_at"),
             ms("created_at"),
             ms("finished_at"),
-            ms("lease_until")
+            ms("lease_until"),
+            ms("attempted_at")
         );
         let mut b = Binder::<Sql>::new();
         let sql = records_sql(&mut b, &columns, filter, id);
@@ -235,6 +247,21 @@ const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
         "ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS output jsonb",
         "CREATE TABLE IF NOT EXISTS rowclaim_queues (name text PRIMARY KEY, paused_at timestamptz)",
     ],
+    // v5: limits (see `limits.rs`): a job's limit key and when its latest attempt started; a
+    // queue's limits, and the turns its limited claims take on its row; the starts a rate
+    // limit counts.
+    &[
+        "ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS limit_key text, \
+         ADD COLUMN IF NOT EXISTS attempted_at timestamptz",
+        "ALTER TABLE rowclaim_queues ADD COLUMN IF NOT EXISTS concurrency bigint, \
+         ADD COLUMN IF NOT EXISTS key_concurrency bigint, ADD COLUMN IF NOT EXISTS rate bigint, \
+         ADD COLUMN IF NOT EXISTS rate_period_ms bigint, ADD COLUMN IF NOT EXISTS key_rate bigint, \
+         ADD COLUMN IF NOT EXISTS key_rate_period_ms bigint, \
+         ADD COLUMN IF NOT EXISTS claim_turns bigint NOT NULL DEFAULT 0",
+        "CREATE TABLE IF NOT EXISTS rowclaim_starts \
+         (queue text NOT NULL, limit_key text, started_ms bigint NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS rowclaim_starts_queue ON rowclaim_starts (queue, started_ms)",
+    ],
 ];
 
 /// When a job runs: at its absolute time (epoch ms) if it has one, else now + its delay.
@@ -252,8 +279,8 @@ pub(crate) async fn enqueue_one(
     let run_at = RUN_AT.replace("{at}", "$5").replace("{delay}", "$6");
     let insert = format!(
         "INSERT INTO rowclaim_jobs \
-         (queue, kind, payload, priority, run_at, max_attempts, unique_key, timeout_ms) \
-         VALUES ($1, $2, $3::jsonb, $4, {run_at}, $7, $8, $9) \
+         (queue, kind, payload, priority, run_at, max_attempts, unique_key, timeout_ms, limit_key) \
+         VALUES ($1, $2, $3::jsonb, $4, {run_at}, $7, $8, $9, $10) \
          ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('ready', 'running') \
          DO NOTHING RETURNING id"
     );
@@ -268,6 +295,7 @@ pub(crate) async fn enqueue_one(
             .bind(job.max_attempts)
             .bind(job.unique_key.map(str::to_owned))
             .bind(job.timeout_ms)
+            .bind(job.limit_key.map(str::to_owned))
             .persistent(keep)
             .fetch_optional(&mut *conn)
             .await?;
@@ -307,10 +335,13 @@ async fn insert_bulk(
     }
     let run_at = RUN_AT.replace("{at}", "j.at").replace("{delay}", "j.delay");
     let sql = format!(
-        "INSERT INTO rowclaim_jobs (queue, kind, payload, priority, run_at, max_attempts, timeout_ms) \
-         SELECT j.queue, j.kind, j.payload::jsonb, j.priority, {run_at}, j.max_attempts, j.timeout_ms \
+        "INSERT INTO rowclaim_jobs \
+         (queue, kind, payload, priority, run_at, max_attempts, timeout_ms, limit_key) \
+         SELECT j.queue, j.kind, j.payload::jsonb, j.priority, {run_at}, j.max_attempts, j.timeout_ms, \
+         j.limit_key \
          FROM unnest($1::text[], $2::text[], $3::text[], $4::int4[], $5::int8[], $6::int8[], $7::int4[], \
-         $8::int8[]) AS j(queue, kind, payload, priority, at, delay, max_attempts, timeout_ms) \
+         $8::int8[], $9::text[]) \
+         AS j(queue, kind, payload, priority, at, delay, max_attempts, timeout_ms, limit_key) \
          RETURNING id"
     );
     let mut queues: Vec<&str> = jobs.iter().map(|j| j.queue).collect();
@@ -323,6 +354,11 @@ async fn insert_bulk(
         .bind(jobs.iter().map(|j| j.delay_ms).collect::<Vec<_>>())
         .bind(jobs.iter().map(|j| j.max_attempts).collect::<Vec<_>>())
         .bind(jobs.iter().map(|j| j.timeout_ms).collect::<Vec<_>>())
+        .bind(
+            jobs.iter()
+                .map(|j| j.limit_key.map(str::to_owned))
+                .collect::<Vec<_>>(),
+        )
         .persistent(keep)
         .fetch_all(&mut *conn)
         .await?;

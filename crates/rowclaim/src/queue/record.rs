@@ -123,6 +123,11 @@ pub struct JobRecord {
     /// What its handler produced when it completed (for `rowclaim work`, the command's stdout),
     /// if anything.
     pub output: Option<serde_json::Value>,
+    /// Its limit key: jobs of one key share the queue's per-key limits.
+    pub limit_key: Option<String>,
+    /// When its latest attempt started (by the database's clock).
+    #[serde(serialize_with = "rfc3339_opt")]
+    pub attempted_at: Option<SystemTime>,
 }
 
 /// The columns every store selects, in this order (times in epoch milliseconds; the payload
@@ -145,6 +150,8 @@ pub(crate) struct RecordRow {
     last_error: Option<String>,
     timeout_ms: Option<i64>,
     output: Option<String>,
+    limit_key: Option<String>,
+    attempted_at: Option<i64>,
 }
 
 // By position, as each store's `columns` lists them (more columns than sqlx's tuples take).
@@ -176,6 +183,8 @@ where
             last_error: row.try_get(14)?,
             timeout_ms: row.try_get(15)?,
             output: row.try_get(16)?,
+            limit_key: row.try_get(17)?,
+            attempted_at: row.try_get(18)?,
         })
     }
 }
@@ -207,6 +216,8 @@ impl JobRecord {
             last_error: r.last_error,
             timeout_ms: r.timeout_ms,
             output: r.output.map(json_of),
+            limit_key: r.limit_key,
+            attempted_at: r.attempted_at.map(at_ms),
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Settings of one queue of the managed queue, kept in `rowclaim_queues` (a row only for queues
-//! that have any): whether it is paused. Written once over a driver's [`Run`], since the SQL is
+//! that have any): whether it is paused, and its limits (see `limits.rs`). Written once over a driver's [`Run`], since the SQL is
 //! the same on every database but for its clock.
 //!
 //! A pause is honoured in the claim itself (see `sql::queue_condition`): a job of a paused queue
@@ -11,6 +11,7 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
+use super::limits::{QueueLimits, COLUMNS, LIMITED};
 use super::record::at_ms;
 use crate::backend::run::Run;
 use crate::backend::sql::{Binder, Dialect, Stmt};
@@ -25,6 +26,8 @@ pub struct QueueSettings {
     /// Since when it is paused (by the database's clock), if it is.
     #[serde(serialize_with = "super::record::rfc3339_opt")]
     pub paused_at: Option<SystemTime>,
+    /// Its limits.
+    pub limits: QueueLimits,
 }
 
 /// Pauses (`paused`) or resumes `queue`; returns whether that changed anything (false: it was
@@ -58,20 +61,20 @@ pub(crate) async fn set_paused<R: Run + ?Sized>(r: &R, queue: &str, paused: bool
     Ok(r.execute(Stmt::new(sql, b)).await? > 0)
 }
 
-/// Every queue with settings of its own, by name.
+/// Every queue with settings of its own (paused, or limited), by name.
 pub(crate) async fn settings<R: Run + ?Sized>(r: &R) -> Result<Vec<QueueSettings>> {
     let sql = format!(
-        "SELECT name, {} FROM rowclaim_queues WHERE paused_at IS NOT NULL ORDER BY name",
+        "SELECT name, {}, {COLUMNS} FROM rowclaim_queues WHERE paused_at IS NOT NULL \
+         OR {LIMITED} ORDER BY name",
         R::Sql::epoch_ms("paused_at")
     );
-    let rows = r.count_by(Stmt::new(sql, Binder::new())).await?;
+    let rows = r.named_numbers(Stmt::new(sql, Binder::new())).await?;
     Ok(rows
         .into_iter()
-        .filter_map(|(name, ms)| {
-            Some(QueueSettings {
-                name: name?,
-                paused_at: Some(at_ms(ms)),
-            })
+        .map(|(name, columns)| QueueSettings {
+            name,
+            paused_at: columns.first().copied().flatten().map(at_ms),
+            limits: QueueLimits::from_columns(columns.get(1..).unwrap_or_default()),
         })
         .collect())
 }

@@ -16,6 +16,17 @@ impl QueueStore for Lite {
         Ok(None)
     }
 
+    async fn claim_limited(
+        &self,
+        a: &crate::backend::ClaimArgs<'_>,
+        queue: &str,
+    ) -> Result<Vec<serde_json::Value>> {
+        let tx = crate::backend::run::InTx::new(self, self.write().await?);
+        let rows = super::claim_limited(&tx, a, queue).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+
     async fn wake(&self, _queue: &str) -> Result<()> {
         Ok(())
     }
@@ -94,7 +105,7 @@ impl QueueStore for Lite {
         // Times are epoch milliseconds here already.
         let columns = "id, queue, kind, payload, status, priority, attempts, max_attempts, \
                        run_at, created_at, finished_at, lease_until, owner, unique_key, \
-                       last_error, timeout_ms, output";
+                       last_error, timeout_ms, output, limit_key, attempted_at";
         let mut b = sql::Binder::<Sql>::new();
         let sql = records_sql(&mut b, columns, filter, id);
         let rows: Vec<RecordRow> = b.query_as(sql)?.fetch_all(&self.pool).await?;
@@ -190,6 +201,23 @@ const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
         "ALTER TABLE rowclaim_jobs ADD COLUMN output TEXT",
         "CREATE TABLE IF NOT EXISTS rowclaim_queues (name TEXT PRIMARY KEY, paused_at INTEGER)",
     ],
+    // v5: limits (see `limits.rs`): a job's limit key and when its latest attempt started; a
+    // queue's limits, and the turns its limited claims take on its row; the starts a rate
+    // limit counts.
+    &[
+        "ALTER TABLE rowclaim_jobs ADD COLUMN limit_key TEXT",
+        "ALTER TABLE rowclaim_jobs ADD COLUMN attempted_at INTEGER",
+        "ALTER TABLE rowclaim_queues ADD COLUMN concurrency INTEGER",
+        "ALTER TABLE rowclaim_queues ADD COLUMN key_concurrency INTEGER",
+        "ALTER TABLE rowclaim_queues ADD COLUMN rate INTEGER",
+        "ALTER TABLE rowclaim_queues ADD COLUMN rate_period_ms INTEGER",
+        "ALTER TABLE rowclaim_queues ADD COLUMN key_rate INTEGER",
+        "ALTER TABLE rowclaim_queues ADD COLUMN key_rate_period_ms INTEGER",
+        "ALTER TABLE rowclaim_queues ADD COLUMN claim_turns INTEGER NOT NULL DEFAULT 0",
+        "CREATE TABLE IF NOT EXISTS rowclaim_starts \
+         (queue TEXT NOT NULL, limit_key TEXT, started_ms INTEGER NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS rowclaim_starts_queue ON rowclaim_starts (queue, started_ms)",
+    ],
 ];
 
 /// Enqueues one job on a connection (in the caller's transaction when they hold one). A unique key
@@ -200,8 +228,8 @@ pub(crate) async fn enqueue_one(
 ) -> Result<Enqueued> {
     let insert = format!(
         "INSERT INTO rowclaim_jobs \
-         (queue, kind, payload, priority, run_at, max_attempts, unique_key, timeout_ms, created_at) \
-         VALUES (?, ?, json(?), ?, COALESCE(?, {NOW} + ?), ?, ?, ?, {NOW}) \
+         (queue, kind, payload, priority, run_at, max_attempts, unique_key, timeout_ms, limit_key, \
+         created_at) VALUES (?, ?, json(?), ?, COALESCE(?, {NOW} + ?), ?, ?, ?, ?, {NOW}) \
          ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('ready', 'running') \
          DO NOTHING RETURNING id"
     );
@@ -216,6 +244,7 @@ pub(crate) async fn enqueue_one(
             .bind(job.max_attempts)
             .bind(job.unique_key.map(str::to_owned))
             .bind(job.timeout_ms)
+            .bind(job.limit_key.map(str::to_owned))
             .fetch_optional(&mut *conn)
             .await?;
         if let Some(id) = id {

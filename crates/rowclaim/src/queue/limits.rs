@@ -1,0 +1,419 @@
+//! Limits of one queue, enforced in the database so that they hold across every worker on every
+//! machine: how many of its jobs run at once, how many with one limit key run at once (1: one
+//! after another, in enqueue order), and how many start per period, in the queue and per key.
+//!
+//! A queue's limits live in its `rowclaim_queues` row. The ordinary claim leaves the jobs of a
+//! limited queue alone (`sql::queue_condition`); they are claimed here instead, one queue at a
+//! time, by [`claim`]: in a transaction that first writes the queue's row (`claim_turns`), so
+//! that limited claims of one queue take turns on its row lock, every database alike (and on
+//! Galera two nodes' turns conflict at certification, and one is retried). Under that lock it
+//! counts what runs and what started, picks what the limits allow, marks it claimed and, for a
+//! rate, records the starts in `rowclaim_starts`. Each claim's statements are written once, here,
+//! over a driver's [`Run`] in its transaction.
+//!
+//! What counts as running: jobs claimed whose lease has not run out (a job whose holder died
+//! holds its place until its lease runs out; then it is taken again first). What counts as
+//! started: each claim of a job, by the database's clock, the same instant its `attempted_at`
+//! records.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::run::Run;
+use crate::backend::sql::{self, Binder, Dialect, Stmt};
+use crate::backend::ClaimArgs;
+use crate::value::IdList;
+use crate::{Error, Result};
+
+/// The limits of one queue. Set with [`crate::Queue::limit`]; none by default.
+///
+/// ```
+/// use rowclaim::{QueueLimits, Rate};
+/// use std::time::Duration;
+/// // At most 10 jobs at once, one per customer at a time, 100 starts a minute.
+/// let limits = QueueLimits::default()
+///     .concurrency(10)
+///     .key_concurrency(1)
+///     .rate(Rate::new(100, Duration::from_secs(60)));
+/// assert!(!limits.is_none());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct QueueLimits {
+    /// At most this many of the queue's jobs run at once, across all workers.
+    pub concurrency: Option<u32>,
+    /// At most this many jobs with one limit key ([`crate::NewJob::limit_key`]) run at once,
+    /// started in enqueue order; 1 runs each key's jobs one after another.
+    pub key_concurrency: Option<u32>,
+    /// At most this many of the queue's jobs start per period.
+    pub rate: Option<Rate>,
+    /// At most this many jobs with one limit key start per period.
+    pub key_rate: Option<Rate>,
+}
+
+/// So many job starts per period (a sliding window: any period-long stretch holds at most
+/// `jobs` starts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Rate {
+    /// Starts allowed per period.
+    pub jobs: u32,
+    /// The period.
+    #[serde(with = "period_ms")]
+    pub per: Duration,
+}
+
+mod period_ms {
+    use super::Duration;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_millis(u64::deserialize(d)?))
+    }
+}
+
+/// The longest rate period: starts are kept this long at most.
+pub const MAX_RATE_PERIOD: Duration = Duration::from_secs(7 * 24 * 3600);
+
+impl Rate {
+    /// `jobs` starts per `per`.
+    pub fn new(jobs: u32, per: Duration) -> Rate {
+        Rate { jobs, per }
+    }
+
+    fn check(&self, what: &str) -> Result<()> {
+        if self.jobs == 0 {
+            return Err(Error::InvalidInput(format!(
+                "{what} must allow at least 1 job per period (pause the queue to start none)"
+            )));
+        }
+        if self.per < Duration::from_millis(1) || self.per > MAX_RATE_PERIOD {
+            return Err(Error::InvalidInput(format!(
+                "{what}'s period must be from 1ms to 7 days, not {:?}",
+                self.per
+            )));
+        }
+        Ok(())
+    }
+
+    fn period_ms(&self) -> i64 {
+        i64::try_from(self.per.as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
+impl std::fmt::Display for Rate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}ms", self.jobs, self.per.as_millis())
+    }
+}
+
+impl QueueLimits {
+    /// At most `n` of the queue's jobs at once.
+    pub fn concurrency(mut self, n: u32) -> Self {
+        self.concurrency = Some(n);
+        self
+    }
+
+    /// At most `n` jobs with one limit key at once (1: one after another, in enqueue order).
+    pub fn key_concurrency(mut self, n: u32) -> Self {
+        self.key_concurrency = Some(n);
+        self
+    }
+
+    /// At most `rate.jobs` of the queue's jobs start per `rate.per`.
+    pub fn rate(mut self, rate: Rate) -> Self {
+        self.rate = Some(rate);
+        self
+    }
+
+    /// At most `rate.jobs` jobs with one limit key start per `rate.per`.
+    pub fn key_rate(mut self, rate: Rate) -> Self {
+        self.key_rate = Some(rate);
+        self
+    }
+
+    /// No limit at all.
+    pub fn is_none(&self) -> bool {
+        *self == QueueLimits::default()
+    }
+
+    pub(crate) fn check(&self) -> Result<()> {
+        for (n, what) in [
+            (self.concurrency, "concurrency"),
+            (self.key_concurrency, "per-key concurrency"),
+        ] {
+            if n == Some(0) {
+                return Err(Error::InvalidInput(format!(
+                    "{what} must be at least 1 (pause the queue to run none)"
+                )));
+            }
+        }
+        if let Some(r) = &self.rate {
+            r.check("rate")?;
+        }
+        if let Some(r) = &self.key_rate {
+            r.check("per-key rate")?;
+        }
+        Ok(())
+    }
+
+    /// From the columns as [`COLUMNS`] lists them.
+    pub(crate) fn from_columns(c: &[Option<i64>]) -> QueueLimits {
+        let n = |i: usize| {
+            c.get(i)
+                .copied()
+                .flatten()
+                .and_then(|v| u32::try_from(v).ok())
+        };
+        let rate = |i: usize| {
+            Some(Rate::new(
+                n(i)?,
+                Duration::from_millis(u64::try_from(c.get(i + 1).copied().flatten()?).ok()?),
+            ))
+        };
+        QueueLimits {
+            concurrency: n(0),
+            key_concurrency: n(1),
+            rate: rate(2),
+            key_rate: rate(4),
+        }
+    }
+
+    /// The longest of its rate periods, in milliseconds: how long starts must be kept.
+    fn longest_period_ms(&self) -> Option<i64> {
+        [self.rate, self.key_rate]
+            .iter()
+            .flatten()
+            .map(Rate::period_ms)
+            .max()
+    }
+}
+
+/// A queue's limit columns in `rowclaim_queues`, in the order [`QueueLimits::from_columns`]
+/// reads them.
+pub(crate) const COLUMNS: &str =
+    "concurrency, key_concurrency, rate, rate_period_ms, key_rate, key_rate_period_ms";
+
+/// "This queue has a limit", over a `rowclaim_queues` row.
+pub(crate) const LIMITED: &str = "(concurrency IS NOT NULL OR key_concurrency IS NOT NULL \
+     OR rate IS NOT NULL OR key_rate IS NOT NULL)";
+
+/// Sets `queue`'s limits (all of them: a limit not given is lifted).
+pub(crate) async fn set<R: Run + ?Sized>(r: &R, queue: &str, l: &QueueLimits) -> Result<()> {
+    l.check()?;
+    let mut b = Binder::<R::Sql>::new();
+    let name = b.bind(queue.to_owned());
+    let sql = format!(
+        "INSERT INTO rowclaim_queues (name) VALUES ({name}) {}",
+        R::Sql::keep_existing("name")
+    );
+    r.execute(Stmt::new(sql, b)).await?;
+    let mut b = Binder::<R::Sql>::new();
+    let num = |b: &mut Binder<R::Sql>, v: Option<u32>| b.bind(v.map(i64::from));
+    let period = |b: &mut Binder<R::Sql>, r: Option<Rate>| b.bind(r.map(|r| r.period_ms()));
+    let sql = format!(
+        "UPDATE rowclaim_queues SET concurrency = {}, key_concurrency = {}, rate = {}, \
+         rate_period_ms = {}, key_rate = {}, key_rate_period_ms = {} WHERE name = {}",
+        num(&mut b, l.concurrency),
+        num(&mut b, l.key_concurrency),
+        num(&mut b, l.rate.map(|r| r.jobs)),
+        period(&mut b, l.rate),
+        num(&mut b, l.key_rate.map(|r| r.jobs)),
+        period(&mut b, l.key_rate),
+        b.bind(queue.to_owned()),
+    );
+    r.execute(Stmt::new(sql, b)).await?;
+    Ok(())
+}
+
+/// The queues with limits that are not paused, by name: those [`claim`] serves.
+pub(crate) async fn limited_queues<R: Run + ?Sized>(r: &R) -> Result<Vec<String>> {
+    let sql = format!(
+        "SELECT name FROM rowclaim_queues WHERE paused_at IS NULL AND {LIMITED} ORDER BY name"
+    );
+    r.texts(Stmt::new(sql, Binder::new())).await
+}
+
+/// The job statuses a limited claim reads (checked literals, as everywhere).
+const READY: &str = "'ready'";
+const RUNNING: &str = "'running'";
+
+/// Claims up to `a.batch` jobs of the limited queue `queue` that its limits allow, in the
+/// transaction `tx` (the caller commits it): rows as JSON, as any claim returns them. None when
+/// the queue is paused or no longer limited (the ordinary claim serves it then).
+pub(crate) async fn claim<R: Run + ?Sized>(
+    tx: &R,
+    a: &ClaimArgs<'_>,
+    queue: &str,
+) -> Result<Vec<serde_json::Value>> {
+    let (now, now_ms) = (R::Sql::NOW, R::Sql::epoch_ms(R::Sql::NOW));
+    // The queue's turn: its row lock, held to the end of the transaction.
+    let mut b = Binder::<R::Sql>::new();
+    let sql = format!(
+        "UPDATE rowclaim_queues SET claim_turns = claim_turns + 1 WHERE name = {} \
+         AND paused_at IS NULL AND {LIMITED}",
+        b.bind(queue.to_owned())
+    );
+    if tx.execute(Stmt::new(sql, b)).await? == 0 {
+        return Ok(vec![]);
+    }
+    let mut b = Binder::<R::Sql>::new();
+    let sql = format!(
+        "SELECT name, {COLUMNS} FROM rowclaim_queues WHERE name = {}",
+        b.bind(queue.to_owned())
+    );
+    let limits = match tx.named_numbers(Stmt::new(sql, b)).await?.pop() {
+        Some((_, columns)) => QueueLimits::from_columns(&columns),
+        None => return Ok(vec![]),
+    };
+    // The queue's own limits leave room for so many.
+    let mut room = i64::from(a.batch);
+    if let Some(max) = limits.concurrency {
+        let mut b = Binder::<R::Sql>::new();
+        let sql = format!(
+            "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = {} AND status = {RUNNING} \
+             AND lease_until >= {now}",
+            b.bind(queue.to_owned())
+        );
+        room = room.min(i64::from(max) - tx.count(Stmt::new(sql, b)).await?);
+    }
+    if let Some(rate) = limits.rate {
+        let mut b = Binder::<R::Sql>::new();
+        let sql = format!(
+            "SELECT COUNT(*) FROM rowclaim_starts WHERE queue = {} \
+             AND started_ms >= {now_ms} - {}",
+            b.bind(queue.to_owned()),
+            b.bind(rate.period_ms())
+        );
+        room = room.min(i64::from(rate.jobs) - tx.count(Stmt::new(sql, b)).await?);
+    }
+    if room <= 0 {
+        return Ok(vec![]);
+    }
+    let mut b = Binder::<R::Sql>::new();
+    let sql = format!(
+        "SELECT CAST(id AS {}) FROM ({}) AS p",
+        R::Sql::TEXT,
+        pick_sql(&mut b, queue, a.m, &limits, room)
+    );
+    let picked = tx.texts(Stmt::new(sql, b)).await?;
+    if picked.is_empty() {
+        return Ok(vec![]);
+    }
+    let ids = IdList::new(a.m.id_kind, &a.m.parse_ids(&picked)?)?;
+    // Mark them ours. The status is checked again: a job may have been cancelled since.
+    let mut b = Binder::<R::Sql>::new();
+    let set = sql::claim_set(a.m, &mut b, a.token, a.lease);
+    let sql = format!(
+        "UPDATE rowclaim_jobs SET {set} WHERE {} AND (status = {READY} \
+         OR (status = {RUNNING} AND lease_until < {now}))",
+        R::Sql::id_in(&mut b, "id", &ids)
+    );
+    tx.execute(Stmt::new(sql, b)).await?;
+    let mine = |b: &mut Binder<R::Sql>| {
+        format!(
+            "{} AND owner = {} AND status = {RUNNING}",
+            R::Sql::id_in(b, "id", &ids),
+            b.bind(a.token.to_owned())
+        )
+    };
+    if let Some(keep_ms) = limits.longest_period_ms() {
+        let mut b = Binder::<R::Sql>::new();
+        let sql = format!(
+            "INSERT INTO rowclaim_starts (queue, limit_key, started_ms) \
+             SELECT queue, limit_key, {now_ms} FROM rowclaim_jobs WHERE {}",
+            mine(&mut b)
+        );
+        tx.execute(Stmt::new(sql, b)).await?;
+        let mut b = Binder::<R::Sql>::new();
+        let sql = format!(
+            "DELETE FROM rowclaim_starts WHERE queue = {} AND started_ms < {now_ms} - {}",
+            b.bind(queue.to_owned()),
+            b.bind(keep_ms)
+        );
+        tx.execute(Stmt::new(sql, b)).await?;
+    }
+    let mut b = Binder::<R::Sql>::new();
+    let sql = format!(
+        "SELECT CAST({} AS {}) FROM rowclaim_jobs AS t WHERE {} \
+         ORDER BY priority DESC, run_at, id",
+        R::Sql::row_json(a.m),
+        R::Sql::TEXT,
+        mine(&mut b)
+    );
+    tx.texts(Stmt::new(sql, b))
+        .await?
+        .iter()
+        .map(|t| sql::parse_row(t))
+        .collect()
+}
+
+/// The ids of up to `take` jobs of `queue` that its per-key limits allow to start now, in claim
+/// order (jobs whose lease ran out first, then by priority, run-at, id).
+///
+/// Within one key, jobs line up in enqueue order (jobs whose lease ran out ahead): the `n`th of
+/// a key's line may start while fewer than `limit − n + 1` of the key's jobs run (or started
+/// within the rate's period). The line holds the key's pending work: ready jobs that are due or
+/// wait for a retry (so that a failed job keeps its place), and jobs whose lease ran out. A job
+/// scheduled for later that never ran is not in line until its time comes.
+fn pick_sql<D: Dialect>(
+    b: &mut Binder<D>,
+    queue: &str,
+    m: &crate::mapping::Mapping,
+    l: &QueueLimits,
+    take: i64,
+) -> String {
+    let (now, now_ms) = (D::NOW, D::epoch_ms(D::NOW));
+    let expired = format!("CASE WHEN status = {RUNNING} THEN 1 ELSE 0 END");
+    let line = format!(
+        "SELECT id, kind, priority, run_at, limit_key, {expired} AS expired, \
+         CASE WHEN status = {RUNNING} OR run_at <= {now} THEN 1 ELSE 0 END AS due, \
+         ROW_NUMBER() OVER (PARTITION BY limit_key ORDER BY {expired} DESC, id) AS place \
+         FROM rowclaim_jobs WHERE queue = {} AND ((status = {READY} \
+         AND (run_at <= {now} OR attempts > 0)) OR (status = {RUNNING} AND lease_until < {now}))",
+        b.bind(queue.to_owned())
+    );
+    let mut joins = String::new();
+    let mut cond = String::from("c.due = 1");
+    if let Some((_, kinds)) = &m.kinds {
+        if !kinds.is_empty() {
+            let list: Vec<String> = kinds.iter().map(|k| b.bind(k.clone())).collect();
+            cond.push_str(&format!(" AND c.kind IN ({})", list.join(", ")));
+        }
+    }
+    if let Some(max) = l.key_concurrency {
+        joins.push_str(&format!(
+            " LEFT JOIN (SELECT limit_key, COUNT(*) AS n FROM rowclaim_jobs \
+             WHERE queue = {} AND status = {RUNNING} AND lease_until >= {now} \
+             AND limit_key IS NOT NULL GROUP BY limit_key) r ON r.limit_key = c.limit_key",
+            b.bind(queue.to_owned())
+        ));
+        cond.push_str(&format!(
+            " AND (c.limit_key IS NULL OR c.place + COALESCE(r.n, 0) <= {})",
+            b.bind(i64::from(max))
+        ));
+    }
+    if let Some(rate) = l.key_rate {
+        joins.push_str(&format!(
+            " LEFT JOIN (SELECT limit_key, COUNT(*) AS n FROM rowclaim_starts \
+             WHERE queue = {} AND started_ms >= {now_ms} - {} AND limit_key IS NOT NULL \
+             GROUP BY limit_key) s ON s.limit_key = c.limit_key",
+            b.bind(queue.to_owned()),
+            b.bind(rate.period_ms())
+        ));
+        cond.push_str(&format!(
+            " AND (c.limit_key IS NULL OR c.place + COALESCE(s.n, 0) <= {})",
+            b.bind(i64::from(rate.jobs))
+        ));
+    }
+    format!(
+        "SELECT c.id FROM ({line}) AS c{joins} WHERE {cond} \
+         ORDER BY c.expired DESC, c.priority DESC, c.run_at, c.id LIMIT {}",
+        b.bind(take)
+    )
+}

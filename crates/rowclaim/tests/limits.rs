@@ -1,0 +1,313 @@
+//! Queue limits, on every backend, with several workers on pools of their own (as processes on
+//! other machines would be): no limit is ever exceeded, every job runs once, and per-key jobs
+//! start in enqueue order. The limits are checked against what the handlers saw (a handler runs
+//! inside its job's claim, so what overlaps there overlapped in the database) and against the
+//! database's own record of each start (`attempted_at`); never against timings.
+
+use rowclaim_testkit as common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+use common::{with_db, Backend, TestDb};
+use rowclaim::{Error, JobFilter, NewJob, Queue, QueueLimits, Rate, Worker};
+use serde_json::json;
+
+/// What the handlers saw: how many ran at once, in the queue and per key, at most; and the
+/// order in which each key's jobs started.
+#[derive(Default)]
+struct Seen {
+    running: usize,
+    running_max: usize,
+    per_key: HashMap<String, usize>,
+    per_key_max: usize,
+    order: HashMap<String, Vec<i64>>,
+}
+
+/// Runs `workers` workers (each on its own pool) over queue `queue` until `jobs` jobs completed,
+/// each handler taking `work`; returns what the handlers saw.
+async fn run_workers(
+    t: &Arc<TestDb>,
+    queue: &str,
+    workers: usize,
+    jobs: i64,
+    work: Duration,
+) -> Seen {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let mut running = Vec::new();
+    let mut stops = Vec::new();
+    for _ in 0..workers {
+        let db = t.db().await;
+        let seen = seen.clone();
+        let worker = Worker::new(&db)
+            .queue(queue)
+            .handle_any(move |job| {
+                let seen = seen.clone();
+                async move {
+                    let key = job.payload["key"].as_str().unwrap_or_default().to_owned();
+                    let n = job.payload["n"].as_i64().unwrap_or(-1);
+                    {
+                        let mut s = seen.lock().unwrap();
+                        s.running += 1;
+                        s.running_max = s.running_max.max(s.running);
+                        let k = s.per_key.entry(key.clone()).or_default();
+                        *k += 1;
+                        let k = *k;
+                        s.per_key_max = s.per_key_max.max(k);
+                        s.order.entry(key.clone()).or_default().push(n);
+                    }
+                    tokio::time::sleep(work).await;
+                    let mut s = seen.lock().unwrap();
+                    s.running -= 1;
+                    *s.per_key.entry(key).or_default() -= 1;
+                    Ok::<_, String>(())
+                }
+            })
+            .concurrency(4)
+            .lease(Duration::from_secs(30))
+            .poll(Duration::from_millis(50));
+        stops.push(worker.shutdown_handle());
+        running.push(tokio::spawn(async move {
+            worker.run(std::future::pending()).await
+        }));
+    }
+    let done = format!(
+        "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = '{queue}' AND status = 'completed'"
+    );
+    for _ in 0..1200 {
+        if t.count(&done).await >= jobs {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for s in &stops {
+        s.drain();
+    }
+    for r in running {
+        r.await.expect("worker task").expect("worker");
+    }
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    assert_eq!(seen.running, 0, "every handler ended");
+    seen
+}
+
+async fn queue(t: &TestDb) -> Queue {
+    let q = t.db().await.queue();
+    q.init().await.expect("init");
+    q
+}
+
+/// Every job of `queue` completed on its first attempt.
+async fn all_ran_once(t: &TestDb, queue: &str, jobs: i64) {
+    assert_eq!(
+        t.count(&format!(
+            "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = '{queue}' \
+             AND status = 'completed' AND attempts = 1"
+        ))
+        .await,
+        jobs,
+        "every job of {queue} ran once"
+    );
+}
+
+/// Per-key concurrency 1 under a queue concurrency of 3: three workers of four slots each run
+/// at most three jobs at once, never two of one key, and each key's jobs in enqueue order.
+async fn concurrency_per_queue_and_key(t: Arc<TestDb>) {
+    let q = queue(&t).await;
+    q.limit(
+        "l",
+        &QueueLimits::default().concurrency(3).key_concurrency(1),
+    )
+    .await
+    .unwrap();
+    let keys = ["a", "b", "c", "d"];
+    let jobs: Vec<NewJob> = (0..32)
+        .map(|n| {
+            let key = keys[n % keys.len()];
+            NewJob::new(json!({ "key": key, "n": n }))
+                .queue("l")
+                .limit_key(key)
+                // Priorities against the enqueue order: within a key, enqueue order wins.
+                .priority((n % 3) as i32)
+        })
+        .collect();
+    q.enqueue_many(&jobs).await.unwrap();
+    let seen = run_workers(&t, "l", 3, 32, Duration::from_millis(30)).await;
+    all_ran_once(&t, "l", 32).await;
+    assert_eq!(seen.per_key_max, 1, "two jobs of one key ran at once");
+    assert!(seen.running_max <= 3, "{} ran at once", seen.running_max);
+    for (key, order) in &seen.order {
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(order, &sorted, "key {key} ran out of enqueue order");
+        assert_eq!(order.len(), 8, "key {key}");
+    }
+    // The settings say so; lifting the limits hands the queue back to the ordinary claim.
+    let settings = q.settings().await.unwrap();
+    let l = settings
+        .iter()
+        .find(|s| s.name == "l")
+        .expect("settings of l");
+    assert_eq!(l.limits.concurrency, Some(3));
+    assert_eq!(l.limits.key_concurrency, Some(1));
+    assert_eq!(l.paused_at, None);
+    q.limit("l", &QueueLimits::default()).await.unwrap();
+    assert!(q.settings().await.unwrap().iter().all(|s| s.name != "l"));
+    q.enqueue(
+        &NewJob::new(json!({ "key": "a", "n": 99 }))
+            .queue("l")
+            .limit_key("a"),
+    )
+    .await
+    .unwrap();
+    run_workers(&t, "l", 1, 33, Duration::ZERO).await;
+    all_ran_once(&t, "l", 33).await;
+}
+
+/// When each job of `queue` started, by the database's clock, in milliseconds, per limit key
+/// (`""`: all of them).
+async fn starts(q: &Queue, queue: &str) -> HashMap<String, Vec<u128>> {
+    let mut by_key: HashMap<String, Vec<u128>> = HashMap::new();
+    for job in q
+        .list(&JobFilter::new().queues([queue]).limit(1000))
+        .await
+        .unwrap()
+    {
+        let at = job
+            .attempted_at
+            .expect("a completed job has a start")
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
+        by_key.entry(String::new()).or_default().push(at);
+        if let Some(k) = job.limit_key {
+            by_key.entry(k).or_default().push(at);
+        }
+    }
+    for v in by_key.values_mut() {
+        v.sort_unstable();
+    }
+    by_key
+}
+
+/// No period-long stretch of `starts` holds more than `rate.jobs` of them (a millisecond of
+/// slack: the stores keep starts in whole milliseconds).
+fn within(starts: &[u128], rate: Rate, what: &str) {
+    let n = rate.jobs as usize;
+    for w in starts.windows(n + 1) {
+        assert!(
+            w[n] - w[0] + 1 >= rate.per.as_millis(),
+            "{what}: {} starts within {} ms: {w:?}",
+            n + 1,
+            w[n] - w[0]
+        );
+    }
+}
+
+/// A queue rate and a per-key rate: two workers start no more than the rates allow in any
+/// period-long stretch, by the database's record of each start.
+async fn rates(t: Arc<TestDb>) {
+    let q = queue(&t).await;
+    let (rate, key_rate) = (
+        Rate::new(4, Duration::from_millis(600)),
+        Rate::new(1, Duration::from_millis(400)),
+    );
+    q.limit("r", &QueueLimits::default().rate(rate).key_rate(key_rate))
+        .await
+        .unwrap();
+    let jobs: Vec<NewJob> = (0..14)
+        .map(|n| {
+            let job = NewJob::new(json!({ "n": n })).queue("r");
+            // Two jobs without a key: only the queue's rate counts them.
+            match n {
+                0 | 7 => job,
+                _ => job.limit_key(["x", "y", "z"][n % 3]),
+            }
+        })
+        .collect();
+    q.enqueue_many(&jobs).await.unwrap();
+    run_workers(&t, "r", 2, 14, Duration::ZERO).await;
+    all_ran_once(&t, "r", 14).await;
+    let starts = starts(&q, "r").await;
+    within(&starts[""], rate, "queue r");
+    for key in ["x", "y", "z"] {
+        within(&starts[key], key_rate, key);
+    }
+    // Starts older than the longest period are not kept: the next claim, after that long,
+    // leaves only its own.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    q.enqueue(&NewJob::new(json!({ "n": 14 })).queue("r"))
+        .await
+        .unwrap();
+    run_workers(&t, "r", 1, 15, Duration::ZERO).await;
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_starts WHERE queue = 'r'")
+            .await,
+        1
+    );
+}
+
+/// Limits that cannot work are refused, naming what is wrong, and nothing is written.
+async fn bad_limits(t: Arc<TestDb>) {
+    let q = queue(&t).await;
+    for (limits, says) in [
+        (QueueLimits::default().concurrency(0), "concurrency"),
+        (
+            QueueLimits::default().key_concurrency(0),
+            "per-key concurrency",
+        ),
+        (
+            QueueLimits::default().rate(Rate::new(0, Duration::from_secs(1))),
+            "rate",
+        ),
+        (
+            QueueLimits::default().key_rate(Rate::new(1, Duration::ZERO)),
+            "per-key rate's period",
+        ),
+    ] {
+        match q.limit("bad", &limits).await {
+            Err(Error::InvalidInput(m)) => assert!(m.contains(says), "{m}"),
+            other => panic!("{limits:?}: {other:?}"),
+        }
+    }
+    assert!(q.settings().await.unwrap().is_empty());
+    match q
+        .enqueue(&NewJob::new(json!({})).queue("bad").limit_key(""))
+        .await
+    {
+        Err(Error::InvalidInput(m)) => assert!(m.contains("limit key"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+macro_rules! limit_cases {
+    ($backend:expr) => {
+        use super::*;
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn concurrency_limits_hold_across_workers_and_keys_run_in_order() {
+            with_db($backend, concurrency_per_queue_and_key).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn rate_limits_hold_across_workers() {
+            with_db($backend, rates).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn limits_that_cannot_work_are_refused() {
+            with_db($backend, bad_limits).await
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    limit_cases!(Backend::Postgres);
+}
+#[cfg(feature = "mysql")]
+mod mysql {
+    limit_cases!(Backend::MySql);
+}
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    limit_cases!(Backend::Sqlite);
+}
