@@ -37,6 +37,11 @@ pub struct EnqueueArgs {
     /// While a job with this key is ready or running, return it instead of adding another.
     #[arg(long, value_name = "K")]
     unique_key: Option<String>,
+    /// The key the queue's per-key limits count the job under (`rowclaim queue limit`): jobs
+    /// of one key run at most --key-concurrency at once, in enqueue order. With JSON lines,
+    /// every job gets it.
+    #[arg(long, value_name = "K")]
+    limit_key: Option<String>,
     /// Stop a run of the job that takes longer than this, e.g. 5m; it then fails ("timed out
     /// after 5m") and is retried like any failure. Default: the worker's --timeout.
     #[arg(long, value_name = "DURATION", value_parser = super::values::duration, allow_hyphen_values = true)]
@@ -65,6 +70,9 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
         }
         if let Some(limit) = a.timeout {
             job = job.timeout(limit);
+        }
+        if let Some(k) = &a.limit_key {
+            job = job.limit_key(k);
         }
         job
     };

@@ -16,7 +16,7 @@ mod enqueue;
 mod extend;
 mod init;
 mod jobs;
-mod queue;
+pub(crate) mod queue;
 mod schedule;
 mod settle;
 mod source;

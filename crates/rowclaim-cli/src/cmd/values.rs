@@ -45,9 +45,39 @@ pub fn duration_or_zero(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (e.g. 30s, 5m, 1h 30m)"))
 }
 
+/// A rate: so many jobs per period, e.g. 100/1m, 5/1s, 10/s (a bare unit is one of it).
+pub fn rate(s: &str) -> Result<rowclaim::Rate, String> {
+    let (n, per) = s
+        .split_once('/')
+        .ok_or_else(|| "write it as JOBS/PERIOD, e.g. 100/1m or 5/s".to_owned())?;
+    let n = count(n)?;
+    let per = per.trim();
+    let per = if per.starts_with(|c: char| c.is_ascii_digit()) {
+        duration(per)?
+    } else {
+        duration(&format!("1{per}"))?
+    };
+    if per > rowclaim::MAX_RATE_PERIOD {
+        return Err("the period must be at most 7 days".into());
+    }
+    Ok(rowclaim::Rate::new(n, per))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates() {
+        let r = rate("100/1m").unwrap();
+        assert_eq!((r.jobs, r.per), (100, Duration::from_secs(60)));
+        let r = rate("5/s").unwrap();
+        assert_eq!((r.jobs, r.per), (5, Duration::from_secs(1)));
+        assert!(rate("5").unwrap_err().contains("JOBS/PERIOD"));
+        assert!(rate("0/1s").unwrap_err().contains("at least 1"));
+        assert!(rate("3/0s").unwrap_err().contains("must be positive"));
+        assert!(rate("3/8days").unwrap_err().contains("7 days"));
+    }
 
     #[test]
     fn counts_and_durations() {

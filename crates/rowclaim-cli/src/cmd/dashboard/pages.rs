@@ -361,6 +361,7 @@ pub async fn queue(
     };
     let counts = stats.by_queue.get(&name).cloned().unwrap_or_default();
     let paused_at = paused_queues(&state).await.get(&name).copied();
+    let limits = queue_limits(&state, &name).await;
     let (schedules, _) = schedules(&state, Some(&name)).await;
     let running = running(&state, Some(&name), 1000).await;
     let mut holders: BTreeMap<String, (u64, Option<SystemTime>)> = BTreeMap::new();
@@ -466,6 +467,12 @@ pub async fn queue(
                 }
             }
         }
+        p #limits {
+            @match limits.as_ref().and_then(crate::cmd::queue::describe) {
+                Some(l) => { "Limits, across all workers: " strong { (l) } "." }
+                None => { "No limits. Set them with " code { "rowclaim queue limit " (name) } "." }
+            }
+        }
         table #counts {
             tr { @for s in JOB_STATUSES { th.num { (s) } } th.num { "oldest wait" } th.num { "completed last min" } }
             tr {
@@ -537,6 +544,20 @@ async fn paused_queues(state: &Dashboard) -> BTreeMap<String, SystemTime> {
         .into_iter()
         .filter_map(|s| Some((s.name, s.paused_at?)))
         .collect()
+}
+
+/// The limits of `queue`; None where there are none or they cannot be read (no managed queue,
+/// or one older than limits).
+async fn queue_limits(state: &Dashboard, queue: &str) -> Option<rowclaim::QueueLimits> {
+    state
+        .db
+        .queue()
+        .settings()
+        .await
+        .ok()?
+        .into_iter()
+        .find(|s| s.name == queue)
+        .map(|s| s.limits)
 }
 
 /// The stored schedules (of `queue`, or all), or why they could not be read. None is no
@@ -695,6 +716,8 @@ pub async fn job(
             tr { th { "priority" } td { (job.priority) } }
             @if let Some(o) = &job.owner { tr { th { @if job.status == "running" { "owner" } @else { "last owner" } } td { code { (o) } } } }
             @if let Some(k) = &job.unique_key { tr { th { "unique key" } td { (k) } } }
+            @if let Some(k) = &job.limit_key { tr { th { "limit key" } td { (k) } } }
+            @if let Some(t) = job.attempted_at { tr { th { "last started" } td { (when(t)) } } }
             @if let Some(t) = job.timeout_ms { tr { th { "timeout" } td { (t) " ms" } } }
         }
         h2 { "Timeline" }
