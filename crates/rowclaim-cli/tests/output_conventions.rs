@@ -63,7 +63,13 @@ fn at(v: &serde_json::Value) -> SystemTime {
     humantime::parse_rfc3339(v.as_str().expect("a time")).expect("RFC 3339")
 }
 
-const TIMES: [&str; 4] = ["run_at", "created_at", "finished_at", "lease_until"];
+const TIMES: [&str; 5] = [
+    "run_at",
+    "created_at",
+    "finished_at",
+    "lease_until",
+    "attempted_at",
+];
 
 /// The same jobs on one database, in the states a job can be in (ready, delayed, running, dead):
 /// `jobs list` and `jobs show` as JSON.
@@ -164,6 +170,8 @@ async fn jobs_have_one_json_shape_on_every_database() {
         "last_error",
         "timeout_ms",
         "output",
+        "limit_key",
+        "attempted_at",
     ]
     .into_iter()
     .map(str::to_owned)
