@@ -249,7 +249,7 @@ async fn galera_cluster() {
         assert_eq!(
             db.count("SELECT version FROM rowclaim_schema WHERE component = 'jobs'")
                 .await,
-            8,
+            9,
             "round {round}"
         );
         assert_eq!(

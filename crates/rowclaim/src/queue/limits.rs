@@ -356,12 +356,126 @@ pub(crate) async fn claim<R: Run + ?Sized>(
 /// The ids of up to `take` jobs of `queue` that its per-key limits allow to start now, in claim
 /// order (jobs whose lease ran out first, then by priority, run-at, id).
 ///
-/// Within one key, jobs line up in enqueue order (jobs whose lease ran out ahead): the `n`th of
+/// Within one key, jobs line up in enqueue order, jobs whose lease ran out ahead: the `n`th of
 /// a key's line may start while fewer than `limit − n + 1` of the key's jobs run (or started
 /// within the rate's period). The line holds the key's pending work: ready jobs that are due or
 /// wait for a retry (so that a failed job keeps its place), and jobs whose lease ran out. A job
 /// scheduled for later that never ran is not in line until its time comes.
+///
+/// Where at most the first of a line can start (per-key limits of 1, the common "one at a time
+/// per key"), each job is checked on its own, through indexes, as claims walk the queue in
+/// order ([`arms_sql`]); otherwise every line is numbered ([`lines_sql`]), which reads all of
+/// the queue's pending work.
 fn pick_sql<D: Dialect>(
+    b: &mut Binder<D>,
+    queue: &str,
+    m: &crate::mapping::Mapping,
+    l: &QueueLimits,
+    take: i64,
+) -> String {
+    let first_only =
+        l.key_concurrency.is_none_or(|n| n == 1) && l.key_rate.is_none_or(|r| r.jobs == 1);
+    if first_only {
+        arms_sql(b, queue, m, l, take)
+    } else {
+        lines_sql(b, queue, m, l, take)
+    }
+}
+
+/// [`pick_sql`] where only the first of a key's line may start: jobs whose lease ran out, then
+/// due ready jobs, each arm read through its own index as the ordinary claim reads them
+/// (`sql::candidates`), a keyed job only if no job of its key is ahead of it in line (nor runs,
+/// under a concurrency of 1; nor started within the period, under a rate of 1). Without per-key
+/// limits, simply the first jobs of each arm. (Values are bound in the order the text has them.)
+fn arms_sql<D: Dialect>(
+    b: &mut Binder<D>,
+    queue: &str,
+    m: &crate::mapping::Mapping,
+    l: &QueueLimits,
+    take: i64,
+) -> String {
+    let (now, now_ms) = (D::NOW, D::epoch_ms(D::NOW));
+    let one_running = l.key_concurrency.is_some();
+    let key_rate = l.key_rate;
+    // "A job of j's key such that …".
+    let other = |b: &mut Binder<D>, cond: &str| {
+        format!(
+            "EXISTS (SELECT 1 FROM rowclaim_jobs o WHERE o.queue = {} \
+             AND o.limit_key = j.limit_key AND {cond})",
+            b.bind(queue.to_owned())
+        )
+    };
+    let started = |b: &mut Binder<D>, rate: Rate| {
+        let q = b.bind(queue.to_owned());
+        format!(
+            "EXISTS (SELECT 1 FROM rowclaim_starts s WHERE s.queue = {q} \
+             AND s.limit_key = j.limit_key AND s.started_ms >= {now_ms} - {})",
+            b.bind(rate.period_ms())
+        )
+    };
+    let expired = format!("o.status = {RUNNING} AND o.lease_until < {now}");
+    let arm = |b: &mut Binder<D>, expired_arm: bool| {
+        let q = b.bind(queue.to_owned());
+        let mut cond = if expired_arm {
+            format!("j.status = {RUNNING} AND j.lease_until < {now}")
+        } else {
+            format!("j.status = {READY} AND j.run_at <= {now}")
+        };
+        let mut blocked: Vec<String> = Vec::new();
+        if expired_arm {
+            // A job whose lease ran out takes its own place again; under a rate, one at a
+            // time, the first first.
+            if let Some(rate) = key_rate {
+                blocked.push(other(b, &format!("{expired} AND o.id < j.id")));
+                blocked.push(started(b, rate));
+            }
+        } else if one_running || key_rate.is_some() {
+            blocked.push(other(
+                b,
+                &format!(
+                    "o.status = {READY} AND o.id < j.id AND (o.run_at <= {now} OR o.attempts > 0)"
+                ),
+            ));
+            if one_running {
+                blocked.push(other(b, &format!("o.status = {RUNNING}")));
+            } else {
+                blocked.push(other(b, &expired));
+            }
+            if let Some(rate) = key_rate {
+                blocked.push(started(b, rate));
+            }
+        }
+        if !blocked.is_empty() {
+            cond.push_str(&format!(
+                " AND (j.limit_key IS NULL OR NOT ({}))",
+                blocked.join(" OR ")
+            ));
+        }
+        let kinds = kinds_cond(b, m, "j.");
+        let order = if expired_arm {
+            "j.lease_until, j.id"
+        } else {
+            "j.priority DESC, j.run_at, j.id"
+        };
+        format!(
+            "SELECT j.id FROM rowclaim_jobs AS j WHERE j.queue = {q} AND {cond}{kinds} \
+             ORDER BY {order} LIMIT {}",
+            b.bind(take)
+        )
+    };
+    let e = arm(b, true);
+    let r = arm(b, false);
+    format!(
+        "SELECT id FROM ({e}) AS rowclaim_e UNION ALL SELECT id FROM ({r}) AS rowclaim_r \
+         LIMIT {}",
+        b.bind(take)
+    )
+}
+
+/// [`pick_sql`] where more than the first of a line may start: every key's line numbered
+/// (`ROW_NUMBER`), with its running jobs and recent starts beside it. (Values are bound in the
+/// order the text has them.)
+fn lines_sql<D: Dialect>(
     b: &mut Binder<D>,
     queue: &str,
     m: &crate::mapping::Mapping,
@@ -379,33 +493,32 @@ fn pick_sql<D: Dialect>(
         b.bind(queue.to_owned())
     );
     let mut joins = String::new();
-    let mut cond = String::from("c.due = 1");
-    if let Some((_, kinds)) = &m.kinds {
-        if !kinds.is_empty() {
-            let list: Vec<String> = kinds.iter().map(|k| b.bind(k.clone())).collect();
-            cond.push_str(&format!(" AND c.kind IN ({})", list.join(", ")));
-        }
-    }
-    if let Some(max) = l.key_concurrency {
+    if l.key_concurrency.is_some() {
         joins.push_str(&format!(
             " LEFT JOIN (SELECT limit_key, COUNT(*) AS n FROM rowclaim_jobs \
              WHERE queue = {} AND status = {RUNNING} AND lease_until >= {now} \
              AND limit_key IS NOT NULL GROUP BY limit_key) r ON r.limit_key = c.limit_key",
             b.bind(queue.to_owned())
         ));
+    }
+    if let Some(rate) = l.key_rate {
+        let q = b.bind(queue.to_owned());
+        joins.push_str(&format!(
+            " LEFT JOIN (SELECT limit_key, COUNT(*) AS n FROM rowclaim_starts \
+             WHERE queue = {q} AND started_ms >= {now_ms} - {} AND limit_key IS NOT NULL \
+             GROUP BY limit_key) s ON s.limit_key = c.limit_key",
+            b.bind(rate.period_ms())
+        ));
+    }
+    let mut cond = String::from("c.due = 1");
+    cond.push_str(&kinds_cond(b, m, "c."));
+    if let Some(max) = l.key_concurrency {
         cond.push_str(&format!(
             " AND (c.limit_key IS NULL OR c.place + COALESCE(r.n, 0) <= {})",
             b.bind(i64::from(max))
         ));
     }
     if let Some(rate) = l.key_rate {
-        joins.push_str(&format!(
-            " LEFT JOIN (SELECT limit_key, COUNT(*) AS n FROM rowclaim_starts \
-             WHERE queue = {} AND started_ms >= {now_ms} - {} AND limit_key IS NOT NULL \
-             GROUP BY limit_key) s ON s.limit_key = c.limit_key",
-            b.bind(queue.to_owned()),
-            b.bind(rate.period_ms())
-        ));
         cond.push_str(&format!(
             " AND (c.limit_key IS NULL OR c.place + COALESCE(s.n, 0) <= {})",
             b.bind(i64::from(rate.jobs))
@@ -416,4 +529,16 @@ fn pick_sql<D: Dialect>(
          ORDER BY c.expired DESC, c.priority DESC, c.run_at, c.id LIMIT {}",
         b.bind(take)
     )
+}
+
+/// ` AND kind IN (…)` for a claimer of some kinds only (of alias `t`, e.g. `"c."`); empty for
+/// one of all kinds.
+fn kinds_cond<D: Dialect>(b: &mut Binder<D>, m: &crate::mapping::Mapping, t: &str) -> String {
+    match &m.kinds {
+        Some((_, kinds)) if !kinds.is_empty() => {
+            let list: Vec<String> = kinds.iter().map(|k| b.bind(k.clone())).collect();
+            format!(" AND {t}kind IN ({})", list.join(", "))
+        }
+        _ => String::new(),
+    }
 }

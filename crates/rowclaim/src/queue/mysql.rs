@@ -290,7 +290,7 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE IF NOT EXISTS rowclaim_jobs (
     // v5: per-queue settings (paused since when).
     "CREATE TABLE IF NOT EXISTS rowclaim_queues (name VARCHAR(255) NOT NULL PRIMARY KEY, \
      paused_at DATETIME(6) NULL) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
-    // v6–v8: limits (see `limits.rs`): a job's limit key and when its latest attempt started; a
+    // v6–v9: limits (see `limits.rs`): a job's limit key and when its latest attempt started; a
     // queue's limits, and the turns its limited claims take on its row (on Galera, the write
     // that makes two nodes' limited claims of one queue conflict); the starts a rate limit
     // counts (a primary key, as Galera needs).
@@ -303,8 +303,12 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE IF NOT EXISTS rowclaim_jobs (
      ADD COLUMN IF NOT EXISTS claim_turns BIGINT NOT NULL DEFAULT 0",
     "CREATE TABLE IF NOT EXISTS rowclaim_starts (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
      queue VARCHAR(255) NOT NULL, limit_key VARCHAR(255) NULL, started_ms BIGINT NOT NULL, \
-     KEY rowclaim_starts_queue (queue, started_ms)) \
+     KEY rowclaim_starts_queue (queue, started_ms), \
+     KEY rowclaim_starts_key (queue, limit_key, started_ms)) \
      ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+    // v9: a keyed job's place in its key's line, read job by job by a limited claim.
+    "ALTER TABLE rowclaim_jobs ADD KEY IF NOT EXISTS rowclaim_jobs_limit \
+     (queue, limit_key, status, id)",
 ];
 
 /// Runs the migrations above the recorded version, recording each as it is done. The caller holds

@@ -261,6 +261,11 @@ const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
         "CREATE TABLE IF NOT EXISTS rowclaim_starts \
          (queue text NOT NULL, limit_key text, started_ms bigint NOT NULL)",
         "CREATE INDEX IF NOT EXISTS rowclaim_starts_queue ON rowclaim_starts (queue, started_ms)",
+        "CREATE INDEX IF NOT EXISTS rowclaim_starts_key \
+         ON rowclaim_starts (queue, limit_key, started_ms) WHERE limit_key IS NOT NULL",
+        // A keyed job's place in its key's line, read job by job by a limited claim.
+        "CREATE INDEX IF NOT EXISTS rowclaim_jobs_limit ON rowclaim_jobs (queue, limit_key, status, id) \
+         WHERE limit_key IS NOT NULL AND status IN ('ready', 'running')",
     ],
 ];
 
