@@ -63,6 +63,17 @@ pub struct WorkerArgs {
     /// library Worker's run also checks the recorded completions against its own count.
     #[arg(long)]
     metrics: bool,
+    /// The queue only: spread the jobs over K limit keys (round robin), for --key-concurrency.
+    #[arg(long, value_name = "K", conflicts_with = "table")]
+    keys: Option<u64>,
+    /// The queue only: limit it to N jobs at once (`queue limit --concurrency`), so that its
+    /// jobs go through the limited claim; lifted afterwards.
+    #[arg(long, value_name = "N", conflicts_with = "table")]
+    limit_concurrency: Option<u32>,
+    /// The queue only: at most N jobs of one limit key at once (`queue limit
+    /// --key-concurrency`); lifted afterwards.
+    #[arg(long, value_name = "N", conflicts_with = "table")]
+    key_concurrency: Option<u32>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -91,6 +102,40 @@ struct WorkerReport {
     async_commit: bool,
     hold_snapshot: bool,
     metrics: bool,
+    keys: Option<u64>,
+    limits: Option<rowclaim::QueueLimits>,
+}
+
+/// Spreads the queue's jobs over `--keys` limit keys and sets `--limit-concurrency` and
+/// `--key-concurrency` as the queue's limits; the limits set, if any.
+async fn limit_queue(url: &str, a: &WorkerArgs) -> Result<Option<rowclaim::QueueLimits>> {
+    if let Some(k) = a.keys {
+        if k == 0 {
+            return Err(bad("--keys must be at least 1"));
+        }
+        let raw = setup::Raw::connect(url, 1).await?;
+        let key = match raw.kind() {
+            setup::Kind::MySql => format!("CONCAT('k', id % {k})"),
+            _ => format!("'k' || (id % {k})"),
+        };
+        raw.exec(format!(
+            "UPDATE rowclaim_jobs SET limit_key = {key} WHERE queue = '{}'",
+            super::QUEUE
+        ))
+        .await?;
+    }
+    let mut limits = rowclaim::QueueLimits::default();
+    limits.concurrency = a.limit_concurrency;
+    limits.key_concurrency = a.key_concurrency;
+    if limits.is_none() {
+        return Ok(None);
+    }
+    Db::connect(url)
+        .await?
+        .queue()
+        .limit(super::QUEUE, &limits)
+        .await?;
+    Ok(Some(limits))
 }
 
 pub(crate) async fn run(setting: &super::Setting, a: WorkerArgs) -> Result<()> {
@@ -112,6 +157,7 @@ pub(crate) async fn run(setting: &super::Setting, a: WorkerArgs) -> Result<()> {
     let progress = bar(a.jobs, "filling");
     target.prepare(url, a.jobs, 0, &progress).await?;
     progress.finish_and_clear();
+    let limits = limit_queue(url, &a).await?;
     let snapshot = if a.hold_snapshot {
         Some(hold_snapshot(url).await?)
     } else {
@@ -138,6 +184,13 @@ pub(crate) async fn run(setting: &super::Setting, a: WorkerArgs) -> Result<()> {
         / 1024.0;
     let server_after = server_cpu(&backend);
     drop(snapshot);
+    if limits.is_some() {
+        Db::connect(url)
+            .await?
+            .queue()
+            .limit(super::QUEUE, &rowclaim::QueueLimits::default())
+            .await?;
+    }
 
     let counts = target.counts(url).await?;
     let deleted = a.completed == rowclaim::Retention::Delete;
@@ -176,6 +229,8 @@ pub(crate) async fn run(setting: &super::Setting, a: WorkerArgs) -> Result<()> {
         async_commit: a.async_commit,
         hold_snapshot: a.hold_snapshot,
         metrics: a.metrics,
+        keys: a.keys,
+        limits,
     };
     if a.json {
         print_json(&report)?;

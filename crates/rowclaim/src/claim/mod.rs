@@ -342,19 +342,15 @@ impl Claimer {
             }
             let mut found = claimed.rows;
             if i.m.queues.is_some() && found.len() < batch as usize {
-                for queue in self.limited_queues().await? {
-                    let left = batch.saturating_sub(u32::try_from(found.len()).unwrap_or(batch));
-                    if left == 0 {
-                        break;
+                match self.claim_limited(&args, &mut found).await {
+                    Ok(()) => {}
+                    // Rows claimed already are this claim's, committed under its token:
+                    // failing the claim would leave them held by nobody until their lease ran
+                    // out. (A limited claim that failed changed nothing.)
+                    Err(e) if !found.is_empty() => {
+                        tracing::warn!(error = %e, "claiming from the limited queues failed");
                     }
-                    let args = ClaimArgs {
-                        batch: left,
-                        ..args
-                    };
-                    found.extend(retry_transient!(dispatch!(
-                        &i.db.backend,
-                        d => QueueStore::claim_limited(d, &args, &queue).await
-                    ))?);
+                    Err(e) => return Err(e),
                 }
             }
             let rows = self.rows_from_json(found)?;
@@ -372,6 +368,32 @@ impl Claimer {
                 claimed_at: sent,
             });
         }
+    }
+
+    /// Managed queue: adds to `found` what the limits of this claimer's limited queues allow,
+    /// up to `args.batch` rows in all, one queue after another (`queue/limits.rs`).
+    async fn claim_limited(
+        &self,
+        args: &ClaimArgs<'_>,
+        found: &mut Vec<serde_json::Value>,
+    ) -> Result<()> {
+        for queue in self.limited_queues().await? {
+            let left = args
+                .batch
+                .saturating_sub(u32::try_from(found.len()).unwrap_or(args.batch));
+            if left == 0 {
+                break;
+            }
+            let args = ClaimArgs {
+                batch: left,
+                ..*args
+            };
+            found.extend(retry_transient!(dispatch!(
+                &self.inner.db.backend,
+                d => QueueStore::claim_limited(d, &args, &queue).await
+            ))?);
+        }
+        Ok(())
     }
 
     /// Managed queue: which of this claimer's queues have limits (read at most every
