@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, Notify};
 
 use crate::backend::{
-    dispatch, retry_transient, ClaimArgs, Held, Outcome, Position, Resolved, ServerInfo, Target,
+    dispatch, retry_transient, ClaimArgs, Claimed, Held, Outcome, Position, Resolved, ServerInfo,
+    Target,
 };
 use crate::error::DbKind;
 use crate::mapping::Mapping;
@@ -278,6 +279,15 @@ impl Claimer {
             i.db.record(&i.m, i.strategy).await?;
             i.recorded.store(true, Ordering::Relaxed);
         }
+        // A claimer whose queues are all limited has nothing for the ordinary claim, which
+        // leaves limited queues alone: only the limited claim is asked.
+        let only_limited = match self.managed_queues() {
+            Some(mine) if !mine.is_empty() => {
+                let limited = self.limited_queues().await?;
+                mine.iter().all(|q| limited.contains(q))
+            }
+            _ => false,
+        };
         let mut rounds = 0;
         loop {
             let token = Token::new();
@@ -309,7 +319,11 @@ impl Claimer {
             };
             // The lease runs from no earlier than this, by the database's clock.
             let sent = Instant::now();
-            let claimed = retry_transient!(i.db.backend.claim(&args).await)?;
+            let claimed = if only_limited {
+                Claimed::none()
+            } else {
+                retry_transient!(i.db.backend.claim(&args).await)?
+            };
             let short = claimed.rows.len() < batch as usize;
             {
                 let mut r = i.rescue.lock().unwrap_or_else(|p| p.into_inner());
@@ -329,7 +343,7 @@ impl Claimer {
                         .or(Some((p, Instant::now()))),
                 };
             }
-            if claimed.rows.is_empty() && (!expired || after.is_some()) {
+            if claimed.rows.is_empty() && (!expired || after.is_some()) && !only_limited {
                 // Only ready rows were looked at, or only those after a place in the order.
                 // Before answering "nothing claimable", look at all of them and at expired
                 // leases too: the next round does, this claim having come back short.

@@ -106,12 +106,6 @@ impl Rate {
     }
 }
 
-impl std::fmt::Display for Rate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}ms", self.jobs, self.per.as_millis())
-    }
-}
-
 impl QueueLimits {
     /// At most `n` of the queue's jobs at once.
     pub fn concurrency(mut self, n: u32) -> Self {
@@ -205,14 +199,7 @@ pub(crate) const LIMITED: &str = "(concurrency IS NOT NULL OR key_concurrency IS
 
 /// Sets `queue`'s limits (all of them: a limit not given is lifted).
 pub(crate) async fn set<R: Run + ?Sized>(r: &R, queue: &str, l: &QueueLimits) -> Result<()> {
-    l.check()?;
-    let mut b = Binder::<R::Sql>::new();
-    let name = b.bind(queue.to_owned());
-    let sql = format!(
-        "INSERT INTO rowclaim_queues (name) VALUES ({name}) {}",
-        R::Sql::keep_existing("name")
-    );
-    r.execute(Stmt::new(sql, b)).await?;
+    super::settings::ensure_row(r, queue).await?;
     let mut b = Binder::<R::Sql>::new();
     let num = |b: &mut Binder<R::Sql>, v: Option<u32>| b.bind(v.map(i64::from));
     let period = |b: &mut Binder<R::Sql>, r: Option<Rate>| b.bind(r.map(|r| r.period_ms()));
@@ -262,35 +249,31 @@ pub(crate) async fn claim<R: Run + ?Sized>(
     if tx.execute(Stmt::new(sql, b)).await? == 0 {
         return Ok(vec![]);
     }
+    // The limits, what runs and what started within the queue's rate period, in one read.
+    // (A count a limit does not need is not made.)
     let mut b = Binder::<R::Sql>::new();
     let sql = format!(
-        "SELECT name, {COLUMNS} FROM rowclaim_queues WHERE name = {}",
+        "SELECT name, {COLUMNS}, \
+         CASE WHEN concurrency IS NULL THEN 0 ELSE (SELECT COUNT(*) FROM rowclaim_jobs j \
+           WHERE j.queue = q.name AND j.status = {RUNNING} AND j.lease_until >= {now}) END, \
+         CASE WHEN rate IS NULL THEN 0 ELSE (SELECT COUNT(*) FROM rowclaim_starts s \
+           WHERE s.queue = q.name AND s.started_ms >= {now_ms} - q.rate_period_ms) END \
+         FROM rowclaim_queues q WHERE name = {}",
         b.bind(queue.to_owned())
     );
-    let limits = match tx.named_numbers(Stmt::new(sql, b)).await?.pop() {
-        Some((_, columns)) => QueueLimits::from_columns(&columns),
-        None => return Ok(vec![]),
+    let Some((_, columns)) = tx.named_numbers(Stmt::new(sql, b)).await?.pop() else {
+        return Ok(vec![]);
     };
+    let limits = QueueLimits::from_columns(&columns);
+    let count = |i: usize| columns.get(i).copied().flatten().unwrap_or(0);
+    let (running, started) = (count(6), count(7));
     // The queue's own limits leave room for so many.
     let mut room = i64::from(a.batch);
     if let Some(max) = limits.concurrency {
-        let mut b = Binder::<R::Sql>::new();
-        let sql = format!(
-            "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = {} AND status = {RUNNING} \
-             AND lease_until >= {now}",
-            b.bind(queue.to_owned())
-        );
-        room = room.min(i64::from(max) - tx.count(Stmt::new(sql, b)).await?);
+        room = room.min(i64::from(max) - running);
     }
     if let Some(rate) = limits.rate {
-        let mut b = Binder::<R::Sql>::new();
-        let sql = format!(
-            "SELECT COUNT(*) FROM rowclaim_starts WHERE queue = {} \
-             AND started_ms >= {now_ms} - {}",
-            b.bind(queue.to_owned()),
-            b.bind(rate.period_ms())
-        );
-        room = room.min(i64::from(rate.jobs) - tx.count(Stmt::new(sql, b)).await?);
+        room = room.min(i64::from(rate.jobs) - started);
     }
     if room <= 0 {
         return Ok(vec![]);

@@ -35,15 +35,9 @@ pub struct QueueSettings {
 pub(crate) async fn set_paused<R: Run + ?Sized>(r: &R, queue: &str, paused: bool) -> Result<bool> {
     let now = R::Sql::NOW;
     if paused {
-        // A row for the queue first (kept if there is one), then the pause: two statements
-        // whose counts mean the same on every database.
-        let mut b = Binder::<R::Sql>::new();
-        let name = b.bind(queue.to_owned());
-        let sql = format!(
-            "INSERT INTO rowclaim_queues (name) VALUES ({name}) {}",
-            R::Sql::keep_existing("name")
-        );
-        r.execute(Stmt::new(sql, b)).await?;
+        // A row for the queue first, then the pause: two statements whose counts mean the
+        // same on every database.
+        ensure_row(r, queue).await?;
     }
     let mut b = Binder::<R::Sql>::new();
     let name = b.bind(queue.to_owned());
@@ -59,6 +53,18 @@ pub(crate) async fn set_paused<R: Run + ?Sized>(r: &R, queue: &str, paused: bool
         )
     };
     Ok(r.execute(Stmt::new(sql, b)).await? > 0)
+}
+
+/// Makes sure `queue` has a row in `rowclaim_queues` (one that exists is kept as it is).
+pub(crate) async fn ensure_row<R: Run + ?Sized>(r: &R, queue: &str) -> Result<()> {
+    let mut b = Binder::<R::Sql>::new();
+    let name = b.bind(queue.to_owned());
+    let sql = format!(
+        "INSERT INTO rowclaim_queues (name) VALUES ({name}) {}",
+        R::Sql::keep_existing("name")
+    );
+    r.execute(Stmt::new(sql, b)).await?;
+    Ok(())
 }
 
 /// Every queue with settings of its own (paused, or limited), by name.
