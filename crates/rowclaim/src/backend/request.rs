@@ -174,6 +174,15 @@ impl Outcome {
         matches!(self, Outcome::Done(_)) && m.delete_done
     }
 
+    /// Gives the row back as it was, ready, without a result to write: under the
+    /// `transaction` strategy such a row is left as it is and only its lock goes.
+    pub(crate) fn gives_back(&self) -> bool {
+        matches!(
+            self,
+            Outcome::Ready | Outcome::Snooze { .. } | Outcome::Unstarted
+        )
+    }
+
     pub(crate) fn status<'m>(&self, m: &'m Mapping) -> &'m crate::RowId {
         match self {
             Outcome::Done(_) => &m.done,

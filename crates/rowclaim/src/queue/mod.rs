@@ -331,6 +331,11 @@ impl Queue {
         dispatch!(&self.db.backend, d => d.wake(queue).await)
     }
 
+    /// The paused queues' names (what a worker looks at every heartbeat).
+    pub(crate) async fn paused(&self) -> Result<Vec<String>> {
+        retry_transient!(dispatch!(&self.db.backend, d => settings::paused(d).await))
+    }
+
     /// The queues with settings of their own (paused or limited ones), by name.
     pub async fn settings(&self) -> Result<Vec<QueueSettings>> {
         retry_transient!(dispatch!(&self.db.backend, d => settings::settings(d).await))

@@ -67,6 +67,12 @@ pub(crate) async fn ensure_row<R: Run + ?Sized>(r: &R, queue: &str) -> Result<()
     Ok(())
 }
 
+/// The paused queues, by name.
+pub(crate) async fn paused<R: Run + ?Sized>(r: &R) -> Result<Vec<String>> {
+    let sql = "SELECT name FROM rowclaim_queues WHERE paused_at IS NOT NULL ORDER BY name";
+    r.texts(Stmt::new(sql.to_owned(), Binder::new())).await
+}
+
 /// Every queue with settings of its own (paused, or limited), by name.
 pub(crate) async fn settings<R: Run + ?Sized>(r: &R) -> Result<Vec<QueueSettings>> {
     let sql = format!(

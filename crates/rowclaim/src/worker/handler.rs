@@ -89,7 +89,7 @@ impl Task {
 }
 
 /// What a handler says about one row.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TaskResult {
     /// It worked: the row is completed.

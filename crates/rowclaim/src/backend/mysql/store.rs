@@ -161,11 +161,8 @@ impl ClaimStore for My {
         outcome: Outcome,
     ) -> Result<()> {
         let tx = held;
-        if !matches!(
-            outcome,
-            Outcome::Ready | Outcome::Snooze { .. } | Outcome::Unstarted
-        ) {
-            // A released row is still ready in the table; its lock goes at commit.
+        // A row given back is still ready in the table; only its lock goes, at commit.
+        if !outcome.gives_back() {
             let mut b = B::new();
             let st = status_literal(outcome.status(m));
             let which = in_ids(&mut b, &m.id, list);

@@ -101,10 +101,7 @@ impl ClaimStore for Pg {
         outcome: Outcome,
     ) -> Result<()> {
         let tx = held;
-        if matches!(
-            outcome,
-            Outcome::Ready | Outcome::Snooze { .. } | Outcome::Unstarted
-        ) {
+        if outcome.gives_back() {
             return Ok(()); // still ready in the table; the lock goes at commit
         }
         let mut b = B::new();

@@ -139,10 +139,7 @@ impl ClaimStore for Lite {
         if Lite::deadline_passed(tx, *deadline_ms).await? {
             return Err(expired());
         }
-        if matches!(
-            outcome,
-            Outcome::Ready | Outcome::Snooze { .. } | Outcome::Unstarted
-        ) {
+        if outcome.gives_back() {
             return Ok(());
         }
         let mut b = B::new();

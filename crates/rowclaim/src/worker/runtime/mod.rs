@@ -717,8 +717,6 @@ async fn release_waiting(sh: &Shared, waiting: VecDeque<(Arc<Held>, ClaimedRow)>
     }
 }
 
-/// Wakes the claim loop when a job is enqueued (PostgreSQL LISTEN). After the listening
-/// connection broke and came back, jobs may have been missed: it wakes the loop then too.
 /// The managed queues that are paused, as a worker last looked.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Paused(std::collections::HashSet<String>);
@@ -755,15 +753,9 @@ async fn watch_paused(sh: Arc<Shared>, paused: watch::Sender<Paused>) {
     let every = (sh.cfg.lease / 3).max(Duration::from_millis(100));
     let queue = sh.claimer.db().queue();
     loop {
-        match queue.settings().await {
-            Ok(settings) => {
-                let now = Paused(
-                    settings
-                        .into_iter()
-                        .filter(|s| s.paused_at.is_some())
-                        .map(|s| s.name)
-                        .collect(),
-                );
+        match queue.paused().await {
+            Ok(names) => {
+                let now = Paused(names.into_iter().collect());
                 paused.send_if_modified(|p| {
                     let changed = *p != now;
                     *p = now;
@@ -776,6 +768,8 @@ async fn watch_paused(sh: Arc<Shared>, paused: watch::Sender<Paused>) {
     }
 }
 
+/// Wakes the claim loop when a job is enqueued (PostgreSQL LISTEN). After the listening
+/// connection broke and came back, jobs may have been missed: it wakes the loop then too.
 async fn listen(mut wakeups: Wakeups, wake: Arc<Notify>) {
     let mut failures = 0u32;
     loop {
