@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use common::browser::Browser;
 use common::{with_db, Backend, TestDb};
+use support::run_ok;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// Jobs the worker drains while the page is watched.
@@ -60,12 +61,6 @@ async fn dashboard(url: &str, extra: &[&str], token: Option<&str>) -> Dashboard 
         (false, None) => panic!("no token in {line}"),
     };
     Dashboard { child, base, login }
-}
-
-async fn run_ok(url: &str, args: &[&str], stdin: &str) -> String {
-    let out = support::run_fed(url, args, stdin).await;
-    assert!(out.status.success(), "rowclaim {args:?}: {out:?}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Loads `url` again and again (the page's own refresh is every 10 s; reloading is quicker)

@@ -11,26 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{with_db, Backend, TestDb};
-use support::rowclaim;
-
-async fn run_ok(url: &str, args: &[&str], stdin: &str) -> String {
-    let out = support::run_fed(url, args, stdin).await;
-    assert!(out.status.success(), "rowclaim {args:?}: {out:?}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Polls `sql` (at most 3 minutes: the suite runs on a loaded machine) until it counts `want`.
-async fn until_count(t: &TestDb, sql: &str, want: i64) {
-    let mut last = -1;
-    for _ in 0..1800 {
-        last = t.count(sql).await;
-        if last == want {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{sql}: {last}, never {want}");
-}
+use support::{rowclaim, run_ok, until_count};
 
 /// How many times each job started, from the log the workers' command appends to.
 fn starts(log: &std::path::Path) -> HashMap<String, usize> {
@@ -127,10 +108,7 @@ async fn pause_across_workers(t: Arc<TestDb>) {
         20,
     )
     .await;
-    for mut w in workers {
-        let _ = w.start_kill();
-        let _ = w.wait().await;
-    }
+    support::stop(workers).await;
     let ran = starts(&log);
     assert_eq!(ran.len(), 30, "every job ran: {ran:?}");
     assert!(ran.values().all(|n| *n == 1), "each once: {ran:?}");

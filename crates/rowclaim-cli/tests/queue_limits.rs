@@ -10,16 +10,9 @@ mod support;
 
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::{with_db, Backend, TestDb};
-use support::rowclaim;
-
-async fn run_ok(url: &str, args: &[&str], stdin: &str) -> String {
-    let out = support::run_fed(url, args, stdin).await;
-    assert!(out.status.success(), "rowclaim {args:?}: {out:?}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use support::{rowclaim, run_ok, until_count};
 
 /// One run of a command: when it started and ended (ns), its job's key and place.
 struct Run {
@@ -124,17 +117,13 @@ async fn limits_across_workers(t: Arc<TestDb>) {
         .expect("start a worker");
         workers.push(w);
     }
-    let done = "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'l' AND status = 'completed'";
-    for _ in 0..1800 {
-        if t.count(done).await == 12 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    for mut w in workers {
-        let _ = w.start_kill();
-        let _ = w.wait().await;
-    }
+    until_count(
+        &t,
+        "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'l' AND status = 'completed'",
+        12,
+    )
+    .await;
+    support::stop(workers).await;
     assert_eq!(
         t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'l' AND status = 'completed' AND attempts = 1")
             .await,

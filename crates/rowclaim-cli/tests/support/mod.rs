@@ -67,3 +67,32 @@ pub async fn finish(child: tokio::process::Child) -> (Option<i32>, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Runs `rowclaim ARGS…` with `stdin` fed in, asserts it succeeded, and returns its stdout.
+pub async fn run_ok(url: &str, args: &[&str], stdin: &str) -> String {
+    let out = run_fed(url, args, stdin).await;
+    assert!(out.status.success(), "rowclaim {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Polls `sql` (at most 3 minutes: the suite runs on a loaded machine) until it counts `want`;
+/// fails the test, saying the last count, if it never does.
+pub async fn until_count(t: &rowclaim_testkit::TestDb, sql: &str, want: i64) {
+    let mut last = -1;
+    for _ in 0..1800 {
+        last = t.count(sql).await;
+        if last == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{sql}: {last}, never {want}");
+}
+
+/// Kills worker processes and waits for them.
+pub async fn stop(workers: Vec<tokio::process::Child>) {
+    for mut w in workers {
+        let _ = w.start_kill();
+        let _ = w.wait().await;
+    }
+}

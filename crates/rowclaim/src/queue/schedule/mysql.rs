@@ -4,7 +4,8 @@
 //! compare-and-set compares exactly).
 
 use super::{Definition, Firing, Row, ScheduleStore};
-use crate::backend::mysql::{My, NOW};
+use crate::backend::mysql::{My, Sql, NOW};
+use crate::backend::sql::Dialect;
 use crate::queue::Enqueued;
 use crate::Result;
 
@@ -27,14 +28,6 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE IF NOT EXISTS rowclaim_schedules (
 /// Epoch milliseconds (a bound value) as a UTC `DATETIME(6)`.
 const AT: &str = "TIMESTAMPADD(MICROSECOND, ? * 1000, TIMESTAMP '1970-01-01 00:00:00')";
 
-/// A UTC `DATETIME(6)` as epoch milliseconds.
-fn ms(expr: &str) -> String {
-    format!(
-        "CAST(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', {expr}) DIV 1000 \
-         AS SIGNED)"
-    )
-}
-
 impl ScheduleStore for My {
     async fn init_schedules(&self) -> Result<()> {
         // On a Galera cluster the named lock is one node's only, and a step that collides with
@@ -44,7 +37,7 @@ impl ScheduleStore for My {
     }
 
     async fn schedule_now(&self) -> Result<i64> {
-        let sql = format!("SELECT {}", ms(NOW));
+        let sql = format!("SELECT {}", Sql::epoch_ms(NOW));
         Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .fetch_one(&self.pool)
             .await?)
@@ -62,8 +55,8 @@ impl ScheduleStore for My {
             text("zone"),
             text("catch_up"),
             text("fingerprint"),
-            ms("next_tick"),
-            ms("last_tick"),
+            Sql::epoch_ms("next_tick"),
+            Sql::epoch_ms("last_tick"),
         );
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .fetch_all(&self.pool)
