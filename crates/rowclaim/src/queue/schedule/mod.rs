@@ -188,6 +188,20 @@ impl Schedule {
         self.compile().map(|_| ())
     }
 
+    /// The field that says when it runs: `cron` or `every`.
+    fn when_field(&self) -> &'static str {
+        if matches!(self.when, When::Cron(_)) {
+            "cron"
+        } else {
+            "every"
+        }
+    }
+
+    /// A schedule that never ticks again: named, with its expression.
+    fn never_ticks(&self, expression: &str, e: timing::NoTick) -> Error {
+        self.invalid(self.when_field(), expression, format!("never ticks: {e}"))
+    }
+
     fn invalid(&self, field: &'static str, value: &str, problem: impl Into<String>) -> Error {
         Error::InvalidSchedule {
             schedule: self.name.clone(),
@@ -274,12 +288,7 @@ impl Schedule {
         )
         .unwrap_or(0);
         if let Err(e) = timing.next_after(now_ms) {
-            let field = if matches!(self.when, When::Cron(_)) {
-                "cron"
-            } else {
-                "every"
-            };
-            return Err(self.invalid(field, &expression, format!("never ticks: {e}")));
+            return Err(self.never_ticks(&expression, e));
         }
         let parts = self.job.parts();
         let fingerprint = fingerprint(&serde_json::json!({
@@ -667,7 +676,7 @@ impl Running {
                 .compiled
                 .timing
                 .next_after(now)
-                .map_err(|e| item.schedule.invalid("cron", def.expression, e.0))?;
+                .map_err(|e| item.schedule.never_ticks(def.expression, e))?;
             match stored.get(def.name) {
                 None => {
                     retry_transient!(
@@ -825,7 +834,7 @@ impl Item {
         report: &mut SchedulerReport,
     ) -> Result<Option<i64>> {
         let def = self.compiled.def.borrow();
-        let no_tick = |e: timing::NoTick| Error::InvalidInput(format!("no tick to come: {e}"));
+        let no_tick = |e: timing::NoTick| self.schedule.never_ticks(def.expression, e);
         let Some(row) = row else {
             // Forgotten, or the table was made anew: store it again.
             let first = self.compiled.timing.next_after(now).map_err(no_tick)?;
