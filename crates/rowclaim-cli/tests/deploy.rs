@@ -4,9 +4,10 @@
 //!   server connections per database, in front of the shared server): `rowclaim work` over every
 //!   strategy on an own table, and the managed queue with wake-ups degraded to polling (one
 //!   warning) or taken from a direct `--listen-database` URL.
-//! - A private PostgreSQL primary with a streaming standby (synchronous replication, so that the
-//!   failover loses nothing the primary acknowledged): the primary is killed mid-run and the
-//!   standby promoted while the same `rowclaim work` processes keep going on a multi-host URL.
+//! - A private PostgreSQL primary with a streaming standby, synchronous or asynchronous: the
+//!   primary dies mid-run (an immediate stop, a SIGKILL of its whole process tree, or a black
+//!   hole in front of it) and the standby is promoted while the same `rowclaim work` processes
+//!   keep going on a multi-host URL, on an own table or the managed queue.
 //!
 //! Each asserts invariants, never timings: every row ran and ended done, none ran twice except
 //! where an earlier run was in flight at the fault, and the workers never stopped.
@@ -21,6 +22,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::proxy::Proxy;
 use common::servers::{PrivatePostgres, StopMode};
 use common::{with_db_via, Backend, TestDb, Via};
 use tokio::process::Child;
@@ -196,29 +198,112 @@ async fn through_pgbouncer(t: Arc<TestDb>) {
 
 // ------------------------------------------------------------------------------- failover
 
+/// How the primary dies in a failover test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Death {
+    /// `pg_ctl stop -m immediate`: clients are told the server goes away (57P01).
+    Immediate,
+    /// SIGKILL of the postmaster and every process it started (a machine crash, an OOM kill):
+    /// sockets close, nothing is said.
+    Kill,
+    /// The host stops answering (a partition): a black hole in front of the primary, which
+    /// keeps running behind it.
+    BlackHole,
+}
+
+/// What the workers share in a failover test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Work {
+    /// An own table, strategy auto (skip-locked).
+    OwnTable,
+    /// The managed queue.
+    Queue,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn workers_follow_a_postgres_failover() {
+async fn failover_after_a_killed_primary_async_standby() {
+    failover(Death::Kill, false, Work::OwnTable).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_after_a_killed_primary_sync_standby() {
+    failover(Death::Kill, true, Work::Queue).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_behind_a_black_hole_async_standby() {
+    failover(Death::BlackHole, false, Work::Queue).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_behind_a_black_hole_sync_standby() {
+    failover(Death::BlackHole, true, Work::OwnTable).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_after_an_immediate_stop_async_standby() {
+    failover(Death::Immediate, false, Work::OwnTable).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_after_an_immediate_stop_sync_standby() {
+    failover(Death::Immediate, true, Work::Queue).await;
+}
+
+/// A private primary with a streaming standby (`sync`: synchronous replication, remote_apply),
+/// three `rowclaim work` processes on a multi-host URL; the primary dies as `death` says mid-run
+/// and the standby is promoted. The same processes finish every row on the new primary, none
+/// exits, and a row runs again only where an earlier run, or its result, was in flight at the
+/// fault (with an asynchronous standby, a result the primary took may not have reached it).
+async fn failover(death: Death, sync: bool, work: Work) {
     const JOBS: usize = 300;
+    let case = format!(
+        "{death:?}, {} standby, {work:?}",
+        if sync { "sync" } else { "async" }
+    );
     let primary = PrivatePostgres::start().await;
     let standby = PrivatePostgres::standby_of(&primary).await;
-    // Synchronous replication: what the primary acknowledged is on the standby, and visible
-    // there (remote_apply).
-    primary
-        .admin_sql("ALTER SYSTEM SET synchronous_standby_names = 'standby'")
-        .await;
-    primary
-        .admin_sql("ALTER SYSTEM SET synchronous_commit = 'remote_apply'")
-        .await;
-    primary.admin_sql("SELECT pg_reload_conf()").await;
+    if sync {
+        primary
+            .admin_sql("ALTER SYSTEM SET synchronous_standby_names = 'standby'")
+            .await;
+        primary
+            .admin_sql("ALTER SYSTEM SET synchronous_commit = 'remote_apply'")
+            .await;
+        primary.admin_sql("SELECT pg_reload_conf()").await;
+    }
+    // The black hole stands in front of the primary; the standby replicates directly.
+    let proxy = Proxy::start(primary.port()).await;
+    let primary_port = match death {
+        Death::BlackHole => proxy.port(),
+        Death::Immediate | Death::Kill => primary.port(),
+    };
     let primary_db = primary.create_database("jobs").await;
     let standby_db = standby.url("jobs");
     let url = format!(
-        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/jobs",
-        primary.port(),
+        "postgres://postgres@127.0.0.1:{primary_port},127.0.0.1:{}/jobs",
         standby.port()
     );
-    ok(&url, &["init"], "").await;
-    ok(&url, &["enqueue", "--queue", "q"], &payloads(JOBS)).await;
+    let (mut args, pending) = match work {
+        Work::OwnTable => {
+            own_table(&primary_db, JOBS).await;
+            (
+                TABLE.to_vec(),
+                "SELECT count(*) FROM jobs WHERE status <> 'done'",
+            )
+        }
+        Work::Queue => {
+            ok(&url, &["init"], "").await;
+            ok(&url, &["enqueue", "--queue", "q"], &payloads(JOBS)).await;
+            (
+                vec!["--queue", "q", "--poll", "200ms"],
+                "SELECT count(*) FROM rowclaim_jobs WHERE status <> 'completed'",
+            )
+        }
+    };
+    // A lease of 5 s: its statements are cut off (after 2–5 s) before the pool's own acquire timeout
+    // (10 s) could report anything, so a silent server is found only by what the route notices.
+    args.extend(["--concurrency", "4", "--lease", "5s"]);
     let count = |db: &str, sql: &'static str| {
         let db = db.to_owned();
         async move {
@@ -226,65 +311,56 @@ async fn workers_follow_a_postgres_failover() {
             sqlx::query_scalar::<_, i64>(sql).fetch_one(&mut c).await
         }
     };
-    // The standby has the jobs (synchronous replication: once the enqueue returned).
-    assert_eq!(
-        count(&standby_db, "SELECT count(*) FROM rowclaim_jobs")
-            .await
-            .expect("read the standby"),
-        JOBS as i64
-    );
-
-    // A claim on the standby alone is refused, and the message says why.
-    let out = rowclaim(&standby_db, &["claim", "--queue", "q"])
-        .output()
-        .await
-        .expect("run rowclaim claim");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "a claim on a standby fails");
-    assert!(
-        stderr.contains("takes no writes (a standby?)"),
-        "the error says the server is read-only:\n{stderr}"
-    );
+    // The standby has the work before it starts (replayed, also when asynchronous).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count(&standby_db, pending).await.ok() != Some(JOBS as i64) {
+        assert!(Instant::now() < deadline, "{case}: the standby lags");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     let dir = tempfile::tempdir().expect("temp dir");
     let log = dir.path().join("runs.log");
-    let args = ["--queue", "q", "--lease", "20s", "--poll", "200ms"];
-    let mut workers = vec![
-        worker(&url, &args, &log, "cat >/dev/null; sleep 0.02"),
-        worker(&url, &args, &log, "cat >/dev/null; sleep 0.02"),
-    ];
+    // Jobs of 0.2 s: the pool is idle most of the time, so that the fault usually finds no
+    // statement on its way to report it (what a server that dies in silence looks like).
+    let mut workers: Vec<Child> = (0..3)
+        .map(|_| worker(&url, &args, &log, "cat >/dev/null; sleep 0.2"))
+        .collect();
 
     // Mid-run: the primary dies, the standby takes over.
     let deadline = Instant::now() + Duration::from_secs(120);
     while runs(&log).values().filter(|r| r[0].1.is_some()).count() < JOBS / 4 {
-        assert!(Instant::now() < deadline, "the workers did not get going");
+        assert!(
+            Instant::now() < deadline,
+            "{case}: the workers did not get going"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let killed_at = now_us();
-    primary.stop(StopMode::Immediate).await;
+    match death {
+        Death::Immediate => primary.stop(StopMode::Immediate).await,
+        Death::Kill => primary.stop(StopMode::Kill).await,
+        Death::BlackHole => proxy.blackhole(true),
+    }
+    // An operator's (or a failover manager's) reaction time.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     standby.promote().await;
     let promoted_at = now_us();
-    let _ = primary_db;
 
-    // The same processes finish the queue on the new primary.
+    // The same processes finish the work on the new primary.
     let deadline = Instant::now() + Duration::from_secs(240);
     loop {
-        let left = count(
-            &standby_db,
-            "SELECT count(*) FROM rowclaim_jobs WHERE status <> 'completed'",
-        )
-        .await;
+        let left = count(&standby_db, pending).await;
         if left.as_ref().is_ok_and(|n| *n == 0) {
             break;
         }
         for w in &mut workers {
             if let Ok(Some(status)) = w.try_wait() {
-                panic!("a worker exited during the failover ({status})");
+                panic!("{case}: a worker exited during the failover ({status})");
             }
         }
         assert!(
             Instant::now() < deadline,
-            "jobs left after 4 minutes on the new primary: {left:?}"
+            "{case}: work left after 4 minutes on the new primary: {left:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -297,41 +373,59 @@ async fn workers_follow_a_postgres_failover() {
         let (_, stderr) = finish(w).await;
         said.push_str(&stderr);
     }
-    // For DEPLOYING.md: how long the workers waited.
-    for line in said
-        .lines()
-        .filter(|l| l.contains("answers again") || l.contains("now go to"))
-    {
-        eprintln!("failover: {line}");
-    }
     assert!(
         said.contains("statements now go to"),
-        "a worker said where its statements went after the failover:\n{said}"
+        "{case}: a worker said where its statements went after the failover:\n{said}"
     );
 
     let runs = runs(&log);
-    assert_eq!(runs.len(), JOBS, "every job ran");
+    assert_eq!(runs.len(), JOBS, "{case}: every row ran");
     let reruns: usize = runs.values().map(|r| r.len() - 1).sum();
+    // For the closing notes and DEPLOYING.md: how long after the promotion work went on.
+    let resumed = runs
+        .values()
+        .flatten()
+        .map(|r| r.0)
+        .filter(|&start| start > promoted_at)
+        .min()
+        .map_or(0, |start| (start - promoted_at) / 1000);
     eprintln!(
-        "failover: {JOBS} jobs, {reruns} re-run(s); primary killed at {killed_at} µs, standby \
-         promoted {} ms later",
+        "failover ({case}): {JOBS} rows, {reruns} re-run(s); standby promoted {} ms after the \
+         fault, the first row started {resumed} ms after the promotion",
         (promoted_at - killed_at) / 1000
     );
     // Results are written in batches after a run ends: one may still be on its way for a while.
     const RESULT_IN_FLIGHT_US: u64 = 10_000_000;
     for (id, list) in &runs {
         for (i, run) in list.iter().enumerate().skip(1) {
-            // A job runs again only if an earlier run, or its result, was in flight when the
+            // A row runs again only if an earlier run, or its result, was in flight when the
             // primary died (and its lease ran out before the new primary was found).
             let in_flight = list[..i].iter().any(|(start, end)| {
                 *start < promoted_at && end.is_none_or(|e| e + RESULT_IN_FLIGHT_US > killed_at)
             });
             assert!(
                 in_flight,
-                "job {id} ran again at {} though no earlier run was in flight at the failover \
-                 (killed at {killed_at}, promoted at {promoted_at}): {list:?}\n{said}",
+                "{case}: row {id} ran again at {} though no earlier run was in flight at the \
+                 failover (fault at {killed_at}, promoted at {promoted_at}): {list:?}\n{said}",
                 run.0
             );
         }
     }
+    drop(proxy);
+}
+
+/// The harness's `jobs` table (the columns [`TABLE`] names) with `n` ready rows, on the
+/// primary's database at `url`.
+async fn own_table(url: &str, n: usize) {
+    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(url)
+        .await
+        .expect("connect to the primary");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE jobs (id bigint PRIMARY KEY, status text NOT NULL DEFAULT 'ready', \
+         owner text, lease_until timestamptz, attempts int NOT NULL DEFAULT 0); \
+         INSERT INTO jobs (id) SELECT generate_series(1, {n})"
+    )))
+    .execute(&mut c)
+    .await
+    .expect("create the own table");
 }

@@ -167,10 +167,9 @@ macro_rules! harness_tests {
                 let via = proxy.url_for(&url);
                 let mut c = connect(&via).await;
 
-                for (i, mode) in [StopMode::Fast, StopMode::Immediate]
-                    .into_iter()
-                    .enumerate()
-                {
+                let modes = [StopMode::Fast, StopMode::Immediate, StopMode::Kill];
+                let rows = modes.len() as i64;
+                for (i, mode) in modes.into_iter().enumerate() {
                     // Committed just before the stop (or crash).
                     exec(&mut c, &format!("INSERT INTO t (id) VALUES ({i})")).await;
                     let t = Instant::now();
@@ -203,14 +202,14 @@ macro_rules! harness_tests {
                 );
                 server.start_again().await;
                 let mut direct = connect(&url).await;
-                assert_eq!(count(&mut direct).await, 2);
+                assert_eq!(count(&mut direct).await, rows);
                 drop(direct);
 
                 // kill_backends: the sessions on the database end.
                 let mut c = connect(&via).await;
                 let mut d = connect(&url).await;
-                assert_eq!(count(&mut c).await, 2);
-                assert_eq!(count(&mut d).await, 2);
+                assert_eq!(count(&mut c).await, rows);
+                assert_eq!(count(&mut d).await, rows);
                 let killed = server.kill_backends("harness").await;
                 assert!(killed >= 2, "kill_backends killed {killed} sessions, not 2");
                 for (name, conn) in [("proxied", &mut c), ("direct", &mut d)] {
@@ -218,7 +217,7 @@ macro_rules! harness_tests {
                     assert!(r.is_err(), "the {name} session survived kill_backends");
                 }
                 let mut c = connect(&via).await;
-                assert_eq!(count(&mut c).await, 2);
+                assert_eq!(count(&mut c).await, rows);
             }
         }
     };

@@ -41,7 +41,11 @@ pub enum StopMode {
     /// Clean shutdown: PostgreSQL `pg_ctl stop -m fast`, MariaDB SIGTERM. Sessions are ended.
     Fast,
     /// Crash: PostgreSQL `pg_ctl stop -m immediate`, MariaDB SIGKILL. Recovery at the next start.
+    /// PostgreSQL still tells its clients that it is going away (SQLSTATE 57P01).
     Immediate,
+    /// A machine crash or an OOM kill: SIGKILL of the server and every process it started, at
+    /// once. Clients are told nothing; their sockets just close. (MariaDB: as `Immediate`.)
+    Kill,
 }
 
 // ------------------------------------------------------------------------------- PostgreSQL
@@ -256,6 +260,7 @@ impl PrivatePostgres {
                 }
             },
             StopMode::Immediate => self.pg_ctl_stop("immediate").await,
+            StopMode::Kill => self.kill_tree().await,
         };
         if let Err(e) = result {
             panic!(
@@ -412,6 +417,33 @@ impl PrivatePostgres {
             Ok(c.close().await?)
         })
         .await
+    }
+
+    /// SIGKILL of the postmaster and all its children in one `kill`, then waits until they are
+    /// gone (a zombie counts as gone).
+    async fn kill_tree(&self) -> Result<(), String> {
+        let pid_file = self.data().join("postmaster.pid");
+        let text = std::fs::read_to_string(&pid_file)
+            .map_err(|e| format!("read {}: {e}", pid_file.display()))?;
+        let postmaster: u32 = text
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .ok_or_else(|| format!("no pid in {}", pid_file.display()))?;
+        let mut pids = children_of(postmaster);
+        pids.push(postmaster);
+        let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+        signal_all(&list.join(" "), "KILL");
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while let Some(pid) = pids.iter().find(|&&p| process_alive(p)) {
+            if Instant::now() > deadline {
+                return Err(format!("process {pid} still alive 60 s after SIGKILL"));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        // As after a reboot: the lock file names a dead server. (Where nothing reaps the killed
+        // postmaster, its zombie would make pg_ctl take it for a running server.)
+        std::fs::remove_file(&pid_file).map_err(|e| format!("remove {}: {e}", pid_file.display()))
     }
 
     async fn pg_ctl_stop(&self, mode: &str) -> Result<(), String> {
@@ -620,7 +652,8 @@ impl PrivateMariadb {
     }
 
     /// Stops the server and waits until the process is gone: `Fast` sends SIGTERM (a clean
-    /// shutdown; SIGKILL after 60 s), `Immediate` SIGKILL (a crash). No-op when already stopped.
+    /// shutdown; SIGKILL after 60 s), `Immediate` and `Kill` SIGKILL (a crash). No-op when
+    /// already stopped.
     pub async fn stop(&self, mode: StopMode) {
         let mut slot = self.child.lock().await;
         let Some(mut child) = slot.take() else { return };
@@ -1028,12 +1061,47 @@ fn read_pid(path: &Path) -> Option<u32> {
 
 /// Sends SIG`name` to `pid` (through the shell's `kill`, present on every machine).
 pub(crate) fn signal(pid: u32, name: &str) {
+    signal_all(&pid.to_string(), name);
+}
+
+/// Sends signal `name` to the space-separated `pids` in one `kill`.
+fn signal_all(pids: &str, name: &str) {
     let _ = std::process::Command::new("sh")
         .arg("-c")
-        .arg(format!("kill -{name} {pid}"))
+        .arg(format!("kill -{name} {pids}"))
         .stdin(Stdio::null())
         .stderr(Stdio::null())
         .status();
+}
+
+/// The pids whose parent is `parent` (from /proc/*/stat).
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    // pid (comm) state ppid …: comm may hold spaces and parentheses.
+                    let after = &stat[stat.rfind(')')? + 1..];
+                    after.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
+}
+
+/// Whether `pid` runs (a zombie does not).
+fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next());
+        state != Some("Z") && state != Some("X")
+    })
 }
 
 pub(crate) fn check_name(name: &str) {

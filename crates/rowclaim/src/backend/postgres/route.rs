@@ -10,8 +10,11 @@
 //! - **Several hosts** (`postgres://u@h1:5432,h2:5433/db`, libpq's form): the first host that
 //!   takes writes (`target_session_attrs=read-write`, the default here since every claim writes;
 //!   `any` takes the first that answers). When a statement finds the server gone or read-only,
-//!   the hosts are tried again in order, once a second until one takes writes, and the pool
-//!   moves there: after a failover, the runtime's retries land on the new primary by themselves.
+//!   or is given up unanswered (a crashed primary tells its clients nothing; a host behind a
+//!   black hole never answers), the hosts are tried again, once a second until one takes writes,
+//!   and the pool moves there: after a failover, the runtime's retries land on the new primary
+//!   by themselves. A search tries the host that failed last, each host for at most
+//!   [`SEARCH_CHECK`], so that a silent old primary does not hold up the move.
 //!
 //! Every statement of the PostgreSQL driver goes through [`Route::exec`] (outside a transaction)
 //! or [`Route::on`] (inside one), so none can bypass these rules.
@@ -19,11 +22,11 @@
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_core::future::BoxFuture;
 use futures_core::stream::BoxStream;
-use futures_util::{FutureExt, StreamExt, TryFutureExt, TryStreamExt};
+use futures_util::{FutureExt, StreamExt, TryStreamExt};
 use sqlx::postgres::{
     PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgQueryResult, PgRow, PgStatement,
     PgTypeInfo,
@@ -41,6 +44,15 @@ pub(crate) enum Wanted {
     /// The first that answers.
     Any,
 }
+
+/// A statement still unanswered this long when its caller gives it up makes the route suspect
+/// its server: the pool's own reconnects (to a crashed host: refused, retried inside sqlx until
+/// its acquire timeout) and a black hole both look like this, and report no error.
+const SILENCE: Duration = Duration::from_secs(1);
+
+/// The longest a failover search waits for one host to answer: a host that does not answer by
+/// then is taken for gone in this round (a connection to a live PostgreSQL takes milliseconds).
+pub(crate) const SEARCH_CHECK: Duration = Duration::from_secs(2);
 
 /// A PostgreSQL URL as rowclaim reads it: the hosts (each as sqlx options), and the URL options
 /// that are rowclaim's rather than sqlx's.
@@ -245,7 +257,12 @@ impl Route {
     /// Starts a transaction.
     pub(crate) async fn begin(self: &Arc<Self>) -> Result<sqlx::Transaction<'static, Postgres>> {
         let pool = self.pool();
-        match pool.begin().await {
+        let mut watch = self.watch();
+        let begun = pool.begin().await;
+        if let Some(w) = &mut watch {
+            w.answered = true;
+        }
+        match begun {
             Ok(tx) => Ok(tx),
             Err(e) => {
                 self.noticed(&e);
@@ -255,17 +272,23 @@ impl Route {
     }
 
     /// Called with every failed statement: when the server is gone or read-only and there are
-    /// other hosts, looks for the one that takes writes, in the background, until a host answers
-    /// as wanted (the caller's retry finds the pool moved). Statements that the runtime cuts off
-    /// never report here, so one report keeps the search going: a standby is often promoted a
-    /// few seconds after the primary died.
+    /// other hosts, looks for the one that takes writes (see [`Route::suspect`]).
     fn noticed(self: &Arc<Self>, e: &sqlx::Error) {
-        let Some(f) = &self.failover else { return };
-        let worth = matches!(
+        if matches!(
             crate::error::db_kind(e),
             Some(DbKind::ConnectionGone | DbKind::ReadOnly)
-        );
-        if !worth || f.searching.swap(true, Ordering::AcqRel) {
+        ) {
+            self.suspect();
+        }
+    }
+
+    /// The server may be gone: when there are other hosts, looks for the one wanted, in the
+    /// background, until a host answers as wanted (the caller's retry finds the pool moved).
+    /// One report keeps the search going: a standby is often promoted a few seconds after the
+    /// primary died.
+    fn suspect(self: &Arc<Self>) {
+        let Some(f) = &self.failover else { return };
+        if f.searching.swap(true, Ordering::AcqRel) {
             return;
         }
         let route = self.clone();
@@ -279,18 +302,31 @@ impl Route {
         });
     }
 
-    /// Tries the hosts in order; moves the pool to the first one wanted if it is not the one the
-    /// pool reaches now. Whether a host answered as wanted.
+    /// Watches one statement: given up unanswered after [`SILENCE`], it makes the route suspect
+    /// its server. None without other hosts (nothing to move to).
+    fn watch(self: &Arc<Self>) -> Option<Watch> {
+        self.failover.as_ref().map(|_| Watch {
+            route: self.clone(),
+            since: Instant::now(),
+            answered: false,
+        })
+    }
+
+    /// Tries the other hosts in order, then the one the pool reaches now (it is why we search);
+    /// moves the pool to the first one wanted if it is not the current one. Whether a host
+    /// answered as wanted.
     async fn find_primary(&self) -> bool {
         let Some(f) = &self.failover else { return true };
-        let found = match first_wanted(&f.hosts, f.wanted, f.connect_timeout).await {
+        let mut current = f.current.lock().await;
+        let order = search_order(f.hosts.len(), *current);
+        let check = f.connect_timeout.min(SEARCH_CHECK);
+        let found = match first_wanted_of(&f.hosts, &order, f.wanted, check).await {
             Ok(i) => i,
             Err(why) => {
                 tracing::debug!("PostgreSQL failover: no host to move to yet: {why}");
                 return false;
             }
         };
-        let mut current = f.current.lock().await;
         if found == *current {
             return true;
         }
@@ -306,7 +342,7 @@ impl Route {
             "PostgreSQL: {} {}; statements now go to {}",
             f.hosts[*current].0,
             match f.wanted {
-                Wanted::ReadWrite => "no longer takes writes",
+                Wanted::ReadWrite => "is gone or takes no writes",
                 Wanted::Any => "no longer answers",
             },
             f.hosts[found].0
@@ -326,8 +362,29 @@ pub(crate) async fn first_wanted(
     wanted: Wanted,
     connect_timeout: Duration,
 ) -> std::result::Result<usize, String> {
+    let order: Vec<usize> = (0..hosts.len()).collect();
+    first_wanted_of(hosts, &order, wanted, connect_timeout).await
+}
+
+/// The hosts a failover search tries, in this order: the others in the URL's order, then
+/// `current`, the one that failed (it may come back, as after a restart without a promotion).
+fn search_order(hosts: usize, current: usize) -> Vec<usize> {
+    (0..hosts)
+        .filter(|&i| i != current)
+        .chain(std::iter::once(current))
+        .collect()
+}
+
+/// [`first_wanted`] over the hosts at `order`.
+async fn first_wanted_of(
+    hosts: &[(String, PgConnectOptions)],
+    order: &[usize],
+    wanted: Wanted,
+    connect_timeout: Duration,
+) -> std::result::Result<usize, String> {
     let mut why = Vec::new();
-    for (i, (label, options)) in hosts.iter().enumerate() {
+    for &i in order {
+        let (label, options) = &hosts[i];
         match tokio::time::timeout(connect_timeout, check(options, wanted)).await {
             Ok(Ok(true)) => return Ok(i),
             Ok(Ok(false)) => why.push(format!("{label}: read-only (a standby?)")),
@@ -355,6 +412,29 @@ async fn check(options: &PgConnectOptions, wanted: Wanted) -> sqlx::Result<bool>
     };
     let _ = conn.close().await;
     Ok(ok)
+}
+
+/// One statement on its way (see [`Route::watch`]): dropped before it was answered, and after
+/// [`SILENCE`], it makes the route suspect its server.
+#[derive(Debug)]
+struct Watch {
+    route: Arc<Route>,
+    since: Instant,
+    /// An answer came (rows, or an error the route has seen).
+    answered: bool,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if !self.answered && self.since.elapsed() >= SILENCE {
+            tracing::debug!(
+                "PostgreSQL: a statement was given up unanswered after {:?}; looking for the \
+                 host that takes writes",
+                self.since.elapsed()
+            );
+            self.route.suspect();
+        }
+    }
 }
 
 /// A statement that sqlx must not keep prepared (behind a pooler): `persistent` is false.
@@ -394,6 +474,7 @@ impl Exec {
     async fn steps<'q, E: Execute<'q, Postgres> + 'q>(self, query: E) -> sqlx::Result<Vec<Step>> {
         let route = self.0;
         let pool = route.pool();
+        let mut watch = route.watch();
         let result = if route.pooled {
             async {
                 let mut tx = pool.begin().await?;
@@ -408,6 +489,9 @@ impl Exec {
         } else {
             pool.fetch_many(query).try_collect().await
         };
+        if let Some(w) = &mut watch {
+            w.answered = true;
+        }
         if let Err(e) = &result {
             route.noticed(e);
         }
@@ -471,9 +555,18 @@ impl<'c> Executor<'c> for On<'c> {
     {
         let keep = !self.route.pooled;
         let route = self.route;
+        let mut watch = route.watch();
         self.conn
             .fetch_many(Prepared { query, keep })
-            .inspect_err(move |e| route.noticed(e))
+            .inspect(move |step| {
+                // Any reply, rows or an error, is an answer.
+                if let Some(w) = &mut watch {
+                    w.answered = true;
+                }
+                if let Err(e) = step {
+                    route.noticed(e);
+                }
+            })
             .boxed()
     }
 
@@ -484,10 +577,18 @@ impl<'c> Executor<'c> for On<'c> {
     {
         let keep = !self.route.pooled;
         let route = self.route;
-        self.conn
-            .fetch_optional(Prepared { query, keep })
-            .inspect_err(move |e| route.noticed(e))
-            .boxed()
+        let mut watch = route.watch();
+        async move {
+            let result = self.conn.fetch_optional(Prepared { query, keep }).await;
+            if let Some(w) = &mut watch {
+                w.answered = true;
+            }
+            if let Err(e) = &result {
+                route.noticed(e);
+            }
+            result
+        }
+        .boxed()
     }
 
     fn prepare_with<'e>(
@@ -527,5 +628,13 @@ mod tests {
         assert!(e.contains("target_session_attrs=standby"), "{e}");
         let e = Target::parse("postgres://u@h1:1,h2:x/db").unwrap_err();
         assert!(e.starts_with("host h2:x"), "{e}");
+    }
+
+    #[test]
+    fn a_search_tries_the_host_that_failed_last() {
+        assert_eq!(search_order(3, 0), [1, 2, 0]);
+        assert_eq!(search_order(3, 1), [0, 2, 1]);
+        assert_eq!(search_order(2, 1), [0, 1]);
+        assert_eq!(search_order(1, 0), [0]);
     }
 }
