@@ -288,11 +288,15 @@ impl Route {
     /// primary died.
     fn suspect(self: &Arc<Self>) {
         let Some(f) = &self.failover else { return };
+        // A statement dropped while its runtime shuts down has nowhere to search from.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         if f.searching.swap(true, Ordering::AcqRel) {
             return;
         }
         let route = self.clone();
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             while !route.find_primary().await {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
