@@ -69,6 +69,7 @@ pub mod registry;
 mod source;
 mod strategy;
 mod value;
+mod wait;
 mod worker;
 
 pub use backend::{Capability, ServerInfo};

@@ -1,4 +1,4 @@
-//! Row ids and the scalar values rowclaim binds (status values, ids).
+//! Row ids, and the values rowclaim binds to its statements (status values, ids, settings).
 
 use std::fmt;
 
@@ -113,5 +113,75 @@ impl IdList {
             IdList::Int(v) => serde_json::Value::from(v.clone()).to_string(),
             IdList::Text(v) => serde_json::Value::from(v.clone()).to_string(),
         }
+    }
+}
+
+/// A value bound to a statement.
+#[derive(Clone, Debug)]
+pub(crate) enum Value {
+    Int(i64),
+    OptInt(Option<i64>),
+    I32(i32),
+    Float(f64),
+    OptFloat(Option<f64>),
+    Text(String),
+    OptText(Option<String>),
+    /// PostgreSQL arrays (`= ANY($n)`, `unnest($n)`).
+    Ints(Vec<i64>),
+    OptInts(Vec<Option<i64>>),
+    I32s(Vec<i32>),
+    Texts(Vec<String>),
+    OptTexts(Vec<Option<String>>),
+}
+
+macro_rules! value_from {
+    ($($t:ty => $v:ident),* $(,)?) => {$(
+        impl From<$t> for Value {
+            fn from(v: $t) -> Value {
+                Value::$v(v)
+            }
+        }
+    )*};
+}
+value_from!(i64 => Int, Option<i64> => OptInt, i32 => I32, f64 => Float, Option<f64> => OptFloat, String => Text,
+    Option<String> => OptText, Vec<i64> => Ints, Vec<Option<i64>> => OptInts, Vec<i32> => I32s,
+    Vec<String> => Texts, Vec<Option<String>> => OptTexts);
+
+impl Value {
+    /// The integer it holds, if any.
+    pub(crate) fn int(self) -> Option<i64> {
+        match self {
+            Value::Int(i) | Value::OptInt(Some(i)) => Some(i),
+            Value::I32(i) => Some(i64::from(i)),
+            _ => None,
+        }
+    }
+
+    /// The text it holds, if any.
+    pub(crate) fn text(self) -> Option<String> {
+        match self {
+            Value::Text(t) | Value::OptText(Some(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The number it holds, if any.
+    pub(crate) fn float(self) -> Option<f64> {
+        match self {
+            Value::Float(x) | Value::OptFloat(Some(x)) => Some(x),
+            _ => None,
+        }
+    }
+
+    /// Whether this is an array (only PostgreSQL binds those).
+    pub(crate) fn is_array(&self) -> bool {
+        matches!(
+            self,
+            Value::Ints(_)
+                | Value::OptInts(_)
+                | Value::I32s(_)
+                | Value::Texts(_)
+                | Value::OptTexts(_)
+        )
     }
 }

@@ -7,29 +7,127 @@ use super::sql::{
 };
 use super::{Outcome, Target};
 use crate::mapping::{status_literal, Mapping, Naming};
-use crate::value::IdList;
+use crate::value::{IdList, Value};
 use crate::{Result, Stats, Strategy};
 
-/// How a driver runs the statements every driver writes the same way (the reports and the "did
-/// this claim lose a race?" check below), on its own pool. Implemented for each driver by
-/// `binder_queries!`.
+/// A row a statement returns, read as any `sqlx::FromRow` type of the driver's database (a
+/// tuple of columns, usually).
+pub(crate) trait Fetch<D: Dialect>:
+    for<'r> sqlx::FromRow<'r, <D::DB as sqlx::Database>::Row> + Send + Unpin
+{
+}
+
+impl<D: Dialect, T> Fetch<D> for T where
+    T: for<'r> sqlx::FromRow<'r, <D::DB as sqlx::Database>::Row> + Send + Unpin
+{
+}
+
+/// The one door every statement of the library goes through: a driver, one of its
+/// transactions, or a caller's connection runs a [`Stmt`] built over the driver's dialect.
+/// Implemented for each driver by `binder_queries!`, which is also where a driver's errors get
+/// their kind.
 pub(crate) trait Run {
     /// The driver's dialect.
     type Sql: Dialect;
-    /// A statement answering one number.
-    async fn count(&self, s: Stmt<Self::Sql>) -> Result<i64>;
-    /// A statement answering (text, number) rows.
-    async fn count_by(&self, s: Stmt<Self::Sql>) -> Result<Vec<(Option<String>, i64)>>;
-    /// A statement answering one text per row.
-    async fn texts(&self, s: Stmt<Self::Sql>) -> Result<Vec<String>>;
     /// A statement answering nothing; returns how many rows it changed.
     async fn execute(&self, s: Stmt<Self::Sql>) -> Result<u64>;
-    /// A statement answering a text, then numbers (each maybe NULL), per row.
-    async fn named_numbers(&self, s: Stmt<Self::Sql>) -> Result<Vec<(String, Vec<Option<i64>>)>>;
+    /// A statement's rows.
+    async fn fetch_all<T: Fetch<Self::Sql>>(&self, s: Stmt<Self::Sql>) -> Result<Vec<T>>;
+    /// A statement's first row, if any.
+    async fn fetch_optional<T: Fetch<Self::Sql>>(&self, s: Stmt<Self::Sql>) -> Result<Option<T>>;
+    /// A statement's rows, each column read as `columns` says (for code written once for every
+    /// database, which cannot name a database's row types).
+    async fn values(&self, s: Stmt<Self::Sql>, columns: &[Col]) -> Result<Vec<Vec<Value>>>;
+
+    /// A statement's one row (an error when it returns none).
+    async fn fetch_one<T: Fetch<Self::Sql>>(&self, s: Stmt<Self::Sql>) -> Result<T> {
+        self.fetch_optional(s).await?.ok_or_else(none)
+    }
+    /// A statement answering one number.
+    async fn count(&self, s: Stmt<Self::Sql>) -> Result<i64> {
+        let row = self.values(s, &[Col::Int]).await?.into_iter().next();
+        row.and_then(|r| r.into_iter().next())
+            .and_then(|v| v.int())
+            .ok_or_else(none)
+    }
+    /// A statement answering (text, number) rows.
+    async fn count_by(&self, s: Stmt<Self::Sql>) -> Result<Vec<(Option<String>, i64)>> {
+        let rows = self.values(s, &[Col::OptText, Col::Int]).await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let mut r = r.into_iter();
+                let text = r.next().and_then(Value::text);
+                (text, r.next().and_then(|v| v.int()).unwrap_or(0))
+            })
+            .collect())
+    }
+    /// A statement answering one text per row.
+    async fn texts(&self, s: Stmt<Self::Sql>) -> Result<Vec<String>> {
+        let rows = self.values(s, &[Col::Text]).await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| r.into_iter().next().and_then(Value::text))
+            .collect())
+    }
+    /// A statement answering a text, then `numbers` numbers (each maybe NULL), per row.
+    async fn named_numbers(
+        &self,
+        s: Stmt<Self::Sql>,
+        numbers: usize,
+    ) -> Result<Vec<(String, Vec<Option<i64>>)>> {
+        let mut columns = vec![Col::Text];
+        columns.extend(std::iter::repeat_n(Col::OptInt, numbers));
+        let rows = self.values(s, &columns).await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let mut r = r.into_iter();
+                let name = r.next().and_then(Value::text).unwrap_or_default();
+                (name, r.map(|v| v.int()).collect())
+            })
+            .collect())
+    }
 }
 
-/// One of a driver's transactions, as a [`Run`]: the statements of one claim written once for
-/// every database (`queue/limits.rs`) run in it. Dropped without [`InTx::commit`], it rolls
+/// How [`Run::values`] reads one column.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Col {
+    Int,
+    OptInt,
+    Text,
+    OptText,
+    OptFloat,
+}
+
+fn none() -> crate::Error {
+    crate::Error::Internal("a statement that answers one row answered none".into())
+}
+
+/// A driver that opens transactions: statements in one commit together or not at all.
+pub(crate) trait Transact: Run {
+    /// One of its transactions.
+    type Tx<'t>: Run<Sql = Self::Sql> + Finish
+    where
+        Self: 't;
+    /// Opens a transaction that writes: at READ COMMITTED on MySQL/MariaDB, holding the write
+    /// lock from the start on SQLite (`BEGIN IMMEDIATE`), durable on PostgreSQL whatever the
+    /// pool's commit setting when `durable`.
+    async fn transaction(&self, durable: bool) -> Result<Self::Tx<'_>>;
+}
+
+/// How a transaction ends.
+pub(crate) trait Finish {
+    /// Commits. A connection that breaks during the COMMIT makes the outcome unknown:
+    /// [`crate::Error::OutcomeUnknown`], naming `what` was committed.
+    async fn commit_as(self, what: impl FnOnce() -> String) -> Result<()>;
+    /// Commits (its outcome, should the connection break, is a plain error).
+    async fn commit(self) -> Result<()>;
+    /// Rolls back.
+    async fn rollback(self) -> Result<()>;
+}
+
+/// One of a driver's transactions, as a [`Run`]. Dropped without [`Finish::commit`], it rolls
 /// back.
 pub(crate) struct InTx<'d, Driver, DB: sqlx::Database> {
     /// The driver whose rules its statements follow (PostgreSQL's route).
@@ -45,26 +143,62 @@ impl<'d, Driver, DB: sqlx::Database> InTx<'d, Driver, DB> {
             tx: tokio::sync::Mutex::new(tx),
         }
     }
+}
 
-    pub(crate) async fn commit(self) -> Result<()> {
+impl<Driver, DB: sqlx::Database> Finish for InTx<'_, Driver, DB> {
+    async fn commit_as(self, what: impl FnOnce() -> String) -> Result<()> {
+        super::commit(self.tx.into_inner(), what).await
+    }
+
+    async fn commit(self) -> Result<()> {
         Ok(self.tx.into_inner().commit().await?)
+    }
+
+    async fn rollback(self) -> Result<()> {
+        Ok(self.tx.into_inner().rollback().await?)
     }
 }
 
-/// Rows of (text, numbers…), as [`Run::named_numbers`] answers them.
-pub(crate) fn named_numbers<R: sqlx::Row>(rows: Vec<R>) -> Result<Vec<(String, Vec<Option<i64>>)>>
+/// A caller's own connection (or transaction), as a [`Run`]: an enqueue inside the
+/// application's transaction. Its statements are not kept prepared when `keep` is off (a
+/// transaction-mode pooler may be in between).
+pub(crate) struct OnConn<'c, DB: sqlx::Database> {
+    pub conn: tokio::sync::Mutex<&'c mut DB::Connection>,
+    pub keep: bool,
+}
+
+impl<'c, DB: sqlx::Database> OnConn<'c, DB> {
+    pub(crate) fn new(conn: &'c mut DB::Connection, keep: bool) -> Self {
+        OnConn {
+            conn: tokio::sync::Mutex::new(conn),
+            keep,
+        }
+    }
+}
+
+/// Rows read column by column as `columns` says, as [`Run::values`] answers them.
+pub(crate) fn values<R: sqlx::Row>(rows: Vec<R>, columns: &[Col]) -> Result<Vec<Vec<Value>>>
 where
     usize: sqlx::ColumnIndex<R>,
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> f64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     rows.into_iter()
         .map(|r| {
-            let name: String = r.try_get(0)?;
-            let numbers = (1..r.len())
-                .map(|i| r.try_get::<Option<i64>, _>(i))
-                .collect::<std::result::Result<_, _>>()?;
-            Ok((name, numbers))
+            columns
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    Ok(match c {
+                        Col::Int => Value::Int(r.try_get(i)?),
+                        Col::OptInt => Value::OptInt(r.try_get(i)?),
+                        Col::Text => Value::Text(r.try_get(i)?),
+                        Col::OptText => Value::OptText(r.try_get(i)?),
+                        Col::OptFloat => Value::OptFloat(r.try_get(i)?),
+                    })
+                })
+                .collect()
         })
         .collect()
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::mapping::{status_literal, ColType, Mapping};
 use crate::value::IdList;
+pub(crate) use crate::value::Value;
 use crate::Result;
 
 use super::{Outcome, Target};
@@ -63,6 +64,7 @@ where
     for<'q> Option<i64>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'q> i32: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'q> f64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> Option<f64>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'q> Option<String>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
 {
@@ -75,37 +77,12 @@ where
             Value::Float(x) => add::<DB, _>(&mut args, x)?,
             Value::Text(t) => add::<DB, _>(&mut args, t)?,
             Value::OptText(t) => add::<DB, _>(&mut args, t)?,
-            arr @ (Value::Ints(_) | Value::Texts(_)) => array(&mut args, arr)?,
+            Value::OptFloat(x) => add::<DB, _>(&mut args, x)?,
+            arr => array(&mut args, arr)?,
         }
     }
     Ok(args)
 }
-
-/// A value bound to a statement.
-#[derive(Clone, Debug)]
-pub(crate) enum Value {
-    Int(i64),
-    OptInt(Option<i64>),
-    I32(i32),
-    Float(f64),
-    Text(String),
-    OptText(Option<String>),
-    /// PostgreSQL arrays (`= ANY($n)`, `unnest($n)`).
-    Ints(Vec<i64>),
-    Texts(Vec<String>),
-}
-
-macro_rules! value_from {
-    ($($t:ty => $v:ident),* $(,)?) => {$(
-        impl From<$t> for Value {
-            fn from(v: $t) -> Value {
-                Value::$v(v)
-            }
-        }
-    )*};
-}
-value_from!(i64 => Int, Option<i64> => OptInt, i32 => I32, f64 => Float, String => Text,
-    Option<String> => OptText, Vec<i64> => Ints, Vec<String> => Texts);
 
 /// Collects bound values for one statement and hands out their placeholders in the order the SQL
 /// text uses them. Nothing but placeholders and validated, quoted identifiers ever goes into SQL
@@ -176,22 +153,91 @@ impl<D: Dialect> Stmt<D> {
     }
 }
 
-/// `query`, `scalar` and `query_as` over a [`Binder`], and `run::Run` for the driver, for one
-/// concrete dialect (sqlx's execution functions need the concrete database). `Run` sends its
-/// statements to `&self.pool`, or to `self.<method>()` when a method is named (PostgreSQL's
-/// route: pooler and failover rules).
+/// For one driver (sqlx's execution functions need the concrete database): `query`, `scalar`
+/// and `query_as` over a [`Binder`]; [`Run`](super::run::Run) for the driver (its statements go
+/// to `&self.pool`, or to `self.exec()` when `exec` is given: PostgreSQL's route with its pooler
+/// and failover rules), for its transactions and for a caller's connection; and
+/// [`Transact`](super::run::Transact) through the driver's own `open_transaction`.
 macro_rules! binder_queries {
     ($dialect:ty, $db:ty, $driver:ty) => {
-        $crate::backend::sql::binder_queries!(@ $dialect, $db, $driver, pool);
+        $crate::backend::sql::binder_queries!(@all $dialect, $db, $driver, pool, txpool);
     };
     ($dialect:ty, $db:ty, $driver:ty, exec) => {
-        $crate::backend::sql::binder_queries!(@ $dialect, $db, $driver, exec);
+        $crate::backend::sql::binder_queries!(@all $dialect, $db, $driver, exec, txexec);
     };
-    (@exec pool, $s:ident) => { &$s.pool };
-    (@exec exec, $s:ident) => { $s.exec() };
-    (@tx pool, $s:ident, $g:ident) => { &mut **$g };
-    (@tx exec, $s:ident, $g:ident) => { $s.driver.on(&mut **$g) };
-    (@ $dialect:ty, $db:ty, $driver:ty, $exec:ident) => {
+    // Binds the executor `$e` of one statement (and whether sqlx may keep it prepared, `$k`)
+    // for a runner `$s` of each kind, then evaluates `$body`.
+    (@with pool, $s:ident, |$e:ident, $k:ident| $body:expr) => {{
+        let ($e, $k) = (&$s.pool, true);
+        $body
+    }};
+    (@with exec, $s:ident, |$e:ident, $k:ident| $body:expr) => {{
+        let ($e, $k) = ($s.exec(), true);
+        $body
+    }};
+    (@with txpool, $s:ident, |$e:ident, $k:ident| $body:expr) => {{
+        let mut g = $s.tx.lock().await;
+        let ($e, $k) = (&mut **g, true);
+        $body
+    }};
+    (@with txexec, $s:ident, |$e:ident, $k:ident| $body:expr) => {{
+        let mut g = $s.tx.lock().await;
+        let ($e, $k) = ($s.driver.on(&mut **g), true);
+        $body
+    }};
+    (@with conn, $s:ident, |$e:ident, $k:ident| $body:expr) => {{
+        let mut g = $s.conn.lock().await;
+        let ($e, $k) = (&mut **g, $s.keep);
+        $body
+    }};
+    (@run $dialect:ty, $db:ty, $target:ty, $how:ident) => {
+        impl $crate::backend::run::Run for $target {
+            type Sql = $dialect;
+
+            async fn execute(
+                &self,
+                s: $crate::backend::sql::Stmt<$dialect>,
+            ) -> $crate::Result<u64> {
+                let q = s.binder.query(s.sql)?;
+                $crate::backend::sql::binder_queries!(@with $how, self, |e, keep| {
+                    Ok(q.persistent(keep).execute(e).await?.rows_affected())
+                })
+            }
+
+            async fn fetch_all<T: $crate::backend::run::Fetch<$dialect>>(
+                &self,
+                s: $crate::backend::sql::Stmt<$dialect>,
+            ) -> $crate::Result<Vec<T>> {
+                let q = s.binder.query_as::<T>(s.sql)?;
+                $crate::backend::sql::binder_queries!(@with $how, self, |e, keep| {
+                    Ok(q.persistent(keep).fetch_all(e).await?)
+                })
+            }
+
+            async fn fetch_optional<T: $crate::backend::run::Fetch<$dialect>>(
+                &self,
+                s: $crate::backend::sql::Stmt<$dialect>,
+            ) -> $crate::Result<Option<T>> {
+                let q = s.binder.query_as::<T>(s.sql)?;
+                $crate::backend::sql::binder_queries!(@with $how, self, |e, keep| {
+                    Ok(q.persistent(keep).fetch_optional(e).await?)
+                })
+            }
+
+            async fn values(
+                &self,
+                s: $crate::backend::sql::Stmt<$dialect>,
+                columns: &[$crate::backend::run::Col],
+            ) -> $crate::Result<Vec<Vec<$crate::value::Value>>> {
+                let q = s.binder.query(s.sql)?;
+                let rows = $crate::backend::sql::binder_queries!(@with $how, self, |e, keep| {
+                    q.persistent(keep).fetch_all(e).await?
+                });
+                $crate::backend::run::values(rows, columns)
+            }
+        }
+    };
+    (@all $dialect:ty, $db:ty, $driver:ty, $exec:ident, $tx:ident) => {
         impl $crate::backend::sql::Binder<$dialect> {
             pub(crate) fn query<'q>(
                 self,
@@ -230,77 +276,22 @@ macro_rules! binder_queries {
             }
         }
 
-        impl $crate::backend::run::Run for $driver {
-            type Sql = $dialect;
+        $crate::backend::sql::binder_queries!(@run $dialect, $db, $driver, $exec);
+        $crate::backend::sql::binder_queries!(
+            @run $dialect, $db, $crate::backend::run::InTx<'_, $driver, $db>, $tx
+        );
+        $crate::backend::sql::binder_queries!(
+            @run $dialect, $db, $crate::backend::run::OnConn<'_, $db>, conn
+        );
 
-            async fn count(&self, s: $crate::backend::sql::Stmt<$dialect>) -> $crate::Result<i64> {
-                Ok(s.binder.scalar(s.sql)?.fetch_one($crate::backend::sql::binder_queries!(@exec $exec, self)).await?)
-            }
+        impl $crate::backend::run::Transact for $driver {
+            type Tx<'t> = $crate::backend::run::InTx<'t, $driver, $db>;
 
-            async fn count_by(
-                &self,
-                s: $crate::backend::sql::Stmt<$dialect>,
-            ) -> $crate::Result<Vec<(Option<String>, i64)>> {
-                Ok(s.binder.query_as(s.sql)?.fetch_all($crate::backend::sql::binder_queries!(@exec $exec, self)).await?)
-            }
-
-            async fn texts(
-                &self,
-                s: $crate::backend::sql::Stmt<$dialect>,
-            ) -> $crate::Result<Vec<String>> {
-                Ok(s.binder.scalar(s.sql)?.fetch_all($crate::backend::sql::binder_queries!(@exec $exec, self)).await?)
-            }
-
-            async fn execute(&self, s: $crate::backend::sql::Stmt<$dialect>) -> $crate::Result<u64> {
-                Ok(s.binder.query(s.sql)?.execute($crate::backend::sql::binder_queries!(@exec $exec, self)).await?.rows_affected())
-            }
-
-            async fn named_numbers(
-                &self,
-                s: $crate::backend::sql::Stmt<$dialect>,
-            ) -> $crate::Result<Vec<(String, Vec<Option<i64>>)>> {
-                let rows = s.binder.query(s.sql)?.fetch_all($crate::backend::sql::binder_queries!(@exec $exec, self)).await?;
-                $crate::backend::run::named_numbers(rows)
-            }
-        }
-
-        /// The same statements inside one of the driver's transactions.
-        impl $crate::backend::run::Run for $crate::backend::run::InTx<'_, $driver, $db> {
-            type Sql = $dialect;
-
-            async fn count(&self, s: $crate::backend::sql::Stmt<$dialect>) -> $crate::Result<i64> {
-                let mut g = self.tx.lock().await;
-                Ok(s.binder.scalar(s.sql)?.fetch_one($crate::backend::sql::binder_queries!(@tx $exec, self, g)).await?)
-            }
-
-            async fn count_by(
-                &self,
-                s: $crate::backend::sql::Stmt<$dialect>,
-            ) -> $crate::Result<Vec<(Option<String>, i64)>> {
-                let mut g = self.tx.lock().await;
-                Ok(s.binder.query_as(s.sql)?.fetch_all($crate::backend::sql::binder_queries!(@tx $exec, self, g)).await?)
-            }
-
-            async fn texts(
-                &self,
-                s: $crate::backend::sql::Stmt<$dialect>,
-            ) -> $crate::Result<Vec<String>> {
-                let mut g = self.tx.lock().await;
-                Ok(s.binder.scalar(s.sql)?.fetch_all($crate::backend::sql::binder_queries!(@tx $exec, self, g)).await?)
-            }
-
-            async fn execute(&self, s: $crate::backend::sql::Stmt<$dialect>) -> $crate::Result<u64> {
-                let mut g = self.tx.lock().await;
-                Ok(s.binder.query(s.sql)?.execute($crate::backend::sql::binder_queries!(@tx $exec, self, g)).await?.rows_affected())
-            }
-
-            async fn named_numbers(
-                &self,
-                s: $crate::backend::sql::Stmt<$dialect>,
-            ) -> $crate::Result<Vec<(String, Vec<Option<i64>>)>> {
-                let mut g = self.tx.lock().await;
-                let rows = s.binder.query(s.sql)?.fetch_all($crate::backend::sql::binder_queries!(@tx $exec, self, g)).await?;
-                $crate::backend::run::named_numbers(rows)
+            async fn transaction(&self, durable: bool) -> $crate::Result<Self::Tx<'_>> {
+                Ok($crate::backend::run::InTx::new(
+                    self,
+                    self.open_transaction(durable).await?,
+                ))
             }
         }
     };

@@ -261,7 +261,7 @@ pub(crate) async fn claim<R: Run + ?Sized>(
          FROM rowclaim_queues q WHERE name = {}",
         b.bind(queue.to_owned())
     );
-    let Some((_, columns)) = tx.named_numbers(Stmt::new(sql, b)).await?.pop() else {
+    let Some((_, columns)) = tx.named_numbers(Stmt::new(sql, b), 8).await?.pop() else {
         return Ok(vec![]);
     };
     let limits = QueueLimits::from_columns(&columns);

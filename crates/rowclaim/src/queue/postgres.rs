@@ -44,9 +44,9 @@ impl QueueStore for Pg {
         a: &crate::backend::ClaimArgs<'_>,
         queue: &str,
     ) -> Result<Vec<serde_json::Value>> {
-        let tx = crate::backend::run::InTx::new(self, self.begin().await?);
+        let tx = crate::backend::run::Transact::transaction(self, false).await?;
         let rows = super::claim_limited(&tx, a, queue).await?;
-        tx.commit().await?;
+        crate::backend::run::Finish::commit(tx).await?;
         Ok(rows)
     }
 

@@ -80,7 +80,7 @@ pub(crate) async fn settings<R: Run + ?Sized>(r: &R) -> Result<Vec<QueueSettings
          OR {LIMITED} ORDER BY name",
         R::Sql::epoch_ms("paused_at")
     );
-    let rows = r.named_numbers(Stmt::new(sql, Binder::new())).await?;
+    let rows = r.named_numbers(Stmt::new(sql, Binder::new()), 7).await?;
     Ok(rows
         .into_iter()
         .map(|(name, columns)| QueueSettings {

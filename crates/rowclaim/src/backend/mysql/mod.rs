@@ -250,6 +250,14 @@ impl My {
         Ok(self.pool.begin_with(BEGIN).await?)
     }
 
+    /// A transaction for [`run::Transact`] (every commit here is durable).
+    pub(crate) async fn open_transaction(
+        &self,
+        _durable: bool,
+    ) -> Result<sqlx::Transaction<'static, MySql>> {
+        self.begin().await
+    }
+
     /// Runs a statement that changes rows; with several named rows it commits only if all of them
     /// changed (all or nothing). The count is of rows matched: sqlx connects with
     /// `CLIENT_FOUND_ROWS`.

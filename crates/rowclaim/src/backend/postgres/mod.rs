@@ -82,7 +82,10 @@ impl Dialect for Sql {
     fn arguments(values: Vec<Value>) -> Result<sqlx::postgres::PgArguments> {
         sql::arguments::<Postgres>(values, |args, v| match v {
             Value::Ints(v) => sql::add::<Postgres, _>(args, v),
+            Value::OptInts(v) => sql::add::<Postgres, _>(args, v),
+            Value::I32s(v) => sql::add::<Postgres, _>(args, v),
             Value::Texts(v) => sql::add::<Postgres, _>(args, v),
+            Value::OptTexts(v) => sql::add::<Postgres, _>(args, v),
             _ => Err(Error::Internal("a scalar was taken for an array".into())),
         })
     }
@@ -125,6 +128,18 @@ impl Pg {
     /// Starts a transaction.
     pub(crate) async fn begin(&self) -> Result<sqlx::Transaction<'static, Postgres>> {
         self.route.begin().await
+    }
+
+    /// A transaction for [`run::Transact`]: durable, or as the pool's sessions commit.
+    pub(crate) async fn open_transaction(
+        &self,
+        durable: bool,
+    ) -> Result<sqlx::Transaction<'static, Postgres>> {
+        if durable {
+            self.durable().await
+        } else {
+            self.begin().await
+        }
     }
 
     /// A transaction whose commit waits for the WAL flush, whatever the session's setting.

@@ -179,6 +179,14 @@ impl Lite {
         Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
     }
 
+    /// A transaction for [`run::Transact`]: a write transaction (every commit here is durable).
+    pub(crate) async fn open_transaction(
+        &self,
+        _durable: bool,
+    ) -> Result<sqlx::Transaction<'static, Sqlite>> {
+        self.write().await
+    }
+
     /// Runs one changing statement in a write transaction; with several named rows it commits
     /// only if all of them changed.
     async fn change_all_or_nothing(&self, sql: String, b: B, target: &Target<'_>) -> Result<u64> {

@@ -758,7 +758,7 @@ impl Running {
                             refused = Some(text);
                         }
                     }
-                    crate::worker::outage::pause(failures - 1)
+                    crate::wait::pause(failures - 1)
                 }
             };
             tokio::select! {
