@@ -4,136 +4,17 @@
 //! settings that matter (a standby, the default isolation, MySQL/MariaDB's binary log format, a
 //! Galera cluster) and the clock leases run on.
 
-use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::backend::{dispatch, Inspect, Lookup, Need, Reads, Resolved};
+use crate::backend::{Lookup, Need, Reads, Resolved};
+use crate::claim::Layer;
 use crate::mapping::{Mapping, TableName};
 use crate::registry::RecordedSource;
+pub use crate::report::{Finding, Severity, Topic};
 use crate::strategy::auto_choice;
 use crate::{Db, Error, Result, Source, Strategy};
-
-/// How much a [`Finding`] matters, least first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "kebab-case")]
-#[non_exhaustive]
-pub enum Severity {
-    /// As it should be.
-    Ok,
-    /// Worth knowing; nothing to fix for claims to work well.
-    Advice,
-    /// Claims work, and stay exclusive, but slower than they could (a claim without a fitting
-    /// index, a default isolation that makes claims fail and retry).
-    Warning,
-    /// Claims fail, or may not stay exclusive: a read-only server, missing privileges, a binary
-    /// log claims cannot be written to, a strategy the server cannot do, a mapping that differs
-    /// from the table's recorded one.
-    Error,
-}
-
-impl fmt::Display for Severity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Severity::Ok => "ok",
-            Severity::Advice => "advice",
-            Severity::Warning => "warning",
-            Severity::Error => "error",
-        })
-    }
-}
-
-/// What a [`Finding`] is about: its stable machine name (`claim-index`, …).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "kebab-case")]
-#[non_exhaustive]
-pub enum Topic {
-    /// The strategy claims would use, what `auto` picks and why, or why the one asked for
-    /// cannot run here.
-    Strategy,
-    /// The table's mapping against the one its first claim recorded (`rowclaim_sources`).
-    Registry,
-    /// Whether the statement that finds ready rows reads them through an index.
-    ClaimIndex,
-    /// What the connection's user may do to the tables claims touch.
-    Privileges,
-    /// Whether the server takes writes (not a standby or read-only replica).
-    Writable,
-    /// The default transaction isolation.
-    Isolation,
-    /// MySQL/MariaDB: the binary log's format.
-    Binlog,
-    /// MySQL/MariaDB: whether the server is a node of a Galera cluster.
-    Galera,
-    /// PostgreSQL: a transaction-mode pooler in between.
-    Pooler,
-    /// MySQL/MariaDB: the lease column's type, and the time zone its times are in.
-    LeaseColumn,
-    /// The database's clock against this machine's, and how lease times are kept.
-    Clock,
-}
-
-impl Topic {
-    /// The stable name, as `--json` prints it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Topic::Strategy => "strategy",
-            Topic::Registry => "registry",
-            Topic::ClaimIndex => "claim-index",
-            Topic::Privileges => "privileges",
-            Topic::Writable => "writable",
-            Topic::Isolation => "isolation",
-            Topic::Binlog => "binlog",
-            Topic::Galera => "galera",
-            Topic::Pooler => "pooler",
-            Topic::LeaseColumn => "lease-column",
-            Topic::Clock => "clock",
-        }
-    }
-}
-
-impl fmt::Display for Topic {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// One thing [`Db::check`] found.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct Finding {
-    /// What it is about.
-    #[serde(rename = "name")]
-    pub topic: Topic,
-    /// How much it matters.
-    pub severity: Severity,
-    /// What was found, in a sentence or two.
-    pub message: String,
-    /// What to do about it, when there is something to do: a statement to run (the exact
-    /// `CREATE INDEX` for this database), a setting to change.
-    pub fix: Option<String>,
-}
-
-impl Finding {
-    pub(crate) fn new(topic: Topic, severity: Severity, message: impl Into<String>) -> Finding {
-        Finding {
-            topic,
-            severity,
-            message: message.into(),
-            fix: None,
-        }
-    }
-
-    pub(crate) fn ok(topic: Topic, message: impl Into<String>) -> Finding {
-        Finding::new(topic, Severity::Ok, message)
-    }
-
-    pub(crate) fn fix(mut self, fix: impl Into<String>) -> Finding {
-        self.fix = Some(fix.into());
-        self
-    }
-}
 
 /// What [`Db::check`] found for one source.
 #[derive(Clone, Debug, Serialize)]
@@ -207,18 +88,22 @@ impl Db {
     /// # Ok(()) }
     /// ```
     pub async fn check(&self, source: Source, strategy: Strategy) -> Result<CheckReport> {
-        self.check_source(&source, strategy).await
+        self.check_source(&source, strategy, None).await
     }
 
+    /// [`Db::check`] of a source, completed by `layer` when a layer above owns its table.
     pub(crate) async fn check_source(
         &self,
         source: &Source,
         asked: Strategy,
+        layer: Option<&dyn Layer>,
     ) -> Result<CheckReport> {
-        let (m, columns) = self.live_mapping(source).await?;
-        let server = self.backend.server().await?;
-        let managed = m.queues.is_some();
-        let record = if managed {
+        let (m, columns) = self.live_mapping(source, layer).await?;
+        let server = self.backend.catalog().server().await?;
+        // A table a layer above owns (the managed queue's) has no record: its mapping is the
+        // layer's, the same for every claimer.
+        let owned = m.lifecycle.is_some();
+        let record = if owned {
             None
         } else {
             self.record_of(&m).await?
@@ -274,7 +159,7 @@ impl Db {
             },
         };
 
-        if !managed {
+        if !owned {
             findings.push(self.registry_finding(&m, strategy, record.as_ref()).await?);
         }
         let resolved = Resolved::of(strategy)?;
@@ -291,7 +176,12 @@ impl Db {
             self.privileges_finding(&m, strategy, record.is_some(), leases_exist)
                 .await?,
         );
-        findings.extend(dispatch!(&self.backend, d => d.settings(&m, strategy, &columns).await)?);
+        findings.extend(
+            self.backend
+                .inspect()
+                .settings(&m, strategy, &columns)
+                .await?,
+        );
         findings.push(self.clock_finding().await?);
 
         Ok(CheckReport {
@@ -308,7 +198,7 @@ impl Db {
 
     async fn table_exists(&self, name: &str) -> Result<bool> {
         let table = TableName::parse(name)?;
-        Ok(!self.backend.columns(&table).await?.is_empty())
+        Ok(!self.backend.catalog().columns(&table).await?.is_empty())
     }
 
     /// The mapping against the table's record: agrees, none yet, or differs (claimers with this
@@ -363,7 +253,11 @@ impl Db {
         strategy: Resolved,
         leases: bool,
     ) -> Result<Finding> {
-        let explained = dispatch!(&self.backend, d => d.explain_lookup(m, strategy, leases).await);
+        let explained = self
+            .backend
+            .inspect()
+            .explain_lookup(m, strategy, leases)
+            .await;
         let lookup = match explained {
             Ok(l) => l,
             Err(e) if e.is_connection() => return Err(e),
@@ -375,11 +269,11 @@ impl Db {
                 ))
             }
         };
-        let fix = if m.queues.is_some() {
-            // The managed queue's indexes are rowclaim's own.
-            "rowclaim init (it creates the queue's indexes)".to_owned()
+        let fix = if let Some(l) = &m.lifecycle {
+            // The indexes of a table a layer above owns are that layer's to make.
+            l.index_fix.to_owned()
         } else {
-            dispatch!(&self.backend, d => d.lookup_index(m, strategy))
+            self.backend.inspect().lookup_index(m, strategy)
         };
         Ok(index_verdict(m, &lookup, fix))
     }
@@ -410,7 +304,7 @@ impl Db {
                 "CREATE, to make rowclaim_leases".into()
             });
         }
-        if m.queues.is_none() && !recorded {
+        if m.lifecycle.is_none() && !recorded {
             let exists = self.table_exists(crate::registry::TABLE).await?;
             needs.push(Need {
                 table: crate::registry::TABLE.into(),
@@ -423,7 +317,7 @@ impl Db {
                 format!("CREATE, to make {}", crate::registry::TABLE)
             });
         }
-        let lacks = dispatch!(&self.backend, d => d.missing_privileges(&needs).await)?;
+        let lacks = self.backend.inspect().missing_privileges(&needs).await?;
         if lacks.missing.is_empty() {
             return Ok(Finding::ok(
                 Topic::Privileges,
@@ -463,7 +357,7 @@ impl Db {
                 .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         };
         let before = local_ms();
-        let db = dispatch!(&self.backend, d => d.clock_ms().await)?;
+        let db = self.backend.inspect().clock_ms().await?;
         let after = local_ms();
         let skew = db - (before + after) / 2;
         let within = (after - before) / 2 + 1;

@@ -19,7 +19,8 @@ use crate::backend::postgres::Pg;
 #[cfg(feature = "sqlite")]
 use crate::backend::sqlite::Lite;
 use crate::backend::{Backend, ServerInfo};
-use crate::mapping::TableName;
+use crate::claim::Layer;
+use crate::mapping::{Mapping, TableName};
 use crate::{Claimer, Error, Result, Source, Strategy};
 
 /// A pool of connections to PostgreSQL, MySQL/MariaDB or SQLite.
@@ -390,7 +391,7 @@ impl Db {
 
     /// The server behind the pool and its version.
     pub async fn server(&self) -> Result<ServerInfo> {
-        self.backend.server().await
+        self.backend.catalog().server().await
     }
 
     /// Checks `source` against the live table (names, columns, types), the strategy against the
@@ -404,16 +405,39 @@ impl Db {
     /// record yet (creating `rowclaim_sources` the first time); a claimer that only settles,
     /// extends or reports writes no record.
     pub async fn claimer(&self, source: Source, strategy: Strategy) -> Result<Claimer> {
-        let (mapping, mut chosen, server) = self.checked_mapping(&source, strategy).await?;
-        // The managed queue's mapping is rowclaim's own: it has no record to agree with.
-        let mut recorded = mapping.queues.is_some();
-        if !recorded {
-            (chosen, recorded) = self.check_recorded(&mapping, chosen, strategy).await?;
-        }
+        let (mapping, chosen, server) = self.checked_mapping(&source, strategy, None).await?;
+        let (chosen, recorded) = self.check_recorded(&mapping, chosen, strategy).await?;
+        self.claimer_of(mapping, chosen, server, recorded).await
+    }
+
+    /// A claimer of a table that `layer` owns (the managed queue's): its mapping completed by
+    /// the layer, its claims shaped by the layer, strategy auto. Such a table has no record: its
+    /// mapping is the layer's, the same for every claimer.
+    pub(crate) async fn layered_claimer(
+        &self,
+        source: &Source,
+        layer: &dyn Layer,
+    ) -> Result<Claimer> {
+        let (mapping, chosen, server) = self
+            .checked_mapping(source, Strategy::Auto, Some(layer))
+            .await?;
+        let claimer = self.claimer_of(mapping, chosen, server, true).await?;
+        Ok(claimer.shaped(layer.shape()))
+    }
+
+    /// A claimer of a checked mapping, with the lease table made when its strategy needs it.
+    async fn claimer_of(
+        &self,
+        mapping: Mapping,
+        chosen: Strategy,
+        server: ServerInfo,
+        recorded: bool,
+    ) -> Result<Claimer> {
         if chosen == Strategy::LeaseTable {
+            let catalog = self.backend.catalog();
             let leases = TableName::parse("rowclaim_leases")?;
-            let missing = self.backend.columns(&leases).await?.is_empty();
-            self.backend.ensure_lease_table().await?;
+            let missing = catalog.columns(&leases).await?.is_empty();
+            catalog.ensure_lease_table().await?;
             if missing {
                 self.announce_created(
                     "rowclaim_leases",
@@ -430,34 +454,42 @@ impl Db {
         ))
     }
 
-    /// `source` checked against the live table, and the strategy it resolves to.
+    /// `source` checked against the live table (completed by `layer`, when a layer above owns
+    /// it), and the strategy it resolves to.
     pub(crate) async fn checked_mapping(
         &self,
         source: &Source,
         strategy: Strategy,
-    ) -> Result<(crate::mapping::Mapping, Strategy, ServerInfo)> {
-        let (mapping, _) = self.live_mapping(source).await?;
-        let server = self.backend.server().await?;
+        layer: Option<&dyn Layer>,
+    ) -> Result<(Mapping, Strategy, ServerInfo)> {
+        let (mapping, _) = self.live_mapping(source, layer).await?;
+        let server = self.backend.catalog().server().await?;
         let chosen = strategy.resolve(&server, &mapping)?;
         Ok((mapping, chosen, server))
     }
 
-    /// `source` checked against the live table (names, columns, types, `--where`), and the
-    /// table's columns.
+    /// `source` checked against the live table (names, columns, types, `--where`) and
+    /// completed by `layer`, and the table's columns.
     pub(crate) async fn live_mapping(
         &self,
         source: &Source,
-    ) -> Result<(crate::mapping::Mapping, Vec<crate::mapping::Column>)> {
+        layer: Option<&dyn Layer>,
+    ) -> Result<(Mapping, Vec<crate::mapping::Column>)> {
         source.validate()?;
+        let catalog = self.backend.catalog();
         let table = TableName::parse(source.table_name())?;
-        let columns = self.backend.columns(&table).await?;
+        let columns = catalog.columns(&table).await?;
         if columns.is_empty() {
             return Err(Error::MissingTable {
                 table: table.display,
             });
         }
-        let key = self.backend.table_key(&table).await?;
-        let mapping = source.check(&self.backend.naming(), &columns, key)?;
+        let key = catalog.table_key(&table).await?;
+        let naming = catalog.naming();
+        let mut mapping = source.check(&naming, &columns, key)?;
+        if let Some(layer) = layer {
+            mapping.lifecycle = Some(layer.lifecycle(&mapping, &naming));
+        }
         if let Some(condition) = source.condition() {
             self.check_filter(&mapping, condition, &table.display)
                 .await?;
@@ -468,21 +500,8 @@ impl Db {
     /// Asks the database whether the source's `--where` is a condition on its table (a statement
     /// that reads no row), so that a typo is refused here, naming `--where`, instead of failing
     /// every claim.
-    async fn check_filter(
-        &self,
-        m: &crate::mapping::Mapping,
-        condition: &str,
-        table: &str,
-    ) -> Result<()> {
-        use crate::backend::run::Run;
-        use crate::backend::sql::{Binder, Stmt};
-        let sql = format!(
-            "SELECT COUNT(*) FROM (SELECT 1 AS probe FROM {} WHERE 1 = 1{} LIMIT 0) AS p",
-            m.table, m.filter
-        );
-        let probe = crate::backend::dispatch!(&self.backend, d => {
-            d.count(Stmt::new(sql, Binder::new())).await
-        });
+    async fn check_filter(&self, m: &Mapping, condition: &str, table: &str) -> Result<()> {
+        let probe = self.backend.catalog().probe_filter(m).await;
         match probe {
             Ok(_) => Ok(()),
             Err(e) if e.is_connection() || e.kind() == crate::ErrorKind::Transient => Err(e),
@@ -498,7 +517,7 @@ impl Db {
     /// is one `INSERT … ON CONFLICT DO UPDATE … RETURNING`; on MySQL/MariaDB one
     /// `INSERT … ON DUPLICATE KEY UPDATE value = LAST_INSERT_ID(value + 1)`.
     pub async fn next_counter_value(&self, name: &str) -> Result<i64> {
-        crate::backend::retry_transient!(self.backend.counter_next(name).await)
+        crate::backend::retry_transient!(self.backend.catalog().counter_next(name).await)
     }
 }
 

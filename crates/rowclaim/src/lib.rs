@@ -66,6 +66,7 @@ mod mapping;
 pub mod metrics;
 mod queue;
 pub mod registry;
+mod report;
 mod source;
 mod strategy;
 mod value;

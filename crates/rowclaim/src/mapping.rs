@@ -63,33 +63,123 @@ pub(crate) struct Mapping {
     pub filter: String,
     /// Every column with a plain name, unquoted, for building a row's JSON.
     pub columns: Vec<String>,
-    /// The columns a claimed row's JSON holds: all of them for a user's table; for the managed
-    /// queue the job's own (not the claim's bookkeeping: status, owner, lease, …), which keeps
-    /// a claim of many jobs cheap to build and to read.
-    pub claim_columns: Vec<String>,
-    /// Managed queue: a completed job is deleted, not kept as `completed`.
+    /// What a layer above the claim core adds to this source (the managed queue does); none for
+    /// a user's table.
+    pub lifecycle: Option<Lifecycle>,
+}
+
+/// What a layer above the claim core keeps of each row besides its id, status, owner, lease and
+/// attempts, and the conditions it puts on claims. The claim core keeps these columns up to
+/// date and honours the conditions; it knows nothing else of them. All names quoted.
+#[derive(Clone, Debug)]
+pub(crate) struct Lifecycle {
+    /// Rows are claimable once this time has come; a retry or a snooze moves it on.
+    pub due: String,
+    /// When a row's latest attempt started (set by every claim, by the database's clock).
+    pub started: String,
+    /// When a row completed or failed for good.
+    pub finished: String,
+    /// Where a failure's error goes.
+    pub error: String,
+    /// What a completed row's handler produced (JSON).
+    pub output: String,
+    /// A completed row is deleted, not kept (less to write, a table that stays small).
     pub delete_done: bool,
-    /// Managed queue: rows are claimable once their run-at has come.
-    pub run_at: Option<String>,
-    /// Managed queue: the priority column. Claims take jobs by priority (descending), run-at and
-    /// id, and PostgreSQL's resume after a [`crate::backend::Position`] in that order.
-    pub priority: Option<String>,
-    /// Managed queue: the queue column and the queue names to claim from (bound, never pasted).
-    pub queues: Option<(String, Vec<String>)>,
-    /// Managed queue: the kind column and the kinds to claim (all when empty; bound).
-    pub kinds: Option<(String, Vec<String>)>,
-    /// Managed queue: where a failure's error goes.
-    pub error_column: Option<String>,
-    /// Managed queue: when a job completed or died.
-    pub finished_column: Option<String>,
-    /// Managed queue: what a completed job's handler produced (JSON).
-    pub output_column: Option<String>,
-    /// Managed queue: when its latest attempt started (set by every claim, by the database's
-    /// clock).
-    pub started_column: Option<String>,
+    /// Conditions a row must also meet to be claimed.
+    pub claimable: Vec<Fragment>,
+    /// Conditions a row must also meet to count as work left (its backlog): the claimable
+    /// rows and those another claim of the same layer takes.
+    pub work: Vec<Fragment>,
+    /// The columns a claimed row carries (unquoted), instead of all of them: fewer to build
+    /// and to read.
+    pub carried: Vec<String>,
+    /// Of those, the ones carried as their JSON text (read back alike on every database).
+    pub as_text: Vec<String>,
+    /// Values a claim returns with each row besides its columns, by the field they come in.
+    pub extra: Vec<(String, Fragment)>,
+    /// How to make the indexes this layer's claims read through (for `check`).
+    pub index_fix: &'static str,
+}
+
+/// A piece of SQL that a layer above the claim core hands to it (a condition on the rows it may
+/// claim, an arm to look for ready rows in), with its values kept apart for binding and its
+/// names for quoting: each driver renders it in its dialect (`sql::render`).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Fragment(pub Vec<Piece>);
+
+/// One piece of a [`Fragment`].
+#[derive(Clone, Debug)]
+pub(crate) enum Piece {
+    /// SQL text, as written (keywords, operators, rowclaim's own table names).
+    Sql(std::borrow::Cow<'static, str>),
+    /// A column of the source's table, quoted.
+    Column(&'static str),
+    /// A value, bound.
+    Value(crate::value::Value),
+    /// A time given in microseconds since the Unix epoch, bound, as the column type of times.
+    AtMicros(i64),
+    /// A time column (of the claimed rows, alias `t`) in microseconds since the Unix epoch.
+    MicrosOf(&'static str),
+}
+
+impl Fragment {
+    /// An empty fragment, to add pieces to.
+    pub(crate) fn new() -> Fragment {
+        Fragment::default()
+    }
+
+    /// Adds SQL text.
+    pub(crate) fn sql(mut self, text: impl Into<std::borrow::Cow<'static, str>>) -> Fragment {
+        self.0.push(Piece::Sql(text.into()));
+        self
+    }
+
+    /// Adds a column of the source's table.
+    pub(crate) fn column(mut self, name: &'static str) -> Fragment {
+        self.0.push(Piece::Column(name));
+        self
+    }
+
+    /// Adds a bound value.
+    pub(crate) fn value(mut self, v: impl Into<crate::value::Value>) -> Fragment {
+        self.0.push(Piece::Value(v.into()));
+        self
+    }
+
+    /// Adds bound values separated by `, ` (for `IN (…)`).
+    pub(crate) fn values<V: Into<crate::value::Value>>(
+        mut self,
+        vs: impl IntoIterator<Item = V>,
+    ) -> Fragment {
+        for (i, v) in vs.into_iter().enumerate() {
+            if i > 0 {
+                self.0.push(Piece::Sql(", ".into()));
+            }
+            self.0.push(Piece::Value(v.into()));
+        }
+        self
+    }
+
+    /// Adds a piece.
+    pub(crate) fn piece(mut self, p: Piece) -> Fragment {
+        self.0.push(p);
+        self
+    }
 }
 
 impl Mapping {
+    /// The columns a claimed row carries: all of them, unless a layer above says which.
+    pub(crate) fn carried(&self) -> &[String] {
+        self.lifecycle
+            .as_ref()
+            .map_or(&self.columns, |l| &l.carried)
+    }
+
+    /// Whether settling with `done` deletes rows instead of marking them.
+    pub(crate) fn deletes_done(&self) -> bool {
+        self.lifecycle.as_ref().is_some_and(|l| l.delete_done)
+    }
+
     /// Row ids read back as text (from `RETURNING`, the lease table, a candidate query), as the
     /// id column's kind.
     pub(crate) fn parse_ids(&self, texts: &[String]) -> Result<Vec<RowId>> {

@@ -148,8 +148,7 @@ pub(crate) struct WorkerMetrics {
 impl WorkerMetrics {
     /// The handles of a worker on `claimer`.
     pub(crate) fn of(claimer: &crate::Claimer) -> WorkerMetrics {
-        let queue = claimer
-            .managed_queues()
+        let queue = crate::queue::served(claimer)
             .map(|q| {
                 let mut q = q.to_vec();
                 q.sort();

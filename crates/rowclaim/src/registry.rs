@@ -231,9 +231,46 @@ fn decode(text: Option<String>, recorded_at: i64, whose: &str) -> Result<Recorde
     Ok(r)
 }
 
+/// The registry role, written once for every database over its driver's [`Run`].
+#[async_trait::async_trait]
+trait Registry: Send + Sync {
+    /// The record of `table` (its catalog key), if there is one.
+    async fn lookup(&self, table: &str) -> Result<Option<RecordedSource>>;
+    /// Records `record` unless its table has a record already; the record that holds now.
+    async fn insert_absent(&self, record: &RecordedSource) -> Result<RecordedSource>;
+    /// Removes the record of `table`; how many there were.
+    async fn delete(&self, table: &str) -> Result<u64>;
+    /// Every record, by table.
+    async fn list(&self) -> Result<Vec<RecordedSource>>;
+}
+
+#[async_trait::async_trait]
+impl<R: Run + Send + Sync> Registry for R {
+    async fn lookup(&self, table: &str) -> Result<Option<RecordedSource>> {
+        lookup(self, table).await
+    }
+
+    async fn insert_absent(&self, record: &RecordedSource) -> Result<RecordedSource> {
+        insert_absent(self, record).await
+    }
+
+    async fn delete(&self, table: &str) -> Result<u64> {
+        delete(self, table).await
+    }
+
+    async fn list(&self) -> Result<Vec<RecordedSource>> {
+        list(self).await
+    }
+}
+
+/// The registry role of `db`'s driver: the one door to it.
+fn registry(db: &Db) -> &dyn Registry {
+    dispatch!(&db.backend, d => d)
+}
+
 /// Records of the registry (`condition` binds what it needs), in table order; none when the
 /// registry table does not exist yet.
-async fn select<R: Run>(
+async fn select<R: Run + ?Sized>(
     r: &R,
     b: Binder<R::Sql>,
     condition: &str,
@@ -252,7 +289,7 @@ async fn select<R: Run>(
 
 /// The record of `table` (its catalog key), if there is one; `None` also when the registry table
 /// does not exist yet.
-async fn lookup<R: Run>(r: &R, table: &str) -> Result<Option<RecordedSource>> {
+async fn lookup<R: Run + ?Sized>(r: &R, table: &str) -> Result<Option<RecordedSource>> {
     let mut b = Binder::<R::Sql>::new();
     let key = b.bind(table.to_owned());
     let condition = format!(" WHERE source = {key}");
@@ -260,7 +297,7 @@ async fn lookup<R: Run>(r: &R, table: &str) -> Result<Option<RecordedSource>> {
 }
 
 /// Records `record` unless `table` has a record already; returns the record that holds now.
-async fn insert_absent<R: Run>(r: &R, record: &RecordedSource) -> Result<RecordedSource> {
+async fn insert_absent<R: Run + ?Sized>(r: &R, record: &RecordedSource) -> Result<RecordedSource> {
     let mut b = Binder::<R::Sql>::new();
     let key = b.bind(record.table.clone());
     let mapping = b.bind(encode(record)?);
@@ -278,7 +315,7 @@ async fn insert_absent<R: Run>(r: &R, record: &RecordedSource) -> Result<Recorde
     })
 }
 
-async fn delete<R: Run>(r: &R, table: &str) -> Result<u64> {
+async fn delete<R: Run + ?Sized>(r: &R, table: &str) -> Result<u64> {
     let mut b = Binder::<R::Sql>::new();
     let key = b.bind(table.to_owned());
     let sql = format!("DELETE FROM {TABLE} WHERE source = {key}");
@@ -288,7 +325,7 @@ async fn delete<R: Run>(r: &R, table: &str) -> Result<u64> {
     }
 }
 
-async fn list<R: Run>(r: &R) -> Result<Vec<RecordedSource>> {
+async fn list<R: Run + ?Sized>(r: &R) -> Result<Vec<RecordedSource>> {
     select(r, Binder::new(), "", "a table").await
 }
 
@@ -354,7 +391,7 @@ impl Db {
 
     /// The record of `m`'s table, if it has one. Writes nothing.
     pub(crate) async fn record_of(&self, m: &Mapping) -> Result<Option<RecordedSource>> {
-        dispatch!(&self.backend, d => lookup(d, &m.source_key).await)
+        registry(self).lookup(&m.source_key).await
     }
 
     /// Records the mapping of a table's first claimer, or checks a later one against the record
@@ -369,10 +406,10 @@ impl Db {
     /// registry table is made the first time, when the insert finds it missing (as counters
     /// are): a claim on a database that has it costs no look at the catalog.
     async fn insert_absent(&self, mine: &RecordedSource) -> Result<RecordedSource> {
-        let insert = || async { dispatch!(&self.backend, d => insert_absent(d, mine).await) };
+        let insert = || registry(self).insert_absent(mine);
         match crate::backend::retry_transient!(insert().await) {
             Err(e) if e.db_kind() == Some(DbKind::MissingTable) => {
-                crate::backend::retry_transient!(self.backend.ensure_registry().await)?;
+                crate::backend::retry_transient!(self.backend.catalog().ensure_registry().await)?;
                 self.announce_created(
                     TABLE,
                     "which records the mapping every claimer of a table must agree on",
@@ -394,13 +431,13 @@ impl Db {
     /// The mapping recorded for `table`, if any (see the [module docs](crate::registry)).
     pub async fn recorded_source(&self, table: &str) -> Result<Option<RecordedSource>> {
         let name = TableName::parse(table)?;
-        let key = self.backend.table_key(&name).await?;
-        dispatch!(&self.backend, d => lookup(d, &key).await)
+        let key = self.backend.catalog().table_key(&name).await?;
+        registry(self).lookup(&key).await
     }
 
     /// Every recorded mapping, by table.
     pub async fn recorded_sources(&self) -> Result<Vec<RecordedSource>> {
-        dispatch!(&self.backend, d => list(d).await)
+        registry(self).list().await
     }
 
     /// Replaces the record of `source`'s table with `source` claimed by `strategy` (`auto`
@@ -412,8 +449,8 @@ impl Db {
         source: Source,
         strategy: Strategy,
     ) -> Result<RecordedSource> {
-        let (m, chosen, _) = self.checked_mapping(&source, strategy).await?;
-        dispatch!(&self.backend, d => delete(d, &m.source_key).await)?;
+        let (m, chosen, _) = self.checked_mapping(&source, strategy, None).await?;
+        registry(self).delete(&m.source_key).await?;
         let mine = RecordedSource::of(&m, chosen);
         let holds = self.insert_absent(&mine).await?;
         agree(&m.table_display, &mine, holds)
@@ -423,7 +460,7 @@ impl Db {
     /// there was one.
     pub async fn forget_source(&self, table: &str) -> Result<bool> {
         let name = TableName::parse(table)?;
-        let key = self.backend.table_key(&name).await?;
-        Ok(dispatch!(&self.backend, d => delete(d, &key).await)? > 0)
+        let key = self.backend.catalog().table_key(&name).await?;
+        Ok(registry(self).delete(&key).await? > 0)
     }
 }

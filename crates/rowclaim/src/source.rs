@@ -54,33 +54,6 @@ pub struct Source {
     order_by: Option<String>,
     #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
     filter: Option<String>,
-    /// Set only for the managed queue, whose mapping rowclaim owns.
-    #[serde(skip)]
-    managed: Option<Managed>,
-}
-
-/// The columns of a managed job that its claim returns (see `Mapping::claim_columns`).
-const JOB_COLUMNS: &[&str] = &[
-    "id",
-    "queue",
-    "kind",
-    "payload",
-    "priority",
-    "attempts",
-    "max_attempts",
-    "unique_key",
-    "timeout_ms",
-    "last_error",
-];
-
-/// The managed queue's extra columns and the queues a claimer takes jobs from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Managed {
-    pub queues: Vec<String>,
-    /// Only jobs of these kinds (all when empty).
-    pub kinds: Vec<String>,
-    /// Completed jobs are deleted rather than kept.
-    pub delete_done: bool,
 }
 
 mod defaults {
@@ -120,25 +93,7 @@ impl Source {
             attempts_column: None,
             order_by: None,
             filter: None,
-            managed: None,
         }
-    }
-
-    /// The managed queue's source: `rowclaim_jobs`, jobs of `queues` (and `kinds`, when given)
-    /// whose run-at has come.
-    pub(crate) fn managed(queues: Vec<String>, kinds: Vec<String>, delete_done: bool) -> Source {
-        let mut s = Source::new("rowclaim_jobs")
-            .status_values("ready", "running", "completed", "dead")
-            .owner_column("owner")
-            .lease_column("lease_until")
-            .attempts_column("attempts")
-            .order_by("priority desc, run_at, id");
-        s.managed = Some(Managed {
-            queues,
-            kinds,
-            delete_done,
-        });
-        s
     }
 
     /// The table as given.
@@ -391,36 +346,13 @@ impl Source {
             attempts,
             order_by: order.join(", "),
             filter: p.filter.map(|f| format!(" AND ({f})")).unwrap_or_default(),
-            run_at: self.managed.as_ref().map(|_| (naming.quote)("run_at")),
-            priority: self.managed.as_ref().map(|_| (naming.quote)("priority")),
-            queues: self
-                .managed
-                .as_ref()
-                .map(|q| ((naming.quote)("queue"), q.queues.clone())),
-            kinds: self
-                .managed
-                .as_ref()
-                .map(|q| ((naming.quote)("kind"), q.kinds.clone())),
-            error_column: self.managed.as_ref().map(|_| (naming.quote)("last_error")),
-            finished_column: self.managed.as_ref().map(|_| (naming.quote)("finished_at")),
-            output_column: self.managed.as_ref().map(|_| (naming.quote)("output")),
-            started_column: self
-                .managed
-                .as_ref()
-                .map(|_| (naming.quote)("attempted_at")),
             // Only plainly named columns go into a row's JSON: their names are safe as literals.
             columns: columns
                 .iter()
                 .filter(|c| is_ident(&c.name))
                 .map(|c| c.name.clone())
                 .collect(),
-            claim_columns: columns
-                .iter()
-                .filter(|c| is_ident(&c.name))
-                .filter(|c| self.managed.is_none() || JOB_COLUMNS.contains(&c.name.as_str()))
-                .map(|c| c.name.clone())
-                .collect(),
-            delete_done: self.managed.as_ref().is_some_and(|q| q.delete_done),
+            lifecycle: None,
         })
     }
 }

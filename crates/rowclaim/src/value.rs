@@ -1,6 +1,7 @@
 //! Row ids, and the values rowclaim binds to its statements (status values, ids, settings).
 
 use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -183,5 +184,15 @@ impl Value {
                 | Value::Texts(_)
                 | Value::OptTexts(_)
         )
+    }
+}
+
+/// A time in epoch milliseconds (as the database's clock gives it) as a `SystemTime`.
+pub(crate) fn at_ms(ms: i64) -> SystemTime {
+    let d = Duration::from_millis(ms.unsigned_abs());
+    if ms >= 0 {
+        UNIX_EPOCH + d
+    } else {
+        UNIX_EPOCH - d
     }
 }

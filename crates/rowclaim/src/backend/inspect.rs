@@ -2,8 +2,8 @@
 //! server, without claiming or writing anything. Each driver implements it in its `check.rs`,
 //! beside its claim SQL; `crate::check` turns the answers into a report.
 
-use crate::check::Finding;
 use crate::mapping::{Column, Mapping};
+use crate::report::Finding;
 use crate::{Result, Strategy};
 
 use super::Resolved;
@@ -61,7 +61,8 @@ pub(crate) struct Privileges {
 }
 
 /// The inspect role: see the module docs.
-pub(crate) trait Inspect {
+#[async_trait::async_trait]
+pub(crate) trait Inspect: Send + Sync {
     /// Plans the statement a claim of `strategy` finds ready rows with (`EXPLAIN`: nothing runs,
     /// nothing is locked). Without `leases`, the lease-table strategy's statement leaves out
     /// `rowclaim_leases`, which does not exist yet.

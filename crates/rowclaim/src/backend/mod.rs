@@ -41,15 +41,14 @@ pub(crate) mod sqlite;
 compile_error!("rowclaim needs at least one of the features postgres, mysql, sqlite");
 
 pub(crate) use inspect::{Inspect, Lookup, Need, Reads};
-pub(crate) use request::{
-    ClaimArgs, Claimed, Outcome, Position, Resolved, RowQuery, StoredRow, Target,
-};
+pub(crate) use request::{ClaimArgs, Claimed, Outcome, Resolved, RowQuery, StoredRow, Target};
 pub(crate) use retry::{commit, enqueue_what, is_transient, pause, retry_transient, MAX_RETRIES};
 pub(crate) use server::ServerKind;
 pub use server::{Capability, ServerInfo};
 
 /// The catalog role: what the server is and what a table looks like.
-pub(crate) trait Catalog {
+#[async_trait::async_trait]
+pub(crate) trait Catalog: Send + Sync {
     /// The server and its version.
     async fn server(&self) -> Result<ServerInfo>;
     /// The table's columns; empty when the table does not exist.
@@ -63,16 +62,19 @@ pub(crate) trait Catalog {
     async fn ensure_registry(&self) -> Result<()>;
     /// Increments a named counter atomically and returns its new value (1 the first time).
     async fn counter_next(&self, name: &str) -> Result<i64>;
+    /// How this database names things, for checking a source against its catalog.
+    fn naming(&self) -> Naming;
+    /// Runs the source's filter on its table without reading a row (`run::probe_filter`).
+    async fn probe_filter(&self, m: &Mapping) -> Result<()>;
 }
 
 /// The claim store role: taking rows, and everything done to rows a token holds. The reports
 /// are written once for every driver (`run::stats`, `run::backlog`), over the driver's
 /// [`run::Run`].
-pub(crate) trait ClaimStore: run::Run {
-    /// An open transaction holding row locks (the transaction strategy, locking reads).
-    type Held;
+#[async_trait::async_trait]
+pub(crate) trait ClaimStore: Send + Sync {
     /// Takes up to `batch` rows.
-    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Self::Held>>;
+    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>>;
     /// Moves rows a token holds to `outcome`; returns how many changed. With [`Target::Ids`] it
     /// changes all of them or none.
     async fn settle(
@@ -115,15 +117,13 @@ pub(crate) trait ClaimStore: run::Run {
     /// Within a held transaction: moves `ids` to `outcome` (not yet committed).
     async fn held_settle(
         &self,
-        held: &mut Self::Held,
+        held: &mut Held,
         m: &Mapping,
         ids: &IdList,
         outcome: Outcome,
     ) -> Result<()>;
     /// Within a held transaction: pushes its lease (idle timeout or deadline) to now + `lease`.
-    async fn held_extend(&self, held: &mut Self::Held, lease: Duration) -> Result<()>;
-    /// Ends a held transaction: commits it, or rolls it back.
-    async fn held_end(held: Self::Held, commit: bool) -> Result<()>;
+    async fn held_extend(&self, held: &mut Held, lease: Duration) -> Result<()>;
     /// Opens a transaction and takes row locks (seed 001's locking reads).
     async fn lock_rows(
         &self,
@@ -132,15 +132,12 @@ pub(crate) trait ClaimStore: run::Run {
         limit: Option<u32>,
         mode: LockMode,
         wait: LockWait,
-    ) -> Result<(Self::Held, Vec<serde_json::Value>)>;
-    /// Counts by status, claims by owner, expired leases.
-    async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<Stats> {
-        run::stats(self, m, strategy).await
-    }
-    /// Rows that still need a worker: (ready and due or awaiting a retry, claimed).
-    async fn backlog(&self, m: &Mapping) -> Result<(u64, u64, u64)> {
-        run::backlog(self, m).await
-    }
+    ) -> Result<(Held, Vec<serde_json::Value>)>;
+    /// Counts by status, claims by owner, expired leases (`run::stats`).
+    async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<Stats>;
+    /// Rows that still need a worker: (ready and due or awaiting a retry, claimed, scheduled
+    /// for later) (`run::backlog`).
+    async fn backlog(&self, m: &Mapping) -> Result<(u64, u64, u64)>;
     /// Rows as stored, in id order, with who holds them and until when (for looking at a
     /// source, not for claiming).
     async fn rows(&self, m: &Mapping, strategy: Strategy, q: &RowQuery) -> Result<Vec<StoredRow>>;
@@ -157,7 +154,9 @@ pub(crate) trait ClaimStore: run::Run {
     ) -> Result<u64>;
 }
 
-/// One of the databases this build has a driver for.
+/// One of the databases this build has a driver for: the one door to them is its role
+/// accessors ([`Backend::claims`], [`Backend::catalog`], [`Backend::inspect`]; a role written
+/// once over [`run::Run`] in a layer above has an accessor of its own there).
 #[derive(Clone, Debug)]
 pub(crate) enum Backend {
     #[cfg(feature = "postgres")]
@@ -172,65 +171,104 @@ pub(crate) enum Backend {
 /// driver's own, tagged with its database.
 pub(crate) enum Held {
     #[cfg(feature = "postgres")]
-    Postgres(<postgres::Pg as ClaimStore>::Held),
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
     #[cfg(feature = "mysql")]
-    MySql(<mysql::My as ClaimStore>::Held),
+    MySql(sqlx::Transaction<'static, sqlx::MySql>),
     #[cfg(feature = "sqlite")]
-    Sqlite(<sqlite::Lite as ClaimStore>::Held),
+    Sqlite(sqlite::LiteHeld),
 }
 
 impl Held {
     pub(crate) async fn commit(self) -> Result<()> {
-        self.end(true).await
+        match self {
+            #[cfg(feature = "postgres")]
+            Held::Postgres(tx) => tx.commit().await?,
+            #[cfg(feature = "mysql")]
+            Held::MySql(tx) => tx.commit().await?,
+            #[cfg(feature = "sqlite")]
+            Held::Sqlite(h) => h.tx.commit().await?,
+        }
+        Ok(())
     }
 
     pub(crate) async fn rollback(self) -> Result<()> {
-        self.end(false).await
-    }
-
-    async fn end(self, commit: bool) -> Result<()> {
         match self {
             #[cfg(feature = "postgres")]
-            Held::Postgres(h) => postgres::Pg::held_end(h, commit).await,
+            Held::Postgres(tx) => tx.rollback().await?,
             #[cfg(feature = "mysql")]
-            Held::MySql(h) => mysql::My::held_end(h, commit).await,
+            Held::MySql(tx) => tx.rollback().await?,
             #[cfg(feature = "sqlite")]
-            Held::Sqlite(h) => sqlite::Lite::held_end(h, commit).await,
+            Held::Sqlite(h) => h.tx.rollback().await?,
+        }
+        Ok(())
+    }
+}
+
+#[allow(unreachable_patterns)] // with one driver built, the other arm is unreachable
+impl Held {
+    /// The PostgreSQL transaction it is.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn postgres(&mut self) -> Result<&mut sqlx::Transaction<'static, sqlx::Postgres>> {
+        match self {
+            Held::Postgres(tx) => Ok(tx),
+            _ => Err(not_ours()),
+        }
+    }
+
+    /// The MySQL/MariaDB transaction it is.
+    #[cfg(feature = "mysql")]
+    pub(crate) fn mysql(&mut self) -> Result<&mut sqlx::Transaction<'static, sqlx::MySql>> {
+        match self {
+            Held::MySql(tx) => Ok(tx),
+            _ => Err(not_ours()),
+        }
+    }
+
+    /// The SQLite transaction it is.
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn sqlite(&mut self) -> Result<&mut sqlite::LiteHeld> {
+        match self {
+            Held::Sqlite(h) => Ok(h),
+            _ => Err(not_ours()),
         }
     }
 }
 
-/// Calls the same method on whichever driver `$self` is.
+/// A held transaction handed to another database's driver (a bug).
+pub(crate) fn not_ours() -> crate::Error {
+    crate::Error::Internal("a transaction was handed to another database's driver".into())
+}
+
+/// `$body` with `$d` bound to whichever driver `$backend` is: for the one accessor of each role.
 macro_rules! dispatch {
-    ($self:expr, $d:ident => $call:expr) => {
-        match $self {
+    ($backend:expr, $d:ident => $body:expr) => {
+        match $backend {
             #[cfg(feature = "postgres")]
-            $crate::backend::Backend::Postgres($d) => $call,
+            $crate::backend::Backend::Postgres($d) => $body,
             #[cfg(feature = "mysql")]
-            $crate::backend::Backend::MySql($d) => $call,
+            $crate::backend::Backend::MySql($d) => $body,
             #[cfg(feature = "sqlite")]
-            $crate::backend::Backend::Sqlite($d) => $call,
+            $crate::backend::Backend::Sqlite($d) => $body,
         }
     };
 }
 pub(crate) use dispatch;
 
-/// Calls a held-transaction method on the driver that opened `$held`.
-macro_rules! dispatch_held {
-    ($self:expr, $held:expr, $d:ident, $h:ident => $call:expr) => {
-        #[allow(unreachable_patterns)]
-        match ($self, $held) {
-            #[cfg(feature = "postgres")]
-            (Backend::Postgres($d), Held::Postgres($h)) => $call,
-            #[cfg(feature = "mysql")]
-            (Backend::MySql($d), Held::MySql($h)) => $call,
-            #[cfg(feature = "sqlite")]
-            (Backend::Sqlite($d), Held::Sqlite($h)) => $call,
-            _ => Err(crate::Error::Internal(
-                "a transaction was handed to another database's driver".into(),
-            )),
-        }
-    };
+impl Backend {
+    /// The claim store role.
+    pub(crate) fn claims(&self) -> &dyn ClaimStore {
+        dispatch!(self, d => d)
+    }
+
+    /// The catalog role.
+    pub(crate) fn catalog(&self) -> &dyn Catalog {
+        dispatch!(self, d => d)
+    }
+
+    /// The inspect role (`rowclaim check`).
+    pub(crate) fn inspect(&self) -> &dyn Inspect {
+        dispatch!(self, d => d)
+    }
 }
 
 /// Sorts a server's error into what it means to rowclaim: each driver knows its own codes.
@@ -265,141 +303,4 @@ pub(crate) fn describe(e: &dyn sqlx::error::DatabaseError) -> Option<String> {
         return Some(text);
     }
     None
-}
-
-impl Backend {
-    /// How this database names things, for checking a source against its catalog.
-    pub(crate) fn naming(&self) -> Naming {
-        dispatch!(self, d => run::naming(d))
-    }
-
-    pub(crate) async fn server(&self) -> Result<ServerInfo> {
-        dispatch!(self, d => d.server().await)
-    }
-    pub(crate) async fn columns(&self, t: &TableName) -> Result<Vec<Column>> {
-        dispatch!(self, d => d.columns(t).await)
-    }
-    pub(crate) async fn table_key(&self, t: &TableName) -> Result<String> {
-        dispatch!(self, d => d.table_key(t).await)
-    }
-    pub(crate) async fn ensure_lease_table(&self) -> Result<()> {
-        dispatch!(self, d => d.ensure_lease_table().await)
-    }
-    pub(crate) async fn ensure_registry(&self) -> Result<()> {
-        dispatch!(self, d => d.ensure_registry().await)
-    }
-    pub(crate) async fn counter_next(&self, name: &str) -> Result<i64> {
-        dispatch!(self, d => d.counter_next(name).await)
-    }
-
-    pub(crate) async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
-        match self {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(d) => Ok(d.claim(a).await?.map_held(Held::Postgres)),
-            #[cfg(feature = "mysql")]
-            Backend::MySql(d) => Ok(d.claim(a).await?.map_held(Held::MySql)),
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(d) => Ok(d.claim(a).await?.map_held(Held::Sqlite)),
-        }
-    }
-    pub(crate) async fn settle(
-        &self,
-        m: &Mapping,
-        s: Strategy,
-        token: &str,
-        target: Target<'_>,
-        outcome: Outcome,
-    ) -> Result<u64> {
-        dispatch!(self, d => d.settle(m, s, token, target, outcome).await)
-    }
-    pub(crate) async fn settle_each(
-        &self,
-        m: &Mapping,
-        s: Strategy,
-        token: &str,
-        ids: &IdList,
-        outcome: Outcome,
-    ) -> Result<Option<Vec<RowId>>> {
-        dispatch!(self, d => d.settle_each(m, s, token, ids, outcome).await)
-    }
-    pub(crate) async fn extend(
-        &self,
-        m: &Mapping,
-        s: Strategy,
-        token: &str,
-        target: Target<'_>,
-        lease: Duration,
-    ) -> Result<u64> {
-        dispatch!(self, d => d.extend(m, s, token, target, lease).await)
-    }
-    pub(crate) async fn still_held(
-        &self,
-        m: &Mapping,
-        s: Strategy,
-        token: &str,
-        ids: &IdList,
-    ) -> Result<Vec<RowId>> {
-        dispatch!(self, d => d.still_held(m, s, token, ids).await)
-    }
-    pub(crate) async fn held_settle(
-        &self,
-        held: &mut Held,
-        m: &Mapping,
-        ids: &IdList,
-        outcome: Outcome,
-    ) -> Result<()> {
-        dispatch_held!(self, held, d, h => d.held_settle(h, m, ids, outcome).await)
-    }
-    pub(crate) async fn held_extend(&self, held: &mut Held, lease: Duration) -> Result<()> {
-        dispatch_held!(self, held, d, h => d.held_extend(h, lease).await)
-    }
-    pub(crate) async fn lock_rows(
-        &self,
-        m: &Mapping,
-        ids: Option<&IdList>,
-        limit: Option<u32>,
-        mode: LockMode,
-        wait: LockWait,
-    ) -> Result<(Held, Vec<serde_json::Value>)> {
-        match self {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(d) => {
-                let (h, rows) = d.lock_rows(m, ids, limit, mode, wait).await?;
-                Ok((Held::Postgres(h), rows))
-            }
-            #[cfg(feature = "mysql")]
-            Backend::MySql(d) => {
-                let (h, rows) = d.lock_rows(m, ids, limit, mode, wait).await?;
-                Ok((Held::MySql(h), rows))
-            }
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(d) => {
-                let (h, rows) = d.lock_rows(m, ids, limit, mode, wait).await?;
-                Ok((Held::Sqlite(h), rows))
-            }
-        }
-    }
-    pub(crate) async fn stats(&self, m: &Mapping, s: Strategy) -> Result<Stats> {
-        dispatch!(self, d => d.stats(m, s).await)
-    }
-    pub(crate) async fn backlog(&self, m: &Mapping) -> Result<(u64, u64, u64)> {
-        dispatch!(self, d => d.backlog(m).await)
-    }
-    pub(crate) async fn rows(
-        &self,
-        m: &Mapping,
-        s: Strategy,
-        q: &RowQuery,
-    ) -> Result<Vec<StoredRow>> {
-        dispatch!(self, d => d.rows(m, s, q).await)
-    }
-    pub(crate) async fn release_row(
-        &self,
-        m: &Mapping,
-        s: Strategy,
-        id: &RowId,
-        holder: Option<&str>,
-    ) -> Result<u64> {
-        dispatch!(self, d => d.release_row(m, s, id, holder).await)
-    }
 }

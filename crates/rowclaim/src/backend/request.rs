@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::mapping::Mapping;
+use crate::mapping::{Fragment, Mapping};
 use crate::value::IdList;
 use crate::Strategy;
 
@@ -16,38 +16,10 @@ pub(crate) struct ClaimArgs<'a> {
     pub token: &'a str,
     /// Also look for rows whose lease expired (the claimer does now and then, not every time).
     pub expired: bool,
-    /// Managed queue: resume the walk of ready rows after this place in the queue's order
-    /// (drivers that cannot ignore it and return no position).
-    pub after: Option<Position>,
-}
-
-/// A place in the managed queue's claim order (priority descending, then run-at, then id): where
-/// a claim ended. The next claim resumes after it instead of walking again, from the start of
-/// the ready index, past the entries of every job claimed since the last vacuum; PostgreSQL
-/// keeps those entries until vacuum removes them (for as long as any snapshot may still see the
-/// rows), and every claim from the start would step over all of them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Position {
-    pub priority: i64,
-    /// Microseconds since the Unix epoch: exact, unlike a float of seconds.
-    pub run_at_us: i64,
-    pub id: i64,
-}
-
-impl Position {
-    /// Later in the claim order sorts greater.
-    fn key(&self) -> (std::cmp::Reverse<i64>, i64, i64) {
-        (std::cmp::Reverse(self.priority), self.run_at_us, self.id)
-    }
-
-    /// The later of two places in the claim order.
-    pub(crate) fn later(self, other: Position) -> Position {
-        if other.key() > self.key() {
-            other
-        } else {
-            self
-        }
-    }
+    /// Look for ready rows in these arms, in order (each a condition on top of the ready
+    /// arm), instead of all ready rows at once: a layer above resumes where its last claim
+    /// ended. A driver that cannot walk arms looks at all ready rows, which is never wrong.
+    pub arms: Option<&'a [Fragment]>,
 }
 
 /// What a driver's claim returns; `H` is the driver's open transaction.
@@ -59,8 +31,6 @@ pub(crate) struct Claimed<H> {
     /// Whether candidates were seen but all were taken by others first (optimistic, lease-table):
     /// the caller tries again instead of reporting "nothing to claim".
     pub lost_race: bool,
-    /// Where in the managed queue's order this claim ended, when the driver resumes claims.
-    pub position: Option<Position>,
 }
 
 impl<H> Claimed<H> {
@@ -70,7 +40,6 @@ impl<H> Claimed<H> {
             rows: Vec::new(),
             held: None,
             lost_race: false,
-            position: None,
         }
     }
 
@@ -112,7 +81,6 @@ impl<H> Claimed<H> {
             rows: self.rows,
             held: self.held.map(f),
             lost_race: self.lost_race,
-            position: self.position,
         }
     }
 }
@@ -171,7 +139,7 @@ impl Outcome {
     /// Whether settling this way deletes the row instead of changing its status: a completed job
     /// of a managed queue that keeps no completed jobs.
     pub(crate) fn deletes(&self, m: &Mapping) -> bool {
-        matches!(self, Outcome::Done(_)) && m.delete_done
+        matches!(self, Outcome::Done(_)) && m.deletes_done()
     }
 
     /// Gives the row back as it was, ready, without a result to write: under the

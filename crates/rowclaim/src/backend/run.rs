@@ -2,9 +2,9 @@
 //! source's stats and backlog, the "did this claim lose a race?" check, and the settle that
 //! says which rows it changed (`RETURNING`). Each driver gets `Run` from `binder_queries!`.
 
-use super::sql::{
-    candidates, change_sql, held_by, outcome_set, queue_scope, Binder, Dialect, Stmt,
-};
+use std::future::Future;
+
+use super::sql::{and_each, candidates, change_sql, held_by, outcome_set, Binder, Dialect, Stmt};
 use super::{Outcome, Target};
 use crate::mapping::{status_literal, Mapping, Naming};
 use crate::value::{IdList, Value};
@@ -26,67 +26,91 @@ impl<D: Dialect, T> Fetch<D> for T where
 /// transactions, or a caller's connection runs a [`Stmt`] built over the driver's dialect.
 /// Implemented for each driver by `binder_queries!`, which is also where a driver's errors get
 /// their kind.
-pub(crate) trait Run {
+pub(crate) trait Run: Sync {
     /// The driver's dialect.
     type Sql: Dialect;
     /// A statement answering nothing; returns how many rows it changed.
-    async fn execute(&self, s: Stmt<Self::Sql>) -> Result<u64>;
+    fn execute(&self, s: Stmt<Self::Sql>) -> impl Future<Output = Result<u64>> + Send;
     /// A statement's rows.
-    async fn fetch_all<T: Fetch<Self::Sql>>(&self, s: Stmt<Self::Sql>) -> Result<Vec<T>>;
+    fn fetch_all<T: Fetch<Self::Sql>>(
+        &self,
+        s: Stmt<Self::Sql>,
+    ) -> impl Future<Output = Result<Vec<T>>> + Send;
     /// A statement's first row, if any.
-    async fn fetch_optional<T: Fetch<Self::Sql>>(&self, s: Stmt<Self::Sql>) -> Result<Option<T>>;
+    fn fetch_optional<T: Fetch<Self::Sql>>(
+        &self,
+        s: Stmt<Self::Sql>,
+    ) -> impl Future<Output = Result<Option<T>>> + Send;
     /// A statement's rows, each column read as `columns` says (for code written once for every
     /// database, which cannot name a database's row types).
-    async fn values(&self, s: Stmt<Self::Sql>, columns: &[Col]) -> Result<Vec<Vec<Value>>>;
+    fn values(
+        &self,
+        s: Stmt<Self::Sql>,
+        columns: &[Col],
+    ) -> impl Future<Output = Result<Vec<Vec<Value>>>> + Send;
 
     /// A statement's one row (an error when it returns none).
-    async fn fetch_one<T: Fetch<Self::Sql>>(&self, s: Stmt<Self::Sql>) -> Result<T> {
-        self.fetch_optional(s).await?.ok_or_else(none)
+    fn fetch_one<T: Fetch<Self::Sql>>(
+        &self,
+        s: Stmt<Self::Sql>,
+    ) -> impl Future<Output = Result<T>> + Send {
+        async move { self.fetch_optional(s).await?.ok_or_else(none) }
     }
     /// A statement answering one number.
-    async fn count(&self, s: Stmt<Self::Sql>) -> Result<i64> {
-        let row = self.values(s, &[Col::Int]).await?.into_iter().next();
-        row.and_then(|r| r.into_iter().next())
-            .and_then(|v| v.int())
-            .ok_or_else(none)
+    fn count(&self, s: Stmt<Self::Sql>) -> impl Future<Output = Result<i64>> + Send {
+        async move {
+            let row = self.values(s, &[Col::Int]).await?.into_iter().next();
+            row.and_then(|r| r.into_iter().next())
+                .and_then(Value::int)
+                .ok_or_else(none)
+        }
     }
     /// A statement answering (text, number) rows.
-    async fn count_by(&self, s: Stmt<Self::Sql>) -> Result<Vec<(Option<String>, i64)>> {
-        let rows = self.values(s, &[Col::OptText, Col::Int]).await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| {
-                let mut r = r.into_iter();
-                let text = r.next().and_then(Value::text);
-                (text, r.next().and_then(|v| v.int()).unwrap_or(0))
-            })
-            .collect())
+    fn count_by(
+        &self,
+        s: Stmt<Self::Sql>,
+    ) -> impl Future<Output = Result<Vec<(Option<String>, i64)>>> + Send {
+        async move {
+            let rows = self.values(s, &[Col::OptText, Col::Int]).await?;
+            Ok(rows
+                .into_iter()
+                .map(|r| {
+                    let mut r = r.into_iter();
+                    let text = r.next().and_then(Value::text);
+                    (text, r.next().and_then(Value::int).unwrap_or(0))
+                })
+                .collect())
+        }
     }
     /// A statement answering one text per row.
-    async fn texts(&self, s: Stmt<Self::Sql>) -> Result<Vec<String>> {
-        let rows = self.values(s, &[Col::Text]).await?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|r| r.into_iter().next().and_then(Value::text))
-            .collect())
+    fn texts(&self, s: Stmt<Self::Sql>) -> impl Future<Output = Result<Vec<String>>> + Send {
+        async move {
+            let rows = self.values(s, &[Col::Text]).await?;
+            Ok(rows
+                .into_iter()
+                .filter_map(|r| r.into_iter().next().and_then(Value::text))
+                .collect())
+        }
     }
     /// A statement answering a text, then `numbers` numbers (each maybe NULL), per row.
-    async fn named_numbers(
+    fn named_numbers(
         &self,
         s: Stmt<Self::Sql>,
         numbers: usize,
-    ) -> Result<Vec<(String, Vec<Option<i64>>)>> {
-        let mut columns = vec![Col::Text];
-        columns.extend(std::iter::repeat_n(Col::OptInt, numbers));
-        let rows = self.values(s, &columns).await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| {
-                let mut r = r.into_iter();
-                let name = r.next().and_then(Value::text).unwrap_or_default();
-                (name, r.map(|v| v.int()).collect())
-            })
-            .collect())
+    ) -> impl Future<Output = Result<Vec<(String, Vec<Option<i64>>)>>> + Send {
+        async move {
+            let mut columns = vec![Col::Text];
+            columns.extend(std::iter::repeat_n(Col::OptInt, numbers));
+            let rows = self.values(s, &columns).await?;
+            Ok(rows
+                .into_iter()
+                .map(|r| {
+                    let mut r = r.into_iter();
+                    let name = r.next().and_then(Value::text).unwrap_or_default();
+                    (name, r.map(Value::int).collect())
+                })
+                .collect())
+        }
     }
 }
 
@@ -107,24 +131,27 @@ fn none() -> crate::Error {
 /// A driver that opens transactions: statements in one commit together or not at all.
 pub(crate) trait Transact: Run {
     /// One of its transactions.
-    type Tx<'t>: Run<Sql = Self::Sql> + Finish
+    type Tx<'t>: Run<Sql = Self::Sql> + Finish + Send
     where
         Self: 't;
     /// Opens a transaction that writes: at READ COMMITTED on MySQL/MariaDB, holding the write
     /// lock from the start on SQLite (`BEGIN IMMEDIATE`), durable on PostgreSQL whatever the
     /// pool's commit setting when `durable`.
-    async fn transaction(&self, durable: bool) -> Result<Self::Tx<'_>>;
+    fn transaction(&self, durable: bool) -> impl Future<Output = Result<Self::Tx<'_>>> + Send;
 }
 
 /// How a transaction ends.
-pub(crate) trait Finish {
+pub(crate) trait Finish: Sized {
     /// Commits. A connection that breaks during the COMMIT makes the outcome unknown:
     /// [`crate::Error::OutcomeUnknown`], naming `what` was committed.
-    async fn commit_as(self, what: impl FnOnce() -> String) -> Result<()>;
+    fn commit_as(
+        self,
+        what: impl FnOnce() -> String + Send,
+    ) -> impl Future<Output = Result<()>> + Send;
     /// Commits (its outcome, should the connection break, is a plain error).
-    async fn commit(self) -> Result<()>;
+    fn commit(self) -> impl Future<Output = Result<()>> + Send;
     /// Rolls back.
-    async fn rollback(self) -> Result<()>;
+    fn rollback(self) -> impl Future<Output = Result<()>> + Send;
 }
 
 /// One of a driver's transactions, as a [`Run`]. Dropped without [`Finish::commit`], it rolls
@@ -145,8 +172,8 @@ impl<'d, Driver, DB: sqlx::Database> InTx<'d, Driver, DB> {
     }
 }
 
-impl<Driver, DB: sqlx::Database> Finish for InTx<'_, Driver, DB> {
-    async fn commit_as(self, what: impl FnOnce() -> String) -> Result<()> {
+impl<Driver: Sync, DB: sqlx::Database> Finish for InTx<'_, Driver, DB> {
+    async fn commit_as(self, what: impl FnOnce() -> String + Send) -> Result<()> {
         super::commit(self.tx.into_inner(), what).await
     }
 
@@ -232,17 +259,17 @@ pub(crate) async fn settle_returning<R: Run + ?Sized>(
 
 /// Rows waiting for a worker: ready rows that are due or await a retry (a row scheduled for
 /// later that never ran is not work yet), claimed rows, and those scheduled for later; all
-/// within the source's queues and filter.
+/// within what a layer above counts as its work, and the source's filter.
 pub(crate) async fn backlog<R: Run + ?Sized>(r: &R, m: &Mapping) -> Result<(u64, u64, u64)> {
     let now = R::Sql::NOW;
-    let (due, later) = match (&m.run_at, &m.attempts) {
-        (Some(r), Some(a)) => (
-            format!(" AND ({r} <= {now} OR {a} > 0)"),
-            Some(format!(" AND {r} > {now} AND {a} = 0")),
+    let (due, later) = match (&m.lifecycle, &m.attempts) {
+        (Some(l), Some(a)) => (
+            format!(" AND ({} <= {now} OR {a} > 0)", l.due),
+            Some(format!(" AND {} > {now} AND {a} = 0", l.due)),
         ),
-        (Some(r), None) => (
-            format!(" AND {r} <= {now}"),
-            Some(format!(" AND {r} > {now}")),
+        (Some(l), None) => (
+            format!(" AND {} <= {now}", l.due),
+            Some(format!(" AND {} > {now}", l.due)),
         ),
         _ => (String::new(), None),
     };
@@ -258,9 +285,13 @@ pub(crate) async fn backlog<R: Run + ?Sized>(r: &R, m: &Mapping) -> Result<(u64,
     {
         let Some(cond) = cond else { continue };
         let mut b = Binder::new();
-        let queues = queue_scope(m, &mut b);
+        let work = m
+            .lifecycle
+            .as_ref()
+            .map(|l| and_each(&l.work, &mut b))
+            .unwrap_or_default();
         let sql = format!(
-            "SELECT COUNT(*) FROM {} WHERE {cond}{queues}{}",
+            "SELECT COUNT(*) FROM {} WHERE {cond}{work}{}",
             m.table, m.filter
         );
         *n = u64::try_from(r.count(Stmt::new(sql, b)).await?).unwrap_or(0);
@@ -339,6 +370,16 @@ pub(crate) async fn stats<R: Run + ?Sized>(
             .collect(),
         expired_leases: count(expired),
     })
+}
+
+/// Runs the source's filter on its table in a statement that reads no row: the database says
+/// whether it is a condition on the table.
+pub(crate) async fn probe_filter<R: Run + ?Sized>(r: &R, m: &Mapping) -> Result<()> {
+    let sql = format!(
+        "SELECT COUNT(*) FROM (SELECT 1 AS probe FROM {} WHERE 1 = 1{} LIMIT 0) AS p",
+        m.table, m.filter
+    );
+    r.count(Stmt::new(sql, Binder::new())).await.map(drop)
 }
 
 /// How the database of driver `R` names things, for checking a source against its catalog.

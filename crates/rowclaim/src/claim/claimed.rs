@@ -3,6 +3,27 @@
 
 use super::*;
 
+/// Rows claimed under one token. Settle each row with [`Claim::complete`], [`Claim::fail`] or
+/// [`Claim::release`]; the methods take `&self`, so one claim's rows can be worked on
+/// concurrently (wrap it in an `Arc`).
+///
+/// Rows left unsettled stay claimed until their lease expires, then others claim them again;
+/// with the transaction strategy, dropping the claim rolls back at once.
+#[derive(Debug)]
+pub struct Claim {
+    pub(super) claimer: Claimer,
+    pub(super) token: Token,
+    pub(super) rows: Vec<ClaimedRow>,
+    /// The rows' ids in the claim's order (they outlive `rows` when the runtime takes those).
+    pub(super) ids: Vec<RowId>,
+    pub(super) open: StdMutex<HashSet<RowId>>,
+    pub(super) held: Mutex<Option<Held>>,
+    /// Signalled when the last open row is settled or given up (ends [`Claim::keep_alive`]).
+    pub(super) settled: Notify,
+    pub(super) lease: Duration,
+    pub(super) claimed_at: Instant,
+}
+
 impl fmt::Debug for Held {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Held(open transaction)")
@@ -52,6 +73,11 @@ impl Claim {
             .collect()
     }
 
+    /// The claimed rows, for the layer that shaped the claim to read what it returned with them.
+    pub(crate) fn rows_mut(&mut self) -> &mut [ClaimedRow] {
+        &mut self.rows
+    }
+
     /// Hands the rows over (to the worker runtime, which moves each to its job instead of
     /// copying it); [`Claim::rows`] is empty afterwards, the claim's bookkeeping unchanged.
     pub(crate) fn take_rows(&mut self) -> Vec<ClaimedRow> {
@@ -92,7 +118,7 @@ impl Claim {
             let Some(h) = held.as_mut() else {
                 return Err(self.lost(self.forget_all()));
             };
-            let b = &self.claimer.inner.db.backend;
+            let b = self.claimer.inner.db.backend.claims();
             return b
                 .held_extend(h, lease)
                 .await
@@ -158,7 +184,12 @@ impl Claim {
             };
             let c = &self.claimer.inner;
             let list = IdList::new(c.m.id_kind, std::slice::from_ref(id))?;
-            if let Err(e) = c.db.backend.held_settle(h, &c.m, &list, outcome).await {
+            if let Err(e) =
+                c.db.backend
+                    .claims()
+                    .held_settle(h, &c.m, &list, outcome)
+                    .await
+            {
                 // A failed statement poisons the transaction (a deadlock victim's is rolled back
                 // whole by the server): every row of it went back, and is given up here at once
                 // so that the jobs still running on them can be stopped.
@@ -227,6 +258,7 @@ impl Claim {
         let token = self.token.to_string();
         let each = retry_transient!(
             c.db.backend
+                .claims()
                 .settle_each(&c.m, c.strategy, &token, &list, outcome.clone())
                 .await
         )

@@ -1,124 +1,35 @@
-//! [`Claimer`] takes claims on one source; a [`Claim`] is a token, its rows and the fenced
-//! operations on them.
+//! The claim core: [`Claimer`] takes claims on one source, a [`Claim`] is a token, its rows and
+//! the fenced operations on them. It knows no queue: a layer above that owns a source (the
+//! managed queue) shapes its claims through a [`Shape`] it installs, and completes its mapping
+//! with a [`crate::mapping::Lifecycle`].
+//!
+//! One claim, top to bottom: [`Claimer::claim`] → (a layer's [`Shape::claim`] →)
+//! [`Claimer::claim_with`] → the driver's [`ClaimStore::claim`](crate::backend::ClaimStore) →
+//! the strategy's statement builder in `backend/<database>/claim.rs`.
 
 mod claimed;
+mod fenced;
 mod rows;
+mod words;
 
-pub use claimed::LockedRows;
+pub use claimed::{Claim, LockedRows};
 pub use rows::{RowFilter, SourceRow};
+pub use words::{Backlog, ClaimedRow, LockMode, LockWait, Stats, Token};
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, Notify};
 
-use crate::backend::{
-    dispatch, retry_transient, ClaimArgs, Claimed, Held, Outcome, Position, Resolved, ServerInfo,
-    Target,
-};
+use crate::backend::{retry_transient, ClaimArgs, Claimed, Held, Outcome, Resolved, ServerInfo};
 use crate::error::DbKind;
-use crate::mapping::Mapping;
-use crate::queue::QueueStore;
+use crate::mapping::{Fragment, Lifecycle, Mapping, Naming};
 use crate::value::IdList;
 use crate::{Db, Error, Result, RowId, Strategy};
-
-/// The name of one claim: a fresh UUID v7. Every later change to the claim's rows is conditional
-/// on it (fencing).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Token(uuid::Uuid);
-
-impl Token {
-    pub(crate) fn new() -> Token {
-        Token(uuid::Uuid::now_v7())
-    }
-}
-
-impl fmt::Display for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.hyphenated().fmt(f)
-    }
-}
-
-impl FromStr for Token {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Token> {
-        uuid::Uuid::parse_str(s.trim())
-            .map(Token)
-            .map_err(|_| Error::InvalidInput(format!("token {s:?} is not a UUID")))
-    }
-}
-
-/// One claimed row: its id and all its columns as a JSON object (as they are after the claim).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ClaimedRow {
-    /// The row's id.
-    pub id: RowId,
-    /// The row as a JSON object, column name → value.
-    pub data: serde_json::Value,
-}
-
-/// Row counts of a source, as `rowclaim stats` shows them.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct Stats {
-    /// Rows per status value (all rows of the table that pass the source's filter).
-    pub by_status: BTreeMap<String, u64>,
-    /// Claimed rows per owner token.
-    pub claimed_by_owner: BTreeMap<String, u64>,
-    /// Claimed rows whose lease has expired (claimable again).
-    pub expired_leases: u64,
-}
-
-/// Work left in a source, from [`Claimer::backlog`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct Backlog {
-    /// Rows in the ready state.
-    pub ready: u64,
-    /// Rows claimed now.
-    pub claimed: u64,
-    /// Managed queue: ready jobs scheduled for later that never ran (not counted in `ready`).
-    pub scheduled: u64,
-    /// Whether claimed rows come back when their claimer dies (a lease column is mapped, or the
-    /// strategy is lease-table). Without that, a claimed row stays claimed until someone settles it.
-    pub claims_expire: bool,
-}
-
-impl Backlog {
-    /// Whether any row may still need a worker: ready rows, or claimed rows that come back if their
-    /// claimer dies.
-    pub fn has_work(&self) -> bool {
-        self.ready > 0 || (self.claims_expire && self.claimed > 0)
-    }
-}
-
-/// How a locking read locks rows (seed 001).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LockMode {
-    /// `FOR SHARE` (`LOCK IN SHARE MODE` on MariaDB): others may read, not change.
-    Share,
-    /// `FOR UPDATE`: as if the rows were being updated.
-    Update,
-}
-
-/// What a locking read does about rows another transaction has locked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LockWait {
-    /// Wait for them.
-    Wait,
-    /// Fail at once with [`Error::Locked`].
-    NoWait,
-    /// Leave them out of the result.
-    SkipLocked,
-}
+use fenced::{check_lease, unknown_if_cut, Change};
 
 /// Takes claims on one source with one strategy. Cheap to clone; share it between tasks.
 #[derive(Clone, Debug)]
@@ -133,20 +44,15 @@ struct Inner {
     strategy: Strategy,
     server: ServerInfo,
     /// Whether the table's record in the source registry is known to agree with this claimer's
-    /// mapping: found so when the claimer was made (or the managed queue, which has none),
-    /// else written (or checked again) by the first claim.
+    /// mapping: found so when the claimer was made (or a layer above owns the table, which has
+    /// none), else written (or checked again) by the first claim.
     recorded: AtomicBool,
     /// When this claimer last looked for rows whose lease expired, and whether its last claim
     /// came back short of its batch (see [`RESCUE_EVERY`]).
     rescue: StdMutex<Rescue>,
-    /// Managed queue: its limited queues as last read, and when (see [`LIMITS_EVERY`]).
-    limited: StdMutex<Option<(Instant, Vec<String>)>>,
+    /// How a layer above shapes this claimer's claims, when one made it.
+    shape: Option<Arc<dyn Shape>>,
 }
-
-/// How often a claimer of the managed queue reads again which of its queues have limits. An
-/// ordinary claim never takes a limited queue's job (the claim itself checks); this only says
-/// how soon a queue that became limited is served by the limited claim (`queue/limits.rs`).
-const LIMITS_EVERY: Duration = Duration::from_secs(1);
 
 /// How often a busy claimer also looks for rows whose lease expired. Looking costs a scan of an
 /// index over claimed rows, which between vacuums also holds every row claimed and finished
@@ -158,41 +64,70 @@ const RESCUE_EVERY: Duration = Duration::from_secs(1);
 struct Rescue {
     last: Option<Instant>,
     short: bool,
-    /// Where the last full claim ended, and when the run of claims resuming there started
-    /// from the beginning of the queue (see [`RESTART_EVERY`]).
-    resume: Option<(Position, Instant)>,
-}
-
-/// How long claims resume where the last one ended before one starts again from the beginning
-/// of the queue's order. Resuming skips the index entries of jobs claimed before (see
-/// [`Position`]) but also any job that became claimable behind that place meanwhile: one of
-/// higher priority, a retry due earlier, a job whose enqueue committed late. Those wait at most
-/// this long (or until a claim comes back short, which also starts again from the beginning).
-const RESTART_EVERY: Duration = Duration::from_secs(1);
-
-/// A fenced change to rows a token holds.
-#[derive(Clone)]
-enum Change {
-    Settle(Outcome),
-    Extend(Duration),
-}
-
-impl Change {
-    fn verb(&self) -> &'static str {
-        match self {
-            Change::Settle(Outcome::Done(_)) => "complete",
-            Change::Settle(Outcome::Failed(_)) => "fail",
-            Change::Settle(Outcome::Ready | Outcome::Unstarted) => "release",
-            Change::Settle(Outcome::Retry { .. }) => "retry",
-            Change::Settle(Outcome::Snooze { .. }) => "snooze",
-            Change::Extend(_) => "extend",
-        }
-    }
 }
 
 /// How often a claim that lost every candidate to other claimers is tried again before it
 /// reports "nothing claimed".
 const LOST_RACE_RETRIES: u32 = 50;
+
+/// How a layer above (the managed queue) shapes the claims of a claimer it made: where to look
+/// for ready rows, and rows it adds under the same token. The claim core calls it and knows
+/// nothing else of it.
+#[async_trait::async_trait]
+pub(crate) trait Shape: Send + Sync + fmt::Debug {
+    /// Claims up to `batch` rows for `lease` with `claimer`, through [`Claimer::claim_with`].
+    async fn claim(&self, claimer: &Claimer, batch: u32, lease: Duration) -> Result<Claim>;
+    /// The shape as itself, for the layer that made it to recognise it.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// A layer above the claim core that owns a source's table (the managed queue): it completes
+/// the source's mapping and shapes its claims ([`crate::Db::layered_claimer`]).
+pub(crate) trait Layer: Send + Sync {
+    /// What the layer keeps of each row and asks of claims, for the checked mapping `m` (its
+    /// names quoted as `naming` quotes them).
+    fn lifecycle(&self, m: &Mapping, naming: &Naming) -> Lifecycle;
+    /// How it shapes the claims of its claimer.
+    fn shape(&self) -> Arc<dyn Shape>;
+}
+
+/// Rows a layer above adds to a claim under its token (the managed queue's limited claim).
+#[async_trait::async_trait]
+pub(crate) trait More: Send + Sync {
+    /// Adds to `rows` up to `args.batch` rows in all, claimed under `args.token` with its
+    /// lease. When it fails it has changed nothing.
+    async fn claim_more(
+        &self,
+        args: &ClaimArgs<'_>,
+        rows: &mut Vec<serde_json::Value>,
+    ) -> Result<()>;
+}
+
+/// One claim as a layer above asks for it ([`Claimer::claim_with`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Claiming<'a> {
+    pub batch: u32,
+    pub lease: Duration,
+    /// Look for ready rows in these arms, in order ([`ClaimArgs::arms`]); `None`: all of them.
+    pub arms: Option<&'a [Fragment]>,
+    /// Leave the source's own claim out: `more` claims every row.
+    pub skip: bool,
+    /// Claims more rows under the same token while the batch has room.
+    pub more: Option<&'a dyn More>,
+}
+
+impl Claiming<'_> {
+    /// A claim of the source's rows, nothing more.
+    pub(crate) fn plain(batch: u32, lease: Duration) -> Claiming<'static> {
+        Claiming {
+            batch,
+            lease,
+            arms: None,
+            skip: false,
+            more: None,
+        }
+    }
+}
 
 impl Claimer {
     pub(crate) fn new(
@@ -210,9 +145,30 @@ impl Claimer {
                 recorded: AtomicBool::new(recorded),
                 server,
                 rescue: StdMutex::default(),
-                limited: StdMutex::default(),
+                shape: None,
             }),
         }
+    }
+
+    /// This claimer with its claims shaped by a layer above (which made it).
+    pub(crate) fn shaped(self, shape: Arc<dyn Shape>) -> Claimer {
+        let i = &self.inner;
+        Claimer {
+            inner: Arc::new(Inner {
+                db: i.db.clone(),
+                m: i.m.clone(),
+                strategy: i.strategy,
+                recorded: AtomicBool::new(i.recorded.load(Ordering::Relaxed)),
+                server: i.server.clone(),
+                rescue: StdMutex::default(),
+                shape: Some(shape),
+            }),
+        }
+    }
+
+    /// How a layer above shapes this claimer's claims, if one does.
+    pub(crate) fn shape(&self) -> Option<&dyn Shape> {
+        self.inner.shape.as_deref()
     }
 
     /// The strategy in use (what `auto` resolved to).
@@ -223,11 +179,6 @@ impl Claimer {
     /// The database this claimer works on.
     pub fn db(&self) -> &Db {
         &self.inner.db
-    }
-
-    /// For a claimer of the managed queue: the queues it takes jobs from (empty: all).
-    pub(crate) fn managed_queues(&self) -> Option<&[String]> {
-        self.inner.m.queues.as_ref().map(|(_, q)| q.as_slice())
     }
 
     /// Whether its claims expire (a lease column, or the lease table): only then are there
@@ -274,162 +225,131 @@ impl Claimer {
             return Err(Error::InvalidInput("batch must be at least 1".into()));
         }
         check_lease(lease)?;
+        match &self.inner.shape {
+            Some(shape) => shape.claim(self, batch, lease).await,
+            None => self.claim_with(Claiming::plain(batch, lease)).await,
+        }
+    }
+
+    /// One claim as `how` says: the source's rows (unless skipped), in the arms given, then the
+    /// rows `more` adds, all under one fresh token.
+    pub(crate) async fn claim_with(&self, how: Claiming<'_>) -> Result<Claim> {
         let i = &self.inner;
         if !i.recorded.load(Ordering::Relaxed) {
             i.db.record(&i.m, i.strategy).await?;
             i.recorded.store(true, Ordering::Relaxed);
         }
-        // A claimer whose queues are all limited has nothing for the ordinary claim, which
-        // leaves limited queues alone: only the limited claim is asked.
-        let only_limited = match self.managed_queues() {
-            Some(mine) if !mine.is_empty() => {
-                let limited = self.limited_queues().await?;
-                mine.iter().all(|q| limited.contains(q))
-            }
-            _ => false,
-        };
         let mut rounds = 0;
         loop {
             let token = Token::new();
             let token_text = token.to_string();
-            // Only strategies that look for candidates in two arms can leave the expired arm out;
-            // for the others (and without a lease column) there is nothing to throttle.
-            let throttled = i.m.lease.is_some()
-                && matches!(
-                    i.strategy,
-                    Strategy::SkipLocked | Strategy::Token | Strategy::Optimistic
-                );
-            let (expired, after) = {
-                let r = i.rescue.lock().unwrap_or_else(|p| p.into_inner());
-                (
-                    !throttled || r.short || r.last.is_none_or(|t| t.elapsed() >= RESCUE_EVERY),
-                    r.resume
-                        .filter(|(_, since)| since.elapsed() < RESTART_EVERY)
-                        .map(|(p, _)| p),
-                )
-            };
+            let expired = self.look_at_expired();
             let args = ClaimArgs {
                 m: &i.m,
                 strategy: Resolved::of(i.strategy)?,
-                batch,
-                lease,
+                batch: how.batch,
+                lease: how.lease,
                 token: &token_text,
                 expired,
-                after,
+                arms: how.arms,
             };
             // The lease runs from no earlier than this, by the database's clock.
             let sent = Instant::now();
-            let claimed = if only_limited {
+            let claimed = if how.skip {
                 Claimed::none()
             } else {
-                retry_transient!(i.db.backend.claim(&args).await)?
+                retry_transient!(i.db.backend.claims().claim(&args).await)?
             };
-            let short = claimed.rows.len() < batch as usize;
-            {
-                let mut r = i.rescue.lock().unwrap_or_else(|p| p.into_inner());
-                r.short = short;
-                if expired {
-                    r.last = Some(Instant::now());
+            self.claimed(claimed.rows.len() < how.batch as usize, expired);
+            if claimed.rows.is_empty() && !how.skip {
+                if !expired {
+                    // Only ready rows were looked at. Before answering "nothing claimable",
+                    // look at expired leases too: the next round does, this one having come
+                    // back short.
+                    continue;
                 }
-                r.resume = match (short, claimed.position, after) {
-                    // Short: whatever is claimable may lie behind; start from the beginning.
-                    (true, _, _) | (false, None, _) => None,
-                    // From the beginning: a new run of resumed claims starts here.
-                    (false, Some(p), None) => Some((p, Instant::now())),
-                    // Resumed: go on from the later place (claims run side by side).
-                    (false, Some(p), Some(_)) => r
-                        .resume
-                        .map(|(q, since)| (q.later(p), since))
-                        .or(Some((p, Instant::now()))),
-                };
-            }
-            if claimed.rows.is_empty() && (!expired || after.is_some()) && !only_limited {
-                // Only ready rows were looked at, or only those after a place in the order.
-                // Before answering "nothing claimable", look at all of them and at expired
-                // leases too: the next round does, this claim having come back short.
-                continue;
-            }
-            if claimed.rows.is_empty() && claimed.lost_race && rounds < LOST_RACE_RETRIES {
-                rounds += 1;
-                crate::backend::pause(rounds.min(6)).await;
-                continue;
-            }
-            let mut found = claimed.rows;
-            if i.m.queues.is_some() && found.len() < batch as usize {
-                match self.claim_limited(&args, &mut found).await {
-                    Ok(()) => {}
-                    // Rows claimed already are this claim's, committed under its token:
-                    // failing the claim would leave them held by nobody until their lease ran
-                    // out. (A limited claim that failed changed nothing.)
-                    Err(e) if !found.is_empty() => {
-                        tracing::warn!(error = %e, "claiming from the limited queues failed");
-                    }
-                    Err(e) => return Err(e),
+                if claimed.lost_race && rounds < LOST_RACE_RETRIES {
+                    rounds += 1;
+                    crate::backend::pause(rounds.min(6)).await;
+                    continue;
                 }
             }
-            let rows = self.rows_from_json(found)?;
-            tracing::trace!(rows = rows.len(), "claimed");
-            let ids: Vec<RowId> = rows.iter().map(|r| r.id.clone()).collect();
-            return Ok(Claim {
-                claimer: self.clone(),
-                token,
-                open: StdMutex::new(ids.iter().cloned().collect()),
-                ids,
-                rows,
-                held: Mutex::new(claimed.held),
-                settled: Notify::new(),
-                lease,
-                claimed_at: sent,
-            });
+            let mut rows = claimed.rows;
+            if let Some(more) = how.more {
+                self.add_more(more, &args, &mut rows).await?;
+            }
+            return self.new_claim(token, rows, claimed.held, how.lease, sent);
         }
     }
 
-    /// Managed queue: adds to `found` what the limits of this claimer's limited queues allow,
-    /// up to `args.batch` rows in all, one queue after another (`queue/limits.rs`).
-    async fn claim_limited(
-        &self,
-        args: &ClaimArgs<'_>,
-        found: &mut Vec<serde_json::Value>,
-    ) -> Result<()> {
-        for queue in self.limited_queues().await? {
-            let left = args
-                .batch
-                .saturating_sub(u32::try_from(found.len()).unwrap_or(args.batch));
-            if left == 0 {
-                break;
-            }
-            let args = ClaimArgs {
-                batch: left,
-                ..*args
-            };
-            found.extend(retry_transient!(dispatch!(
-                &self.inner.db.backend,
-                d => QueueStore::claim_limited(d, &args, &queue).await
-            ))?);
-        }
-        Ok(())
-    }
-
-    /// Managed queue: which of this claimer's queues have limits (read at most every
-    /// [`LIMITS_EVERY`]).
-    async fn limited_queues(&self) -> Result<Vec<String>> {
+    /// Whether this claim also looks for rows whose lease expired (see [`RESCUE_EVERY`]). Only
+    /// strategies that look for candidates in two arms can leave that arm out; for the others
+    /// (and without a lease column) there is nothing to throttle.
+    fn look_at_expired(&self) -> bool {
         let i = &self.inner;
-        {
-            let last = i.limited.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((at, queues)) = &*last {
-                if at.elapsed() < LIMITS_EVERY {
-                    return Ok(queues.clone());
-                }
+        let throttled = i.m.lease.is_some()
+            && matches!(
+                i.strategy,
+                Strategy::SkipLocked | Strategy::Token | Strategy::Optimistic
+            );
+        let r = i.rescue.lock().unwrap_or_else(|p| p.into_inner());
+        !throttled || r.short || r.last.is_none_or(|t| t.elapsed() >= RESCUE_EVERY)
+    }
+
+    /// Notes how a claim went, for [`Claimer::look_at_expired`].
+    fn claimed(&self, short: bool, expired: bool) {
+        let mut r = self.inner.rescue.lock().unwrap_or_else(|p| p.into_inner());
+        r.short = short;
+        if expired {
+            r.last = Some(Instant::now());
+        }
+    }
+
+    /// Adds the rows a layer above claims beside the source's own. Rows claimed already are this
+    /// claim's, committed under its token: failing the claim would leave them held by nobody
+    /// until their lease ran out (and a claim of more that failed changed nothing).
+    async fn add_more(
+        &self,
+        more: &dyn More,
+        args: &ClaimArgs<'_>,
+        rows: &mut Vec<serde_json::Value>,
+    ) -> Result<()> {
+        if rows.len() >= args.batch as usize {
+            return Ok(());
+        }
+        match more.claim_more(args, rows).await {
+            Ok(()) => Ok(()),
+            Err(e) if !rows.is_empty() => {
+                tracing::warn!(error = %e, "claiming more rows for a claim failed");
+                Ok(())
             }
+            Err(e) => Err(e),
         }
-        let mut queues =
-            retry_transient!(dispatch!(&i.db.backend, d => crate::queue::limited_queues(d).await))?;
-        if let Some(mine) = self.managed_queues().filter(|q| !q.is_empty()) {
-            queues.retain(|q| mine.contains(q));
-        }
-        *i.limited.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((Instant::now(), queues.clone()));
-        Ok(queues)
+    }
+
+    /// A claim of `rows`, taken under `token` at `sent`.
+    fn new_claim(
+        &self,
+        token: Token,
+        rows: Vec<serde_json::Value>,
+        held: Option<Held>,
+        lease: Duration,
+        sent: Instant,
+    ) -> Result<Claim> {
+        let rows = self.rows_from_json(rows)?;
+        tracing::trace!(rows = rows.len(), "claimed");
+        let ids: Vec<RowId> = rows.iter().map(|r| r.id.clone()).collect();
+        Ok(Claim {
+            claimer: self.clone(),
+            token,
+            open: StdMutex::new(ids.iter().cloned().collect()),
+            ids,
+            rows,
+            held: Mutex::new(held),
+            settled: Notify::new(),
+            lease,
+            claimed_at: sent,
+        })
     }
 
     fn rows_from_json(&self, rows: Vec<serde_json::Value>) -> Result<Vec<ClaimedRow>> {
@@ -448,94 +368,6 @@ impl Claimer {
                 Ok(ClaimedRow { id, data })
             })
             .collect()
-    }
-
-    /// Marks rows `token` holds as done. `ids` empty means all rows the token holds.
-    /// Returns how many rows changed; [`Error::LeaseLost`] (and no change) if the token no longer
-    /// holds one of them.
-    pub async fn complete(&self, token: &Token, ids: &[RowId]) -> Result<u64> {
-        self.settle(token, ids, Outcome::Done(None)).await
-    }
-
-    /// Marks rows `token` holds as failed. See [`Claimer::complete`].
-    pub async fn fail(&self, token: &Token, ids: &[RowId]) -> Result<u64> {
-        self.settle(token, ids, Outcome::Failed(None)).await
-    }
-
-    /// Gives rows `token` holds back: ready to be claimed again. See [`Claimer::complete`].
-    pub async fn release(&self, token: &Token, ids: &[RowId]) -> Result<u64> {
-        self.settle(token, ids, Outcome::Ready).await
-    }
-
-    /// Pushes the lease of rows `token` holds to now + `lease` (database clock).
-    pub async fn extend(&self, token: &Token, ids: &[RowId], lease: Duration) -> Result<u64> {
-        check_lease(lease)?;
-        let i = &self.inner;
-        if i.strategy != Strategy::LeaseTable && i.m.lease.is_none() {
-            return Err(Error::Unsupported(format!(
-                "{} has no lease column mapped, so its claims do not expire and cannot be extended",
-                i.m.table_display
-            )));
-        }
-        self.fenced(token, ids, Change::Extend(lease)).await
-    }
-
-    async fn settle(&self, token: &Token, ids: &[RowId], outcome: Outcome) -> Result<u64> {
-        self.fenced(token, ids, Change::Settle(outcome)).await
-    }
-
-    /// Runs a fenced change; a short count becomes `LeaseLost` naming the rows the token lost.
-    async fn fenced(&self, token: &Token, ids: &[RowId], change: Change) -> Result<u64> {
-        self.check_by_token(change.verb())?;
-        let i = &self.inner;
-        let (b, t) = (&i.db.backend, token.to_string());
-        let lost = |ids: Vec<RowId>| Error::LeaseLost {
-            token: t.clone(),
-            ids,
-        };
-        // A row named twice counts once (so the count check below stays exact).
-        let mut seen = HashSet::with_capacity(ids.len());
-        let unique: Vec<RowId> = ids.iter().filter(|id| seen.insert(*id)).cloned().collect();
-        let ids = unique.as_slice();
-        let list = if ids.is_empty() {
-            None
-        } else {
-            Some(IdList::new(i.m.id_kind, ids)?)
-        };
-        let target = || match &list {
-            None => Target::All,
-            Some(l) => Target::Ids(l, ids.len()),
-        };
-        let n = retry_transient!(match &change {
-            Change::Settle(o) => b.settle(&i.m, i.strategy, &t, target(), o.clone()).await,
-            Change::Extend(lease) => b.extend(&i.m, i.strategy, &t, target(), *lease).await,
-        })
-        .map_err(|e| unknown_if_cut(e, change.verb(), ids.len()))?;
-        match &list {
-            None if n == 0 => Err(lost(vec![])),
-            Some(l) if n as usize != ids.len() => {
-                let held = b.still_held(&i.m, i.strategy, &t, l).await?;
-                Err(lost(
-                    ids.iter()
-                        .filter(|id| !held.contains(id))
-                        .cloned()
-                        .collect(),
-                ))
-            }
-            _ => Ok(n),
-        }
-    }
-
-    fn check_by_token(&self, op: &str) -> Result<()> {
-        let i = &self.inner;
-        if i.strategy == Strategy::Transaction {
-            return Err(Error::Unsupported(format!(
-                "the transaction strategy keeps its rows in the claiming process's open \
-                 transaction, so a token cannot {op} them from elsewhere; use the Claim itself \
-                 (rowclaim work), or another strategy"
-            )));
-        }
-        Ok(())
     }
 
     /// Opens a transaction and locks rows of the source with a locking read (seed 001):
@@ -558,6 +390,7 @@ impl Claimer {
         let (held, rows) = i
             .db
             .backend
+            .claims()
             .lock_rows(&i.m, list.as_ref(), limit, mode, wait)
             .await
             .map_err(|e| match e {
@@ -576,14 +409,14 @@ impl Claimer {
     /// Row counts by status, claims by owner and expired leases.
     pub async fn stats(&self) -> Result<Stats> {
         let i = &self.inner;
-        i.db.backend.stats(&i.m, i.strategy).await
+        i.db.backend.claims().stats(&i.m, i.strategy).await
     }
 
-    /// How much work is left: ready rows (for the managed queue: due, or awaiting a retry) and
-    /// claimed rows, within the source's queues and filter.
+    /// How much work is left: ready rows (where rows have a due time: due, or awaiting a retry)
+    /// and claimed rows, within the source's filter (and what a layer above counts as its work).
     pub async fn backlog(&self) -> Result<Backlog> {
         let i = &self.inner;
-        let (ready, claimed, scheduled) = i.db.backend.backlog(&i.m).await?;
+        let (ready, claimed, scheduled) = i.db.backend.claims().backlog(&i.m).await?;
         Ok(Backlog {
             ready,
             claimed,
@@ -591,50 +424,4 @@ impl Claimer {
             claims_expire: i.strategy == Strategy::LeaseTable || i.m.lease.is_some(),
         })
     }
-}
-
-/// A statement that was sent, and whose connection broke before the answer, may have been
-/// carried out: that is [`Error::OutcomeUnknown`], not a plain failure.
-fn unknown_if_cut(e: Error, verb: &str, rows: usize) -> Error {
-    match e {
-        Error::Database(d) if crate::error::may_have_happened(&d) => Error::OutcomeUnknown {
-            what: match rows {
-                0 => format!("the {verb} of the token's rows"),
-                1 => format!("the {verb} of 1 row"),
-                n => format!("the {verb} of {n} rows"),
-            },
-            source: d,
-        },
-        other => other,
-    }
-}
-
-fn check_lease(lease: Duration) -> Result<()> {
-    if lease.is_zero() {
-        return Err(Error::InvalidInput(
-            "lease must be longer than zero (e.g. 30s)".into(),
-        ));
-    }
-    Ok(())
-}
-
-/// Rows claimed under one token. Settle each row with [`Claim::complete`], [`Claim::fail`] or
-/// [`Claim::release`]; the methods take `&self`, so one claim's rows can be worked on
-/// concurrently (wrap it in an `Arc`).
-///
-/// Rows left unsettled stay claimed until their lease expires, then others claim them again;
-/// with the transaction strategy, dropping the claim rolls back at once.
-#[derive(Debug)]
-pub struct Claim {
-    claimer: Claimer,
-    token: Token,
-    rows: Vec<ClaimedRow>,
-    /// The rows' ids in the claim's order (they outlive `rows` when the runtime takes those).
-    ids: Vec<RowId>,
-    open: StdMutex<HashSet<RowId>>,
-    held: Mutex<Option<Held>>,
-    /// Signalled when the last open row is settled or given up (ends [`Claim::keep_alive`]).
-    settled: Notify,
-    lease: Duration,
-    claimed_at: Instant,
 }

@@ -127,6 +127,7 @@ impl Claimer {
         let changed = retry_transient!(
             self.db()
                 .backend
+                .claims()
                 .release_row(m, self.strategy(), &id, holder)
                 .await
         )?;
@@ -135,7 +136,7 @@ impl Claimer {
 
     async fn look(&self, q: &RowQuery) -> Result<Vec<SourceRow>> {
         let m = self.mapping();
-        let found = retry_transient!(self.db().backend.rows(m, self.strategy(), q).await)?;
+        let found = retry_transient!(self.db().backend.claims().rows(m, self.strategy(), q).await)?;
         found
             .into_iter()
             .map(|(data, status, owner, lease_ms)| {
@@ -149,7 +150,7 @@ impl Claimer {
                     id,
                     status: status.unwrap_or_default(),
                     owner,
-                    lease_until: lease_ms.map(crate::queue::at_ms),
+                    lease_until: lease_ms.map(crate::value::at_ms),
                     data,
                 })
             })

@@ -3,7 +3,7 @@
 //! after another, in enqueue order), and how many start per period, in the queue and per key.
 //!
 //! A queue's limits live in its `rowclaim_queues` row. The ordinary claim leaves the jobs of a
-//! limited queue alone (`sql::queue_condition`); they are claimed here instead, one queue at a
+//! limited queue alone (`claim.rs`: `Jobs::conditions`); they are claimed here instead, one queue at a
 //! time, by [`claim`]: in a transaction that first writes the queue's row (`claim_turns`), so
 //! that limited claims of one queue take turns on its row lock, every database alike (and on
 //! Galera two nodes' turns conflict at certification, and one is retried). Under that lock it
@@ -237,6 +237,7 @@ pub(crate) async fn claim<R: Run + ?Sized>(
     tx: &R,
     a: &ClaimArgs<'_>,
     queue: &str,
+    kinds: &[String],
 ) -> Result<Vec<serde_json::Value>> {
     let (now, now_ms) = (R::Sql::NOW, R::Sql::epoch_ms(R::Sql::NOW));
     // The queue's turn: its row lock, held to the end of the transaction.
@@ -282,7 +283,7 @@ pub(crate) async fn claim<R: Run + ?Sized>(
     let sql = format!(
         "SELECT CAST(id AS {}) FROM ({}) AS p",
         R::Sql::TEXT,
-        pick_sql(&mut b, queue, a.m, &limits, room)
+        pick_sql(&mut b, queue, kinds, &limits, room)
     );
     let picked = tx.texts(Stmt::new(sql, b)).await?;
     if picked.is_empty() {
@@ -352,16 +353,16 @@ pub(crate) async fn claim<R: Run + ?Sized>(
 fn pick_sql<D: Dialect>(
     b: &mut Binder<D>,
     queue: &str,
-    m: &crate::mapping::Mapping,
+    kinds: &[String],
     l: &QueueLimits,
     take: i64,
 ) -> String {
     let first_only =
         l.key_concurrency.is_none_or(|n| n == 1) && l.key_rate.is_none_or(|r| r.jobs == 1);
     if first_only {
-        arms_sql(b, queue, m, l, take)
+        arms_sql(b, queue, kinds, l, take)
     } else {
-        lines_sql(b, queue, m, l, take)
+        lines_sql(b, queue, kinds, l, take)
     }
 }
 
@@ -373,7 +374,7 @@ fn pick_sql<D: Dialect>(
 fn arms_sql<D: Dialect>(
     b: &mut Binder<D>,
     queue: &str,
-    m: &crate::mapping::Mapping,
+    kinds: &[String],
     l: &QueueLimits,
     take: i64,
 ) -> String {
@@ -434,7 +435,7 @@ fn arms_sql<D: Dialect>(
                 blocked.join(" OR ")
             ));
         }
-        let kinds = kinds_cond(b, m, "j.");
+        let kinds = kinds_cond(b, kinds, "j.");
         let order = if expired_arm {
             "j.lease_until, j.id"
         } else {
@@ -461,7 +462,7 @@ fn arms_sql<D: Dialect>(
 fn lines_sql<D: Dialect>(
     b: &mut Binder<D>,
     queue: &str,
-    m: &crate::mapping::Mapping,
+    kinds: &[String],
     l: &QueueLimits,
     take: i64,
 ) -> String {
@@ -494,7 +495,7 @@ fn lines_sql<D: Dialect>(
         ));
     }
     let mut cond = String::from("c.due = 1");
-    cond.push_str(&kinds_cond(b, m, "c."));
+    cond.push_str(&kinds_cond(b, kinds, "c."));
     if let Some(max) = l.key_concurrency {
         cond.push_str(&format!(
             " AND (c.limit_key IS NULL OR c.place + COALESCE(r.n, 0) <= {})",
@@ -516,12 +517,10 @@ fn lines_sql<D: Dialect>(
 
 /// ` AND kind IN (…)` for a claimer of some kinds only (of alias `t`, e.g. `"c."`); empty for
 /// one of all kinds.
-fn kinds_cond<D: Dialect>(b: &mut Binder<D>, m: &crate::mapping::Mapping, t: &str) -> String {
-    match &m.kinds {
-        Some((_, kinds)) if !kinds.is_empty() => {
-            let list: Vec<String> = kinds.iter().map(|k| b.bind(k.clone())).collect();
-            format!(" AND {t}kind IN ({})", list.join(", "))
-        }
-        _ => String::new(),
+fn kinds_cond<D: Dialect>(b: &mut Binder<D>, kinds: &[String], t: &str) -> String {
+    if kinds.is_empty() {
+        return String::new();
     }
+    let list: Vec<String> = kinds.iter().map(|k| b.bind(k.clone())).collect();
+    format!(" AND {t}kind IN ({})", list.join(", "))
 }

@@ -5,19 +5,19 @@
 //! `ready` with a later run-at after a failure, or `dead` after the last attempt; `cancelled` by
 //! hand. Claiming, fencing and lease expiry are the same as for any source.
 
+mod claim;
 mod limits;
 mod record;
 mod schedule;
 mod settings;
 mod wakeups;
 
+pub(crate) use claim::served;
 pub use job::{
     backoff, Enqueued, Job, JobFailure, NewJob, QueueStats, Retention, DEFAULT_MAX_ATTEMPTS,
 };
 pub(crate) use job::{JobParts, StatsRow};
-pub(crate) use limits::{claim as claim_limited, limited_queues, LIMITED};
 pub use limits::{QueueLimits, Rate, MAX_RATE_PERIOD};
-pub(crate) use record::at_ms;
 pub use record::{JobFilter, JobRecord, Scheduled, JOB_STATUSES};
 pub use schedule::{
     unique_key as schedule_key, CatchUp, Schedule, ScheduleStatus, Scheduler, SchedulerReport,
@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::{dispatch, retry_transient, Outcome};
 use crate::error::DbKind;
-use crate::{Claim, Claimer, Db, Error, Result, RowId, Source, Strategy};
+use crate::{Claim, Claimer, Db, Error, Result, RowId, Strategy};
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -68,13 +68,6 @@ pub(crate) trait QueueStore {
     /// Wakes the workers listening for `queue` as a new job would (nothing where there is no
     /// listening).
     async fn wake(&self, queue: &str) -> Result<()>;
-    /// Claims what the limits of `queue` allow, in a transaction of its own (the statements are
-    /// `limits::claim`'s; the transaction is the database's: SQLite's takes the write lock).
-    async fn claim_limited(
-        &self,
-        a: &crate::backend::ClaimArgs<'_>,
-        queue: &str,
-    ) -> Result<Vec<serde_json::Value>>;
 }
 
 /// A connection listening for enqueues.
@@ -205,13 +198,13 @@ impl Queue {
                 return Err(Error::InvalidInput("queue name must not be empty".into()));
             }
         }
-        let source = Source::managed(
-            queues.to_vec(),
-            kinds.to_vec(),
-            completed == Retention::Delete,
-        );
+        let jobs = claim::Jobs {
+            queues: queues.to_vec(),
+            kinds: kinds.to_vec(),
+            delete_done: completed == Retention::Delete,
+        };
         self.db
-            .claimer(source, Strategy::Auto)
+            .layered_claimer(&claim::source(), &jobs)
             .await
             .map_err(not_initialised)
     }
@@ -226,9 +219,13 @@ impl Queue {
                 return Err(Error::InvalidInput("queue name must not be empty".into()));
             }
         }
-        let source = Source::managed(queues.to_vec(), Vec::new(), false);
+        let jobs = claim::Jobs {
+            queues: queues.to_vec(),
+            kinds: Vec::new(),
+            delete_done: false,
+        };
         self.db
-            .check_source(&source, Strategy::Auto)
+            .check_source(&claim::source(), Strategy::Auto, Some(&jobs))
             .await
             .map_err(not_initialised)
     }
@@ -297,19 +294,15 @@ impl Queue {
     /// jobs finish. Returns whether it was running before. The queue need not have jobs yet.
     pub async fn pause(&self, queue: &str) -> Result<bool> {
         check_queue_name(queue)?;
-        retry_transient!(
-            dispatch!(&self.db.backend, d => settings::set_paused(d, queue, true).await)
-        )
-        .map_err(not_initialised)
+        retry_transient!(settings::settings(&self.db).set_paused(queue, true).await)
+            .map_err(not_initialised)
     }
 
     /// Lets workers claim jobs of `queue` again. Returns whether it was paused.
     pub async fn resume(&self, queue: &str) -> Result<bool> {
         check_queue_name(queue)?;
-        let resumed = retry_transient!(
-            dispatch!(&self.db.backend, d => settings::set_paused(d, queue, false).await)
-        )
-        .map_err(not_initialised)?;
+        let resumed = retry_transient!(settings::settings(&self.db).set_paused(queue, false).await)
+            .map_err(not_initialised)?;
         if resumed {
             // Idle workers that listen hear of it as of new jobs, instead of at their next poll.
             dispatch!(&self.db.backend, d => d.wake(queue).await)?;
@@ -325,7 +318,7 @@ impl Queue {
     pub async fn limit(&self, queue: &str, limits: &QueueLimits) -> Result<()> {
         check_queue_name(queue)?;
         limits.check()?;
-        retry_transient!(dispatch!(&self.db.backend, d => limits::set(d, queue, limits).await))
+        retry_transient!(settings::settings(&self.db).set_limits(queue, limits).await)
             .map_err(not_initialised)?;
         // Idle workers that listen look again at once, under the new limits.
         dispatch!(&self.db.backend, d => d.wake(queue).await)
@@ -333,13 +326,12 @@ impl Queue {
 
     /// The paused queues' names (what a worker looks at every heartbeat).
     pub(crate) async fn paused(&self) -> Result<Vec<String>> {
-        retry_transient!(dispatch!(&self.db.backend, d => settings::paused(d).await))
+        retry_transient!(settings::settings(&self.db).paused().await)
     }
 
     /// The queues with settings of their own (paused or limited ones), by name.
     pub async fn settings(&self) -> Result<Vec<QueueSettings>> {
-        retry_transient!(dispatch!(&self.db.backend, d => settings::settings(d).await))
-            .map_err(not_initialised)
+        retry_transient!(settings::settings(&self.db).settings().await).map_err(not_initialised)
     }
 
     /// Jobs per queue and status, the oldest due ready job's wait, and recent throughput.

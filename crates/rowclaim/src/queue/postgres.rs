@@ -39,17 +39,6 @@ impl QueueStore for Pg {
         }
     }
 
-    async fn claim_limited(
-        &self,
-        a: &crate::backend::ClaimArgs<'_>,
-        queue: &str,
-    ) -> Result<Vec<serde_json::Value>> {
-        let tx = crate::backend::run::Transact::transaction(self, false).await?;
-        let rows = super::claim_limited(&tx, a, queue).await?;
-        crate::backend::run::Finish::commit(tx).await?;
-        Ok(rows)
-    }
-
     async fn wake(&self, queue: &str) -> Result<()> {
         sqlx::query("SELECT pg_notify('rowclaim_jobs', $1)") // crate::queue::CHANNEL
             .bind(queue.to_owned())

@@ -2,7 +2,7 @@
 //! that have any): whether it is paused, and its limits (see `limits.rs`). Written once over a driver's [`Run`], since the SQL is
 //! the same on every database but for its clock.
 //!
-//! A pause is honoured in the claim itself (see `sql::queue_condition`): a job of a paused queue
+//! A pause is honoured in the claim itself (see `claim.rs`: `Jobs::conditions`): a job of a paused queue
 //! is never claimed once the pause has committed, whichever worker asks. Jobs a worker claimed
 //! ahead before that are given back at its next look at the paused queues (every heartbeat);
 //! jobs already running finish.
@@ -11,11 +11,76 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use super::limits::{QueueLimits, COLUMNS, LIMITED};
-use super::record::at_ms;
-use crate::backend::run::Run;
+use super::limits::{self, QueueLimits, COLUMNS, LIMITED};
+use crate::backend::run::{Finish, Run, Transact};
 use crate::backend::sql::{Binder, Dialect, Stmt};
-use crate::Result;
+use crate::backend::{dispatch, ClaimArgs};
+use crate::value::at_ms;
+use crate::{Db, Result};
+
+/// The settings role: pauses, limits and the limited claim, written once for every database
+/// over its driver's [`Run`].
+#[async_trait::async_trait]
+pub(crate) trait Settings: Send + Sync {
+    /// Pauses (`paused`) or resumes `queue`; whether that changed anything.
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<bool>;
+    /// The paused queues, by name.
+    async fn paused(&self) -> Result<Vec<String>>;
+    /// Every queue with settings of its own.
+    async fn settings(&self) -> Result<Vec<QueueSettings>>;
+    /// Sets `queue`'s limits (all of them).
+    async fn set_limits(&self, queue: &str, limits: &QueueLimits) -> Result<()>;
+    /// The queues with limits that are not paused.
+    async fn limited_queues(&self) -> Result<Vec<String>>;
+    /// Claims what the limits of `queue` allow (jobs of `kinds`, all when empty), in a
+    /// transaction of its own (SQLite's takes the write lock).
+    async fn claim_limited(
+        &self,
+        a: &ClaimArgs<'_>,
+        queue: &str,
+        kinds: &[String],
+    ) -> Result<Vec<serde_json::Value>>;
+}
+
+#[async_trait::async_trait]
+impl<R: Transact + Send + Sync> Settings for R {
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<bool> {
+        set_paused(self, queue, paused).await
+    }
+
+    async fn paused(&self) -> Result<Vec<String>> {
+        paused(self).await
+    }
+
+    async fn settings(&self) -> Result<Vec<QueueSettings>> {
+        settings_of(self).await
+    }
+
+    async fn set_limits(&self, queue: &str, l: &QueueLimits) -> Result<()> {
+        limits::set(self, queue, l).await
+    }
+
+    async fn limited_queues(&self) -> Result<Vec<String>> {
+        limits::limited_queues(self).await
+    }
+
+    async fn claim_limited(
+        &self,
+        a: &ClaimArgs<'_>,
+        queue: &str,
+        kinds: &[String],
+    ) -> Result<Vec<serde_json::Value>> {
+        let tx = self.transaction(false).await?;
+        let rows = limits::claim(&tx, a, queue, kinds).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+}
+
+/// The settings role of `db`'s driver: the one door to it.
+pub(crate) fn settings(db: &Db) -> &dyn Settings {
+    dispatch!(&db.backend, d => d)
+}
 
 /// One queue's settings, from [`crate::Queue::settings`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -32,7 +97,7 @@ pub struct QueueSettings {
 
 /// Pauses (`paused`) or resumes `queue`; returns whether that changed anything (false: it was
 /// paused, or running, already).
-pub(crate) async fn set_paused<R: Run + ?Sized>(r: &R, queue: &str, paused: bool) -> Result<bool> {
+async fn set_paused<R: Run + ?Sized>(r: &R, queue: &str, paused: bool) -> Result<bool> {
     let now = R::Sql::NOW;
     if paused {
         // A row for the queue first, then the pause: two statements whose counts mean the
@@ -68,13 +133,13 @@ pub(crate) async fn ensure_row<R: Run + ?Sized>(r: &R, queue: &str) -> Result<()
 }
 
 /// The paused queues, by name.
-pub(crate) async fn paused<R: Run + ?Sized>(r: &R) -> Result<Vec<String>> {
+async fn paused<R: Run + ?Sized>(r: &R) -> Result<Vec<String>> {
     let sql = "SELECT name FROM rowclaim_queues WHERE paused_at IS NOT NULL ORDER BY name";
     r.texts(Stmt::new(sql.to_owned(), Binder::new())).await
 }
 
 /// Every queue with settings of its own (paused, or limited), by name.
-pub(crate) async fn settings<R: Run + ?Sized>(r: &R) -> Result<Vec<QueueSettings>> {
+async fn settings_of<R: Run + ?Sized>(r: &R) -> Result<Vec<QueueSettings>> {
     let sql = format!(
         "SELECT name, {}, {COLUMNS} FROM rowclaim_queues WHERE paused_at IS NOT NULL \
          OR {LIMITED} ORDER BY name",

@@ -16,17 +16,6 @@ impl QueueStore for Lite {
         Ok(None)
     }
 
-    async fn claim_limited(
-        &self,
-        a: &crate::backend::ClaimArgs<'_>,
-        queue: &str,
-    ) -> Result<Vec<serde_json::Value>> {
-        let tx = crate::backend::run::Transact::transaction(self, false).await?;
-        let rows = super::claim_limited(&tx, a, queue).await?;
-        crate::backend::run::Finish::commit(tx).await?;
-        Ok(rows)
-    }
-
     async fn wake(&self, _queue: &str) -> Result<()> {
         Ok(())
     }

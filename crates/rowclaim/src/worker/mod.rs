@@ -375,23 +375,24 @@ impl Worker {
             }
             Target::Claimer(c) => c,
         };
-        let handler: Arc<dyn Handler> =
-            match self.handler {
-                Some(h) => h,
-                None if self.kinds.kinds.is_empty() && self.kinds.fallback.is_none() => {
-                    return Err(Error::InvalidInput(
-                        "the worker has no handler: give it one with handle, handle_any, \
+        let handler: Arc<dyn Handler> = match self.handler {
+            Some(h) => h,
+            None if self.kinds.kinds.is_empty() && self.kinds.fallback.is_none() => {
+                return Err(Error::InvalidInput(
+                    "the worker has no handler: give it one with handle, handle_any, \
                      handle_rows or handler"
-                            .into(),
-                    ))
-                }
-                None if claimer.managed_queues().is_none() => return Err(Error::InvalidInput(
+                        .into(),
+                ))
+            }
+            None if crate::queue::served(&claimer).is_none() => {
+                return Err(Error::InvalidInput(
                     "handle and handle_any take jobs of the managed queue; for rows of your own \
                      table use handle_rows or handler"
                         .into(),
-                )),
-                None => Arc::new(self.kinds),
-            };
+                ))
+            }
+            None => Arc::new(self.kinds),
+        };
         // Schedules are checked and registered before the first claim: a bad one stops the
         // worker before it takes any job.
         let scheduler = if self.schedules.is_empty() {
@@ -404,7 +405,7 @@ impl Worker {
             Some(s.start().await?)
         };
         // Listen before the first claim, so that no job enqueued in between is missed.
-        let wakeups = match claimer.managed_queues() {
+        let wakeups = match crate::queue::served(&claimer) {
             Some(queues) if self.listen => Some(claimer.db().queue().wakeups(queues).await?),
             _ => None,
         };

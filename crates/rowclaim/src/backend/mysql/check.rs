@@ -8,7 +8,7 @@ use crate::backend::inspect::{
     index_columns, index_name, unquoted, Judge, Need, Privileges, Reads,
 };
 use crate::backend::{Inspect, Lookup};
-use crate::check::{Finding, Severity, Topic};
+use crate::report::{Finding, Severity, Topic};
 
 /// A claim's batch as `check` plans it: what a worker typically asks for.
 const PLANNED_BATCH: i64 = 100;
@@ -160,6 +160,7 @@ impl My {
     }
 }
 
+#[async_trait::async_trait]
 impl Inspect for My {
     async fn explain_lookup(
         &self,

@@ -4,7 +4,7 @@ use super::*;
 
 impl My {
     /// Takes up to `a.batch` rows with the strategy `a.strategy`.
-    pub(super) async fn claim_rows(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+    pub(super) async fn claim_rows(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         match a.strategy {
             Resolved::SkipLocked => self.skip_locked(a).await,
             Resolved::Token => self.token(a).await,
@@ -19,7 +19,7 @@ impl My {
     /// its own locking read so each walks its own index; the arms may lock up to twice the batch
     /// for the moment of this transaction when leases have expired. On a Galera cluster the rows
     /// are read back by token after the commit instead (see `verify_after_commit`).
-    async fn skip_locked(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+    async fn skip_locked(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         let (m, t, id) = (a.m, &a.m.table, &a.m.id);
         let mut b = B::new();
         let batch = i64::from(a.batch);
@@ -66,7 +66,7 @@ impl My {
     /// own table there), then read the rows that carry it. The condition is checked again after
     /// waiting for another claimer's row lock, so a row is never taken twice; a claimer that lost
     /// every row to others gets none and tries again.
-    async fn token(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+    async fn token(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         let (m, t, id, filter) = (a.m, &a.m.table, &a.m.id, &a.m.filter);
         let mut b = B::new();
         let batch = i64::from(a.batch);
@@ -89,7 +89,7 @@ impl My {
 
     /// The `optimistic` strategy on MySQL/MariaDB: read candidates without locks; the update wins
     /// only the rows still claimable.
-    async fn optimistic(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+    async fn optimistic(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         let (m, t, id, filter) = (a.m, &a.m.table, &a.m.id, &a.m.filter);
         let mut b = B::new();
         let batch = i64::from(a.batch);
@@ -138,7 +138,7 @@ impl My {
     /// inserting the lease key is the claim (an expired lease is taken over in the same statement),
     /// then the rows are marked, all in one transaction (on a Galera cluster read back after
     /// the commit).
-    async fn lease_table(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+    async fn lease_table(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         let (m, t, id) = (a.m, &a.m.table, &a.m.id);
         let mut b = B::new();
         let batch = i64::from(a.batch);
@@ -214,7 +214,7 @@ impl My {
     /// The `transaction` strategy on MySQL/MariaDB: lock the rows in a transaction that stays open;
     /// the session's idle timeout (`wait_timeout`, whole seconds) is the lease: past it the server
     /// closes the connection, the transaction rolls back and the rows are free again.
-    async fn transaction(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+    async fn transaction(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         let m = a.m;
         let mut b = B::new();
         let sql = transaction_pick(m, &mut b, i64::from(a.batch));

@@ -25,7 +25,8 @@ use std::time::Duration;
 use super::run;
 use super::sql::{self, binder_queries, Binder, Dialect, Value};
 use super::{
-    Catalog, ClaimArgs, ClaimStore, Claimed, Outcome, Resolved, ServerInfo, ServerKind, Target,
+    Catalog, ClaimArgs, ClaimStore, Claimed, Held, Outcome, Resolved, ServerInfo, ServerKind,
+    Target,
 };
 use crate::error::DbKind;
 use crate::mapping::{status_literal, ColType, Column, Mapping, TableName};
@@ -40,7 +41,7 @@ use tokio::sync::OnceCell;
 type B = Binder<Sql>;
 
 /// The open transaction of this driver's transaction strategy and locking reads.
-type Held = <My as ClaimStore>::Held;
+type Tx = sqlx::Transaction<'static, MySql>;
 
 /// The server's clock, in the UTC that lease columns hold.
 pub(crate) const NOW: &str = "UTC_TIMESTAMP(6)";
@@ -66,6 +67,19 @@ impl Dialect for Sql {
         format!(
             "CAST(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', {expr}) DIV 1000 \
              AS SIGNED)"
+        )
+    }
+
+    fn micros_of(expr: &str) -> String {
+        format!(
+            "CAST(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', {expr}) AS SIGNED)"
+        )
+    }
+
+    fn at_micros(b: &mut B, us: i64) -> String {
+        format!(
+            "TIMESTAMPADD(MICROSECOND, {}, TIMESTAMP '1970-01-01 00:00:00')",
+            b.bind(us)
         )
     }
 
@@ -166,10 +180,9 @@ pub(crate) fn row_json(m: &Mapping) -> String {
     json_of(&m.columns)
 }
 
-/// A claimed row as JSON text: the whole row of a user's table, the job's own columns for the
-/// managed queue (`Mapping::claim_columns`).
+/// A claimed row as JSON text: the columns it carries (`Mapping::carried`).
 fn claimed_json(m: &Mapping) -> String {
-    json_of(&m.claim_columns)
+    json_of(m.carried())
 }
 
 pub(crate) fn json_of(columns: &[String]) -> String {

@@ -7,11 +7,10 @@ use crate::backend::{RowQuery, StoredRow};
 /// A row as JSON text, then its status, holder and lease end (see `StoredRow`).
 type TextRow = (String, Option<String>, Option<String>, Option<i64>);
 
+#[async_trait::async_trait]
 impl ClaimStore for My {
-    type Held = sqlx::Transaction<'static, MySql>;
-
-    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Self::Held>> {
-        self.claim_rows(a).await
+    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+        Ok(self.claim_rows(a).await?.map_held(Held::MySql))
     }
 
     async fn settle(
@@ -155,12 +154,12 @@ impl ClaimStore for My {
 
     async fn held_settle(
         &self,
-        held: &mut Self::Held,
+        held: &mut Held,
         m: &Mapping,
         list: &IdList,
         outcome: Outcome,
     ) -> Result<()> {
-        let tx = held;
+        let tx = held.mysql()?;
         // A row given back is still ready in the table; only its lock goes, at commit.
         if !outcome.gives_back() {
             let mut b = B::new();
@@ -187,8 +186,8 @@ impl ClaimStore for My {
         Ok(())
     }
 
-    async fn held_extend(&self, held: &mut Self::Held, lease: Duration) -> Result<()> {
-        let tx = held;
+    async fn held_extend(&self, held: &mut Held, lease: Duration) -> Result<()> {
+        let tx = held.mysql()?;
         sqlx::query("SET SESSION wait_timeout = ?")
             .bind(lease_secs(lease))
             .execute(&mut **tx)
@@ -203,7 +202,7 @@ impl ClaimStore for My {
         limit: Option<u32>,
         mode: LockMode,
         wait: LockWait,
-    ) -> Result<(Self::Held, Vec<serde_json::Value>)> {
+    ) -> Result<(Held, Vec<serde_json::Value>)> {
         let kind = self.server().await?.kind;
         let mut b = B::new();
         let which = match list {
@@ -241,7 +240,15 @@ impl ClaimStore for My {
             Some(DbKind::Transient) if nowait => Error::Locked,
             _ => Error::Database(e),
         })?;
-        Ok((tx, parse_rows(texts)?))
+        Ok((Held::MySql(tx), parse_rows(texts)?))
+    }
+
+    async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<crate::Stats> {
+        run::stats(self, m, strategy).await
+    }
+
+    async fn backlog(&self, m: &Mapping) -> Result<(u64, u64, u64)> {
+        run::backlog(self, m).await
     }
 
     async fn rows(&self, m: &Mapping, strategy: Strategy, q: &RowQuery) -> Result<Vec<StoredRow>> {
@@ -298,14 +305,5 @@ impl ClaimStore for My {
         let changed = b.query(back)?.execute(&mut *tx).await?.rows_affected();
         tx.commit().await?;
         Ok(gone + changed)
-    }
-
-    async fn held_end(held: Self::Held, commit: bool) -> Result<()> {
-        if commit {
-            held.commit().await?;
-        } else {
-            held.rollback().await?;
-        }
-        Ok(())
     }
 }

@@ -3,7 +3,16 @@
 
 use super::*;
 
+#[async_trait::async_trait]
 impl Catalog for Pg {
+    fn naming(&self) -> crate::mapping::Naming {
+        run::naming(self)
+    }
+
+    async fn probe_filter(&self, m: &Mapping) -> Result<()> {
+        run::probe_filter(self, m).await
+    }
+
     async fn server(&self) -> Result<ServerInfo> {
         let v: String = sqlx::query_scalar("SELECT current_setting('server_version')")
             .fetch_one(self.exec())

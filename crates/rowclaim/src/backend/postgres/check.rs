@@ -6,7 +6,7 @@ use crate::backend::inspect::{
     index_columns, index_name, mentions, unquoted, Judge, Need, Privileges, Reads,
 };
 use crate::backend::{Inspect, Lookup};
-use crate::check::{Finding, Severity, Topic};
+use crate::report::{Finding, Severity, Topic};
 
 /// A claim's batch as `check` plans it: what a worker typically asks for.
 const PLANNED_BATCH: i64 = 100;
@@ -82,6 +82,7 @@ impl Pg {
     }
 }
 
+#[async_trait::async_trait]
 impl Inspect for Pg {
     async fn explain_lookup(
         &self,
@@ -235,7 +236,8 @@ impl Inspect for Pg {
         });
         if self.route().pooled() {
             found.push(
-                if m.queues.is_some() && self.route().listen_pool().is_none() {
+                // A layer above (the managed queue) listens for wake-ups.
+                if m.lifecycle.is_some() && self.route().listen_pool().is_none() {
                     Finding::new(
                         Topic::Pooler,
                         Severity::Advice,

@@ -1,10 +1,11 @@
-//! Claiming on PostgreSQL: one function per strategy, each holding all of its SQL.
+//! Claiming on PostgreSQL: one function per strategy, each holding all of its SQL in statement
+//! builders (`*_sql`, pure: the snapshots call them) that the strategy runs in order.
 
 use super::*;
 
 impl Pg {
     /// Takes up to `a.batch` rows with the strategy `a.strategy`.
-    pub(super) async fn claim_rows(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+    pub(super) async fn claim_rows(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         match a.strategy {
             Resolved::SkipLocked => self.skip_locked(a).await,
             Resolved::Token => self.token(a).await,
@@ -14,200 +15,73 @@ impl Pg {
         }
     }
 
-    /// The `skip-locked` strategy on PostgreSQL: one statement: lock the first unlocked candidates,
-    /// mark them ours, return them. Expired leases are taken first, then ready rows fill the batch;
-    /// each arm walks its own index (an OR of the two walks the primary key past every finished
-    /// row). The outer LIMIT on c keeps the planner's estimate of c small (a LIMIT computed from a
-    /// subquery alone is guessed at a tenth of the table, and then it hashes the whole table
-    /// instead of joining by the primary key). A managed-queue claim given a position walks the
-    /// ready rows in two arms that start there (the rest of its priority, then lower priorities),
-    /// each an index range: see `Position`.
-    async fn skip_locked(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
-        let (m, t, id) = (a.m, &a.m.table, &a.m.id);
-        let row = Sql::row_json(a.m);
-        let mut b = B::new();
-        let batch = i64::from(a.batch);
-        let limit = b.bind(batch);
-        let ready = sql::ready_arm(m, &mut b);
-        let mut arms: Vec<String> = Vec::new();
-        if a.expired {
-            arms.extend(sql::expired_arm(m, &mut b));
+    /// The `skip-locked` strategy on PostgreSQL: one statement ([`skip_locked_sql`]) locks the
+    /// first unlocked candidates, marks them ours and returns them.
+    async fn skip_locked(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
+        let Stmt { sql, binder } = skip_locked_sql(a);
+        if a.m.lifecycle.is_some() {
+            // Plain columns, each read by its type: building a JSON object per row costs the
+            // server about as much as the rest of the claim (10 µs of 26 per job).
+            let fetched = binder.query(sql)?.fetch_all(self.exec()).await?;
+            let rows = fetched.iter().map(row_of_columns).collect::<Result<_>>()?;
+            return Ok(Claimed::rows(rows));
         }
-        match (a.after, &m.priority, &m.run_at) {
-            (Some(p), Some(prio), Some(run_at)) => {
-                let (pv, rv, iv) = (b.bind(p.priority), b.bind(p.run_at_us), b.bind(p.id));
-                arms.push(format!(
-                    "{ready} AND {prio} = {pv} AND ({run_at}, {id}) > \
-                     (timestamptz 'epoch' + {rv} * interval '1 microsecond', {iv})"
-                ));
-                arms.push(format!("{ready} AND {prio} < {pv}"));
-            }
-            _ => arms.push(ready),
-        }
-        // Each arm takes what the arms before it left of the batch.
-        let mut ctes = Vec::new();
-        let mut before: Vec<String> = Vec::new();
-        for (n, cond) in arms.iter().enumerate() {
-            let left = before
-                .iter()
-                .map(|p| format!(" - (SELECT count(*) FROM {p})"))
-                .collect::<String>();
-            ctes.push(format!("a{n} AS ({})", locking_arm(m, cond, &limit, &left)));
-            before.push(format!("a{n}"));
-        }
-        let union = before
-            .iter()
-            .map(|p| format!("SELECT {id} FROM {p}"))
-            .collect::<Vec<_>>()
-            .join(" UNION ALL ");
-        let set = sql::claim_set(m, &mut b, a.token, a.lease);
-        let sql = format!(
-            "WITH {}, c AS ({union} LIMIT {limit}) \
-             UPDATE {t} AS t SET {set} FROM c WHERE t.{id} = c.{id} RETURNING ",
-            ctes.join(", ")
-        );
-        // A managed job comes back as plain columns: building a JSON object per row
-        // costs the server about as much as the rest of the claim (10 µs of 26 per job).
-        let (Some(prio), Some(run_at)) = (&m.priority, &m.run_at) else {
-            let sql = sql + &row;
-            return Ok(Claimed::rows(json_rows(
-                b.scalar(sql)?.fetch_all(self.exec()).await?,
-            )));
-        };
-        // The payload as its JSON text, as `claimed_json` sends it (see there why).
-        let cols: Vec<String> = m
-            .claim_columns
-            .iter()
-            .map(|c| match c.as_str() {
-                "payload" => format!("t.{}::text", Sql::quote(c)),
-                _ => format!("t.{}", Sql::quote(c)),
-            })
-            .collect();
-        let sql = format!(
-            "{sql}{}, t.{prio}::int8 AS rowclaim_priority, \
-             (extract(epoch FROM t.{run_at}) * 1000000)::int8 AS rowclaim_run_at_us",
-            cols.join(", ")
-        );
-        let fetched = b.query(sql)?.fetch_all(self.exec()).await?;
-        let mut position: Option<Position> = None;
-        let mut rows = Vec::with_capacity(fetched.len());
-        for r in &fetched {
-            let (row, p) = job_row(m, r)?;
-            position = Some(position.map_or(p, |q| q.later(p)));
-            rows.push(row);
-        }
-        Ok(Claimed {
-            rows,
-            held: None,
-            lost_race: false,
-            position,
-        })
+        Ok(Claimed::rows(json_rows(
+            binder.scalar(sql)?.fetch_all(self.exec()).await?,
+        )))
     }
 
-    /// The `token` strategy on PostgreSQL: mark the first candidates with the token. The outer
-    /// condition is checked again after waiting for another claimer's row lock, so a row is never
-    /// taken twice; a claimer that lost every row to others gets none and tries again. The
-    /// candidates are locked in id order, as a settle locks its rows: a candidate that turned out
-    /// taken stays locked until this statement ends, and two statements that lock in different
-    /// orders deadlock.
-    async fn token(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
-        let (m, t, id, filter) = (a.m, &a.m.table, &a.m.id, &a.m.filter);
-        let row = Sql::row_json(a.m);
-        let mut b = B::new();
-        let batch = i64::from(a.batch);
-        let set = sql::claim_set(m, &mut b, a.token, a.lease);
-        let pick = sql::candidates(m, &mut b, id, batch, a.expired);
-        let outer = sql::claimable(m, &mut b);
-        let sql = format!(
-            "UPDATE {t} AS t SET {set} FROM (SELECT {id} AS rowclaim_id FROM {t} \
-             WHERE {id} IN (SELECT {id} FROM ({pick}) AS c) ORDER BY {id} FOR UPDATE) AS l \
-             WHERE t.{id} = l.rowclaim_id AND {outer}{filter} RETURNING {row}"
-        );
-        let rows = json_rows(b.scalar(sql)?.fetch_all(self.exec()).await?);
-        let lost_race = rows.is_empty() && run::claimable_exists(self, m).await?;
+    /// The `token` strategy on PostgreSQL ([`token_sql`]); a claimer that lost every row to
+    /// others gets none and tries again.
+    async fn token(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
+        let Stmt { sql, binder } = token_sql(a);
+        let rows = json_rows(binder.scalar(sql)?.fetch_all(self.exec()).await?);
+        let lost_race = rows.is_empty() && run::claimable_exists(self, a.m).await?;
         Ok(Claimed::raced(rows, lost_race))
     }
 
-    /// The `optimistic` strategy on PostgreSQL: read candidates without locks; the update wins only
-    /// the rows still claimable.
-    async fn optimistic(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
-        let (m, t, id, filter) = (a.m, &a.m.table, &a.m.id, &a.m.filter);
-        let row = Sql::row_json(a.m);
+    /// The `optimistic` strategy on PostgreSQL: read candidates without locks
+    /// ([`optimistic_pick`]); the update ([`optimistic_sql`]) wins only the rows still
+    /// claimable.
+    async fn optimistic(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
+        let m = a.m;
         let mut b = B::new();
-        let batch = i64::from(a.batch);
-        let sql = optimistic_pick(m, &mut b, batch, a.expired);
+        let sql = optimistic_pick(m, &mut b, i64::from(a.batch), a.expired);
         let found: Vec<String> = b.scalar(sql)?.fetch_all(self.exec()).await?;
         if found.is_empty() {
             return Ok(Claimed::none());
         }
         let list = IdList::new(m.id_kind, &m.parse_ids(&found)?)?;
-        let mut b = B::new();
-        let set = sql::claim_set(m, &mut b, a.token, a.lease);
-        let any = ids(&mut b, &list);
-        let cond = sql::claimable(m, &mut b);
-        let sql = format!(
-            "UPDATE {t} AS t SET {set} WHERE {id} = ANY({any}) AND {cond}{filter} \
-             RETURNING {row}"
-        );
-        let rows = json_rows(b.scalar(sql)?.fetch_all(self.exec()).await?);
+        let Stmt { sql, binder } = optimistic_sql(a, &list);
+        let rows = json_rows(binder.scalar(sql)?.fetch_all(self.exec()).await?);
         Ok(Claimed::contested(rows))
     }
 
-    /// The `lease-table` strategy on PostgreSQL: candidates are rows without a live lease;
-    /// inserting the lease key is the claim (an expired lease is taken over in the same statement),
-    /// then the rows are marked.
-    async fn lease_table(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
-        let (m, t, id) = (a.m, &a.m.table, &a.m.id);
-        let row = Sql::row_json(a.m);
+    /// The `lease-table` strategy on PostgreSQL: candidates are rows without a live lease
+    /// ([`lease_candidates`]); in one transaction, inserting the lease keys is the claim (an
+    /// expired lease is taken over in the same statement, [`lease_insert_sql`]), then the rows
+    /// are marked ([`lease_mark_sql`]) and leases won on rows finished meanwhile dropped
+    /// ([`lease_drop_sql`]).
+    async fn lease_table(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
+        let m = a.m;
         let mut b = B::new();
-        let batch = i64::from(a.batch);
-        let st = &m.status;
-        let sql = lease_candidates(m, &mut b, batch, true);
+        let sql = lease_candidates(m, &mut b, i64::from(a.batch), true);
         let found: Vec<String> = b.scalar(sql)?.fetch_all(self.exec()).await?;
         if found.is_empty() {
             return Ok(Claimed::none());
         }
-        // One transaction: win the lease keys (taking over expired ones), mark the rows,
-        // and drop leases won on rows that were finished meanwhile.
         let mut tx = self.begin().await?;
-        let mut b = B::new();
-        let source = b.bind(m.source_key.clone());
-        let token = b.bind(a.token.to_owned());
-        let until = Sql::later(&mut b, a.lease);
-        let keys = b.bind(found);
-        let sql = format!(
-            "INSERT INTO rowclaim_leases AS l (source, row_id, token, lease_until) \
-             SELECT {source}, k, {token}, {until} FROM unnest({keys}::text[]) AS k \
-             ON CONFLICT (source, row_id) DO UPDATE \
-             SET token = EXCLUDED.token, lease_until = EXCLUDED.lease_until \
-             WHERE l.lease_until < now() RETURNING row_id"
-        );
-        let won: Vec<String> = b.scalar(sql)?.fetch_all(self.on(&mut tx)).await?;
-        let mut b = B::new();
-        let set = sql::claim_set(m, &mut b, a.token, a.lease);
-        let keys = b.bind(won.clone());
-        let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
-        let key_id = row_id_as_id(m, "k");
-        let sql = format!(
-            "UPDATE {t} AS t SET {set} WHERE t.{id} IN (SELECT {key_id} FROM unnest({keys}::text[]) AS k) \
-             AND ({st} = {ready} OR {st} = {claimed}) RETURNING {row}"
-        );
-        let rows = json_rows(b.scalar(sql)?.fetch_all(self.on(&mut tx)).await?);
+        let Stmt { sql, binder } = lease_insert_sql(a, found);
+        let won: Vec<String> = binder.scalar(sql)?.fetch_all(self.on(&mut tx)).await?;
+        let Stmt { sql, binder } = lease_mark_sql(a, won.clone());
+        let rows = json_rows(binder.scalar(sql)?.fetch_all(self.on(&mut tx)).await?);
         if rows.len() < won.len() {
-            sqlx::query(
-                "DELETE FROM rowclaim_leases WHERE source = $1 AND token = $2 \
-                 AND row_id = ANY($3) AND row_id <> ALL($4)",
-            )
-            .bind(m.source_key.clone())
-            .bind(a.token.to_owned())
-            .bind(won)
-            .bind(
-                rows.iter()
-                    .filter_map(|r| r.get(&m.id_name).map(json_key))
-                    .collect::<Vec<_>>(),
-            )
-            .execute(self.on(&mut tx))
-            .await?;
+            let marked = rows
+                .iter()
+                .filter_map(|r| r.get(&m.id_name).map(json_key))
+                .collect();
+            let Stmt { sql, binder } = lease_drop_sql(a, won, marked);
+            binder.query(sql)?.execute(self.on(&mut tx)).await?;
         }
         tx.commit().await?;
         Ok(Claimed::contested(rows))
@@ -216,13 +90,11 @@ impl Pg {
     /// The `transaction` strategy on PostgreSQL: lock the rows in a transaction that stays open;
     /// the session's idle timeout is the lease: past it the server ends the session and the rows
     /// are free again.
-    async fn transaction(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
-        let mut b = B::new();
+    async fn transaction(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         let mut tx = self.begin().await?;
-        sqlx::query("SELECT set_config('idle_in_transaction_session_timeout', $1, true)")
-            .bind(sql::lease_ms(a.lease).to_string())
-            .execute(self.on(&mut tx))
-            .await?;
+        let Stmt { sql, binder } = idle_timeout_sql(a.lease);
+        binder.query(sql)?.execute(self.on(&mut tx)).await?;
+        let mut b = B::new();
         let sql = transaction_pick(a.m, &mut b, i64::from(a.batch));
         let rows = json_rows(b.scalar(sql)?.fetch_all(self.on(&mut tx)).await?);
         let held = if rows.is_empty() {
@@ -235,6 +107,178 @@ impl Pg {
     }
 }
 
+/// The skip-locked claim: lock the first unlocked candidates, mark them ours, return them.
+/// Expired leases are taken first, then ready rows fill the batch; each arm walks its own index
+/// (an OR of the two walks the primary key past every finished row). A claim given arms to look
+/// for ready rows in (a layer above resumes where its last claim ended) walks them in order,
+/// each an index range. The outer LIMIT on c keeps the planner's estimate of c small (a LIMIT
+/// computed from a subquery alone is guessed at a tenth of the table, and then it hashes the
+/// whole table instead of joining by the primary key).
+pub(super) fn skip_locked_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
+    let (m, t, id) = (a.m, &a.m.table, &a.m.id);
+    let mut b = B::new();
+    let limit = b.bind(i64::from(a.batch));
+    let ready = sql::ready_arm(m, &mut b);
+    let mut arms: Vec<String> = Vec::new();
+    if a.expired {
+        arms.extend(sql::expired_arm(m, &mut b));
+    }
+    match a.arms {
+        Some(more) => {
+            for f in more {
+                arms.push(format!("{ready} AND {}", sql::render(f, &mut b)));
+            }
+        }
+        None => arms.push(ready),
+    }
+    // Each arm takes what the arms before it left of the batch.
+    let mut ctes = Vec::new();
+    let mut before: Vec<String> = Vec::new();
+    for (n, cond) in arms.iter().enumerate() {
+        let left = before
+            .iter()
+            .map(|p| format!(" - (SELECT count(*) FROM {p})"))
+            .collect::<String>();
+        ctes.push(format!("a{n} AS ({})", locking_arm(m, cond, &limit, &left)));
+        before.push(format!("a{n}"));
+    }
+    let union = before
+        .iter()
+        .map(|p| format!("SELECT {id} FROM {p}"))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    let set = sql::claim_set(m, &mut b, a.token, a.lease);
+    let returning = returning(m, &mut b);
+    let sql = format!(
+        "WITH {}, c AS ({union} LIMIT {limit}) \
+         UPDATE {t} AS t SET {set} FROM c WHERE t.{id} = c.{id} RETURNING {returning}",
+        ctes.join(", ")
+    );
+    Stmt::new(sql, b)
+}
+
+/// What a skip-locked claim returns per row: the row as JSON, or, for a source a layer above
+/// completes, its carried columns one by one (those it carries as text cast to text) and the
+/// extra values it asks for, each under its own name.
+fn returning(m: &Mapping, b: &mut B) -> String {
+    let Some(l) = &m.lifecycle else {
+        return claimed_json(m);
+    };
+    let mut cols: Vec<String> = l
+        .carried
+        .iter()
+        .map(|c| {
+            let q = Sql::quote(c);
+            match l.as_text.contains(c) {
+                true => format!("t.{q}::text AS {q}"),
+                false => format!("t.{q}"),
+            }
+        })
+        .collect();
+    for (name, value) in &l.extra {
+        cols.push(format!("{} AS {}", sql::render(value, b), Sql::quote(name)));
+    }
+    cols.join(", ")
+}
+
+/// The token claim: mark the first candidates with the token. The outer condition is checked
+/// again after waiting for another claimer's row lock, so a row is never taken twice. The
+/// candidates are locked in id order, as a settle locks its rows: a candidate that turned out
+/// taken stays locked until this statement ends, and two statements that lock in different
+/// orders deadlock.
+pub(super) fn token_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
+    let (m, t, id, filter) = (a.m, &a.m.table, &a.m.id, &a.m.filter);
+    let row = Sql::row_json(m);
+    let mut b = B::new();
+    let set = sql::claim_set(m, &mut b, a.token, a.lease);
+    let pick = sql::candidates(m, &mut b, id, i64::from(a.batch), a.expired);
+    let outer = sql::claimable(m, &mut b);
+    let sql = format!(
+        "UPDATE {t} AS t SET {set} FROM (SELECT {id} AS rowclaim_id FROM {t} \
+         WHERE {id} IN (SELECT {id} FROM ({pick}) AS c) ORDER BY {id} FOR UPDATE) AS l \
+         WHERE t.{id} = l.rowclaim_id AND {outer}{filter} RETURNING {row}"
+    );
+    Stmt::new(sql, b)
+}
+
+/// The optimistic claim's update of the candidates it read: it wins the rows still claimable.
+pub(super) fn optimistic_sql(a: &ClaimArgs<'_>, list: &IdList) -> Stmt<Sql> {
+    let (m, t, id, filter) = (a.m, &a.m.table, &a.m.id, &a.m.filter);
+    let row = Sql::row_json(m);
+    let mut b = B::new();
+    let set = sql::claim_set(m, &mut b, a.token, a.lease);
+    let any = ids(&mut b, list);
+    let cond = sql::claimable(m, &mut b);
+    let sql = format!(
+        "UPDATE {t} AS t SET {set} WHERE {id} = ANY({any}) AND {cond}{filter} RETURNING {row}"
+    );
+    Stmt::new(sql, b)
+}
+
+/// The lease-table claim's insert of the candidates' lease keys: a key that exists changes hands
+/// only when its lease has expired. Returns the keys won.
+pub(super) fn lease_insert_sql(a: &ClaimArgs<'_>, keys: Vec<String>) -> Stmt<Sql> {
+    let mut b = B::new();
+    let source = b.bind(a.m.source_key.clone());
+    let token = b.bind(a.token.to_owned());
+    let until = Sql::later(&mut b, a.lease);
+    let keys = b.bind(keys);
+    let sql = format!(
+        "INSERT INTO rowclaim_leases AS l (source, row_id, token, lease_until) \
+         SELECT {source}, k, {token}, {until} FROM unnest({keys}::text[]) AS k \
+         ON CONFLICT (source, row_id) DO UPDATE \
+         SET token = EXCLUDED.token, lease_until = EXCLUDED.lease_until \
+         WHERE l.lease_until < now() RETURNING row_id"
+    );
+    Stmt::new(sql, b)
+}
+
+/// The lease-table claim's marking of the rows whose lease keys it won (still ready or claimed).
+pub(super) fn lease_mark_sql(a: &ClaimArgs<'_>, won: Vec<String>) -> Stmt<Sql> {
+    let (m, t, id, st) = (a.m, &a.m.table, &a.m.id, &a.m.status);
+    let row = Sql::row_json(m);
+    let mut b = B::new();
+    let set = sql::claim_set(m, &mut b, a.token, a.lease);
+    let keys = b.bind(won);
+    let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
+    let key_id = row_id_as_id(m, "k");
+    let sql = format!(
+        "UPDATE {t} AS t SET {set} WHERE t.{id} IN (SELECT {key_id} FROM unnest({keys}::text[]) \
+         AS k) AND ({st} = {ready} OR {st} = {claimed}) RETURNING {row}"
+    );
+    Stmt::new(sql, b)
+}
+
+/// The lease-table claim's drop of the leases it won on rows it could not mark (finished
+/// meanwhile): all of `won` but `marked`.
+pub(super) fn lease_drop_sql(
+    a: &ClaimArgs<'_>,
+    won: Vec<String>,
+    marked: Vec<String>,
+) -> Stmt<Sql> {
+    let mut b = B::new();
+    let sql = format!(
+        "DELETE FROM rowclaim_leases WHERE source = {} AND token = {} \
+         AND row_id = ANY({}) AND row_id <> ALL({})",
+        b.bind(a.m.source_key.clone()),
+        b.bind(a.token.to_owned()),
+        b.bind(won),
+        b.bind(marked)
+    );
+    Stmt::new(sql, b)
+}
+
+/// The transaction claim's (and its heartbeat's) lease: the session's idle-in-transaction
+/// timeout, for the rest of the transaction.
+pub(super) fn idle_timeout_sql(lease: Duration) -> Stmt<Sql> {
+    let mut b = B::new();
+    let sql = format!(
+        "SELECT set_config('idle_in_transaction_session_timeout', {}, true)",
+        b.bind(sql::lease_ms(lease).to_string())
+    );
+    Stmt::new(sql, b)
+}
+
 /// One arm of the skip-locked claim: the first `limit` unlocked rows that meet `cond`, locked.
 fn locking_arm(m: &Mapping, cond: &str, limit: &str, left: &str) -> String {
     format!(
@@ -244,7 +288,7 @@ fn locking_arm(m: &Mapping, cond: &str, limit: &str, left: &str) -> String {
 }
 
 /// The optimistic claim's candidates, read without locks.
-fn optimistic_pick(m: &Mapping, b: &mut B, batch: i64, expired: bool) -> String {
+pub(super) fn optimistic_pick(m: &Mapping, b: &mut B, batch: i64, expired: bool) -> String {
     let select = format!("{}::text AS rowclaim_id", m.id);
     let pick = sql::candidates(m, b, &select, batch, expired);
     format!("SELECT rowclaim_id FROM ({pick}) AS c")
@@ -252,7 +296,7 @@ fn optimistic_pick(m: &Mapping, b: &mut B, batch: i64, expired: bool) -> String 
 
 /// The lease-table claim's candidates: ready or claimed rows without a live lease. Without
 /// `leases` the lease table is left out (`rowclaim check` on a database that has none yet).
-fn lease_candidates(m: &Mapping, b: &mut B, batch: i64, leases: bool) -> String {
+pub(super) fn lease_candidates(m: &Mapping, b: &mut B, batch: i64, leases: bool) -> String {
     let (t, id, st) = (&m.table, &m.id, &m.status);
     let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
     let live = if leases {
@@ -273,7 +317,7 @@ fn lease_candidates(m: &Mapping, b: &mut B, batch: i64, leases: bool) -> String 
 }
 
 /// The transaction claim's locking read of ready rows.
-fn transaction_pick(m: &Mapping, b: &mut B, batch: i64) -> String {
+pub(super) fn transaction_pick(m: &Mapping, b: &mut B, batch: i64) -> String {
     let limit = b.bind(batch);
     format!(
         "SELECT {} FROM {} AS t WHERE {} = {}{} ORDER BY {} LIMIT {limit} FOR UPDATE SKIP LOCKED",

@@ -15,9 +15,9 @@ use std::time::Duration;
 pub(crate) use route::Route;
 
 use super::run;
-use super::sql::{self, binder_queries, Binder, Dialect, Value};
+use super::sql::{self, binder_queries, Binder, Dialect, Stmt, Value};
 use super::{
-    Catalog, ClaimArgs, ClaimStore, Claimed, Outcome, Position, Resolved, ServerInfo, ServerKind,
+    Catalog, ClaimArgs, ClaimStore, Claimed, Held, Outcome, Resolved, ServerInfo, ServerKind,
     Target,
 };
 use crate::error::DbKind;
@@ -29,7 +29,7 @@ use sqlx::{PgPool, Postgres, Row};
 type B = Binder<Sql>;
 
 /// The open transaction of this driver's transaction strategy and locking reads.
-type Held = <Pg as ClaimStore>::Held;
+type Tx = sqlx::Transaction<'static, Postgres>;
 
 /// PostgreSQL's SQL.
 pub(crate) struct Sql;
@@ -73,6 +73,17 @@ impl Dialect for Sql {
 
     fn epoch_ms(expr: &str) -> String {
         format!("floor(extract(epoch FROM {expr}) * 1000)::int8")
+    }
+
+    fn micros_of(expr: &str) -> String {
+        format!("(extract(epoch FROM {expr}) * 1000000)::int8")
+    }
+
+    fn at_micros(b: &mut B, us: i64) -> String {
+        format!(
+            "(timestamptz 'epoch' + {} * interval '1 microsecond')",
+            b.bind(us)
+        )
     }
 
     fn json(b: &mut B, text: String) -> String {
@@ -165,21 +176,21 @@ pub(crate) fn ids(b: &mut B, list: &IdList) -> String {
     }
 }
 
-/// A claimed row as JSON: the whole row of a user's table; for the managed queue the job's own
-/// columns (`Mapping::claim_columns`), cheaper to build and to read than the whole row. A job's
-/// payload comes as its JSON text, as MySQL and SQLite store it: read back as JSON the same way
-/// on every database (as jsonb, a payload that is a JSON string such as "123" could not be
-/// told from text to parse, and reached the handler as the number 123).
+/// A claimed row as JSON: the whole row of a user's table; for a source a layer above completes,
+/// the columns it carries (`Mapping::carried`), cheaper to build and to read than the whole row,
+/// those it carries as text (a job's payload) cast to text: read back as JSON the same way on
+/// every database (as jsonb, a payload that is a JSON string such as "123" could not be told
+/// from text to parse, and reached the handler as the number 123).
 pub(crate) fn claimed_json(m: &Mapping) -> String {
-    if m.queues.is_none() {
+    let Some(l) = &m.lifecycle else {
         return "to_jsonb(t)".to_owned();
-    }
-    let pairs: Vec<String> = m
-        .claim_columns
+    };
+    let pairs: Vec<String> = l
+        .carried
         .iter()
-        .map(|c| match c.as_str() {
-            "payload" => format!("'{c}', t.{}::text", Sql::quote(c)),
-            _ => format!("'{c}', t.{}", Sql::quote(c)),
+        .map(|c| match l.as_text.contains(c) {
+            true => format!("'{c}', t.{}::text", Sql::quote(c)),
+            false => format!("'{c}', t.{}", Sql::quote(c)),
         })
         .collect();
     format!("jsonb_build_object({})", pairs.join(", "))
@@ -190,19 +201,18 @@ fn json_rows(rows: Vec<sqlx::types::Json<serde_json::Value>>) -> Vec<serde_json:
     rows.into_iter().map(|j| j.0).collect()
 }
 
-/// A managed job's row as claimed (its columns, then `rowclaim_priority` and
-/// `rowclaim_run_at_us`), read into the JSON object a claimed row carries, and its place in the
-/// queue's order.
-fn job_row(m: &Mapping, r: &sqlx::postgres::PgRow) -> Result<(serde_json::Value, Position)> {
+/// A row that came back as plain columns, read by their types into the JSON object a claimed
+/// row carries, each under its column's name.
+fn row_of_columns(r: &sqlx::postgres::PgRow) -> Result<serde_json::Value> {
     use serde_json::Value;
     use sqlx::{Column, Row, TypeInfo, ValueRef};
-    let mut obj = serde_json::Map::with_capacity(m.claim_columns.len());
-    for (i, name) in m.claim_columns.iter().enumerate() {
+    let mut obj = serde_json::Map::with_capacity(r.len());
+    for (i, column) in r.columns().iter().enumerate() {
         let raw = r.try_get_raw(i)?;
         let v = if raw.is_null() {
             Value::Null
         } else {
-            match r.column(i).type_info().name() {
+            match column.type_info().name() {
                 "INT8" => Value::from(r.try_get::<i64, _>(i)?),
                 "INT4" => Value::from(r.try_get::<i32, _>(i)?),
                 "INT2" => Value::from(r.try_get::<i16, _>(i)?),
@@ -211,18 +221,9 @@ fn job_row(m: &Mapping, r: &sqlx::postgres::PgRow) -> Result<(serde_json::Value,
                 _ => Value::from(r.try_get::<String, _>(i)?),
             }
         };
-        obj.insert(name.clone(), v);
+        obj.insert(column.name().to_owned(), v);
     }
-    let n = m.claim_columns.len();
-    let position = Position {
-        priority: r.try_get::<i64, _>(n)?,
-        run_at_us: r.try_get::<i64, _>(n + 1)?,
-        id: obj
-            .get(&m.id_name)
-            .and_then(Value::as_i64)
-            .ok_or_else(|| Error::InvalidInput(format!("claimed job has no id in {obj:?}")))?,
-    };
-    Ok((Value::Object(obj), position))
+    Ok(Value::Object(obj))
 }
 
 /// Casts a lease table's text `row_id` back to the id column's type.

@@ -4,11 +4,10 @@
 use super::*;
 use crate::backend::{RowQuery, StoredRow};
 
+#[async_trait::async_trait]
 impl ClaimStore for Pg {
-    type Held = sqlx::Transaction<'static, Postgres>;
-
-    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Self::Held>> {
-        self.claim_rows(a).await
+    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+        Ok(self.claim_rows(a).await?.map_held(Held::Postgres))
     }
 
     async fn settle(
@@ -95,12 +94,12 @@ impl ClaimStore for Pg {
 
     async fn held_settle(
         &self,
-        held: &mut Self::Held,
+        held: &mut Held,
         m: &Mapping,
         list: &IdList,
         outcome: Outcome,
     ) -> Result<()> {
-        let tx = held;
+        let tx = held.postgres()?;
         if outcome.gives_back() {
             return Ok(()); // still ready in the table; the lock goes at commit
         }
@@ -115,8 +114,8 @@ impl ClaimStore for Pg {
         Ok(())
     }
 
-    async fn held_extend(&self, held: &mut Self::Held, lease: Duration) -> Result<()> {
-        let tx = held;
+    async fn held_extend(&self, held: &mut Held, lease: Duration) -> Result<()> {
+        let tx = held.postgres()?;
         sqlx::query("SELECT set_config('idle_in_transaction_session_timeout', $1, true)")
             .bind(sql::lease_ms(lease).to_string())
             .execute(self.on(tx))
@@ -131,7 +130,7 @@ impl ClaimStore for Pg {
         limit: Option<u32>,
         mode: LockMode,
         wait: LockWait,
-    ) -> Result<(Self::Held, Vec<serde_json::Value>)> {
+    ) -> Result<(Held, Vec<serde_json::Value>)> {
         let mut b = B::new();
         let which = match list {
             Some(l) => format!("{} = ANY({})", m.id, ids(&mut b, l)),
@@ -156,7 +155,15 @@ impl ClaimStore for Pg {
         let mut tx = self.begin().await?;
         let rows: Vec<sqlx::types::Json<serde_json::Value>> =
             b.scalar(sql)?.fetch_all(self.on(&mut tx)).await?;
-        Ok((tx, json_rows(rows)))
+        Ok((Held::Postgres(tx), json_rows(rows)))
+    }
+
+    async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<crate::Stats> {
+        run::stats(self, m, strategy).await
+    }
+
+    async fn backlog(&self, m: &Mapping) -> Result<(u64, u64, u64)> {
+        run::backlog(self, m).await
     }
 
     async fn rows(&self, m: &Mapping, strategy: Strategy, q: &RowQuery) -> Result<Vec<StoredRow>> {
@@ -225,14 +232,5 @@ impl ClaimStore for Pg {
             .rows_affected();
         tx.commit().await?;
         Ok(gone + changed)
-    }
-
-    async fn held_end(held: Self::Held, commit: bool) -> Result<()> {
-        if commit {
-            held.commit().await?;
-        } else {
-            held.rollback().await?;
-        }
-        Ok(())
     }
 }

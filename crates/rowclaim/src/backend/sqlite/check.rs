@@ -6,7 +6,7 @@ use crate::backend::inspect::{
     index_columns, index_name, mentions, unquoted, Judge, Need, Privileges, Reads,
 };
 use crate::backend::{Inspect, Lookup};
-use crate::check::Finding;
+use crate::report::Finding;
 
 /// A claim's batch as `check` plans it: what a worker typically asks for.
 const PLANNED_BATCH: i64 = 100;
@@ -73,6 +73,7 @@ impl Lite {
     }
 }
 
+#[async_trait::async_trait]
 impl Inspect for Lite {
     async fn explain_lookup(
         &self,

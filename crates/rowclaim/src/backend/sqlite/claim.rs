@@ -4,7 +4,7 @@ use super::*;
 
 impl Lite {
     /// Takes up to `a.batch` rows with the strategy `a.strategy`.
-    pub(super) async fn claim_rows(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+    pub(super) async fn claim_rows(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         match a.strategy {
             Resolved::SkipLocked => self.skip_locked(a).await,
             Resolved::Token => self.token(a).await,
@@ -15,7 +15,7 @@ impl Lite {
     }
 
     /// The `skip-locked` strategy on SQLite.
-    async fn skip_locked(&self, _a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+    async fn skip_locked(&self, _a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         Err(Error::UnsupportedStrategy {
             strategy: Strategy::SkipLocked,
             reason: "SQLite has no SKIP LOCKED (it has one writer at a time)".into(),
@@ -24,7 +24,7 @@ impl Lite {
 
     /// The `token` strategy on SQLite: one statement under the write lock: nobody else can take the
     /// same rows.
-    async fn token(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+    async fn token(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         let (m, t, id) = (a.m, &a.m.table, &a.m.id);
         let json = Sql::row_json(m);
         let batch = i64::from(a.batch);
@@ -40,7 +40,7 @@ impl Lite {
 
     /// The `optimistic` strategy on SQLite: candidates read without the write lock; the update wins
     /// only rows still claimable.
-    async fn optimistic(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+    async fn optimistic(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         let (m, t, id, filter) = (a.m, &a.m.table, &a.m.id, &a.m.filter);
         let json = Sql::row_json(m);
         let batch = i64::from(a.batch);
@@ -64,7 +64,7 @@ impl Lite {
 
     /// The `lease-table` strategy on SQLite: under the write lock: rows without a live lease,
     /// insert their lease keys (taking over expired ones), mark the rows.
-    async fn lease_table(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+    async fn lease_table(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         let (m, t, id) = (a.m, &a.m.table, &a.m.id);
         let json = Sql::row_json(m);
         let batch = i64::from(a.batch);
@@ -107,7 +107,7 @@ impl Lite {
     /// The `transaction` strategy on SQLite: hold the write lock while the rows are processed;
     /// SQLite cannot end the session on its own, so the deadline is checked before each later
     /// write.
-    async fn transaction(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+    async fn transaction(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         let mut b = B::new();
         let mut tx = self.write().await?;
         let sql = format!("SELECT {NOW} + ?");

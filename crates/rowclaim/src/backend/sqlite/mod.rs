@@ -16,7 +16,8 @@ use std::time::Duration;
 use super::run;
 use super::sql::{self, binder_queries, Binder, Dialect, Value};
 use super::{
-    Catalog, ClaimArgs, ClaimStore, Claimed, Outcome, Resolved, ServerInfo, ServerKind, Target,
+    Catalog, ClaimArgs, ClaimStore, Claimed, Held, Outcome, Resolved, ServerInfo, ServerKind,
+    Target,
 };
 use crate::error::DbKind;
 use crate::mapping::{status_literal, ColType, Column, Mapping, TableName};
@@ -27,7 +28,7 @@ use sqlx::{Row, Sqlite, SqlitePool};
 type B = Binder<Sql>;
 
 /// The open transaction of this driver's transaction strategy and locking reads.
-type Held = <Lite as ClaimStore>::Held;
+type Tx = LiteHeld;
 
 /// SQLite's SQL.
 pub(crate) struct Sql;
@@ -47,6 +48,15 @@ impl Dialect for Sql {
     /// Times are epoch milliseconds here already.
     fn epoch_ms(expr: &str) -> String {
         expr.to_owned()
+    }
+
+    /// Times are epoch milliseconds here.
+    fn micros_of(expr: &str) -> String {
+        format!("({expr} * 1000)")
+    }
+
+    fn at_micros(b: &mut B, us: i64) -> String {
+        format!("({} / 1000)", b.bind(us))
     }
 
     fn keep_existing(key: &str) -> String {
@@ -85,7 +95,7 @@ pub(crate) const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 /// A transaction holding SQLite's write lock. SQLite cannot time a lease out on its own, so
 /// the deadline (database clock, ms) is checked before each write.
 pub(crate) struct LiteHeld {
-    tx: sqlx::Transaction<'static, Sqlite>,
+    pub(super) tx: sqlx::Transaction<'static, Sqlite>,
     deadline_ms: i64,
 }
 
@@ -105,10 +115,9 @@ pub(crate) fn row_json(m: &Mapping) -> String {
     json_of(&m.columns)
 }
 
-/// A claimed row as JSON text: the whole row of a user's table, the job's own columns for the
-/// managed queue (`Mapping::claim_columns`).
+/// A claimed row as JSON text: the columns it carries (`Mapping::carried`).
 fn claimed_json(m: &Mapping) -> String {
-    json_of(&m.claim_columns)
+    json_of(m.carried())
 }
 
 pub(crate) fn json_of(columns: &[String]) -> String {

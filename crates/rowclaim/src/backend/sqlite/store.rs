@@ -7,11 +7,10 @@ use crate::backend::{RowQuery, StoredRow};
 /// A row as JSON text, then its status, holder and lease end (see `StoredRow`).
 type TextRow = (String, Option<String>, Option<String>, Option<i64>);
 
+#[async_trait::async_trait]
 impl ClaimStore for Lite {
-    type Held = LiteHeld;
-
-    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Self::Held>> {
-        self.claim_rows(a).await
+    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+        Ok(self.claim_rows(a).await?.map_held(Held::Sqlite))
     }
 
     async fn settle(
@@ -130,12 +129,12 @@ impl ClaimStore for Lite {
 
     async fn held_settle(
         &self,
-        held: &mut Self::Held,
+        held: &mut Held,
         m: &Mapping,
         list: &IdList,
         outcome: Outcome,
     ) -> Result<()> {
-        let LiteHeld { tx, deadline_ms } = held;
+        let LiteHeld { tx, deadline_ms } = held.sqlite()?;
         if Lite::deadline_passed(tx, *deadline_ms).await? {
             return Err(expired());
         }
@@ -153,8 +152,8 @@ impl ClaimStore for Lite {
         Ok(())
     }
 
-    async fn held_extend(&self, held: &mut Self::Held, lease: Duration) -> Result<()> {
-        let LiteHeld { tx, deadline_ms } = held;
+    async fn held_extend(&self, held: &mut Held, lease: Duration) -> Result<()> {
+        let LiteHeld { tx, deadline_ms } = held.sqlite()?;
         if Lite::deadline_passed(tx, *deadline_ms).await? {
             return Err(expired());
         }
@@ -173,7 +172,7 @@ impl ClaimStore for Lite {
         limit: Option<u32>,
         mode: LockMode,
         wait: LockWait,
-    ) -> Result<(Self::Held, Vec<serde_json::Value>)> {
+    ) -> Result<(Held, Vec<serde_json::Value>)> {
         if wait == LockWait::SkipLocked {
             return Err(Error::Unsupported(
                 "SQLite has no SKIP LOCKED: its locks cover the whole database, one writer at a time"
@@ -228,12 +227,20 @@ impl ClaimStore for Lite {
         );
         let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
         Ok((
-            LiteHeld {
+            Held::Sqlite(LiteHeld {
                 tx,
                 deadline_ms: i64::MAX,
-            },
+            }),
             rows,
         ))
+    }
+
+    async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<crate::Stats> {
+        run::stats(self, m, strategy).await
+    }
+
+    async fn backlog(&self, m: &Mapping) -> Result<(u64, u64, u64)> {
+        run::backlog(self, m).await
     }
 
     async fn rows(&self, m: &Mapping, strategy: Strategy, q: &RowQuery) -> Result<Vec<StoredRow>> {
@@ -281,14 +288,5 @@ impl ClaimStore for Lite {
         let changed = b.query(back)?.execute(&mut *tx).await?.rows_affected();
         tx.commit().await?;
         Ok(gone + changed)
-    }
-
-    async fn held_end(held: Self::Held, commit: bool) -> Result<()> {
-        if commit {
-            held.tx.commit().await?;
-        } else {
-            held.tx.rollback().await?;
-        }
-        Ok(())
     }
 }

@@ -349,7 +349,7 @@ pub(crate) async fn run(
     let sh = Arc::new(Shared {
         settles,
         health: Health::new(claimer.db().endpoint(), metrics.outages.clone()),
-        managed: claimer.managed_queues().is_some(),
+        managed: crate::queue::served(&claimer).is_some(),
         renews: claimer.claims_expire() || claimer.strategy() == Strategy::Transaction,
         claimer,
         handler,

@@ -1,0 +1,208 @@
+//! The conditions and SET lists every driver's claims and settles are made of: "claimable",
+//! "ready", "expired", "held by this token", "mark claimed", "settle as". Each means the same on
+//! every database; a driver's `claim.rs` puts them together.
+
+use std::time::Duration;
+
+use super::{and_each, no_owner, Binder, Dialect};
+use crate::backend::{Outcome, Target};
+use crate::mapping::{status_literal, Mapping};
+use crate::Result;
+
+/// Rows a claim may take: ready (and due, where rows have a due time), or claimed with an
+/// expired lease; and what a layer above asks of a claimable row. This is the recheck a
+/// statement applies to rows it already named; to *find* rows use [`candidates`] (or the two
+/// arms), because one OR across both kinds can use neither kind's index.
+pub(crate) fn claimable<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> String {
+    let ready = ready_cond::<D>(m);
+    let mut cond = match expired_cond::<D>(m) {
+        Some(expired) => format!("(({ready}) OR ({expired}))"),
+        None => format!("({ready})"),
+    };
+    cond.push_str(&layer_conditions(m, b));
+    cond
+}
+
+/// What a layer above asks of a claimable row, as ` AND (…)` each; empty for a user's table.
+fn layer_conditions<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> String {
+    m.lifecycle
+        .as_ref()
+        .map(|l| and_each(&l.claimable, b))
+        .unwrap_or_default()
+}
+
+/// Ready, and due where rows have a due time. (Status values are literals: nothing to bind.)
+fn ready_cond<D: Dialect>(m: &Mapping) -> String {
+    let mut cond = format!("{} = {}", m.status, status_literal(&m.ready));
+    if let Some(l) = &m.lifecycle {
+        cond.push_str(&format!(" AND {} <= {}", l.due, D::NOW));
+    }
+    cond
+}
+
+/// Claimed with an expired lease; None without a lease column.
+fn expired_cond<D: Dialect>(m: &Mapping) -> Option<String> {
+    let le = m.lease.as_ref()?;
+    Some(format!(
+        "{} = {} AND {le} < {}",
+        m.status,
+        status_literal(&m.claimed),
+        D::NOW
+    ))
+}
+
+/// The first arm of a claim: ready rows (and due, where rows have a due time) that meet the
+/// conditions of a layer above. An equality on status, so a partial index over ready rows (or
+/// one on `(status, …)`) serves it in the source's order, however many finished rows the table
+/// keeps.
+pub(crate) fn ready_arm<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> String {
+    ready_cond::<D>(m) + &layer_conditions(m, b)
+}
+
+/// The second arm: claimed rows whose lease has expired (None without a lease column). Few rows
+/// are claimed at any time, so an index over claimed rows keeps this cheap.
+pub(crate) fn expired_arm<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> Option<String> {
+    Some(expired_cond::<D>(m)? + &layer_conditions(m, b))
+}
+
+/// A query for up to `limit` rows a claim may take, without locking them: rows with an expired
+/// lease first (when `expired`), then ready rows in the source's order. Each arm is its own
+/// sub-select so each walks its own index. `select` is the column list of each arm (alias
+/// anything cast, so that ORDER BY still means the column).
+pub(crate) fn candidates<D: Dialect>(
+    m: &Mapping,
+    b: &mut Binder<D>,
+    select: &str,
+    limit: i64,
+    expired: bool,
+) -> String {
+    let (t, order, filter) = (&m.table, &m.order_by, &m.filter);
+    let arm = |b: &mut Binder<D>, cond: String| {
+        format!(
+            "SELECT {select} FROM {t} WHERE {cond}{filter} ORDER BY {order} LIMIT {}",
+            b.bind(limit)
+        )
+    };
+    match expired.then(|| expired_arm(m, b)).flatten() {
+        None => {
+            let ready = ready_arm(m, b);
+            arm(b, ready)
+        }
+        Some(expired) => {
+            let e = arm(b, expired);
+            let ready = ready_arm(m, b);
+            let r = arm(b, ready);
+            format!(
+                "SELECT * FROM ({e}) AS rowclaim_e UNION ALL SELECT * FROM ({r}) AS rowclaim_r \
+                 LIMIT {}",
+                b.bind(limit)
+            )
+        }
+    }
+}
+
+/// The SET list that marks rows claimed by `token`: status, owner, lease end (now + `lease` by
+/// the server's clock), one more attempt.
+pub(crate) fn claim_set<D: Dialect>(
+    m: &Mapping,
+    b: &mut Binder<D>,
+    token: &str,
+    lease: Duration,
+) -> String {
+    let mut set = vec![format!("{} = {}", m.status, status_literal(&m.claimed))];
+    if let Some(ow) = &m.owner {
+        set.push(format!("{ow} = {}", b.bind(token.to_owned())));
+    }
+    if let Some(le) = &m.lease {
+        set.push(format!("{le} = {}", D::later(b, lease)));
+    }
+    if let Some(at) = &m.attempts {
+        set.push(format!("{at} = COALESCE({at}, 0) + 1"));
+    }
+    if let Some(l) = &m.lifecycle {
+        set.push(format!("{} = {}", l.started, D::NOW));
+    }
+    set.join(", ")
+}
+
+/// The fencing condition "`token` holds this row" for strategies that mark rows in the table:
+/// claimed, by this owner, and (for [`Target::Ids`]) one of the named rows. Without an owner
+/// column only named rows can be meant.
+///
+/// With named rows the status test is written `(status = claimed) IS TRUE`: the same test, but
+/// one a planner cannot match to a partial index over claimed rows (the managed queue's lease
+/// index), so the rows are found through their key. Otherwise PostgreSQL, when statistics say
+/// few rows are claimed, walks that index instead, and until vacuum it also holds an entry for
+/// every row claimed since; with a transaction open elsewhere for minutes, hundreds of
+/// thousands, each looked up in the table.
+pub(crate) fn held_by<D: Dialect>(
+    m: &Mapping,
+    b: &mut Binder<D>,
+    token: &str,
+    target: &Target<'_>,
+) -> Result<String> {
+    let claimed = format!("{} = {}", m.status, status_literal(&m.claimed));
+    let mut cond = match target {
+        Target::Ids(..) => format!("({claimed}) IS TRUE"),
+        Target::All => claimed,
+    };
+    match &m.owner {
+        Some(ow) => cond.push_str(&format!(" AND {ow} = {}", b.bind(token.to_owned()))),
+        None if matches!(target, Target::All) => return Err(no_owner(m)),
+        None => {}
+    }
+    if let Target::Ids(list, _) = target {
+        cond.push_str(&format!(" AND {}", D::id_in(b, &m.id, list)));
+    }
+    Ok(cond)
+}
+
+/// The statement that changes the rows `cond` picks: `UPDATE … SET set`, or `DELETE` when there
+/// is no `set` (a settle whose outcome deletes, see [`Outcome::deletes`]).
+pub(crate) fn change_sql(m: &Mapping, set: Option<&str>, cond: &str) -> String {
+    match set {
+        Some(set) => format!("UPDATE {} SET {set} WHERE {cond}", m.table),
+        None => format!("DELETE FROM {} WHERE {cond}", m.table),
+    }
+}
+
+/// The SET list that settles rows. A row given back loses its owner and lease; a retried row
+/// runs again `after` from now; errors and finishing times go where the mapping has columns.
+pub(crate) fn outcome_set<D: Dialect>(m: &Mapping, b: &mut Binder<D>, outcome: &Outcome) -> String {
+    let mut set = vec![format!(
+        "{} = {}",
+        m.status,
+        status_literal(outcome.status(m))
+    )];
+    if matches!(
+        outcome,
+        Outcome::Ready | Outcome::Retry { .. } | Outcome::Snooze { .. } | Outcome::Unstarted
+    ) {
+        set.extend(m.owner.iter().map(|ow| format!("{ow} = NULL")));
+        set.extend(m.lease.iter().map(|le| format!("{le} = NULL")));
+    }
+    let life = m.lifecycle.as_ref();
+    if let (Outcome::Retry { after, .. } | Outcome::Snooze { after }, Some(l)) = (outcome, life) {
+        set.push(format!("{} = {}", l.due, D::later(b, *after)));
+    }
+    // A snooze, or a row that never started, is no attempt: the claim's is taken back.
+    if let (Outcome::Snooze { .. } | Outcome::Unstarted, Some(at)) = (outcome, &m.attempts) {
+        set.push(format!(
+            "{at} = CASE WHEN {at} > 0 THEN {at} - 1 ELSE 0 END"
+        ));
+    }
+    let Some(l) = life else {
+        return set.join(", ");
+    };
+    match outcome {
+        Outcome::Done(Some(out)) => set.push(format!("{} = {}", l.output, D::json(b, out.clone()))),
+        Outcome::Failed(Some(e)) | Outcome::Retry { error: Some(e), .. } => {
+            set.push(format!("{} = {}", l.error, b.bind(e.clone())));
+        }
+        _ => {}
+    }
+    if matches!(outcome, Outcome::Done(_) | Outcome::Failed(_)) {
+        set.push(format!("{} = {}", l.finished, D::NOW));
+    }
+    set.join(", ")
+}

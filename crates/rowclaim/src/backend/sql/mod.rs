@@ -1,0 +1,361 @@
+//! What the three databases' SQL has in common: the [`Dialect`] each driver describes its SQL
+//! with, the [`Binder`] that keeps values out of SQL text, the [`Stmt`] every statement is, and
+//! (in the submodules) the pieces every driver's statements are made of: the conditions and SET
+//! lists of claims and settles (`claims`), the statements of a look at a source's rows and of a
+//! release by hand (`looks`), and the fragments a layer above hands down (`fragment`).
+//!
+//! A driver's claim reads top to bottom in its own `claim.rs`; what it takes from here are these
+//! few named pieces, each the same meaning on every database.
+
+mod claims;
+mod fragment;
+mod looks;
+
+pub(crate) use claims::*;
+pub(crate) use fragment::{and_each, render};
+pub(crate) use looks::*;
+
+use std::time::Duration;
+
+use crate::mapping::{ColType, Mapping};
+use crate::value::IdList;
+pub(crate) use crate::value::Value;
+use crate::Result;
+
+/// How one database writes the pieces of SQL that differ between databases. Implemented by a
+/// zero-sized type per driver (`postgres::Sql`, `mysql::Sql`, `sqlite::Sql`).
+pub(crate) trait Dialect: Sized + Send + Sync + 'static {
+    /// The sqlx database whose arguments a [`Binder`] fills.
+    type DB: sqlx::Database;
+    /// The server's clock, as the type lease columns hold.
+    const NOW: &'static str;
+    /// The server's clock in whole seconds since the Unix epoch.
+    const EPOCH_SECONDS: &'static str;
+    /// The type to `CAST(… AS …)` a value to text.
+    const TEXT: &'static str;
+    /// What a lease column must be, for messages.
+    const LEASE_TYPE: &'static str;
+    /// The column type a lease column must have.
+    const LEASE_COLUMN: ColType;
+    /// Quotes an identifier validated as plain (so it holds no quote characters).
+    fn quote(ident: &str) -> String;
+    /// Ends an `INSERT` so that a row whose `key` exists already is kept as it is.
+    fn keep_existing(key: &str) -> String;
+    /// The placeholder of the `n`th bound value (1-based).
+    fn placeholder(n: usize) -> String;
+    /// "now + `after`" by the server's clock, binding `after`.
+    fn later(b: &mut Binder<Self>, after: Duration) -> String;
+    /// "`column` is one of `ids`".
+    fn id_in(b: &mut Binder<Self>, column: &str, ids: &IdList) -> String;
+    /// A claimed row of alias `t` as a JSON object (the managed queue's job: its own columns).
+    fn row_json(m: &Mapping) -> String;
+    /// A time column (or expression) as epoch milliseconds, whatever the session's time zone.
+    fn epoch_ms(expr: &str) -> String;
+    /// A time column (or expression) as epoch microseconds (an integer).
+    fn micros_of(expr: &str) -> String;
+    /// The time `us` epoch microseconds, bound, as the time type of the dialect's time columns.
+    fn at_micros(b: &mut Binder<Self>, us: i64) -> String;
+    /// JSON `text`, bound, as a JSON column takes it (PostgreSQL casts it to `jsonb`; the
+    /// others keep JSON as text).
+    fn json(b: &mut Binder<Self>, text: String) -> String {
+        b.bind(text)
+    }
+    /// The bound values as the driver's arguments.
+    fn arguments(values: Vec<Value>) -> Result<<Self::DB as sqlx::Database>::Arguments>;
+}
+
+/// Adds the scalar values to a driver's arguments in order; `array` adds an array value (only
+/// PostgreSQL has array parameters; the others refuse them).
+pub(crate) fn arguments<DB>(
+    values: Vec<Value>,
+    mut array: impl FnMut(&mut DB::Arguments, Value) -> Result<()>,
+) -> Result<DB::Arguments>
+where
+    DB: sqlx::Database,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> Option<i64>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i32: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> f64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> Option<f64>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> Option<String>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    let mut args = DB::Arguments::default();
+    for v in values {
+        match v {
+            Value::Int(i) => add::<DB, _>(&mut args, i)?,
+            Value::OptInt(i) => add::<DB, _>(&mut args, i)?,
+            Value::I32(i) => add::<DB, _>(&mut args, i)?,
+            Value::Float(x) => add::<DB, _>(&mut args, x)?,
+            Value::Text(t) => add::<DB, _>(&mut args, t)?,
+            Value::OptText(t) => add::<DB, _>(&mut args, t)?,
+            Value::OptFloat(x) => add::<DB, _>(&mut args, x)?,
+            arr => array(&mut args, arr)?,
+        }
+    }
+    Ok(args)
+}
+
+/// Collects bound values for one statement and hands out their placeholders in the order the SQL
+/// text uses them. Nothing but placeholders and validated, quoted identifiers ever goes into SQL
+/// text.
+pub(crate) struct Binder<D: Dialect> {
+    values: Vec<Value>,
+    _dialect: std::marker::PhantomData<D>,
+}
+
+impl<D: Dialect> Default for Binder<D> {
+    fn default() -> Self {
+        Binder::new()
+    }
+}
+
+impl<D: Dialect> Binder<D> {
+    pub(crate) fn new() -> Self {
+        Binder {
+            values: Vec::new(),
+            _dialect: std::marker::PhantomData,
+        }
+    }
+
+    /// Binds a value; returns its placeholder.
+    pub(crate) fn bind(&mut self, value: impl Into<Value>) -> String {
+        self.values.push(value.into());
+        D::placeholder(self.values.len())
+    }
+
+    /// Binds a status value or id as the integer or text it is.
+    pub(crate) fn value(&mut self, v: &crate::RowId) -> String {
+        match v {
+            crate::RowId::Int(i) => self.bind(*i),
+            crate::RowId::Text(s) => self.bind(s.clone()),
+        }
+    }
+
+    /// A comma-separated placeholder list for `IN (…)`.
+    pub(crate) fn list(&mut self, ids: &IdList) -> String {
+        let parts: Vec<String> = match ids {
+            IdList::Int(v) => v.iter().map(|i| self.bind(*i)).collect(),
+            IdList::Text(v) => v.iter().map(|s| self.bind(s.clone())).collect(),
+        };
+        parts.join(", ")
+    }
+
+    /// The bound values, in order (for the SQL snapshots).
+    #[cfg(test)]
+    #[allow(dead_code)]
+    pub(crate) fn values(&self) -> &[Value] {
+        &self.values
+    }
+
+    pub(crate) fn finish(self) -> Result<<D::DB as sqlx::Database>::Arguments> {
+        D::arguments(self.values)
+    }
+}
+
+/// A statement and its bound values.
+pub(crate) struct Stmt<D: Dialect> {
+    pub sql: String,
+    pub binder: Binder<D>,
+}
+
+impl<D: Dialect> Stmt<D> {
+    pub(crate) fn new(sql: String, binder: Binder<D>) -> Stmt<D> {
+        Stmt { sql, binder }
+    }
+}
+
+/// For one driver (sqlx's execution functions need the concrete database): `query`, `scalar`
+/// and `query_as` over a [`Binder`]; [`Run`](super::run::Run) for the driver (its statements go
+/// to `&self.pool`, or to `self.exec()` when `exec` is given: PostgreSQL's route with its pooler
+/// and failover rules), for its transactions and for a caller's connection; and
+/// [`Transact`](super::run::Transact) through the driver's own `open_transaction`.
+macro_rules! binder_queries {
+    ($dialect:ty, $db:ty, $driver:ty) => {
+        $crate::backend::sql::binder_queries!(@all $dialect, $db, $driver, pool, txpool);
+    };
+    ($dialect:ty, $db:ty, $driver:ty, exec) => {
+        $crate::backend::sql::binder_queries!(@all $dialect, $db, $driver, exec, txexec);
+    };
+    // Binds the executor `$e` of one statement (and whether sqlx may keep it prepared, `$k`)
+    // for a runner `$s` of each kind, then evaluates `$body`.
+    (@with pool, $s:ident, |$e:ident, $k:ident| $body:expr) => {{
+        let ($e, $k) = (&$s.pool, true);
+        $body
+    }};
+    (@with exec, $s:ident, |$e:ident, $k:ident| $body:expr) => {{
+        let ($e, $k) = ($s.exec(), true);
+        $body
+    }};
+    (@with txpool, $s:ident, |$e:ident, $k:ident| $body:expr) => {{
+        let mut g = $s.tx.lock().await;
+        let ($e, $k) = (&mut **g, true);
+        $body
+    }};
+    (@with txexec, $s:ident, |$e:ident, $k:ident| $body:expr) => {{
+        let mut g = $s.tx.lock().await;
+        let ($e, $k) = ($s.driver.on(&mut **g), true);
+        $body
+    }};
+    (@with conn, $s:ident, |$e:ident, $k:ident| $body:expr) => {{
+        let mut g = $s.conn.lock().await;
+        let ($e, $k) = (&mut **g, $s.keep);
+        $body
+    }};
+    (@run $dialect:ty, $db:ty, $target:ty, $how:ident) => {
+        impl $crate::backend::run::Run for $target {
+            type Sql = $dialect;
+
+            async fn execute(
+                &self,
+                s: $crate::backend::sql::Stmt<$dialect>,
+            ) -> $crate::Result<u64> {
+                let q = s.binder.query(s.sql)?;
+                $crate::backend::sql::binder_queries!(@with $how, self, |e, keep| {
+                    Ok(q.persistent(keep).execute(e).await?.rows_affected())
+                })
+            }
+
+            async fn fetch_all<T: $crate::backend::run::Fetch<$dialect>>(
+                &self,
+                s: $crate::backend::sql::Stmt<$dialect>,
+            ) -> $crate::Result<Vec<T>> {
+                let q = s.binder.query_as::<T>(s.sql)?;
+                $crate::backend::sql::binder_queries!(@with $how, self, |e, keep| {
+                    Ok(q.persistent(keep).fetch_all(e).await?)
+                })
+            }
+
+            async fn fetch_optional<T: $crate::backend::run::Fetch<$dialect>>(
+                &self,
+                s: $crate::backend::sql::Stmt<$dialect>,
+            ) -> $crate::Result<Option<T>> {
+                let q = s.binder.query_as::<T>(s.sql)?;
+                $crate::backend::sql::binder_queries!(@with $how, self, |e, keep| {
+                    Ok(q.persistent(keep).fetch_optional(e).await?)
+                })
+            }
+
+            async fn values(
+                &self,
+                s: $crate::backend::sql::Stmt<$dialect>,
+                columns: &[$crate::backend::run::Col],
+            ) -> $crate::Result<Vec<Vec<$crate::value::Value>>> {
+                let q = s.binder.query(s.sql)?;
+                let rows = $crate::backend::sql::binder_queries!(@with $how, self, |e, keep| {
+                    q.persistent(keep).fetch_all(e).await?
+                });
+                $crate::backend::run::values(rows, columns)
+            }
+        }
+    };
+    (@all $dialect:ty, $db:ty, $driver:ty, $exec:ident, $tx:ident) => {
+        impl $crate::backend::sql::Binder<$dialect> {
+            pub(crate) fn query<'q>(
+                self,
+                sql: String,
+            ) -> $crate::Result<
+                sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments>,
+            > {
+                $crate::backend::sql::record(&sql);
+                Ok(sqlx::query_with(sqlx::AssertSqlSafe(sql), self.finish()?))
+            }
+
+            pub(crate) fn query_as<'q, O>(
+                self,
+                sql: String,
+            ) -> $crate::Result<
+                sqlx::query::QueryAs<'q, $db, O, <$db as sqlx::Database>::Arguments>,
+            >
+            where
+                O: for<'r> sqlx::FromRow<'r, <$db as sqlx::Database>::Row>,
+            {
+                $crate::backend::sql::record(&sql);
+                Ok(sqlx::query_as_with(sqlx::AssertSqlSafe(sql), self.finish()?))
+            }
+
+            pub(crate) fn scalar<'q, O>(
+                self,
+                sql: String,
+            ) -> $crate::Result<
+                sqlx::query::QueryScalar<'q, $db, O, <$db as sqlx::Database>::Arguments>,
+            >
+            where
+                (O,): for<'r> sqlx::FromRow<'r, <$db as sqlx::Database>::Row>,
+            {
+                $crate::backend::sql::record(&sql);
+                Ok(sqlx::query_scalar_with(sqlx::AssertSqlSafe(sql), self.finish()?))
+            }
+        }
+
+        $crate::backend::sql::binder_queries!(@run $dialect, $db, $driver, $exec);
+        $crate::backend::sql::binder_queries!(
+            @run $dialect, $db, $crate::backend::run::InTx<'_, $driver, $db>, $tx
+        );
+        $crate::backend::sql::binder_queries!(
+            @run $dialect, $db, $crate::backend::run::OnConn<'_, $db>, conn
+        );
+
+        impl $crate::backend::run::Transact for $driver {
+            type Tx<'t> = $crate::backend::run::InTx<'t, $driver, $db>;
+
+            async fn transaction(&self, durable: bool) -> $crate::Result<Self::Tx<'_>> {
+                Ok($crate::backend::run::InTx::new(
+                    self,
+                    self.open_transaction(durable).await?,
+                ))
+            }
+        }
+    };
+}
+pub(crate) use binder_queries;
+
+#[cfg(test)]
+thread_local! {
+    /// The statements built on this thread while a test records them (see `snapshots`).
+    pub(crate) static RECORDED: std::cell::RefCell<Option<Vec<String>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Keeps `sql` for the SQL snapshots when a test asked for it; nothing otherwise.
+#[inline]
+pub(crate) fn record(_sql: &str) {
+    #[cfg(test)]
+    RECORDED.with(|r| {
+        if let Some(log) = r.borrow_mut().as_mut() {
+            log.push(_sql.to_owned());
+        }
+    });
+}
+
+/// Adds `v` to `args`, keeping the first encoding error.
+pub(crate) fn add<'q, DB, T>(args: &mut DB::Arguments, v: T) -> Result<()>
+where
+    DB: sqlx::Database,
+    T: sqlx::Encode<'q, DB> + sqlx::Type<DB> + 'q,
+{
+    use sqlx::Arguments;
+    args.add(v)
+        .map_err(|e| crate::Error::Database(sqlx::Error::Encode(e)))
+}
+
+/// A token cannot name its rows when there is no owner column to find them by.
+pub(crate) fn no_owner(m: &Mapping) -> crate::Error {
+    crate::Error::Unsupported(format!(
+        "{} has no owner column, so a token does not say which rows it holds: name the rows \
+         (--id), or map an owner column",
+        m.table_display
+    ))
+}
+
+/// Converts a lease to whole milliseconds (at least 1).
+pub(crate) fn lease_ms(lease: Duration) -> i64 {
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX).max(1)
+}
+
+/// Parses a row's JSON text (MySQL and SQLite build it with `JSON_OBJECT`).
+pub(crate) fn parse_row(text: &str) -> Result<serde_json::Value> {
+    serde_json::from_str(text).map_err(|e| {
+        crate::Error::Internal(format!("a row came back as invalid JSON ({e}): {text}"))
+    })
+}

@@ -1,0 +1,103 @@
+//! The values a claim hands out and takes: its [`Token`], its rows, a source's counts, the
+//! modes of a locking read.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result, RowId};
+
+/// The name of one claim: a fresh UUID v7. Every later change to the claim's rows is conditional
+/// on it (fencing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Token(uuid::Uuid);
+
+impl Token {
+    pub(crate) fn new() -> Token {
+        Token(uuid::Uuid::now_v7())
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.hyphenated().fmt(f)
+    }
+}
+
+impl FromStr for Token {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Token> {
+        uuid::Uuid::parse_str(s.trim())
+            .map(Token)
+            .map_err(|_| Error::InvalidInput(format!("token {s:?} is not a UUID")))
+    }
+}
+
+/// One claimed row: its id and all its columns as a JSON object (as they are after the claim).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClaimedRow {
+    /// The row's id.
+    pub id: RowId,
+    /// The row as a JSON object, column name → value.
+    pub data: serde_json::Value,
+}
+
+/// Row counts of a source, as `rowclaim stats` shows them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Rows per status value (all rows of the table that pass the source's filter).
+    pub by_status: BTreeMap<String, u64>,
+    /// Claimed rows per owner token.
+    pub claimed_by_owner: BTreeMap<String, u64>,
+    /// Claimed rows whose lease has expired (claimable again).
+    pub expired_leases: u64,
+}
+
+/// Work left in a source, from [`Claimer::backlog`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Backlog {
+    /// Rows in the ready state.
+    pub ready: u64,
+    /// Rows claimed now.
+    pub claimed: u64,
+    /// Managed queue: ready jobs scheduled for later that never ran (not counted in `ready`).
+    pub scheduled: u64,
+    /// Whether claimed rows come back when their claimer dies (a lease column is mapped, or the
+    /// strategy is lease-table). Without that, a claimed row stays claimed until someone settles it.
+    pub claims_expire: bool,
+}
+
+impl Backlog {
+    /// Whether any row may still need a worker: ready rows, or claimed rows that come back if their
+    /// claimer dies.
+    pub fn has_work(&self) -> bool {
+        self.ready > 0 || (self.claims_expire && self.claimed > 0)
+    }
+}
+
+/// How a locking read locks rows (seed 001).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockMode {
+    /// `FOR SHARE` (`LOCK IN SHARE MODE` on MariaDB): others may read, not change.
+    Share,
+    /// `FOR UPDATE`: as if the rows were being updated.
+    Update,
+}
+
+/// What a locking read does about rows another transaction has locked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockWait {
+    /// Wait for them.
+    Wait,
+    /// Fail at once with [`Error::Locked`].
+    NoWait,
+    /// Leave them out of the result.
+    SkipLocked,
+}
