@@ -21,6 +21,7 @@ use crate::value::IdList;
 use crate::{LockMode, LockWait, Result, RowId, Stats, Strategy};
 
 mod inspect;
+pub(crate) mod once;
 mod request;
 mod retry;
 pub(crate) mod run;
@@ -64,12 +65,12 @@ pub(crate) trait Catalog: Send + Sync {
     async fn counter_next(&self, name: &str) -> Result<i64>;
     /// How this database names things, for checking a source against its catalog.
     fn naming(&self) -> Naming;
-    /// Runs the source's filter on its table without reading a row (`run::probe_filter`).
+    /// Runs the source's filter on its table without reading a row (`once::probe_filter`).
     async fn probe_filter(&self, m: &Mapping) -> Result<()>;
 }
 
 /// The claim store role: taking rows, and everything done to rows a token holds. The reports
-/// are written once for every driver (`run::stats`, `run::backlog`), over the driver's
+/// are written once for every driver (`once::stats`, `once::backlog`), over the driver's
 /// [`run::Run`].
 #[async_trait::async_trait]
 pub(crate) trait ClaimStore: Send + Sync {
@@ -133,10 +134,10 @@ pub(crate) trait ClaimStore: Send + Sync {
         mode: LockMode,
         wait: LockWait,
     ) -> Result<(Held, Vec<serde_json::Value>)>;
-    /// Counts by status, claims by owner, expired leases (`run::stats`).
+    /// Counts by status, claims by owner, expired leases (`once::stats`).
     async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<Stats>;
     /// Rows that still need a worker: (ready and due or awaiting a retry, claimed, scheduled
-    /// for later) (`run::backlog`).
+    /// for later) (`once::backlog`).
     async fn backlog(&self, m: &Mapping) -> Result<(u64, u64, u64)>;
     /// Rows as stored, in id order, with who holds them and until when (for looking at a
     /// source, not for claiming).

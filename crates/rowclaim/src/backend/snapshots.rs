@@ -1,20 +1,23 @@
-//! The SQL every driver runs, as snapshots (`insta`): for each database, strategy and mapping
-//! shape, the statements of one claim of two rows, a complete of one of them and a release of
-//! the other, recorded as they were sent to a real server. A change to any claim's SQL shows up
-//! as a diff of `backend/snapshots/*.snap` in review; `cargo insta review` (or
-//! `INSTA_UPDATE=always cargo test -p rowclaim --lib snapshots`) accepts it.
-//!
-//! PostgreSQL and MySQL/MariaDB come from `ROWCLAIM_TEST_POSTGRES` / `ROWCLAIM_TEST_MYSQL` (as for
-//! the other tests; `scripts/test` sets them); each case makes and drops its own database.
+//! The SQL every driver sends, as snapshots (`insta`), built by the statement builders alone: no
+//! database server is involved. For each database, strategy and mapping shape: the statements of
+//! one claim of two rows, of a complete of one of them and a release of the other, and of a row
+//! given back by hand; each statement followed by the values it binds. A change to any of them
+//! shows up as a diff of `backend/snapshots/*.snap` in review; `cargo insta review` (or
+//! `INSTA_UPDATE=always cargo test -p rowclaim --lib snapshots`) accepts it. The managed queue's
+//! statements have snapshots of their own (`queue/snapshots.rs`).
 
 use std::time::Duration;
 
-use crate::backend::sql::RECORDED;
-use crate::{Db, Source, Strategy};
+use super::request::{ClaimArgs, Outcome, Resolved, Target};
+use super::sql::{naming, Dialect, Stmt};
+use super::{ServerInfo, ServerKind};
+use crate::mapping::{ColType, Column, Mapping};
+use crate::value::IdList;
+use crate::{Result, RowId, Source, Strategy};
 
 /// What a case's table holds besides id and status.
 #[derive(Clone, Copy, Debug)]
-enum Shape {
+pub(crate) enum Shape {
     /// `id`, `status`: the least a source needs.
     StatusOnly,
     /// Owner, lease and attempts columns too.
@@ -29,132 +32,189 @@ const STRATEGIES: [Strategy; 5] = [
     Strategy::Transaction,
 ];
 
-/// A database of its own for one case, dropped at the end.
-struct Scratch {
-    url: String,
-    drop_sql: Option<(String, String)>,
-    _dir: Option<tempfile::TempDir>,
-}
+/// The claims' token in every snapshot.
+pub(crate) const TOKEN: &str = "01900000-0000-7000-8000-000000000000";
 
-impl Scratch {
-    async fn new(dialect: &str, case: &str) -> Scratch {
-        let name = format!("rc_snap_{}_{}", case, std::process::id());
-        match dialect {
-            "sqlite" => {
-                let dir = tempfile::tempdir().expect("temp dir");
-                let url = format!("sqlite://{}", dir.path().join("t.db").display());
-                Scratch {
-                    url,
-                    drop_sql: None,
-                    _dir: Some(dir),
-                }
-            }
-            "postgres" => {
-                let admin = std::env::var("ROWCLAIM_TEST_POSTGRES")
-                    .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-                Scratch::server(admin, name).await
-            }
-            _ => {
-                let admin = std::env::var("ROWCLAIM_TEST_MYSQL")
-                    .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
-                Scratch::server(admin, name).await
-            }
-        }
-    }
-
-    async fn server(admin: String, name: String) -> Scratch {
-        let db = Db::connect(&admin).await.expect("admin connection");
-        raw(&db, &format!("DROP DATABASE IF EXISTS {name}")).await;
-        raw(&db, &format!("CREATE DATABASE {name}")).await;
-        let (base, query) = match admin.split_once('?') {
-            Some((b, q)) => (b.to_owned(), format!("?{q}")),
-            None => (admin.clone(), String::new()),
-        };
-        let root = &base[..base.rfind('/').expect("URL with a database")];
-        Scratch {
-            url: format!("{root}/{name}{query}"),
-            drop_sql: Some((admin, format!("DROP DATABASE IF EXISTS {name}"))),
-            _dir: None,
-        }
-    }
-
-    async fn drop(self) {
-        if let Some((admin, sql)) = self.drop_sql {
-            let db = Db::connect(&admin).await.expect("admin connection");
-            raw(&db, &sql).await;
-        }
+/// A column as a catalog would report it.
+pub(crate) fn column(name: &str, sql_type: &str, ty: ColType) -> Column {
+    Column {
+        name: name.to_owned(),
+        sql_type: sql_type.to_owned(),
+        ty,
     }
 }
 
-/// Runs setup SQL that takes no parameters.
-async fn raw(db: &Db, sql: &str) {
-    use crate::backend::Backend;
-    let sql = sqlx::AssertSqlSafe(sql.to_owned());
-    let done = match &db.backend {
-        #[cfg(feature = "postgres")]
-        Backend::Postgres(d) => sqlx::raw_sql(sql).execute(d.exec()).await.map(|_| ()),
-        #[cfg(feature = "mysql")]
-        Backend::MySql(d) => sqlx::raw_sql(sql).execute(&d.pool).await.map(|_| ()),
-        #[cfg(feature = "sqlite")]
-        Backend::Sqlite(d) => sqlx::raw_sql(sql).execute(&d.pool).await.map(|_| ()),
-    };
-    done.expect("setup statement");
-}
-
-fn table_sql(dialect: &str, shape: Shape) -> String {
-    let (id, lease) = match dialect {
-        "postgres" => ("bigserial PRIMARY KEY", "timestamptz"),
-        "mysql" => ("BIGINT AUTO_INCREMENT PRIMARY KEY", "DATETIME(6)"),
-        _ => ("INTEGER PRIMARY KEY", "INTEGER"),
-    };
-    let extra = match shape {
-        Shape::StatusOnly => String::new(),
-        Shape::Full => format!(", owner VARCHAR(64), lease_until {lease}, attempts INTEGER"),
-    };
-    format!("CREATE TABLE jobs (id {id}, status VARCHAR(20) NOT NULL{extra})")
-}
-
-/// The statements one claim, complete and release sent, or the error that refused them.
-async fn record(dialect: &str, shape: Shape, strategy: Strategy) -> String {
-    let case = format!("{dialect}_{shape:?}_{strategy}").replace('-', "_");
-    let scratch = Scratch::new(dialect, &case.to_lowercase()).await;
-    let db = Db::connect(&scratch.url).await.expect("connect");
-    raw(&db, &table_sql(dialect, shape)).await;
-    for _ in 0..3 {
-        raw(&db, "INSERT INTO jobs (status) VALUES ('ready')").await;
+/// The mapping of `source` over `columns`, as dialect `D` checks it (table key `public.jobs`).
+pub(crate) fn mapping<D: Dialect>(source: &Source, columns: &[Column]) -> Mapping {
+    match source.check(&naming::<D>(), columns, "public.jobs".to_owned()) {
+        Ok(m) => m,
+        Err(e) => panic!("the snapshot's source does not check: {e}"),
     }
+}
+
+/// The harness table of `shape` in dialect `D`.
+fn table<D: Dialect>(shape: Shape) -> Mapping {
+    let mut columns = vec![
+        column("id", "bigint", ColType::Int),
+        column("status", "varchar(20)", ColType::Text { max_len: Some(20) }),
+    ];
     let mut source = Source::new("jobs");
     if let Shape::Full = shape {
+        columns.extend([
+            column("owner", "varchar(64)", ColType::Text { max_len: Some(64) }),
+            column("lease_until", D::LEASE_TYPE, D::LEASE_COLUMN),
+            column("attempts", "integer", ColType::Int),
+        ]);
         source = source
             .owner_column("owner")
             .lease_column("lease_until")
             .attempts_column("attempts");
     }
-    RECORDED.with(|r| *r.borrow_mut() = Some(Vec::new()));
-    let outcome: crate::Result<()> = async {
-        let claimer = db.claimer(source, strategy).await?;
-        let claim = claimer.claim(2, Duration::from_secs(60)).await?;
-        let ids: Vec<_> = claim.rows().iter().map(|r| r.id.clone()).collect();
-        assert_eq!(ids.len(), 2, "{case}: two rows claimed");
-        claim.complete(&ids[0]).await?;
-        claim.release(&ids[1]).await?;
-        Ok(())
+    mapping::<D>(&source, &columns)
+}
+
+/// A claim's request for two rows of `m` with `strategy`, looking at expired leases too.
+pub(crate) fn claim_args(m: &Mapping, strategy: Strategy) -> ClaimArgs<'_> {
+    ClaimArgs {
+        m,
+        strategy: Resolved::of(strategy).unwrap_or(Resolved::Token),
+        batch: 2,
+        lease: Duration::from_secs(60),
+        token: TOKEN,
+        expired: true,
+        arms: None,
     }
-    .await;
-    let statements = RECORDED.with(|r| r.borrow_mut().take()).unwrap_or_default();
-    drop(db);
-    scratch.drop().await;
-    let mut text = statements.join(";\n\n");
-    if let Err(e) = outcome {
-        text.push_str(&format!("\n\n-- refused: {e}"));
+}
+
+/// Statements as a snapshot shows them: each one's SQL, then the values it binds.
+pub(crate) fn show<D: Dialect>(statements: impl IntoIterator<Item = Stmt<D>>) -> String {
+    statements
+        .into_iter()
+        .map(|s| format!("{};\n-- binds: {:?}", s.sql.trim(), s.binder.values()))
+        .collect::<Vec<_>>()
+        .join("\n\n")
+}
+
+/// One driver's statement builders, as the snapshots call them.
+pub(crate) trait Builders {
+    type D: Dialect;
+    /// The server the snapshots are of (the one CI runs).
+    fn server() -> ServerInfo;
+    fn claim(a: &ClaimArgs<'_>) -> Vec<Stmt<Self::D>>;
+    fn settle(
+        m: &Mapping,
+        strategy: Strategy,
+        target: &Target<'_>,
+        outcome: &Outcome,
+    ) -> Result<Vec<Stmt<Self::D>>>;
+}
+
+#[cfg(feature = "postgres")]
+pub(crate) struct Postgres;
+#[cfg(feature = "postgres")]
+impl Builders for Postgres {
+    type D = super::postgres::Sql;
+    fn server() -> ServerInfo {
+        ServerInfo::new(ServerKind::Postgres, "15.20")
+    }
+    fn claim(a: &ClaimArgs<'_>) -> Vec<Stmt<Self::D>> {
+        super::postgres::claim::statements(a)
+    }
+    fn settle(
+        m: &Mapping,
+        strategy: Strategy,
+        target: &Target<'_>,
+        outcome: &Outcome,
+    ) -> Result<Vec<Stmt<Self::D>>> {
+        super::postgres::store::settle_statements(m, strategy, TOKEN, target, outcome)
+    }
+}
+
+#[cfg(feature = "mysql")]
+pub(crate) struct MySql;
+#[cfg(feature = "mysql")]
+impl Builders for MySql {
+    type D = super::mysql::Sql;
+    fn server() -> ServerInfo {
+        ServerInfo::new(ServerKind::MariaDb, "10.11.19-MariaDB")
+    }
+    fn claim(a: &ClaimArgs<'_>) -> Vec<Stmt<Self::D>> {
+        super::mysql::claim::statements(a)
+    }
+    fn settle(
+        m: &Mapping,
+        strategy: Strategy,
+        target: &Target<'_>,
+        outcome: &Outcome,
+    ) -> Result<Vec<Stmt<Self::D>>> {
+        super::mysql::store::settle_statements(m, strategy, TOKEN, target, outcome)
+    }
+}
+
+#[cfg(feature = "sqlite")]
+pub(crate) struct Sqlite;
+#[cfg(feature = "sqlite")]
+impl Builders for Sqlite {
+    type D = super::sqlite::Sql;
+    fn server() -> ServerInfo {
+        ServerInfo::new(ServerKind::Sqlite, "3.51.3")
+    }
+    fn claim(a: &ClaimArgs<'_>) -> Vec<Stmt<Self::D>> {
+        super::sqlite::claim::statements(a)
+    }
+    fn settle(
+        m: &Mapping,
+        strategy: Strategy,
+        target: &Target<'_>,
+        outcome: &Outcome,
+    ) -> Result<Vec<Stmt<Self::D>>> {
+        super::sqlite::store::settle_statements(m, strategy, TOKEN, target, outcome)
+    }
+}
+
+/// What one strategy sends on a table of `shape`: a claim, a complete of row 1 and a release of
+/// row 2, a release of row 2 by hand; or the error that refuses the strategy.
+fn record<B: Builders>(shape: Shape, strategy: Strategy) -> String {
+    let m = table::<B::D>(shape);
+    let server = B::server();
+    if let Err(e) = strategy.resolve(&server, &m) {
+        return format!("-- refused: {e}");
+    }
+    let a = claim_args(&m, strategy);
+    let mut text = format!("-- claim\n{}", show(B::claim(&a)));
+    let one = |id: i64| IdList::Int(vec![id]);
+    for (what, id, outcome) in [
+        ("complete", 1, Outcome::Done(None)),
+        ("release", 2, Outcome::Ready),
+    ] {
+        let list = one(id);
+        let target = Target::Ids(&list, 1);
+        let sent = match strategy {
+            // Its rows are settled inside the claim's own transaction.
+            Strategy::Transaction => Ok(vec![]),
+            _ => B::settle(&m, strategy, &target, &outcome),
+        };
+        text.push_str(&format!("\n\n-- {what} row {id}\n"));
+        text.push_str(&match sent {
+            Ok(s) => show(s),
+            Err(e) => format!("-- refused: {e}"),
+        });
+    }
+    if strategy != Strategy::Transaction {
+        let r = super::once::release_sql::<B::D>(&m, strategy, &RowId::Int(2), None);
+        let statements = r.lock.into_iter().chain(r.lease).chain([r.row]);
+        text.push_str(&format!(
+            "\n\n-- release row 2 by hand\n{}",
+            show(statements)
+        ));
     }
     text
 }
 
-async fn snapshot_dialect(dialect: &str) {
+fn snapshot_dialect<B: Builders>(dialect: &str) {
     for shape in [Shape::StatusOnly, Shape::Full] {
         for strategy in STRATEGIES {
-            let text = record(dialect, shape, strategy).await;
+            let text = record::<B>(shape, strategy);
             let name = format!("{dialect}__{shape:?}__{strategy}").to_lowercase();
             insta::assert_snapshot!(name, text);
         }
@@ -162,19 +222,19 @@ async fn snapshot_dialect(dialect: &str) {
 }
 
 #[cfg(feature = "postgres")]
-#[tokio::test]
-async fn postgres_sql() {
-    snapshot_dialect("postgres").await;
+#[test]
+fn postgres_sql() {
+    snapshot_dialect::<Postgres>("postgres");
 }
 
 #[cfg(feature = "mysql")]
-#[tokio::test]
-async fn mysql_sql() {
-    snapshot_dialect("mysql").await;
+#[test]
+fn mysql_sql() {
+    snapshot_dialect::<MySql>("mysql");
 }
 
 #[cfg(feature = "sqlite")]
-#[tokio::test]
-async fn sqlite_sql() {
-    snapshot_dialect("sqlite").await;
+#[test]
+fn sqlite_sql() {
+    snapshot_dialect::<Sqlite>("sqlite");
 }

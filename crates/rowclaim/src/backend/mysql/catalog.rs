@@ -6,11 +6,11 @@ use super::*;
 #[async_trait::async_trait]
 impl Catalog for My {
     fn naming(&self) -> crate::mapping::Naming {
-        run::naming(self)
+        once::naming(self)
     }
 
     async fn probe_filter(&self, m: &Mapping) -> Result<()> {
-        run::probe_filter(self, m).await
+        once::probe_filter(self, m).await
     }
 
     async fn server(&self) -> Result<ServerInfo> {

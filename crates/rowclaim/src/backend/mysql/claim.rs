@@ -1,4 +1,5 @@
-//! Claiming on MySQL/MariaDB: one function per strategy, each holding all of its SQL.
+//! Claiming on MySQL/MariaDB: one function per strategy, each holding all of its SQL in statement
+//! builders (`*_sql`, pure: the snapshots call them) that the strategy runs in order.
 
 use super::*;
 
@@ -15,168 +16,111 @@ impl My {
     }
 
     /// The `skip-locked` strategy on MySQL/MariaDB: one transaction: lock the first unlocked
-    /// candidates, mark them ours, read them back. Expired leases first, then ready rows, each arm
-    /// its own locking read so each walks its own index; the arms may lock up to twice the batch
-    /// for the moment of this transaction when leases have expired. On a Galera cluster the rows
-    /// are read back by token after the commit instead (see `verify_after_commit`).
+    /// candidates ([`skip_locked_pick`]), mark them ours ([`mark_sql`]), read them back
+    /// ([`rows_sql`]). On a Galera cluster the rows are read back by token after the commit
+    /// instead (see `verify_after_commit`).
     async fn skip_locked(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
-        let (m, t, id) = (a.m, &a.m.table, &a.m.id);
-        let mut b = B::new();
-        let batch = i64::from(a.batch);
-        let arm = |b: &mut B, cond: String| locking_arm(m, b, &cond, batch);
-        let sql = match a.expired.then(|| sql::expired_arm(m, &mut b)).flatten() {
-            Some(expired) => {
-                let e = arm(&mut b, expired);
-                let ready = sql::ready_arm(m, &mut b);
-                let r = arm(&mut b, ready);
-                format!("{e} UNION ALL {r} LIMIT {}", b.bind(batch))
-            }
-            None => {
-                let ready = sql::ready_arm(m, &mut b);
-                arm(&mut b, ready)
-            }
-        };
+        let m = a.m;
         let verify = self.verify_after_commit().await?;
         let mut tx = self.begin().await?;
-        let found: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
+        let Stmt { sql, binder } = skip_locked_pick(a);
+        let found: Vec<String> = binder.scalar(sql)?.fetch_all(&mut *tx).await?;
         if found.is_empty() {
             tx.rollback().await?;
             return Ok(Claimed::none());
         }
         let list = id_list(m, &found)?;
-        let mut b = B::new();
-        let set = sql::claim_set(m, &mut b, a.token, a.lease);
-        let which = in_ids(&mut b, id, &list);
-        let sql = format!("UPDATE {t} SET {set} WHERE {which}");
-        b.query(sql)?.execute(&mut *tx).await?;
+        let Stmt { sql, binder } = mark_sql(a, &list, Recheck::Nothing);
+        binder.query(sql)?.execute(&mut *tx).await?;
         if verify {
             // The locks held off this node's claimers only: what counts is what committed.
             tx.commit().await?;
             return Ok(Claimed::contested(self.rows_of_owner(m, a.token).await?));
         }
-        let mut b = B::new();
-        let sql = rows_sql(m, &mut b, &list);
-        let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
+        let Stmt { sql, binder } = rows_sql(m, &list);
+        let rows = parse_rows(binder.scalar(sql)?.fetch_all(&mut *tx).await?)?;
         tx.commit().await?;
         Ok(Claimed::rows(rows))
     }
 
-    /// The `token` strategy on MySQL/MariaDB: mark the first candidates with the token (the
-    /// candidates come from a derived table, which MySQL materialises, so the UPDATE may name its
-    /// own table there), then read the rows that carry it. The condition is checked again after
-    /// waiting for another claimer's row lock, so a row is never taken twice; a claimer that lost
-    /// every row to others gets none and tries again.
+    /// The `token` strategy on MySQL/MariaDB: mark the first candidates with the token
+    /// ([`token_sql`]), then read the rows that carry it. A claimer that lost every row to
+    /// others gets none and tries again.
     async fn token(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
-        let (m, t, id, filter) = (a.m, &a.m.table, &a.m.id, &a.m.filter);
-        let mut b = B::new();
-        let batch = i64::from(a.batch);
-        let set = sql::claim_set(m, &mut b, a.token, a.lease);
-        let pick = sql::candidates(m, &mut b, id, batch, a.expired);
-        let cond = sql::claimable(m, &mut b);
-        let sql = format!(
-            "UPDATE {t} SET {set} WHERE {id} IN (SELECT {id} FROM ({pick}) AS c) \
-             AND {cond}{filter}"
-        );
-        let changed = b.query(sql)?.execute(&self.pool).await?.rows_affected();
+        let Stmt { sql, binder } = token_sql(a);
+        let changed = binder
+            .query(sql)?
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
         if changed == 0 {
             return Ok(Claimed::raced(
                 vec![],
-                run::claimable_exists(self, m).await?,
+                once::claimable_exists(self, a.m).await?,
             ));
         }
-        Ok(Claimed::rows(self.rows_of_owner(m, a.token).await?))
+        Ok(Claimed::rows(self.rows_of_owner(a.m, a.token).await?))
     }
 
-    /// The `optimistic` strategy on MySQL/MariaDB: read candidates without locks; the update wins
-    /// only the rows still claimable.
+    /// The `optimistic` strategy on MySQL/MariaDB: read candidates without locks
+    /// ([`optimistic_pick`]); the update wins only the rows still claimable: all of them in one
+    /// statement when the token tells which it won, else one statement per candidate.
     async fn optimistic(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
-        let (m, t, id, filter) = (a.m, &a.m.table, &a.m.id, &a.m.filter);
+        let m = a.m;
         let mut b = B::new();
-        let batch = i64::from(a.batch);
-        let sql = optimistic_pick(m, &mut b, batch, a.expired);
+        let sql = optimistic_pick(m, &mut b, i64::from(a.batch), a.expired);
         let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
         if found.is_empty() {
             return Ok(Claimed::none());
         }
         let rows = if m.owner.is_some() {
-            // One statement for all candidates; the token tells which it won.
             let list = id_list(m, &found)?;
-            let mut b = B::new();
-            let set = sql::claim_set(m, &mut b, a.token, a.lease);
-            let which = in_ids(&mut b, id, &list);
-            let cond = sql::claimable(m, &mut b);
-            let sql = format!("UPDATE {t} SET {set} WHERE {which} AND {cond}{filter}");
-            b.query(sql)?.execute(&self.pool).await?;
+            let Stmt { sql, binder } = mark_sql(a, &list, Recheck::Claimable);
+            binder.query(sql)?.execute(&self.pool).await?;
             self.rows_of_owner(m, a.token).await?
         } else {
-            // Without an owner column only the affected-row count tells who won: one
-            // statement per candidate.
+            // Without an owner column only the affected-row count tells who won.
             let mut won = Vec::new();
             for row in m.parse_ids(&found)? {
-                let mut b = B::new();
-                let set = sql::claim_set(m, &mut b, a.token, a.lease);
-                let key = b.value(&row);
-                let cond = sql::claimable(m, &mut b);
-                let sql = format!("UPDATE {t} SET {set} WHERE {id} = {key} AND {cond}{filter}");
-                if b.query(sql)?.execute(&self.pool).await?.rows_affected() == 1 {
+                let list = IdList::new(m.id_kind, std::slice::from_ref(&row))?;
+                let Stmt { sql, binder } = mark_sql(a, &list, Recheck::Claimable);
+                if binder
+                    .query(sql)?
+                    .execute(&self.pool)
+                    .await?
+                    .rows_affected()
+                    == 1
+                {
                     won.push(row);
                 }
             }
             if won.is_empty() {
                 vec![]
             } else {
-                let list = IdList::new(m.id_kind, &won)?;
-                let mut b = B::new();
-                let sql = rows_sql(m, &mut b, &list);
-                parse_rows(b.scalar(sql)?.fetch_all(&self.pool).await?)?
+                let Stmt { sql, binder } = rows_sql(m, &IdList::new(m.id_kind, &won)?);
+                parse_rows(binder.scalar(sql)?.fetch_all(&self.pool).await?)?
             }
         };
         Ok(Claimed::contested(rows))
     }
 
-    /// The `lease-table` strategy on MySQL/MariaDB: candidates are rows without a live lease;
-    /// inserting the lease key is the claim (an expired lease is taken over in the same statement),
-    /// then the rows are marked, all in one transaction (on a Galera cluster read back after
-    /// the commit).
+    /// The `lease-table` strategy on MySQL/MariaDB: candidates are rows without a live lease
+    /// ([`lease_candidates`]); inserting the lease key is the claim (an expired lease is taken
+    /// over in the same statement, [`lease_insert_sql`]), then the rows are marked, all in one
+    /// transaction (on a Galera cluster read back after the commit).
     async fn lease_table(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
-        let (m, t, id) = (a.m, &a.m.table, &a.m.id);
+        let m = a.m;
         let mut b = B::new();
-        let batch = i64::from(a.batch);
-        let st = &m.status;
-        let sql = lease_candidates(m, &mut b, batch, true);
+        let sql = lease_candidates(m, &mut b, i64::from(a.batch), true);
         let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
         if found.is_empty() {
             return Ok(Claimed::none());
         }
-        // On a duplicate key the assignments run left to right, so the second one sees
-        // the token the first one wrote: an expired lease changes hands, a live one stays.
-        // (`VALUES(col)` is deprecated from MySQL 8.0.20 in favour of a row alias, which
-        // MariaDB lacks; both still accept it.)
-        let mut b = B::new();
-        let mut values = Vec::with_capacity(found.len());
-        for key in &found {
-            let source = b.bind(m.source_key.clone());
-            let key = b.bind(key.clone());
-            let token = b.bind(a.token.to_owned());
-            let until = Sql::later(&mut b, a.lease);
-            values.push(format!("({source}, {key}, {token}, {until})"));
-        }
-        let sql = format!(
-            "INSERT INTO rowclaim_leases (source, row_id, token, lease_until) VALUES {} \
-             ON DUPLICATE KEY UPDATE \
-             token = IF(lease_until < UTC_TIMESTAMP(6), VALUES(token), token), \
-             lease_until = IF(token = VALUES(token), VALUES(lease_until), lease_until)",
-            values.join(", ")
-        );
         let mut tx = self.begin().await?;
-        b.query(sql)?.execute(&mut *tx).await?;
-        let mut b = B::new();
-        let source = b.bind(m.source_key.clone());
-        let token = b.bind(a.token.to_owned());
-        let sql = format!(
-            "SELECT row_id FROM rowclaim_leases WHERE source = {source} AND token = {token}"
-        );
-        let won: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
+        let Stmt { sql, binder } = lease_insert_sql(a, &found);
+        binder.query(sql)?.execute(&mut *tx).await?;
+        let Stmt { sql, binder } = leases_won_sql(a);
+        let won: Vec<String> = binder.scalar(sql)?.fetch_all(&mut *tx).await?;
         if won.is_empty() {
             tx.rollback().await?;
             return Ok(Claimed::raced(vec![], true));
@@ -184,29 +128,20 @@ impl My {
         let list = id_list(m, &won)?;
         // A lease won for a row that was finished meanwhile stays until it expires; it
         // blocks nothing, since only ready and claimed rows are candidates.
-        let mut b = B::new();
-        let set = sql::claim_set(m, &mut b, a.token, a.lease);
-        let which = in_ids(&mut b, id, &list);
-        let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
-        let sql =
-            format!("UPDATE {t} SET {set} WHERE {which} AND ({st} = {ready} OR {st} = {claimed})");
-        b.query(sql)?.execute(&mut *tx).await?;
+        let Stmt { sql, binder } = mark_sql(a, &list, Recheck::ReadyOrClaimed);
+        binder.query(sql)?.execute(&mut *tx).await?;
         if self.verify_after_commit().await? {
             // Another node's claim of the same keys shows up at commit: read back the leases
             // that committed with our token.
             tx.commit().await?;
-            let mut b = B::new();
-            let mine = leases_of(m, &mut b, a.token, &Target::All);
-            let sql = format!("SELECT row_id FROM rowclaim_leases WHERE {mine}");
-            let won: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
-            let mut b = B::new();
-            let sql = rows_sql(m, &mut b, &id_list(m, &won)?);
-            let rows = parse_rows(b.scalar(sql)?.fetch_all(&self.pool).await?)?;
+            let Stmt { sql, binder } = leases_won_sql(a);
+            let won: Vec<String> = binder.scalar(sql)?.fetch_all(&self.pool).await?;
+            let Stmt { sql, binder } = rows_sql(m, &id_list(m, &won)?);
+            let rows = parse_rows(binder.scalar(sql)?.fetch_all(&self.pool).await?)?;
             return Ok(Claimed::contested(rows));
         }
-        let mut b = B::new();
-        let sql = rows_sql(m, &mut b, &list);
-        let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
+        let Stmt { sql, binder } = rows_sql(m, &list);
+        let rows = parse_rows(binder.scalar(sql)?.fetch_all(&mut *tx).await?)?;
         tx.commit().await?;
         Ok(Claimed::contested(rows))
     }
@@ -215,23 +150,179 @@ impl My {
     /// the session's idle timeout (`wait_timeout`, whole seconds) is the lease: past it the server
     /// closes the connection, the transaction rolls back and the rows are free again.
     async fn transaction(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
-        let m = a.m;
         let mut b = B::new();
-        let sql = transaction_pick(m, &mut b, i64::from(a.batch));
+        let sql = transaction_pick(a.m, &mut b, i64::from(a.batch));
         let mut tx = self.begin().await?;
         let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
         if rows.is_empty() {
             tx.rollback().await?;
             return Ok(Claimed::none());
         }
-        // The lease starts now. `@rowclaim_open` counts the rows still to settle, so that
-        // the last settle gives the pooled connection its usual timeout back.
-        sqlx::query("SET SESSION wait_timeout = ?, @rowclaim_open = ?")
-            .bind(lease_secs(a.lease))
-            .bind(rows.len() as i64)
-            .execute(&mut *tx)
-            .await?;
+        let Stmt { sql, binder } = lease_session_sql(a.lease, rows.len());
+        binder.query(sql)?.execute(&mut *tx).await?;
         Ok(Claimed::held(rows, Some(tx)))
+    }
+}
+
+/// The skip-locked claim's locking read: expired leases first, then ready rows, each arm its
+/// own locking read so each walks its own index; the arms may lock up to twice the batch for
+/// the moment of this transaction when leases have expired.
+pub(crate) fn skip_locked_pick(a: &ClaimArgs<'_>) -> Stmt<Sql> {
+    let m = a.m;
+    let mut b = B::new();
+    let batch = i64::from(a.batch);
+    let arm = |b: &mut B, cond: String| locking_arm(m, b, &cond, batch);
+    let sql = match a.expired.then(|| sql::expired_arm(m, &mut b)).flatten() {
+        Some(expired) => {
+            let e = arm(&mut b, expired);
+            let ready = sql::ready_arm(m, &mut b);
+            let r = arm(&mut b, ready);
+            format!("{e} UNION ALL {r} LIMIT {}", b.bind(batch))
+        }
+        None => {
+            let ready = sql::ready_arm(m, &mut b);
+            arm(&mut b, ready)
+        }
+    };
+    Stmt::new(sql, b)
+}
+
+/// What a marking of named rows checks again before it takes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Recheck {
+    /// Nothing: they are locked by this transaction already.
+    Nothing,
+    /// Still claimable (a claim that read its candidates without locks).
+    Claimable,
+    /// Ready or claimed (a lease-table claim that won their leases).
+    ReadyOrClaimed,
+}
+
+/// Marks the rows `list` claimed by the token, where they still meet `recheck`.
+pub(crate) fn mark_sql(a: &ClaimArgs<'_>, list: &IdList, recheck: Recheck) -> Stmt<Sql> {
+    let m = a.m;
+    let mut b = B::new();
+    let set = sql::claim_set(m, &mut b, a.token, a.lease);
+    let which = in_ids(&mut b, &m.id, list);
+    let also = match recheck {
+        Recheck::Nothing => String::new(),
+        Recheck::Claimable => format!(" AND {}{}", sql::claimable(m, &mut b), m.filter),
+        Recheck::ReadyOrClaimed => format!(" AND {}", ready_or_claimed(m)),
+    };
+    Stmt::new(
+        format!("UPDATE {} SET {set} WHERE {which}{also}", m.table),
+        b,
+    )
+}
+
+/// "Ready or claimed", the rows a lease-table claim looks at and marks once it won their leases.
+fn ready_or_claimed(m: &Mapping) -> String {
+    let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
+    format!("({st} = {ready} OR {st} = {claimed})", st = m.status)
+}
+
+/// The token claim: mark the first candidates with the token (the candidates come from a
+/// derived table, which MySQL materialises, so the UPDATE may name its own table there). The
+/// condition is checked again after waiting for another claimer's row lock, so a row is never
+/// taken twice.
+pub(crate) fn token_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
+    let (m, t, id, filter) = (a.m, &a.m.table, &a.m.id, &a.m.filter);
+    let mut b = B::new();
+    let set = sql::claim_set(m, &mut b, a.token, a.lease);
+    let pick = sql::candidates(m, &mut b, id, i64::from(a.batch), a.expired);
+    let cond = sql::claimable(m, &mut b);
+    let sql = format!(
+        "UPDATE {t} SET {set} WHERE {id} IN (SELECT {id} FROM ({pick}) AS c) AND {cond}{filter}"
+    );
+    Stmt::new(sql, b)
+}
+
+/// The lease-table claim's insert of the candidates' lease keys. On a duplicate key the
+/// assignments run left to right, so the second one sees the token the first one wrote: an
+/// expired lease changes hands, a live one stays. (`VALUES(col)` is deprecated from MySQL
+/// 8.0.20 in favour of a row alias, which MariaDB lacks; both still accept it.)
+pub(crate) fn lease_insert_sql(a: &ClaimArgs<'_>, keys: &[String]) -> Stmt<Sql> {
+    let mut b = B::new();
+    let mut values = Vec::with_capacity(keys.len());
+    for key in keys {
+        let source = b.bind(a.m.source_key.clone());
+        let key = b.bind(key.clone());
+        let token = b.bind(a.token.to_owned());
+        let until = Sql::later(&mut b, a.lease);
+        values.push(format!("({source}, {key}, {token}, {until})"));
+    }
+    let sql = format!(
+        "INSERT INTO rowclaim_leases (source, row_id, token, lease_until) VALUES {} \
+         ON DUPLICATE KEY UPDATE \
+         token = IF(lease_until < UTC_TIMESTAMP(6), VALUES(token), token), \
+         lease_until = IF(token = VALUES(token), VALUES(lease_until), lease_until)",
+        values.join(", ")
+    );
+    Stmt::new(sql, b)
+}
+
+/// The keys of the leases the claim's token holds.
+pub(crate) fn leases_won_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
+    let mut b = B::new();
+    let mine = leases_of(a.m, &mut b, a.token, &Target::All);
+    Stmt::new(
+        format!("SELECT row_id FROM rowclaim_leases WHERE {mine}"),
+        b,
+    )
+}
+
+/// The transaction claim's lease: the session's idle timeout, and `@rowclaim_open`, the rows
+/// still to settle, so that the last settle gives the pooled connection its usual timeout back.
+pub(crate) fn lease_session_sql(lease: Duration, rows: usize) -> Stmt<Sql> {
+    let mut b = B::new();
+    let sql = format!(
+        "SET SESSION wait_timeout = {}, @rowclaim_open = {}",
+        b.bind(lease_secs(lease)),
+        b.bind(rows as i64)
+    );
+    Stmt::new(sql, b)
+}
+
+/// The statements a claim of `a.strategy` sends, in order, for the SQL snapshots: where a
+/// statement's input comes from an earlier one's answer, rows 1 and 2 were found (and won), on
+/// a server that is not a Galera node.
+#[cfg(test)]
+pub(crate) fn statements(a: &ClaimArgs<'_>) -> Vec<Stmt<Sql>> {
+    let found = || vec!["1".to_owned(), "2".to_owned()];
+    let list = IdList::Int(vec![1, 2]);
+    let batch = i64::from(a.batch);
+    let pick = |f: fn(&Mapping, &mut B, i64, bool) -> String, expired| {
+        let mut b = B::new();
+        let sql = f(a.m, &mut b, batch, expired);
+        Stmt::new(sql, b)
+    };
+    let read_back = || match &a.m.owner {
+        Some(ow) => rows_of_owner_sql(a.m, ow, a.token),
+        None => rows_sql(a.m, &list),
+    };
+    match a.strategy {
+        Resolved::SkipLocked => vec![
+            skip_locked_pick(a),
+            mark_sql(a, &list, Recheck::Nothing),
+            rows_sql(a.m, &list),
+        ],
+        Resolved::Token => vec![token_sql(a), read_back()],
+        Resolved::Optimistic => vec![
+            pick(optimistic_pick, a.expired),
+            mark_sql(a, &list, Recheck::Claimable),
+            read_back(),
+        ],
+        Resolved::LeaseTable => vec![
+            pick(lease_candidates, true),
+            lease_insert_sql(a, &found()),
+            leases_won_sql(a),
+            mark_sql(a, &list, Recheck::ReadyOrClaimed),
+            rows_sql(a.m, &list),
+        ],
+        Resolved::Transaction => vec![
+            pick(|m, b, n, _| transaction_pick(m, b, n), false),
+            lease_session_sql(a.lease, 2),
+        ],
     }
 }
 
@@ -248,7 +339,7 @@ fn locking_arm(m: &Mapping, b: &mut B, cond: &str, batch: i64) -> String {
 }
 
 /// The optimistic claim's candidates, read without locks.
-fn optimistic_pick(m: &Mapping, b: &mut B, batch: i64, expired: bool) -> String {
+pub(crate) fn optimistic_pick(m: &Mapping, b: &mut B, batch: i64, expired: bool) -> String {
     let select = format!("CAST({} AS CHAR) AS rowclaim_id", m.id);
     let pick = sql::candidates(m, b, &select, batch, expired);
     format!("SELECT rowclaim_id FROM ({pick}) AS c")
@@ -256,9 +347,8 @@ fn optimistic_pick(m: &Mapping, b: &mut B, batch: i64, expired: bool) -> String 
 
 /// The lease-table claim's candidates: ready or claimed rows without a live lease. Without
 /// `leases` the lease table is left out (`rowclaim check` on a database that has none yet).
-fn lease_candidates(m: &Mapping, b: &mut B, batch: i64, leases: bool) -> String {
-    let (t, id, st) = (&m.table, &m.id, &m.status);
-    let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
+pub(crate) fn lease_candidates(m: &Mapping, b: &mut B, batch: i64, leases: bool) -> String {
+    let (t, id) = (&m.table, &m.id);
     let live = if leases {
         let source = b.bind(m.source_key.clone());
         format!(
@@ -270,16 +360,16 @@ fn lease_candidates(m: &Mapping, b: &mut B, batch: i64, leases: bool) -> String 
     };
     let limit = b.bind(batch);
     format!(
-        "SELECT {} FROM {t} AS t WHERE ({st} = {ready} OR {st} = {claimed}){}{live} \
-         ORDER BY {} LIMIT {limit}",
+        "SELECT {} FROM {t} AS t WHERE {}{}{live} ORDER BY {} LIMIT {limit}",
         id_text(m),
+        ready_or_claimed(m),
         m.filter,
         m.order_by
     )
 }
 
 /// The transaction claim's locking read of ready rows.
-fn transaction_pick(m: &Mapping, b: &mut B, batch: i64) -> String {
+pub(crate) fn transaction_pick(m: &Mapping, b: &mut B, batch: i64) -> String {
     let limit = b.bind(batch);
     format!(
         "SELECT {} FROM {} AS t WHERE {} = {}{} ORDER BY {} LIMIT {limit} FOR UPDATE SKIP LOCKED",

@@ -17,13 +17,13 @@
 
 mod catalog;
 mod check;
-mod claim;
-mod store;
+pub(crate) mod claim;
+pub(crate) mod store;
 
 use std::time::Duration;
 
-use super::run;
-use super::sql::{self, binder_queries, Binder, Dialect, Value};
+use super::once;
+use super::sql::{self, binder_queries, Binder, Dialect, Stmt, Value};
 use super::{
     Catalog, ClaimArgs, ClaimStore, Claimed, Held, Outcome, Resolved, ServerInfo, ServerKind,
     Target,
@@ -271,25 +271,6 @@ impl My {
         self.begin().await
     }
 
-    /// Runs a statement that changes rows; with several named rows it commits only if all of them
-    /// changed (all or nothing). The count is of rows matched: sqlx connects with
-    /// `CLIENT_FOUND_ROWS`.
-    async fn change_all_or_nothing(&self, sql: String, b: B, target: &Target<'_>) -> Result<u64> {
-        match target {
-            Target::Ids(_, n) if *n > 1 => {
-                let mut tx = self.begin().await?;
-                let changed = b.query(sql)?.execute(&mut *tx).await?.rows_affected();
-                if changed == *n as u64 {
-                    tx.commit().await?;
-                } else {
-                    tx.rollback().await?;
-                }
-                Ok(changed)
-            }
-            _ => Ok(b.query(sql)?.execute(&self.pool).await?.rows_affected()),
-        }
-    }
-
     /// Whether a claim transaction is to be trusted only by what reads back after its COMMIT.
     /// On a Galera cluster a row lock is seen by this node only: another node's claim of the same
     /// rows shows up when one of the two commits, and the other is rolled back, possibly after it
@@ -305,31 +286,39 @@ impl My {
         let Some(ow) = &m.owner else {
             return Ok(vec![]);
         };
-        let mut b = B::new();
-        let tok = b.bind(token.to_owned());
-        let claimed = status_literal(&m.claimed);
-        let sql = format!(
-            "SELECT {} FROM {} AS t WHERE t.{ow} = {tok} AND t.{} = {claimed} ORDER BY {}",
-            claimed_json(m),
-            m.table,
-            m.status,
-            m.order_by
-        );
-        parse_rows(b.scalar(sql)?.fetch_all(&self.pool).await?)
+        let Stmt { sql, binder } = rows_of_owner_sql(m, ow, token);
+        parse_rows(binder.scalar(sql)?.fetch_all(&self.pool).await?)
     }
 }
 
 /// The claimed rows `list` as JSON, in the source's order.
-fn rows_sql(m: &Mapping, b: &mut B, list: &IdList) -> String {
-    let which = in_ids(b, &format!("t.{}", m.id), list);
+pub(super) fn rows_sql(m: &Mapping, list: &IdList) -> Stmt<Sql> {
+    let mut b = B::new();
+    let which = in_ids(&mut b, &format!("t.{}", m.id), list);
     let claimed = status_literal(&m.claimed);
-    format!(
+    let sql = format!(
         "SELECT {} FROM {} AS t WHERE {which} AND t.{} = {claimed} ORDER BY {}",
         claimed_json(m),
         m.table,
         m.status,
         m.order_by
-    )
+    );
+    Stmt::new(sql, b)
+}
+
+/// The rows `token` marked in the table, as JSON, in the source's order.
+pub(super) fn rows_of_owner_sql(m: &Mapping, owner: &str, token: &str) -> Stmt<Sql> {
+    let mut b = B::new();
+    let tok = b.bind(token.to_owned());
+    let claimed = status_literal(&m.claimed);
+    let sql = format!(
+        "SELECT {} FROM {} AS t WHERE t.{owner} = {tok} AND t.{} = {claimed} ORDER BY {}",
+        claimed_json(m),
+        m.table,
+        m.status,
+        m.order_by
+    );
+    Stmt::new(sql, b)
 }
 
 /// Sorts a MySQL/MariaDB error by its number.

@@ -2,6 +2,7 @@
 //! reads, listing rows (the reports are shared: `sql::stats`, `sql::backlog`).
 
 use super::*;
+use crate::backend::run::{Finish, Run, Transact};
 use crate::backend::{RowQuery, StoredRow};
 
 /// A row as JSON text, then its status, holder and lease end (see `StoredRow`).
@@ -21,40 +22,22 @@ impl ClaimStore for My {
         target: Target<'_>,
         outcome: Outcome,
     ) -> Result<u64> {
-        let t = &m.table;
         if strategy != Strategy::LeaseTable {
-            let mut b = B::new();
-            let set = (!outcome.deletes(m)).then(|| sql::outcome_set(m, &mut b, &outcome));
-            let cond = sql::held_by(m, &mut b, token, &target)?;
-            let sql = sql::change_sql(m, set.as_deref(), &cond);
-            return self.change_all_or_nothing(sql, b, &target).await;
+            let s = sql::settle_in_table_sql(m, token, &target, &outcome)?;
+            return once::change_all_or_nothing(self, s, &target).await;
         }
         // Lock and delete the token's leases, then settle their rows. (MariaDB could do the first
         // two in one `DELETE … RETURNING`; MySQL 8 cannot, so both servers take two statements.)
-        let mut tx = self.begin().await?;
-        let mut b = B::new();
-        let mine = leases_of(m, &mut b, token, &target);
-        let sql = format!("SELECT row_id FROM rowclaim_leases WHERE {mine} FOR UPDATE");
-        let gone: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
+        let tx = self.transaction(false).await?;
+        let gone = tx.texts(leases_sql(m, token, &target, true)).await?;
         if gone.is_empty() {
             tx.rollback().await?;
             return Ok(0);
         }
-        let mut b = B::new();
-        let mine = leases_of(m, &mut b, token, &target);
-        b.query(format!("DELETE FROM rowclaim_leases WHERE {mine}"))?
-            .execute(&mut *tx)
+        tx.execute(drop_leases_sql(m, token, &target)).await?;
+        let changed = tx
+            .execute(settle_leased_sql(m, &id_list(m, &gone)?, &outcome))
             .await?;
-        let list = id_list(m, &gone)?;
-        let mut b = B::new();
-        let set = sql::outcome_set(m, &mut b, &outcome);
-        let which = in_ids(&mut b, &m.id, &list);
-        let claimed = status_literal(&m.claimed);
-        let sql = format!(
-            "UPDATE {t} SET {set} WHERE {which} AND {} = {claimed}",
-            m.status
-        );
-        let changed = b.query(sql)?.execute(&mut *tx).await?.rows_affected();
         match target {
             Target::Ids(_, n) if changed != n as u64 => tx.rollback().await?,
             _ => tx.commit().await?,
@@ -83,25 +66,13 @@ impl ClaimStore for My {
             return Ok(None);
         }
         let n = list.len();
-        let mut b = B::new();
-        let set = sql::outcome_set(m, &mut b, &outcome);
-        let cond = sql::held_by(m, &mut b, token, &Target::Ids(list, n))?;
-        let sql = sql::change_sql(m, Some(&set), &cond);
-        let changed = b.query(sql)?.execute(&self.pool).await?.rows_affected();
-        if changed == n as u64 {
+        let s = sql::settle_in_table_sql(m, token, &Target::Ids(list, n), &outcome)?;
+        if self.execute(s).await? == n as u64 {
             return Ok(Some(list_ids(list)));
         }
-        let mut b = B::new();
-        let which = in_ids(&mut b, &m.id, list);
-        let sql = format!(
-            "SELECT CAST({} AS CHAR) FROM {} WHERE {which} AND {owner} = {} AND {} = {}",
-            m.id,
-            m.table,
-            b.bind(token.to_owned()),
-            m.status,
-            status_literal(outcome.status(m))
-        );
-        let ours: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+        let ours = self
+            .texts(settled_by_sql(m, owner, token, list, &outcome))
+            .await?;
         Ok(Some(m.parse_ids(&ours)?))
     }
 
@@ -113,23 +84,18 @@ impl ClaimStore for My {
         target: Target<'_>,
         lease: Duration,
     ) -> Result<u64> {
-        let mut b = B::new();
-        let sql = if strategy == Strategy::LeaseTable {
+        let s = if strategy == Strategy::LeaseTable {
+            let mut b = B::new();
             let until = Sql::later(&mut b, lease);
             let mine = leases_of(m, &mut b, token, &target);
-            format!("UPDATE rowclaim_leases SET lease_until = {until} WHERE {mine}")
+            Stmt::new(
+                format!("UPDATE rowclaim_leases SET lease_until = {until} WHERE {mine}"),
+                b,
+            )
         } else {
-            let Some(le) = &m.lease else {
-                return Err(Error::Unsupported(format!(
-                    "{} has no lease column mapped, so its claims cannot be extended",
-                    m.table_display
-                )));
-            };
-            let until = Sql::later(&mut b, lease);
-            let cond = sql::held_by(m, &mut b, token, &target)?;
-            format!("UPDATE {} SET {le} = {until} WHERE {cond}", m.table)
+            sql::extend_in_table_sql(m, token, &target, lease)?
         };
-        self.change_all_or_nothing(sql, b, &target).await
+        once::change_all_or_nothing(self, s, &target).await
     }
 
     async fn still_held(
@@ -139,16 +105,18 @@ impl ClaimStore for My {
         token: &str,
         list: &IdList,
     ) -> Result<Vec<RowId>> {
-        let mut b = B::new();
         let target = Target::Ids(list, 0);
-        let sql = if strategy == Strategy::LeaseTable {
-            let mine = leases_of(m, &mut b, token, &target);
-            format!("SELECT row_id FROM rowclaim_leases WHERE {mine}")
+        let s = if strategy == Strategy::LeaseTable {
+            leases_sql(m, token, &target, false)
         } else {
+            let mut b = B::new();
             let cond = sql::held_by(m, &mut b, token, &target)?;
-            format!("SELECT {} FROM {} AS t WHERE {cond}", id_text(m), m.table)
+            Stmt::new(
+                format!("SELECT {} FROM {} AS t WHERE {cond}", id_text(m), m.table),
+                b,
+            )
         };
-        let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+        let found = self.texts(s).await?;
         m.parse_ids(&found)
     }
 
@@ -162,36 +130,19 @@ impl ClaimStore for My {
         let tx = held.mysql()?;
         // A row given back is still ready in the table; only its lock goes, at commit.
         if !outcome.gives_back() {
-            let mut b = B::new();
-            let st = status_literal(outcome.status(m));
-            let which = in_ids(&mut b, &m.id, list);
-            let sql = format!("UPDATE {} SET {} = {st} WHERE {which}", m.table, m.status);
-            b.query(sql)?.execute(&mut **tx).await?;
+            let Stmt { sql, binder } = held_settle_sql(m, list, &outcome);
+            binder.query(sql)?.execute(&mut **tx).await?;
         }
-        // After the last row the facade commits and the connection goes back to the pool: give
-        // it the server's idle timeout again. Both expressions read the variables' old values
-        // (whichever order the server evaluates them in), so this is one round trip.
-        let n = match list {
-            IdList::Int(v) => v.len(),
-            IdList::Text(v) => v.len(),
-        } as i64;
-        sqlx::query(
-            "SET SESSION wait_timeout = IF(@rowclaim_open <= ?, @@GLOBAL.wait_timeout, \
-             @@SESSION.wait_timeout), @rowclaim_open = @rowclaim_open - ?",
-        )
-        .bind(n)
-        .bind(n)
-        .execute(&mut **tx)
-        .await?;
+        let Stmt { sql, binder } = held_done_sql(list.len());
+        binder.query(sql)?.execute(&mut **tx).await?;
         Ok(())
     }
 
     async fn held_extend(&self, held: &mut Held, lease: Duration) -> Result<()> {
         let tx = held.mysql()?;
-        sqlx::query("SET SESSION wait_timeout = ?")
-            .bind(lease_secs(lease))
-            .execute(&mut **tx)
-            .await?;
+        let mut b = B::new();
+        let sql = format!("SET SESSION wait_timeout = {}", b.bind(lease_secs(lease)));
+        b.query(sql)?.execute(&mut **tx).await?;
         Ok(())
     }
 
@@ -244,11 +195,11 @@ impl ClaimStore for My {
     }
 
     async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<crate::Stats> {
-        run::stats(self, m, strategy).await
+        once::stats(self, m, strategy).await
     }
 
     async fn backlog(&self, m: &Mapping) -> Result<(u64, u64, u64)> {
-        run::backlog(self, m).await
+        once::backlog(self, m).await
     }
 
     async fn rows(&self, m: &Mapping, strategy: Strategy, q: &RowQuery) -> Result<Vec<StoredRow>> {
@@ -268,42 +219,104 @@ impl ClaimStore for My {
         id: &RowId,
         holder: Option<&str>,
     ) -> Result<u64> {
-        if strategy == Strategy::Transaction {
-            return Err(sql::release_refused(m));
-        }
-        let mut tx = self.begin().await?;
-        let mut b = B::new();
-        let lock = sql::lock_row_sql(m, &mut b, id, " NOWAIT");
-        // MariaDB answers NOWAIT on a locked row with its lock-wait timeout (1205), MySQL with
-        // its own code: both mean the row is held by an open transaction.
-        b.query(lock)?
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| match crate::error::db_kind(&e) {
-                Some(DbKind::Transient | DbKind::LockConflict) => Error::Locked,
-                _ => Error::Database(e),
-            })?;
-        // Both or neither: the lease goes (the holder's settle finds no lease of its token)
-        // and the row, if marked claimed, is ready again.
-        let gone = if strategy == Strategy::LeaseTable {
-            let mut b = B::new();
-            let delete = sql::release_lease_sql(m, &mut b, id, holder);
-            let gone = b.query(delete)?.execute(&mut *tx).await?.rows_affected();
-            if gone == 0 && holder.is_some() {
-                // Not held by that holder (any more): nothing to give back.
-                return Ok(0);
-            }
-            gone
-        } else {
-            0
-        };
-        let mut b = B::new();
-        let in_table = (strategy != Strategy::LeaseTable)
-            .then_some(holder)
-            .flatten();
-        let back = sql::release_row_sql(m, &mut b, id, in_table);
-        let changed = b.query(back)?.execute(&mut *tx).await?.rows_affected();
-        tx.commit().await?;
-        Ok(gone + changed)
+        once::release_row(self, m, strategy, id, holder).await
     }
+}
+
+/// The lease table's keys of the rows `target` of `token` (locked, with `lock`: a settle
+/// takes them so).
+pub(crate) fn leases_sql(m: &Mapping, token: &str, target: &Target<'_>, lock: bool) -> Stmt<Sql> {
+    let mut b = B::new();
+    let mine = leases_of(m, &mut b, token, target);
+    let lock = if lock { " FOR UPDATE" } else { "" };
+    Stmt::new(
+        format!("SELECT row_id FROM rowclaim_leases WHERE {mine}{lock}"),
+        b,
+    )
+}
+
+/// Drops the leases of the rows `target` of `token`.
+pub(crate) fn drop_leases_sql(m: &Mapping, token: &str, target: &Target<'_>) -> Stmt<Sql> {
+    let mut b = B::new();
+    let mine = leases_of(m, &mut b, token, target);
+    Stmt::new(format!("DELETE FROM rowclaim_leases WHERE {mine}"), b)
+}
+
+/// Settles the claimed rows `list` whose leases were just dropped.
+pub(crate) fn settle_leased_sql(m: &Mapping, list: &IdList, outcome: &Outcome) -> Stmt<Sql> {
+    let mut b = B::new();
+    let set = sql::outcome_set(m, &mut b, outcome);
+    let which = in_ids(&mut b, &m.id, list);
+    let claimed = status_literal(&m.claimed);
+    let sql = format!(
+        "UPDATE {} SET {set} WHERE {which} AND {} = {claimed}",
+        m.table, m.status
+    );
+    Stmt::new(sql, b)
+}
+
+/// Which of `list` carry `token` in `outcome`'s state: the rows a short settle did settle.
+pub(crate) fn settled_by_sql(
+    m: &Mapping,
+    owner: &str,
+    token: &str,
+    list: &IdList,
+    outcome: &Outcome,
+) -> Stmt<Sql> {
+    let mut b = B::new();
+    let which = in_ids(&mut b, &m.id, list);
+    let sql = format!(
+        "SELECT CAST({} AS CHAR) FROM {} WHERE {which} AND {owner} = {} AND {} = {}",
+        m.id,
+        m.table,
+        b.bind(token.to_owned()),
+        m.status,
+        status_literal(outcome.status(m))
+    );
+    Stmt::new(sql, b)
+}
+
+/// Within the transaction strategy's transaction, which holds the rows' locks: their new status.
+pub(crate) fn held_settle_sql(m: &Mapping, list: &IdList, outcome: &Outcome) -> Stmt<Sql> {
+    let mut b = B::new();
+    let st = status_literal(outcome.status(m));
+    let which = in_ids(&mut b, &m.id, list);
+    let sql = format!("UPDATE {} SET {} = {st} WHERE {which}", m.table, m.status);
+    Stmt::new(sql, b)
+}
+
+/// After `n` rows of the transaction strategy are settled: once the last one is, the facade
+/// commits and the connection goes back to the pool, with the server's idle timeout again.
+/// Both expressions read the variables' old values (whichever order the server evaluates them
+/// in), so this is one round trip.
+pub(crate) fn held_done_sql(n: usize) -> Stmt<Sql> {
+    let mut b = B::new();
+    let n = n as i64;
+    let sql = format!(
+        "SET SESSION wait_timeout = IF(@rowclaim_open <= {}, @@GLOBAL.wait_timeout, \
+         @@SESSION.wait_timeout), @rowclaim_open = @rowclaim_open - {}",
+        b.bind(n),
+        b.bind(n)
+    );
+    Stmt::new(sql, b)
+}
+
+/// The statements a settle sends, for the SQL snapshots (the lease table's: its keys 1 and 2
+/// found).
+#[cfg(test)]
+pub(crate) fn settle_statements(
+    m: &Mapping,
+    strategy: Strategy,
+    token: &str,
+    target: &Target<'_>,
+    outcome: &Outcome,
+) -> Result<Vec<Stmt<Sql>>> {
+    if strategy != Strategy::LeaseTable {
+        return Ok(vec![sql::settle_in_table_sql(m, token, target, outcome)?]);
+    }
+    Ok(vec![
+        leases_sql(m, token, target, true),
+        drop_leases_sql(m, token, target),
+        settle_leased_sql(m, &IdList::Int(vec![1, 2]), outcome),
+    ])
 }

@@ -36,7 +36,7 @@ impl Pg {
     async fn token(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         let Stmt { sql, binder } = token_sql(a);
         let rows = json_rows(binder.scalar(sql)?.fetch_all(self.exec()).await?);
-        let lost_race = rows.is_empty() && run::claimable_exists(self, a.m).await?;
+        let lost_race = rows.is_empty() && once::claimable_exists(self, a.m).await?;
         Ok(Claimed::raced(rows, lost_race))
     }
 
@@ -114,7 +114,7 @@ impl Pg {
 /// each an index range. The outer LIMIT on c keeps the planner's estimate of c small (a LIMIT
 /// computed from a subquery alone is guessed at a tenth of the table, and then it hashes the
 /// whole table instead of joining by the primary key).
-pub(super) fn skip_locked_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
+pub(crate) fn skip_locked_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
     let (m, t, id) = (a.m, &a.m.table, &a.m.id);
     let mut b = B::new();
     let limit = b.bind(i64::from(a.batch));
@@ -186,7 +186,7 @@ fn returning(m: &Mapping, b: &mut B) -> String {
 /// candidates are locked in id order, as a settle locks its rows: a candidate that turned out
 /// taken stays locked until this statement ends, and two statements that lock in different
 /// orders deadlock.
-pub(super) fn token_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
+pub(crate) fn token_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
     let (m, t, id, filter) = (a.m, &a.m.table, &a.m.id, &a.m.filter);
     let row = Sql::row_json(m);
     let mut b = B::new();
@@ -202,7 +202,7 @@ pub(super) fn token_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
 }
 
 /// The optimistic claim's update of the candidates it read: it wins the rows still claimable.
-pub(super) fn optimistic_sql(a: &ClaimArgs<'_>, list: &IdList) -> Stmt<Sql> {
+pub(crate) fn optimistic_sql(a: &ClaimArgs<'_>, list: &IdList) -> Stmt<Sql> {
     let (m, t, id, filter) = (a.m, &a.m.table, &a.m.id, &a.m.filter);
     let row = Sql::row_json(m);
     let mut b = B::new();
@@ -217,7 +217,7 @@ pub(super) fn optimistic_sql(a: &ClaimArgs<'_>, list: &IdList) -> Stmt<Sql> {
 
 /// The lease-table claim's insert of the candidates' lease keys: a key that exists changes hands
 /// only when its lease has expired. Returns the keys won.
-pub(super) fn lease_insert_sql(a: &ClaimArgs<'_>, keys: Vec<String>) -> Stmt<Sql> {
+pub(crate) fn lease_insert_sql(a: &ClaimArgs<'_>, keys: Vec<String>) -> Stmt<Sql> {
     let mut b = B::new();
     let source = b.bind(a.m.source_key.clone());
     let token = b.bind(a.token.to_owned());
@@ -234,7 +234,7 @@ pub(super) fn lease_insert_sql(a: &ClaimArgs<'_>, keys: Vec<String>) -> Stmt<Sql
 }
 
 /// The lease-table claim's marking of the rows whose lease keys it won (still ready or claimed).
-pub(super) fn lease_mark_sql(a: &ClaimArgs<'_>, won: Vec<String>) -> Stmt<Sql> {
+pub(crate) fn lease_mark_sql(a: &ClaimArgs<'_>, won: Vec<String>) -> Stmt<Sql> {
     let (m, t, id, st) = (a.m, &a.m.table, &a.m.id, &a.m.status);
     let row = Sql::row_json(m);
     let mut b = B::new();
@@ -251,7 +251,7 @@ pub(super) fn lease_mark_sql(a: &ClaimArgs<'_>, won: Vec<String>) -> Stmt<Sql> {
 
 /// The lease-table claim's drop of the leases it won on rows it could not mark (finished
 /// meanwhile): all of `won` but `marked`.
-pub(super) fn lease_drop_sql(
+pub(crate) fn lease_drop_sql(
     a: &ClaimArgs<'_>,
     won: Vec<String>,
     marked: Vec<String>,
@@ -270,13 +270,43 @@ pub(super) fn lease_drop_sql(
 
 /// The transaction claim's (and its heartbeat's) lease: the session's idle-in-transaction
 /// timeout, for the rest of the transaction.
-pub(super) fn idle_timeout_sql(lease: Duration) -> Stmt<Sql> {
+pub(crate) fn idle_timeout_sql(lease: Duration) -> Stmt<Sql> {
     let mut b = B::new();
     let sql = format!(
         "SELECT set_config('idle_in_transaction_session_timeout', {}, true)",
         b.bind(sql::lease_ms(lease).to_string())
     );
     Stmt::new(sql, b)
+}
+
+/// The statements a claim of `a.strategy` sends, in order, for the SQL snapshots: where a
+/// statement's input comes from an earlier one's answer, rows 1 and 2 were found (and won).
+#[cfg(test)]
+pub(crate) fn statements(a: &ClaimArgs<'_>) -> Vec<Stmt<Sql>> {
+    let found = || vec!["1".to_owned(), "2".to_owned()];
+    let batch = i64::from(a.batch);
+    let pick = |f: fn(&Mapping, &mut B, i64, bool) -> String, expired| {
+        let mut b = B::new();
+        let sql = f(a.m, &mut b, batch, expired);
+        Stmt::new(sql, b)
+    };
+    match a.strategy {
+        Resolved::SkipLocked => vec![skip_locked_sql(a)],
+        Resolved::Token => vec![token_sql(a)],
+        Resolved::Optimistic => {
+            let list = IdList::Int(vec![1, 2]);
+            vec![pick(optimistic_pick, a.expired), optimistic_sql(a, &list)]
+        }
+        Resolved::LeaseTable => vec![
+            pick(lease_candidates, true),
+            lease_insert_sql(a, found()),
+            lease_mark_sql(a, found()),
+        ],
+        Resolved::Transaction => vec![
+            idle_timeout_sql(a.lease),
+            pick(|m, b, n, _| transaction_pick(m, b, n), false),
+        ],
+    }
 }
 
 /// One arm of the skip-locked claim: the first `limit` unlocked rows that meet `cond`, locked.
@@ -288,7 +318,7 @@ fn locking_arm(m: &Mapping, cond: &str, limit: &str, left: &str) -> String {
 }
 
 /// The optimistic claim's candidates, read without locks.
-pub(super) fn optimistic_pick(m: &Mapping, b: &mut B, batch: i64, expired: bool) -> String {
+pub(crate) fn optimistic_pick(m: &Mapping, b: &mut B, batch: i64, expired: bool) -> String {
     let select = format!("{}::text AS rowclaim_id", m.id);
     let pick = sql::candidates(m, b, &select, batch, expired);
     format!("SELECT rowclaim_id FROM ({pick}) AS c")
@@ -296,7 +326,7 @@ pub(super) fn optimistic_pick(m: &Mapping, b: &mut B, batch: i64, expired: bool)
 
 /// The lease-table claim's candidates: ready or claimed rows without a live lease. Without
 /// `leases` the lease table is left out (`rowclaim check` on a database that has none yet).
-pub(super) fn lease_candidates(m: &Mapping, b: &mut B, batch: i64, leases: bool) -> String {
+pub(crate) fn lease_candidates(m: &Mapping, b: &mut B, batch: i64, leases: bool) -> String {
     let (t, id, st) = (&m.table, &m.id, &m.status);
     let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
     let live = if leases {
@@ -317,7 +347,7 @@ pub(super) fn lease_candidates(m: &Mapping, b: &mut B, batch: i64, leases: bool)
 }
 
 /// The transaction claim's locking read of ready rows.
-pub(super) fn transaction_pick(m: &Mapping, b: &mut B, batch: i64) -> String {
+pub(crate) fn transaction_pick(m: &Mapping, b: &mut B, batch: i64) -> String {
     let limit = b.bind(batch);
     format!(
         "SELECT {} FROM {} AS t WHERE {} = {}{} ORDER BY {} LIMIT {limit} FOR UPDATE SKIP LOCKED",

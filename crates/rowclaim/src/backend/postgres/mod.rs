@@ -5,16 +5,16 @@
 
 mod catalog;
 mod check;
-mod claim;
+pub(crate) mod claim;
 pub(crate) mod route;
-mod store;
+pub(crate) mod store;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use route::Route;
 
-use super::run;
+use super::once;
 use super::sql::{self, binder_queries, Binder, Dialect, Stmt, Value};
 use super::{
     Catalog, ClaimArgs, ClaimStore, Claimed, Held, Outcome, Resolved, ServerInfo, ServerKind,
@@ -252,32 +252,6 @@ const CREATE_SOURCES: &str = "CREATE TABLE IF NOT EXISTS rowclaim_sources (
 const CREATE_COUNTERS: &str = "CREATE TABLE IF NOT EXISTS rowclaim_counters (
     name text PRIMARY KEY,
     value bigint NOT NULL)";
-
-impl Pg {
-    /// Runs a statement that changes rows; with several named rows it commits only if all of them
-    /// changed (all or nothing). A transaction of three round trips costs the server less than
-    /// one statement that locks the rows first and then changes them (a lock is a WAL record of
-    /// its own).
-    async fn change_all_or_nothing(&self, sql: String, b: B, target: &Target<'_>) -> Result<u64> {
-        match target {
-            Target::Ids(_, n) if *n > 1 => {
-                let mut tx = self.begin().await?;
-                let changed = b
-                    .query(sql)?
-                    .execute(self.on(&mut tx))
-                    .await?
-                    .rows_affected();
-                if changed == *n as u64 {
-                    tx.commit().await?;
-                } else {
-                    tx.rollback().await?;
-                }
-                Ok(changed)
-            }
-            _ => Ok(b.query(sql)?.execute(self.exec()).await?.rows_affected()),
-        }
-    }
-}
 
 /// A row id from a row's JSON, as the lease table's text `row_id`.
 fn json_key(v: &serde_json::Value) -> String {

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{and_each, no_owner, Binder, Dialect};
+use super::{and_each, no_owner, Binder, Dialect, Stmt};
 use crate::backend::{Outcome, Target};
 use crate::mapping::{status_literal, Mapping};
 use crate::Result;
@@ -205,4 +205,37 @@ pub(crate) fn outcome_set<D: Dialect>(m: &Mapping, b: &mut Binder<D>, outcome: &
         set.push(format!("{} = {}", l.finished, D::NOW));
     }
     set.join(", ")
+}
+
+/// Settles the rows `target` of `token`, held in the table (not in the lease table): moves them
+/// to `outcome`, or deletes them where a completed row is not kept.
+pub(crate) fn settle_in_table_sql<D: Dialect>(
+    m: &Mapping,
+    token: &str,
+    target: &Target<'_>,
+    outcome: &Outcome,
+) -> Result<Stmt<D>> {
+    let mut b = Binder::new();
+    let set = (!outcome.deletes(m)).then(|| outcome_set(m, &mut b, outcome));
+    let cond = held_by(m, &mut b, token, target)?;
+    Ok(Stmt::new(change_sql(m, set.as_deref(), &cond), b))
+}
+
+/// Pushes the lease column of the rows `target` of `token` to now + `lease`.
+pub(crate) fn extend_in_table_sql<D: Dialect>(
+    m: &Mapping,
+    token: &str,
+    target: &Target<'_>,
+    lease: Duration,
+) -> Result<Stmt<D>> {
+    let Some(le) = &m.lease else {
+        return Err(crate::Error::Unsupported(format!(
+            "{} has no lease column mapped, so its claims cannot be extended",
+            m.table_display
+        )));
+    };
+    let mut b = Binder::new();
+    let set = format!("{le} = {}", D::later(&mut b, lease));
+    let cond = held_by(m, &mut b, token, target)?;
+    Ok(Stmt::new(change_sql(m, Some(&set), &cond), b))
 }

@@ -33,6 +33,12 @@ pub(crate) trait Dialect: Sized + Send + Sync + 'static {
     const EPOCH_SECONDS: &'static str;
     /// The type to `CAST(… AS …)` a value to text.
     const TEXT: &'static str;
+    /// Only one writer writes at a time (SQLite): a change takes the write lock up front, in a
+    /// transaction, instead of meeting another writer halfway.
+    const ONE_WRITER: bool = false;
+    /// How a locking read asks not to wait (` NOWAIT`); `None` where there are no row locks
+    /// (SQLite: a write transaction locks the whole database).
+    const NOWAIT: Option<&'static str> = Some(" NOWAIT");
     /// What a lease column must be, for messages.
     const LEASE_TYPE: &'static str;
     /// The column type a lease column must have.
@@ -62,6 +68,15 @@ pub(crate) trait Dialect: Sized + Send + Sync + 'static {
     }
     /// The bound values as the driver's arguments.
     fn arguments(values: Vec<Value>) -> Result<<Self::DB as sqlx::Database>::Arguments>;
+}
+
+/// How dialect `D` names things, for checking a source against its catalog.
+pub(crate) fn naming<D: Dialect>() -> crate::mapping::Naming {
+    crate::mapping::Naming {
+        quote: D::quote,
+        lease_column: D::LEASE_COLUMN,
+        lease_type: D::LEASE_TYPE,
+    }
 }
 
 /// Adds the scalar values to a driver's arguments in order; `array` adds an array value (only

@@ -1,4 +1,5 @@
-//! Claiming on SQLite: one function per strategy, each holding all of its SQL.
+//! Claiming on SQLite: one function per strategy, each holding all of its SQL in statement
+//! builders (`*_sql`, pure: the snapshots call them) that the strategy runs in order.
 
 use super::*;
 
@@ -6,7 +7,10 @@ impl Lite {
     /// Takes up to `a.batch` rows with the strategy `a.strategy`.
     pub(super) async fn claim_rows(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         match a.strategy {
-            Resolved::SkipLocked => self.skip_locked(a).await,
+            Resolved::SkipLocked => Err(Error::UnsupportedStrategy {
+                strategy: Strategy::SkipLocked,
+                reason: "SQLite has no SKIP LOCKED (it has one writer at a time)".into(),
+            }),
             Resolved::Token => self.token(a).await,
             Resolved::Optimistic => self.optimistic(a).await,
             Resolved::LeaseTable => self.lease_table(a).await,
@@ -14,107 +18,61 @@ impl Lite {
         }
     }
 
-    /// The `skip-locked` strategy on SQLite.
-    async fn skip_locked(&self, _a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
-        Err(Error::UnsupportedStrategy {
-            strategy: Strategy::SkipLocked,
-            reason: "SQLite has no SKIP LOCKED (it has one writer at a time)".into(),
-        })
-    }
-
-    /// The `token` strategy on SQLite: one statement under the write lock: nobody else can take the
-    /// same rows.
+    /// The `token` strategy on SQLite: one statement ([`token_sql`]) under the write lock:
+    /// nobody else can take the same rows.
     async fn token(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
-        let (m, t, id) = (a.m, &a.m.table, &a.m.id);
-        let json = Sql::row_json(m);
-        let batch = i64::from(a.batch);
-        let mut b = B::new();
-        let set = sql::claim_set(m, &mut b, a.token, a.lease);
-        let pick = sql::candidates(m, &mut b, id, batch, a.expired);
-        let sql = format!(
-            "UPDATE {t} SET {set} WHERE {id} IN (SELECT {id} FROM ({pick})) RETURNING {json}"
-        );
-        let rows = parse_rows(b.scalar(sql)?.fetch_all(&self.pool).await?)?;
+        let Stmt { sql, binder } = token_sql(a);
+        let rows = parse_rows(binder.scalar(sql)?.fetch_all(&self.pool).await?)?;
         Ok(Claimed::rows(rows))
     }
 
-    /// The `optimistic` strategy on SQLite: candidates read without the write lock; the update wins
-    /// only rows still claimable.
+    /// The `optimistic` strategy on SQLite: candidates read without the write lock
+    /// ([`optimistic_pick`]); the update ([`optimistic_sql`]) wins only rows still claimable.
     async fn optimistic(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
-        let (m, t, id, filter) = (a.m, &a.m.table, &a.m.id, &a.m.filter);
-        let json = Sql::row_json(m);
-        let batch = i64::from(a.batch);
+        let m = a.m;
         let mut b = B::new();
-        let sql = optimistic_pick(m, &mut b, batch, a.expired);
+        let sql = optimistic_pick(m, &mut b, i64::from(a.batch), a.expired);
         let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
         if found.is_empty() {
             return Ok(Claimed::none());
         }
         let list = IdList::new(m.id_kind, &m.parse_ids(&found)?)?;
-        let mut b = B::new();
-        let set = sql::claim_set(m, &mut b, a.token, a.lease);
-        let ids = in_ids(&mut b, &list);
-        let cond = sql::claimable(m, &mut b);
-        let sql =
-            format!("UPDATE {t} SET {set} WHERE {id} {ids} AND {cond}{filter} RETURNING {json}");
-        let rows = parse_rows(b.scalar(sql)?.fetch_all(&self.pool).await?)?;
-        let lost_race = rows.is_empty() && run::claimable_exists(self, m).await?;
+        let Stmt { sql, binder } = optimistic_sql(a, &list);
+        let rows = parse_rows(binder.scalar(sql)?.fetch_all(&self.pool).await?)?;
+        let lost_race = rows.is_empty() && once::claimable_exists(self, m).await?;
         Ok(Claimed::raced(rows, lost_race))
     }
 
-    /// The `lease-table` strategy on SQLite: under the write lock: rows without a live lease,
-    /// insert their lease keys (taking over expired ones), mark the rows.
+    /// The `lease-table` strategy on SQLite: under the write lock: rows without a live lease
+    /// ([`lease_candidates`]), insert their lease keys (taking over expired ones,
+    /// [`lease_insert_sql`]), mark the rows ([`lease_mark_sql`]).
     async fn lease_table(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
-        let (m, t, id) = (a.m, &a.m.table, &a.m.id);
-        let json = Sql::row_json(m);
-        let batch = i64::from(a.batch);
-        let mut b = B::new();
+        let m = a.m;
         let mut tx = self.write().await?;
-        let st = &m.status;
-        let sql = lease_candidates(m, &mut b, batch, true);
+        let mut b = B::new();
+        let sql = lease_candidates(m, &mut b, i64::from(a.batch), true);
         let found: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
         if found.is_empty() {
             tx.rollback().await?;
             return Ok(Claimed::none());
         }
-        let mut b = B::new();
-        let source = b.bind(m.source_key.clone());
-        let token = b.bind(a.token.to_owned());
-        let until = Sql::later(&mut b, a.lease);
-        let keys = b.bind(IdList::Text(found).to_json());
-        let sql = format!(
-            "INSERT INTO rowclaim_leases (source, row_id, token, lease_until) \
-             SELECT {source}, value, {token}, {until} FROM json_each({keys}) WHERE true \
-             ON CONFLICT (source, row_id) DO UPDATE \
-             SET token = excluded.token, lease_until = excluded.lease_until \
-             WHERE rowclaim_leases.lease_until < {NOW} RETURNING row_id"
-        );
-        let won: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
+        let Stmt { sql, binder } = lease_insert_sql(a, found);
+        let won: Vec<String> = binder.scalar(sql)?.fetch_all(&mut *tx).await?;
         let won = IdList::new(m.id_kind, &m.parse_ids(&won)?)?;
-        let mut b = B::new();
-        let set = sql::claim_set(m, &mut b, a.token, a.lease);
-        let ids = in_ids(&mut b, &won);
-        let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
-        let sql = format!(
-            "UPDATE {t} SET {set} WHERE {id} {ids} AND ({st} = {ready} OR {st} = {claimed}) \
-             RETURNING {json}"
-        );
-        let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
+        let Stmt { sql, binder } = lease_mark_sql(a, &won);
+        let rows = parse_rows(binder.scalar(sql)?.fetch_all(&mut *tx).await?)?;
         tx.commit().await?;
         Ok(Claimed::rows(rows))
     }
 
     /// The `transaction` strategy on SQLite: hold the write lock while the rows are processed;
-    /// SQLite cannot end the session on its own, so the deadline is checked before each later
-    /// write.
+    /// SQLite cannot end the session on its own, so the deadline ([`deadline_sql`]) is checked
+    /// before each later write.
     async fn transaction(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
-        let mut b = B::new();
         let mut tx = self.write().await?;
-        let sql = format!("SELECT {NOW} + ?");
-        let deadline_ms: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .bind(sql::lease_ms(a.lease))
-            .fetch_one(&mut *tx)
-            .await?;
+        let Stmt { sql, binder } = deadline_sql(a.lease);
+        let deadline_ms: i64 = binder.scalar(sql)?.fetch_one(&mut *tx).await?;
+        let mut b = B::new();
         let sql = transaction_pick(a.m, &mut b, i64::from(a.batch));
         let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
         let held = if rows.is_empty() {
@@ -127,8 +85,100 @@ impl Lite {
     }
 }
 
+/// The token claim: mark the first candidates and return them, in one statement.
+pub(crate) fn token_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
+    let (m, t, id) = (a.m, &a.m.table, &a.m.id);
+    let json = Sql::row_json(m);
+    let mut b = B::new();
+    let set = sql::claim_set(m, &mut b, a.token, a.lease);
+    let pick = sql::candidates(m, &mut b, id, i64::from(a.batch), a.expired);
+    let sql =
+        format!("UPDATE {t} SET {set} WHERE {id} IN (SELECT {id} FROM ({pick})) RETURNING {json}");
+    Stmt::new(sql, b)
+}
+
+/// The optimistic claim's update of the candidates it read: it wins the rows still claimable.
+pub(crate) fn optimistic_sql(a: &ClaimArgs<'_>, list: &IdList) -> Stmt<Sql> {
+    let (m, t, id, filter) = (a.m, &a.m.table, &a.m.id, &a.m.filter);
+    let json = Sql::row_json(m);
+    let mut b = B::new();
+    let set = sql::claim_set(m, &mut b, a.token, a.lease);
+    let ids = in_ids(&mut b, list);
+    let cond = sql::claimable(m, &mut b);
+    let sql = format!("UPDATE {t} SET {set} WHERE {id} {ids} AND {cond}{filter} RETURNING {json}");
+    Stmt::new(sql, b)
+}
+
+/// The lease-table claim's insert of the candidates' lease keys: a key that exists changes hands
+/// only when its lease has expired. Returns the keys won.
+pub(crate) fn lease_insert_sql(a: &ClaimArgs<'_>, keys: Vec<String>) -> Stmt<Sql> {
+    let mut b = B::new();
+    let source = b.bind(a.m.source_key.clone());
+    let token = b.bind(a.token.to_owned());
+    let until = Sql::later(&mut b, a.lease);
+    let keys = b.bind(IdList::Text(keys).to_json());
+    let sql = format!(
+        "INSERT INTO rowclaim_leases (source, row_id, token, lease_until) \
+         SELECT {source}, value, {token}, {until} FROM json_each({keys}) WHERE true \
+         ON CONFLICT (source, row_id) DO UPDATE \
+         SET token = excluded.token, lease_until = excluded.lease_until \
+         WHERE rowclaim_leases.lease_until < {NOW} RETURNING row_id"
+    );
+    Stmt::new(sql, b)
+}
+
+/// The lease-table claim's marking of the rows whose lease keys it won (still ready or claimed).
+pub(crate) fn lease_mark_sql(a: &ClaimArgs<'_>, won: &IdList) -> Stmt<Sql> {
+    let (m, t, id, st) = (a.m, &a.m.table, &a.m.id, &a.m.status);
+    let json = Sql::row_json(m);
+    let mut b = B::new();
+    let set = sql::claim_set(m, &mut b, a.token, a.lease);
+    let ids = in_ids(&mut b, won);
+    let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
+    let sql = format!(
+        "UPDATE {t} SET {set} WHERE {id} {ids} AND ({st} = {ready} OR {st} = {claimed}) \
+         RETURNING {json}"
+    );
+    Stmt::new(sql, b)
+}
+
+/// A held transaction's deadline: now + `lease`, by the database's clock.
+pub(crate) fn deadline_sql(lease: Duration) -> Stmt<Sql> {
+    let mut b = B::new();
+    let sql = format!("SELECT {NOW} + {}", b.bind(sql::lease_ms(lease)));
+    Stmt::new(sql, b)
+}
+
+/// The statements a claim of `a.strategy` sends, in order, for the SQL snapshots: where a
+/// statement's input comes from an earlier one's answer, rows 1 and 2 were found (and won).
+/// (Skip-locked is refused here before any statement.)
+#[cfg(test)]
+pub(crate) fn statements(a: &ClaimArgs<'_>) -> Vec<Stmt<Sql>> {
+    let list = IdList::Int(vec![1, 2]);
+    let batch = i64::from(a.batch);
+    let pick = |f: fn(&Mapping, &mut B, i64, bool) -> String, expired| {
+        let mut b = B::new();
+        let sql = f(a.m, &mut b, batch, expired);
+        Stmt::new(sql, b)
+    };
+    match a.strategy {
+        Resolved::SkipLocked => vec![],
+        Resolved::Token => vec![token_sql(a)],
+        Resolved::Optimistic => vec![pick(optimistic_pick, a.expired), optimistic_sql(a, &list)],
+        Resolved::LeaseTable => vec![
+            pick(lease_candidates, true),
+            lease_insert_sql(a, vec!["1".to_owned(), "2".to_owned()]),
+            lease_mark_sql(a, &list),
+        ],
+        Resolved::Transaction => vec![
+            deadline_sql(a.lease),
+            pick(|m, b, n, _| transaction_pick(m, b, n), false),
+        ],
+    }
+}
+
 /// The optimistic claim's candidates, read without the write lock.
-fn optimistic_pick(m: &Mapping, b: &mut B, batch: i64, expired: bool) -> String {
+pub(crate) fn optimistic_pick(m: &Mapping, b: &mut B, batch: i64, expired: bool) -> String {
     let select = format!("CAST({} AS TEXT) AS rowclaim_id", m.id);
     let pick = sql::candidates(m, b, &select, batch, expired);
     format!("SELECT rowclaim_id FROM ({pick})")
@@ -136,7 +186,7 @@ fn optimistic_pick(m: &Mapping, b: &mut B, batch: i64, expired: bool) -> String 
 
 /// The lease-table claim's candidates: ready or claimed rows without a live lease. Without
 /// `leases` the lease table is left out (`rowclaim check` on a database that has none yet).
-fn lease_candidates(m: &Mapping, b: &mut B, batch: i64, leases: bool) -> String {
+pub(crate) fn lease_candidates(m: &Mapping, b: &mut B, batch: i64, leases: bool) -> String {
     let (t, id, st) = (&m.table, &m.id, &m.status);
     let (ready, claimed) = (status_literal(&m.ready), status_literal(&m.claimed));
     let live = if leases {
@@ -157,7 +207,7 @@ fn lease_candidates(m: &Mapping, b: &mut B, batch: i64, leases: bool) -> String 
 }
 
 /// The transaction claim's read of ready rows (under the write lock).
-fn transaction_pick(m: &Mapping, b: &mut B, batch: i64) -> String {
+pub(crate) fn transaction_pick(m: &Mapping, b: &mut B, batch: i64) -> String {
     let limit = b.bind(batch);
     format!(
         "SELECT {} FROM {} WHERE {} = {}{} ORDER BY {} LIMIT {limit}",

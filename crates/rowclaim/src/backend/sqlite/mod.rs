@@ -8,13 +8,13 @@
 
 mod catalog;
 mod check;
-mod claim;
-mod store;
+pub(crate) mod claim;
+pub(crate) mod store;
 
 use std::time::Duration;
 
-use super::run;
-use super::sql::{self, binder_queries, Binder, Dialect, Value};
+use super::once;
+use super::sql::{self, binder_queries, Binder, Dialect, Stmt, Value};
 use super::{
     Catalog, ClaimArgs, ClaimStore, Claimed, Held, Outcome, Resolved, ServerInfo, ServerKind,
     Target,
@@ -38,6 +38,8 @@ impl Dialect for Sql {
     const NOW: &'static str = NOW;
     const EPOCH_SECONDS: &'static str = "unixepoch()";
     const TEXT: &'static str = "TEXT";
+    const ONE_WRITER: bool = true;
+    const NOWAIT: Option<&'static str> = None;
     const LEASE_COLUMN: ColType = ColType::Int;
     const LEASE_TYPE: &'static str = "INTEGER (unix epoch milliseconds)";
 
@@ -194,18 +196,6 @@ impl Lite {
         _durable: bool,
     ) -> Result<sqlx::Transaction<'static, Sqlite>> {
         self.write().await
-    }
-
-    /// Runs one changing statement in a write transaction; with several named rows it commits
-    /// only if all of them changed.
-    async fn change_all_or_nothing(&self, sql: String, b: B, target: &Target<'_>) -> Result<u64> {
-        let mut tx = self.write().await?;
-        let changed = b.query(sql)?.execute(&mut *tx).await?.rows_affected();
-        match target {
-            Target::Ids(_, n) if changed != *n as u64 => tx.rollback().await?,
-            _ => tx.commit().await?,
-        }
-        Ok(changed)
     }
 
     async fn deadline_passed(

@@ -2,6 +2,7 @@
 //! listing rows (the reports are shared: `sql::stats`, `sql::backlog`).
 
 use super::*;
+use crate::backend::run::{Finish, Run, Transact};
 use crate::backend::{RowQuery, StoredRow};
 
 /// A row as JSON text, then its status, holder and lease end (see `StoredRow`).
@@ -22,36 +23,12 @@ impl ClaimStore for Lite {
         outcome: Outcome,
     ) -> Result<u64> {
         if strategy != Strategy::LeaseTable {
-            let mut b = B::new();
-            let set = (!outcome.deletes(m)).then(|| sql::outcome_set(m, &mut b, &outcome));
-            let cond = sql::held_by(m, &mut b, token, &target)?;
-            let sql = sql::change_sql(m, set.as_deref(), &cond);
-            return self.change_all_or_nothing(sql, b, &target).await;
+            let s = sql::settle_in_table_sql(m, token, &target, &outcome)?;
+            return once::change_all_or_nothing(self, s, &target).await;
         }
-        let mut tx = self.write().await?;
-        let mut b = B::new();
-        let source = b.bind(m.source_key.clone());
-        let tok = b.bind(token.to_owned());
-        let only = match &target {
-            Target::All => String::new(),
-            Target::Ids(list, _) => format!(" AND row_id {}", in_text_ids(&mut b, list)),
-        };
-        let sql = format!(
-            "DELETE FROM rowclaim_leases WHERE source = {source} AND token = {tok}{only} RETURNING row_id"
-        );
-        let gone: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
-        let mut b = B::new();
-        let set = sql::outcome_set(m, &mut b, &outcome);
-        let gone = b.bind(IdList::Text(gone).to_json());
-        let claimed = status_literal(&m.claimed);
-        let sql = format!(
-            "UPDATE {} SET {set} WHERE {} IN (SELECT {} FROM json_each({gone})) AND {} = {claimed}",
-            m.table,
-            m.id,
-            row_id_as_id(m, "value"),
-            m.status,
-        );
-        let changed = b.query(sql)?.execute(&mut *tx).await?.rows_affected();
+        let tx = self.transaction(false).await?;
+        let gone = tx.texts(drop_leases_sql(m, token, &target)).await?;
+        let changed = tx.execute(settle_leased_sql(m, gone, &outcome)).await?;
         match target {
             Target::Ids(_, n) if changed != n as u64 => tx.rollback().await?,
             _ => tx.commit().await?,
@@ -67,7 +44,7 @@ impl ClaimStore for Lite {
         list: &IdList,
         outcome: Outcome,
     ) -> Result<Option<Vec<RowId>>> {
-        run::settle_returning(self, m, strategy, token, list, outcome).await
+        once::settle_returning(self, m, strategy, token, list, outcome).await
     }
 
     async fn extend(
@@ -78,26 +55,18 @@ impl ClaimStore for Lite {
         target: Target<'_>,
         lease: Duration,
     ) -> Result<u64> {
-        let mut b = B::new();
-        let sql = if strategy == Strategy::LeaseTable {
+        let s = if strategy == Strategy::LeaseTable {
+            let mut b = B::new();
             let until = Sql::later(&mut b, lease);
-            let source = b.bind(m.source_key.clone());
-            let tok = b.bind(token.to_owned());
-            let only = match &target {
-                Target::All => String::new(),
-                Target::Ids(list, _) => format!(" AND row_id {}", in_text_ids(&mut b, list)),
-            };
-            format!(
-                "UPDATE rowclaim_leases SET lease_until = {until} \
-                 WHERE source = {source} AND token = {tok}{only}"
+            let mine = leases_of(&mut b, m, token, &target);
+            Stmt::new(
+                format!("UPDATE rowclaim_leases SET lease_until = {until} WHERE {mine}"),
+                b,
             )
         } else {
-            let le = m.lease.as_deref().unwrap_or_default();
-            let until = Sql::later(&mut b, lease);
-            let cond = sql::held_by(m, &mut b, token, &target)?;
-            format!("UPDATE {} SET {le} = {until} WHERE {cond}", m.table)
+            sql::extend_in_table_sql(m, token, &target, lease)?
         };
-        self.change_all_or_nothing(sql, b, &target).await
+        once::change_all_or_nothing(self, s, &target).await
     }
 
     async fn still_held(
@@ -107,23 +76,19 @@ impl ClaimStore for Lite {
         token: &str,
         list: &IdList,
     ) -> Result<Vec<RowId>> {
+        let target = Target::Ids(list, 0);
         let mut b = B::new();
         let sql = if strategy == Strategy::LeaseTable {
-            let source = b.bind(m.source_key.clone());
-            let tok = b.bind(token.to_owned());
-            let keys = in_text_ids(&mut b, list);
-            format!(
-                "SELECT row_id FROM rowclaim_leases WHERE source = {source} AND token = {tok} \
-                 AND row_id {keys}"
-            )
+            let mine = leases_of(&mut b, m, token, &target);
+            format!("SELECT row_id FROM rowclaim_leases WHERE {mine}")
         } else {
-            let cond = sql::held_by(m, &mut b, token, &Target::Ids(list, 0))?;
+            let cond = sql::held_by(m, &mut b, token, &target)?;
             format!(
                 "SELECT CAST({} AS TEXT) AS rowclaim_id FROM {} WHERE {cond}",
                 m.id, m.table
             )
         };
-        let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+        let found = self.texts(Stmt::new(sql, b)).await?;
         m.parse_ids(&found)
     }
 
@@ -236,11 +201,11 @@ impl ClaimStore for Lite {
     }
 
     async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<crate::Stats> {
-        run::stats(self, m, strategy).await
+        once::stats(self, m, strategy).await
     }
 
     async fn backlog(&self, m: &Mapping) -> Result<(u64, u64, u64)> {
-        run::backlog(self, m).await
+        once::backlog(self, m).await
     }
 
     async fn rows(&self, m: &Mapping, strategy: Strategy, q: &RowQuery) -> Result<Vec<StoredRow>> {
@@ -261,32 +226,64 @@ impl ClaimStore for Lite {
         id: &RowId,
         holder: Option<&str>,
     ) -> Result<u64> {
-        if strategy == Strategy::Transaction {
-            return Err(sql::release_refused(m));
-        }
-        // SQLite has no row locks: the write transaction is the lock.
-        let mut tx = self.write().await?;
-        let gone = if strategy == Strategy::LeaseTable {
-            // With the row's change, in one transaction: the lease goes, so the holder's
-            // settle finds no lease of its token.
-            let mut b = B::new();
-            let delete = sql::release_lease_sql(m, &mut b, id, holder);
-            let gone = b.query(delete)?.execute(&mut *tx).await?.rows_affected();
-            if gone == 0 && holder.is_some() {
-                // Not held by that holder (any more): nothing to give back.
-                return Ok(0);
-            }
-            gone
-        } else {
-            0
-        };
-        let mut b = B::new();
-        let in_table = (strategy != Strategy::LeaseTable)
-            .then_some(holder)
-            .flatten();
-        let back = sql::release_row_sql(m, &mut b, id, in_table);
-        let changed = b.query(back)?.execute(&mut *tx).await?.rows_affected();
-        tx.commit().await?;
-        Ok(gone + changed)
+        once::release_row(self, m, strategy, id, holder).await
     }
+}
+
+/// The lease table's condition "these leases belong to `token`" (all of them, or those of
+/// `target`'s ids).
+fn leases_of(b: &mut B, m: &Mapping, token: &str, target: &Target<'_>) -> String {
+    let source = b.bind(m.source_key.clone());
+    let tok = b.bind(token.to_owned());
+    let only = match target {
+        Target::All => String::new(),
+        Target::Ids(list, _) => format!(" AND row_id {}", in_text_ids(b, list)),
+    };
+    format!("source = {source} AND token = {tok}{only}")
+}
+
+/// Drops the leases of the rows `target` of `token`, returning their keys.
+pub(crate) fn drop_leases_sql(m: &Mapping, token: &str, target: &Target<'_>) -> Stmt<Sql> {
+    let mut b = B::new();
+    let mine = leases_of(&mut b, m, token, target);
+    Stmt::new(
+        format!("DELETE FROM rowclaim_leases WHERE {mine} RETURNING row_id"),
+        b,
+    )
+}
+
+/// Settles the claimed rows whose leases (keys `gone`) were just dropped.
+pub(crate) fn settle_leased_sql(m: &Mapping, gone: Vec<String>, outcome: &Outcome) -> Stmt<Sql> {
+    let mut b = B::new();
+    let set = sql::outcome_set(m, &mut b, outcome);
+    let gone = b.bind(IdList::Text(gone).to_json());
+    let claimed = status_literal(&m.claimed);
+    let sql = format!(
+        "UPDATE {} SET {set} WHERE {} IN (SELECT {} FROM json_each({gone})) AND {} = {claimed}",
+        m.table,
+        m.id,
+        row_id_as_id(m, "value"),
+        m.status,
+    );
+    Stmt::new(sql, b)
+}
+
+/// The statements a settle sends, for the SQL snapshots (the lease table's: its keys 1 and 2
+/// dropped).
+#[cfg(test)]
+pub(crate) fn settle_statements(
+    m: &Mapping,
+    strategy: Strategy,
+    token: &str,
+    target: &Target<'_>,
+    outcome: &Outcome,
+) -> Result<Vec<Stmt<Sql>>> {
+    if strategy != Strategy::LeaseTable {
+        return Ok(vec![sql::settle_in_table_sql(m, token, target, outcome)?]);
+    }
+    let gone = vec!["1".to_owned(), "2".to_owned()];
+    Ok(vec![
+        drop_leases_sql(m, token, target),
+        settle_leased_sql(m, gone, outcome),
+    ])
 }
