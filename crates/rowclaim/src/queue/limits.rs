@@ -178,8 +178,21 @@ impl QueueLimits {
         }
     }
 
+    /// How many of a claim's `batch` the queue's own limits leave room for, with `running` of
+    /// its jobs running and `started` started within its rate period.
+    fn room(&self, batch: i64, running: i64, started: i64) -> i64 {
+        let mut room = batch;
+        if let Some(max) = self.concurrency {
+            room = room.min(i64::from(max) - running);
+        }
+        if let Some(rate) = self.rate {
+            room = room.min(i64::from(rate.jobs) - started);
+        }
+        room
+    }
+
     /// The longest of its rate periods, in milliseconds: how long starts must be kept.
-    fn longest_period_ms(&self) -> Option<i64> {
+    pub(crate) fn longest_period_ms(&self) -> Option<i64> {
         [self.rate, self.key_rate]
             .iter()
             .flatten()
@@ -230,29 +243,64 @@ pub(crate) async fn limited_queues<R: Run + ?Sized>(r: &R) -> Result<Vec<String>
 const READY: &str = "'ready'";
 const RUNNING: &str = "'running'";
 
-/// Claims up to `a.batch` jobs of the limited queue `queue` that its limits allow, in the
-/// transaction `tx` (the caller commits it): rows as JSON, as any claim returns them. None when
-/// the queue is paused or no longer limited (the ordinary claim serves it then).
+/// Claims up to `a.batch` jobs of the limited queue `queue` (of `kinds`, all when empty) that
+/// its limits allow, in the transaction `tx` (the caller commits it): rows as JSON, as any claim
+/// returns them. None when the queue is paused or no longer limited (the ordinary claim serves
+/// it then).
 pub(crate) async fn claim<R: Run + ?Sized>(
     tx: &R,
     a: &ClaimArgs<'_>,
     queue: &str,
     kinds: &[String],
 ) -> Result<Vec<serde_json::Value>> {
-    let (now, now_ms) = (R::Sql::NOW, R::Sql::epoch_ms(R::Sql::NOW));
     // The queue's turn: its row lock, held to the end of the transaction.
-    let mut b = Binder::<R::Sql>::new();
+    if tx.execute(turn_sql(queue)).await? == 0 {
+        return Ok(vec![]);
+    }
+    let Some((_, columns)) = tx.named_numbers(read_sql(queue), 8).await?.pop() else {
+        return Ok(vec![]);
+    };
+    let limits = QueueLimits::from_columns(&columns);
+    let count = |i: usize| columns.get(i).copied().flatten().unwrap_or(0);
+    let room = limits.room(i64::from(a.batch), count(6), count(7));
+    if room <= 0 {
+        return Ok(vec![]);
+    }
+    let picked = tx.texts(pick_ids_sql(queue, kinds, &limits, room)).await?;
+    if picked.is_empty() {
+        return Ok(vec![]);
+    }
+    let ids = IdList::new(a.m.id_kind, &a.m.parse_ids(&picked)?)?;
+    tx.execute(mark_sql(a, &ids)).await?;
+    if let Some(keep_ms) = limits.longest_period_ms() {
+        tx.execute(starts_sql(a, &ids)).await?;
+        tx.execute(prune_starts_sql(queue, keep_ms)).await?;
+    }
+    tx.texts(claimed_sql(a, &ids))
+        .await?
+        .iter()
+        .map(|t| sql::parse_row(t))
+        .collect()
+}
+
+/// The queue's turn: a write of its row, whose lock the claim's transaction holds to its end,
+/// so that limited claims of one queue take turns. Nothing when it is paused or no longer
+/// limited.
+pub(crate) fn turn_sql<D: Dialect>(queue: &str) -> Stmt<D> {
+    let mut b = Binder::<D>::new();
     let sql = format!(
         "UPDATE rowclaim_queues SET claim_turns = claim_turns + 1 WHERE name = {} \
          AND paused_at IS NULL AND {LIMITED}",
         b.bind(queue.to_owned())
     );
-    if tx.execute(Stmt::new(sql, b)).await? == 0 {
-        return Ok(vec![]);
-    }
-    // The limits, what runs and what started within the queue's rate period, in one read.
-    // (A count a limit does not need is not made.)
-    let mut b = Binder::<R::Sql>::new();
+    Stmt::new(sql, b)
+}
+
+/// The queue's limits, what runs and what started within its rate period, in one read. (A count
+/// a limit does not need is not made.)
+pub(crate) fn read_sql<D: Dialect>(queue: &str) -> Stmt<D> {
+    let (now, now_ms) = (D::NOW, D::epoch_ms(D::NOW));
+    let mut b = Binder::<D>::new();
     let sql = format!(
         "SELECT name, {COLUMNS}, \
          CASE WHEN concurrency IS NULL THEN 0 ELSE (SELECT COUNT(*) FROM rowclaim_jobs j \
@@ -262,79 +310,82 @@ pub(crate) async fn claim<R: Run + ?Sized>(
          FROM rowclaim_queues q WHERE name = {}",
         b.bind(queue.to_owned())
     );
-    let Some((_, columns)) = tx.named_numbers(Stmt::new(sql, b), 8).await?.pop() else {
-        return Ok(vec![]);
-    };
-    let limits = QueueLimits::from_columns(&columns);
-    let count = |i: usize| columns.get(i).copied().flatten().unwrap_or(0);
-    let (running, started) = (count(6), count(7));
-    // The queue's own limits leave room for so many.
-    let mut room = i64::from(a.batch);
-    if let Some(max) = limits.concurrency {
-        room = room.min(i64::from(max) - running);
-    }
-    if let Some(rate) = limits.rate {
-        room = room.min(i64::from(rate.jobs) - started);
-    }
-    if room <= 0 {
-        return Ok(vec![]);
-    }
-    let mut b = Binder::<R::Sql>::new();
+    Stmt::new(sql, b)
+}
+
+/// The ids (as text) of up to `take` jobs the queue's per-key limits let start now.
+pub(crate) fn pick_ids_sql<D: Dialect>(
+    queue: &str,
+    kinds: &[String],
+    limits: &QueueLimits,
+    take: i64,
+) -> Stmt<D> {
+    let mut b = Binder::<D>::new();
     let sql = format!(
         "SELECT CAST(id AS {}) FROM ({}) AS p",
-        R::Sql::TEXT,
-        pick_sql(&mut b, queue, kinds, &limits, room)
+        D::TEXT,
+        pick_sql(&mut b, queue, kinds, limits, take)
     );
-    let picked = tx.texts(Stmt::new(sql, b)).await?;
-    if picked.is_empty() {
-        return Ok(vec![]);
-    }
-    let ids = IdList::new(a.m.id_kind, &a.m.parse_ids(&picked)?)?;
-    // Mark them ours. The status is checked again: a job may have been cancelled since.
-    let mut b = Binder::<R::Sql>::new();
+    Stmt::new(sql, b)
+}
+
+/// Marks the picked jobs ours. The status is checked again: a job may have been cancelled since.
+pub(crate) fn mark_sql<D: Dialect>(a: &ClaimArgs<'_>, ids: &IdList) -> Stmt<D> {
+    let mut b = Binder::<D>::new();
     let set = sql::claim_set(a.m, &mut b, a.token, a.lease);
     let sql = format!(
         "UPDATE rowclaim_jobs SET {set} WHERE {} AND (status = {READY} \
-         OR (status = {RUNNING} AND lease_until < {now}))",
-        R::Sql::id_in(&mut b, "id", &ids)
+         OR (status = {RUNNING} AND lease_until < {}))",
+        D::id_in(&mut b, "id", ids),
+        D::NOW
     );
-    tx.execute(Stmt::new(sql, b)).await?;
-    let mine = |b: &mut Binder<R::Sql>| {
-        format!(
-            "{} AND owner = {} AND status = {RUNNING}",
-            R::Sql::id_in(b, "id", &ids),
-            b.bind(a.token.to_owned())
-        )
-    };
-    if let Some(keep_ms) = limits.longest_period_ms() {
-        let mut b = Binder::<R::Sql>::new();
-        let sql = format!(
-            "INSERT INTO rowclaim_starts (queue, limit_key, started_ms) \
-             SELECT queue, limit_key, {now_ms} FROM rowclaim_jobs WHERE {}",
-            mine(&mut b)
-        );
-        tx.execute(Stmt::new(sql, b)).await?;
-        let mut b = Binder::<R::Sql>::new();
-        let sql = format!(
-            "DELETE FROM rowclaim_starts WHERE queue = {} AND started_ms < {now_ms} - {}",
-            b.bind(queue.to_owned()),
-            b.bind(keep_ms)
-        );
-        tx.execute(Stmt::new(sql, b)).await?;
-    }
-    let mut b = Binder::<R::Sql>::new();
+    Stmt::new(sql, b)
+}
+
+/// "The jobs `ids` the claim's token holds now".
+fn claimed_by<D: Dialect>(b: &mut Binder<D>, a: &ClaimArgs<'_>, ids: &IdList) -> String {
+    format!(
+        "{} AND owner = {} AND status = {RUNNING}",
+        D::id_in(b, "id", ids),
+        b.bind(a.token.to_owned())
+    )
+}
+
+/// Records the claim's starts, for rate limits (by the database's clock).
+pub(crate) fn starts_sql<D: Dialect>(a: &ClaimArgs<'_>, ids: &IdList) -> Stmt<D> {
+    let mut b = Binder::<D>::new();
+    let sql = format!(
+        "INSERT INTO rowclaim_starts (queue, limit_key, started_ms) \
+         SELECT queue, limit_key, {} FROM rowclaim_jobs WHERE {}",
+        D::epoch_ms(D::NOW),
+        claimed_by(&mut b, a, ids)
+    );
+    Stmt::new(sql, b)
+}
+
+/// Forgets the queue's starts older than its longest rate period.
+pub(crate) fn prune_starts_sql<D: Dialect>(queue: &str, keep_ms: i64) -> Stmt<D> {
+    let mut b = Binder::<D>::new();
+    let sql = format!(
+        "DELETE FROM rowclaim_starts WHERE queue = {} AND started_ms < {} - {}",
+        b.bind(queue.to_owned()),
+        D::epoch_ms(D::NOW),
+        b.bind(keep_ms)
+    );
+    Stmt::new(sql, b)
+}
+
+/// The jobs the claim took, as JSON text, in the claim order.
+pub(crate) fn claimed_sql<D: Dialect>(a: &ClaimArgs<'_>, ids: &IdList) -> Stmt<D> {
+    let mut b = Binder::<D>::new();
     let sql = format!(
         "SELECT CAST({} AS {}) FROM rowclaim_jobs AS t WHERE {} \
          ORDER BY priority DESC, run_at, id",
-        R::Sql::row_json(a.m),
-        R::Sql::TEXT,
-        mine(&mut b)
+        D::row_json(a.m),
+        D::TEXT,
+        claimed_by(&mut b, a, ids)
     );
-    tx.texts(Stmt::new(sql, b))
-        .await?
-        .iter()
-        .map(|t| sql::parse_row(t))
-        .collect()
+    Stmt::new(sql, b)
 }
 
 /// The ids of up to `take` jobs of `queue` that its per-key limits allow to start now, in claim

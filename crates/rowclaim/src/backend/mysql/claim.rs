@@ -189,7 +189,7 @@ pub(crate) fn skip_locked_pick(a: &ClaimArgs<'_>) -> Stmt<Sql> {
 
 /// What a marking of named rows checks again before it takes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Recheck {
+pub(crate) enum Recheck {
     /// Nothing: they are locked by this transaction already.
     Nothing,
     /// Still claimable (a claim that read its candidates without locks).
