@@ -13,9 +13,9 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 use rowclaim::{JobFilter, JobRecord, RowFilter, ScheduleStatus, JOB_STATUSES};
 use serde::Deserialize;
 
-use super::auth::Who;
 use super::charts::{chart, colour_of, Line};
-use super::server::{Dashboard, State as St};
+use super::history::QueueSample;
+use super::state::{Dashboard, State as St, Who};
 
 const CSS: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#222}\
 header{background:#263238;color:#fff;padding:8px 16px;display:flex;gap:16px;align-items:center}\
@@ -412,7 +412,7 @@ pub async fn queue(
         }
     };
     let samples = state.history.samples();
-    let series = |f: &dyn Fn(&super::sampler::QueueSample) -> f64| -> Vec<(SystemTime, f64)> {
+    let series = |f: &dyn Fn(&QueueSample) -> f64| -> Vec<(SystemTime, f64)> {
         samples
             .iter()
             .filter_map(|s| s.queues.get(&name).map(|q| (s.at, f(q))))
