@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
 
 use super::action_log::Action;
-use super::pages::path_segment;
+use super::layout::path_segment;
 use super::state::{State as St, Who};
 
 /// `POST /jobs/{id}/{retry|cancel|delete}`.

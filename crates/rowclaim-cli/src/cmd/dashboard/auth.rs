@@ -13,7 +13,7 @@ use maud::html;
 use rowclaim_bench::AUDIT;
 use serde::Deserialize;
 
-use super::pages::layout_bare;
+use super::layout::layout_bare;
 use super::sessions::{ended_cookie, same_secret};
 use super::state::{State as St, Who};
 

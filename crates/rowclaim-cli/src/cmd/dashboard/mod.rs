@@ -3,10 +3,11 @@
 //!
 //! From the top down (each file uses only those under it):
 //! - `server.rs`: [`server::router`], where every route is added;
+//! - `pages/`: the pages, one file for what each shows (every GET only reads);
 //! - `actions.rs`: the POSTs that change something;
 //! - `auth.rs`: logging in and out, and the checks every request passes;
-//! - `pages.rs`: the pages (every GET only reads), and what every page has;
 //! - `sampler.rs`: the task that samples the history the charts draw;
+//! - `layout.rs`: what every page has (its frame, the problem page, how values are written);
 //! - `charts.rs`: inline SVG line charts;
 //! - `state.rs`: what the handlers share (the [`state::Dashboard`]) and who asked;
 //! - `sessions.rs`, `action_log.rs`, `history.rs`: the start token and the sessions, the log of
@@ -17,6 +18,7 @@ mod actions;
 mod auth;
 mod charts;
 mod history;
+mod layout;
 mod pages;
 mod sampler;
 mod server;

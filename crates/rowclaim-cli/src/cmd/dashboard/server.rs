@@ -16,12 +16,12 @@ use super::{actions, auth, pages};
 /// the session layer is applied gets the same protection; see `with_session`.
 pub fn router(state: State, metrics: Arc<crate::prometheus::Endpoint>) -> Router {
     let pages = Router::new()
-        .route("/", get(pages::overview))
-        .route("/queues/{queue}", get(pages::queue))
-        .route("/jobs/{id}", get(pages::job))
-        .route("/sources/{table}", get(pages::source))
-        .route("/sources/{table}/rows/{id}", get(pages::row))
-        .route("/actions", get(pages::actions))
+        .route("/", get(pages::overview::overview))
+        .route("/queues/{queue}", get(pages::queues::queue))
+        .route("/jobs/{id}", get(pages::jobs::job))
+        .route("/sources/{table}", get(pages::sources::source))
+        .route("/sources/{table}/rows/{id}", get(pages::sources::row))
+        .route("/actions", get(pages::actions::actions))
         .route("/jobs/{id}/{action}", post(actions::job))
         .route("/queues/{queue}/{action}", post(actions::queue))
         .route(
