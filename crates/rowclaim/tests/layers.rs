@@ -254,6 +254,19 @@ fn the_lexer_skips_comments_and_literals() {
         tokens,
         ["a", "e", "'n", ":", "loop", "{", "}", "crate", "::", "o", "p"]
     );
+    // Lines are counted inside comments and literals too (a string continued with `\`).
+    let lines: Vec<(String, usize)> = lex("a\n/* \n */ \"x\\\ny\" r\"\n\" '\\n'\nb")
+        .expect("lexes")
+        .into_iter()
+        .map(|t| (format!("{:?}", t.tok), t.line))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            ("Ident(\"a\")".to_owned(), 1),
+            ("Ident(\"b\")".to_owned(), 6)
+        ]
+    );
     assert!(lex("fn f() { ( }").is_err(), "unbalanced delimiters");
     assert!(lex("\"open").is_err(), "unterminated string");
 }
@@ -1106,7 +1119,13 @@ fn lex(text: &str) -> Result<Vec<Token>, String> {
         loop {
             match c.get(i) {
                 None => return Err(format!("line {from}: unterminated literal")),
-                Some('\\') => i += 2,
+                Some('\\') => {
+                    // An escape; `\` at a line's end continues the string on the next.
+                    if c.get(i + 1) == Some(&'\n') {
+                        *line += 1;
+                    }
+                    i += 2
+                }
                 Some(&ch) if ch == quote => return Ok(i + 1),
                 Some('\n') => {
                     *line += 1;
