@@ -1,11 +1,8 @@
 //! The changes the dashboard makes: retry, cancel or delete a job, pause or resume a queue, give
-//! a held row back. Each
-//! arrives as a POST that passed the session, CSRF, origin and read-only checks
-//! (`auth::require_session`); each is logged (tracing, info) and kept in [`ActionLog`] for the
-//! actions page, whatever its outcome.
+//! a held row back. Each arrives as a POST that passed the session, CSRF, origin and read-only
+//! checks (`auth::require_session`); each is logged and kept in the
+//! [`ActionLog`](super::action_log::ActionLog) for the actions page, whatever its outcome.
 
-use std::collections::VecDeque;
-use std::sync::{Mutex, PoisonError};
 use std::time::SystemTime;
 
 use axum::extract::{Path, State};
@@ -13,58 +10,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
 
-use rowclaim_bench::AUDIT;
-
-use super::auth::Who;
-use super::pages::path_segment;
-use super::server::State as St;
-
-/// Actions kept for the actions page.
-const KEEP: usize = 200;
-
-/// One action taken (or attempted) through the dashboard.
-#[derive(Clone, Debug)]
-pub struct Action {
-    pub at: SystemTime,
-    /// Who asked (session name and address).
-    pub who: String,
-    /// e.g. `retry job`.
-    pub what: String,
-    /// The job id, or `table row id`.
-    pub target: String,
-    /// What came of it, e.g. `done`, `no such job in that state`, or the error.
-    pub outcome: String,
-}
-
-/// The last actions, newest last.
-#[derive(Default)]
-pub struct ActionLog {
-    actions: Mutex<VecDeque<Action>>,
-}
-
-impl ActionLog {
-    fn push(&self, a: Action) {
-        tracing::info!(
-            target: AUDIT,
-            who = %a.who,
-            action = %a.what,
-            target = %a.target,
-            outcome = %a.outcome,
-            "dashboard action"
-        );
-        let mut actions = self.actions.lock().unwrap_or_else(PoisonError::into_inner);
-        if actions.len() == KEEP {
-            actions.pop_front();
-        }
-        actions.push_back(a);
-    }
-
-    /// The actions, newest first.
-    pub fn newest_first(&self) -> Vec<Action> {
-        let actions = self.actions.lock().unwrap_or_else(PoisonError::into_inner);
-        actions.iter().rev().cloned().collect()
-    }
-}
+use super::action_log::Action;
+use super::layout::path_segment;
+use super::state::{State as St, Who};
 
 /// `POST /jobs/{id}/{retry|cancel|delete}`.
 pub async fn job(

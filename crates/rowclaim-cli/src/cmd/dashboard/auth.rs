@@ -1,14 +1,8 @@
-//! Who may look and act: the start token, sessions, and the checks every POST passes.
-//!
-//! The token printed at start (or read from `--token-file`) is exchanged once, at
-//! `/login?token=…`, for a session cookie (HttpOnly, SameSite=Strict, Secure behind a TLS
-//! proxy). A session carries its own CSRF token, which every form posts back. Tokens are
-//! compared in constant time, so that response times do not spell them out.
+//! Who may look and act: logging in and out, and the checks every request passes (a session;
+//! for a POST also its CSRF token, this dashboard's origin, and a dashboard that is not
+//! read-only). The start token and the sessions themselves are `sessions.rs`'s.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Query, Request, State};
@@ -18,143 +12,13 @@ use axum::response::{IntoResponse, Redirect, Response};
 use maud::html;
 use rowclaim_bench::AUDIT;
 use serde::Deserialize;
-use subtle::ConstantTimeEq;
 
-use super::pages::layout_bare;
-use super::server::State as St;
-
-/// The session cookie's name.
-const COOKIE: &str = "rowclaim_session";
+use super::layout::layout_bare;
+use super::sessions::{ended_cookie, same_secret};
+use super::state::{State as St, Who};
 
 /// Largest form a POST may send: the dashboard's forms hold a CSRF token and little else.
 const FORM_LIMIT: usize = 16 * 1024;
-
-/// A session unused this long is closed.
-const IDLE: Duration = Duration::from_secs(12 * 3600);
-
-/// Most sessions open at once; opening one more closes the least recently used.
-const MOST_SESSIONS: usize = 256;
-
-/// The start token and the sessions it opened.
-pub struct Auth {
-    token: String,
-    /// What a scraper presents for `/metrics` (a bearer token): not the start token, so that a
-    /// Prometheus configuration holds no credential that can log in and act.
-    metrics_token: String,
-    /// Session id → the session and when it was last used.
-    sessions: Mutex<HashMap<String, (Session, Instant)>>,
-    /// Behind a TLS proxy the cookie is marked Secure.
-    secure_cookie: bool,
-}
-
-/// One browser's login.
-#[derive(Clone, Debug)]
-pub struct Session {
-    /// A short name for the logs and the actions page; not the cookie, which is secret.
-    pub name: String,
-    /// What every form of this session posts back.
-    pub csrf: String,
-}
-
-/// The session of the request, and where it came from: what the actions log says of who.
-#[derive(Clone, Debug)]
-pub struct Who {
-    pub session: Session,
-    pub peer: Option<SocketAddr>,
-}
-
-impl std::fmt::Display for Who {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.peer {
-            Some(p) => write!(f, "session {} from {}", self.session.name, p.ip()),
-            None => write!(f, "session {}", self.session.name),
-        }
-    }
-}
-
-impl Auth {
-    pub fn new(token: String, metrics_token: String, secure_cookie: bool) -> Auth {
-        Auth {
-            token,
-            metrics_token,
-            sessions: Mutex::default(),
-            secure_cookie,
-        }
-    }
-
-    fn open_session(&self) -> Result<(String, Session), getrandom::Error> {
-        let id = random_hex(32)?;
-        let session = Session {
-            name: random_hex(3)?,
-            csrf: random_hex(32)?,
-        };
-        let mut sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
-        sessions.retain(|_, (_, used)| used.elapsed() < IDLE);
-        while sessions.len() >= MOST_SESSIONS {
-            let oldest = sessions
-                .iter()
-                .min_by_key(|(_, (_, used))| *used)
-                .map(|(id, _)| id.clone());
-            match oldest {
-                Some(old) => sessions.remove(&old),
-                None => break,
-            };
-        }
-        sessions.insert(id.clone(), (session.clone(), Instant::now()));
-        Ok((id, session))
-    }
-
-    fn session(&self, headers: &HeaderMap) -> Option<(String, Session)> {
-        let id = cookie(headers, COOKIE)?;
-        let mut sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
-        // The map is looked up by the cookie's value; a guessed id only ever misses.
-        match sessions.get_mut(id) {
-            Some((session, used)) if used.elapsed() < IDLE => {
-                *used = Instant::now();
-                Some((id.to_owned(), session.clone()))
-            }
-            Some(_) => {
-                sessions.remove(id);
-                None
-            }
-            None => None,
-        }
-    }
-
-    fn close_session(&self, id: &str) {
-        self.sessions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(id);
-    }
-}
-
-/// `n` random bytes from the operating system, as hex.
-pub fn random_hex(n: usize) -> Result<String, getrandom::Error> {
-    let mut bytes = vec![0u8; n];
-    getrandom::fill(&mut bytes)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// Whether two secrets are equal, taking as long whatever the first difference and whatever
-/// their lengths: their digests are compared (a comparison of the texts themselves would end at
-/// once on a length mismatch, telling the length of an operator's token).
-pub fn same_secret(a: &str, b: &str) -> bool {
-    use sha2::{Digest, Sha256};
-    let (a, b) = (Sha256::digest(a.as_bytes()), Sha256::digest(b.as_bytes()));
-    a[..].ct_eq(&b[..]).into()
-}
-
-fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v)
-}
 
 #[derive(Deserialize)]
 pub struct LoginQuery {
@@ -200,7 +64,7 @@ pub async fn login_form(
 
 /// Opens a session for the right start token.
 fn log_in(state: &St, peer: SocketAddr, given: &str) -> Response {
-    if !same_secret(given.trim(), &state.auth.token) {
+    if !state.auth.is_token(given.trim()) {
         tracing::warn!(target: AUDIT, peer = %peer.ip(), "dashboard: a login with a wrong token was refused");
         return (
             StatusCode::UNAUTHORIZED,
@@ -216,12 +80,7 @@ fn log_in(state: &St, peer: SocketAddr, given: &str) -> Response {
         }
     };
     tracing::info!(target: AUDIT, session = %session.name, peer = %peer.ip(), "dashboard: logged in");
-    let secure = if state.auth.secure_cookie {
-        "; Secure"
-    } else {
-        ""
-    };
-    let cookie = format!("{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict{secure}");
+    let cookie = state.auth.session_cookie(&id);
     // 303: the browser follows with a GET, and a reload of the overview posts nothing again.
     ([(header::SET_COOKIE, cookie)], Redirect::to("/")).into_response()
 }
@@ -232,8 +91,11 @@ pub async fn logout(State(state): State<St>, headers: HeaderMap) -> Response {
         state.auth.close_session(&id);
         tracing::info!(target: AUDIT, session = %session.name, "dashboard: logged out");
     }
-    let gone = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
-    ([(header::SET_COOKIE, gone)], Redirect::to("/login")).into_response()
+    (
+        [(header::SET_COOKIE, ended_cookie())],
+        Redirect::to("/login"),
+    )
+        .into_response()
 }
 
 fn login_page(problem: Option<&str>) -> maud::Markup {
@@ -288,7 +150,7 @@ pub async fn require_bearer_or_session(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|t| same_secret(t.trim(), &state.auth.metrics_token));
+        .is_some_and(|t| state.auth.is_metrics_token(t.trim()));
     if req.method() != Method::GET {
         return StatusCode::METHOD_NOT_ALLOWED.into_response();
     }
@@ -385,13 +247,5 @@ mod tests {
             "http://127.0.0.1:9999/jobs/3".parse().unwrap(),
         );
         assert!(!same_origin(&h));
-    }
-
-    #[test]
-    fn secrets_compare_whole() {
-        assert!(same_secret("abc", "abc"));
-        assert!(!same_secret("abc", "abd"));
-        assert!(!same_secret("abc", "ab"));
-        assert_eq!(random_hex(32).unwrap().len(), 64);
     }
 }

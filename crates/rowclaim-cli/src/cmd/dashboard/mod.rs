@@ -1,19 +1,29 @@
 //! `rowclaim dashboard`: a web page of the managed queue and the recorded own tables, with the
 //! few actions an operator needs (retry, cancel, delete a job; give a held row back).
 //!
-//! - `server.rs`: the shared state and [`server::router`], where every route is added;
-//! - `auth.rs`: the start token, sessions, and the checks every POST passes;
-//! - `pages.rs`: the pages (every GET only reads);
-//! - `actions.rs`: the POSTs that change something, and their log;
+//! From the top down (each file uses only those under it):
+//! - `server.rs`: [`server::router`], where every route is added;
+//! - `pages/`: the pages, one file for what each shows (every GET only reads);
+//! - `actions.rs`: the POSTs that change something;
+//! - `auth.rs`: logging in and out, and the checks every request passes;
+//! - `sampler.rs`: the task that samples the history the charts draw;
+//! - `layout.rs`: what every page has (its frame, the problem page, how values are written);
 //! - `charts.rs`: inline SVG line charts;
-//! - `sampler.rs`: the history the charts draw, polled in the background.
+//! - `state.rs`: what the handlers share (the [`state::Dashboard`]) and who asked;
+//! - `sessions.rs`, `action_log.rs`, `history.rs`: the start token and the sessions, the log of
+//!   the actions, the charts' history: parts of that shared state.
 
+mod action_log;
 mod actions;
 mod auth;
 mod charts;
+mod history;
+mod layout;
 mod pages;
 mod sampler;
 mod server;
+mod sessions;
+mod state;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -24,7 +34,7 @@ use clap::Args;
 use rowclaim::{ConnectOptions, Db};
 
 use crate::error::CliError;
-use auth::same_secret;
+use sessions::same_secret;
 
 #[derive(Args, Debug)]
 pub struct DashboardArgs {
@@ -74,11 +84,11 @@ pub async fn run(url: &str, a: DashboardArgs) -> Result<(), CliError> {
         ));
     }
     let db = Db::connect_with(url, ConnectOptions::default().max_connections(4)).await?;
-    let state = Arc::new(server::Dashboard::new(
+    let state = Arc::new(state::Dashboard::new(
         db,
-        auth::Auth::new(token.clone(), metrics_token.clone(), a.behind_tls_proxy),
+        sessions::Auth::new(token.clone(), metrics_token.clone(), a.behind_tls_proxy),
         a.read_only,
-        sampler::History::default(),
+        history::History::default(),
     ));
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
@@ -134,7 +144,7 @@ pub async fn run(url: &str, a: DashboardArgs) -> Result<(), CliError> {
 }
 
 /// Every recorded own table, for `/metrics`, by the dashboard's cached claimers.
-fn recorded_sources(state: server::State) -> crate::prometheus::SourceList {
+fn recorded_sources(state: state::State) -> crate::prometheus::SourceList {
     Box::new(move || {
         let state = state.clone();
         Box::pin(async move {
@@ -160,7 +170,7 @@ fn recorded_sources(state: server::State) -> crate::prometheus::SourceList {
 /// a random one without a file.
 fn token_from(path: Option<&std::path::Path>, flag: &str) -> Result<String, CliError> {
     let Some(path) = path else {
-        return auth::random_hex(32).map_err(|e| CliError::Io {
+        return sessions::random_hex(32).map_err(|e| CliError::Io {
             what: "making a token from the operating system's random numbers",
             source: std::io::Error::other(e.to_string()),
         });

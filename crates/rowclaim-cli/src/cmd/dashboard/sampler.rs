@@ -1,56 +1,12 @@
-//! The history behind the charts: a task polls the queue's and the sources' counts every few
-//! seconds (one cheap statement per queue table and source) into a ring buffer of bounded
-//! length, so a chart shows the last while since the dashboard started.
+//! The sampler: a task polls the queue's and the sources' counts every few seconds (one cheap
+//! statement per queue table and source) into the charts' [`History`](super::history::History).
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use super::server::Dashboard;
-
-/// Samples kept: at one every 5 s, the last hour.
-pub const KEEP: usize = 720;
-
-/// One look at the database.
-#[derive(Clone, Debug)]
-pub struct Sample {
-    pub at: SystemTime,
-    /// Per managed queue.
-    pub queues: BTreeMap<String, QueueSample>,
-    /// Per recorded source (its table): rows per status.
-    pub sources: BTreeMap<String, BTreeMap<String, u64>>,
-}
-
-#[derive(Clone, Debug, Default)]
-pub struct QueueSample {
-    pub by_status: BTreeMap<String, u64>,
-    /// Jobs completed in the minute before the sample, as the database counts them.
-    pub completed_last_minute: u64,
-    /// How long the oldest due ready job had waited, in seconds.
-    pub oldest_wait_secs: f64,
-}
-
-/// The ring buffer, shared with the pages.
-#[derive(Default)]
-pub struct History {
-    samples: Mutex<VecDeque<Sample>>,
-}
-
-impl History {
-    fn push(&self, s: Sample) {
-        let mut samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
-        if samples.len() == KEEP {
-            samples.pop_front();
-        }
-        samples.push_back(s);
-    }
-
-    /// The samples, oldest first.
-    pub fn samples(&self) -> Vec<Sample> {
-        let samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
-        samples.iter().cloned().collect()
-    }
-}
+use super::history::{QueueSample, Sample};
+use super::state::Dashboard;
 
 /// Samples every `every` for as long as the dashboard runs. A failed look (the database away)
 /// is skipped, not fatal: the chart shows a gap in time.

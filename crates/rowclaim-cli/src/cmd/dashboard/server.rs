@@ -1,81 +1,13 @@
-//! The dashboard's state and routes: [`router`] is the one place a route is added (the
-//! Prometheus exporter's `/metrics`, for the token as a bearer token or a session, among them).
+//! The dashboard's routes: [`router`] is the one place a route is added (the Prometheus
+//! exporter's `/metrics`, for the token as a bearer token or a session, among them).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use axum::routing::{get, post};
 use axum::Router;
-use rowclaim::registry::RecordedSource;
-use rowclaim::{Claimer, Db};
 
-use super::actions::ActionLog;
-use super::sampler::History;
+use super::state::State;
 use super::{actions, auth, pages};
-
-/// Everything the handlers share.
-pub struct Dashboard {
-    pub db: Db,
-    /// Where the database is, without a password ([`Db::endpoint`]): all a page ever says of it.
-    pub endpoint: String,
-    pub auth: auth::Auth,
-    /// Actions are not offered, and every POST is refused.
-    pub read_only: bool,
-    pub actions: ActionLog,
-    pub history: History,
-    /// Claimers of recorded sources, made once per record (making one asks the catalog).
-    claimers: Mutex<HashMap<String, (RecordedSource, Claimer)>>,
-}
-
-/// The state handlers get.
-pub type State = Arc<Dashboard>;
-
-impl Dashboard {
-    pub fn new(db: Db, auth: auth::Auth, read_only: bool, history: History) -> Dashboard {
-        Dashboard {
-            endpoint: db.endpoint().to_owned(),
-            db,
-            auth,
-            read_only,
-            actions: ActionLog::default(),
-            history,
-            claimers: Mutex::default(),
-        }
-    }
-
-    /// The recorded source of `table` and a claimer for it (which records nothing, and is
-    /// never asked to claim), or `None` when the table has no record.
-    pub async fn source(&self, table: &str) -> rowclaim::Result<Option<(RecordedSource, Claimer)>> {
-        let records = self.db.recorded_sources().await?;
-        let Some(record) = records.into_iter().find(|r| r.table == table) else {
-            return Ok(None);
-        };
-        self.claimer_of(record).await.map(Some)
-    }
-
-    /// A claimer for `record`, made again when the record changed (`rowclaim source replace`).
-    pub async fn claimer_of(
-        &self,
-        record: RecordedSource,
-    ) -> rowclaim::Result<(RecordedSource, Claimer)> {
-        let cached = self
-            .claimers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&record.table)
-            .filter(|(r, _)| *r == record)
-            .cloned();
-        if let Some(found) = cached {
-            return Ok(found);
-        }
-        let claimer = self.db.claimer(record.source(), record.strategy).await?;
-        self.claimers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(record.table.clone(), (record.clone(), claimer.clone()));
-        Ok((record, claimer))
-    }
-}
 
 /// The dashboard's routes, over `state`. Every route but the login page (and `/metrics`, which
 /// asks for the metrics token or a session) asks for a session
@@ -84,12 +16,12 @@ impl Dashboard {
 /// the session layer is applied gets the same protection; see `with_session`.
 pub fn router(state: State, metrics: Arc<crate::prometheus::Endpoint>) -> Router {
     let pages = Router::new()
-        .route("/", get(pages::overview))
-        .route("/queues/{queue}", get(pages::queue))
-        .route("/jobs/{id}", get(pages::job))
-        .route("/sources/{table}", get(pages::source))
-        .route("/sources/{table}/rows/{id}", get(pages::row))
-        .route("/actions", get(pages::actions))
+        .route("/", get(pages::overview::overview))
+        .route("/queues/{queue}", get(pages::queues::queue))
+        .route("/jobs/{id}", get(pages::jobs::job))
+        .route("/sources/{table}", get(pages::sources::source))
+        .route("/sources/{table}/rows/{id}", get(pages::sources::row))
+        .route("/actions", get(pages::actions::actions))
         .route("/jobs/{id}/{action}", post(actions::job))
         .route("/queues/{queue}/{action}", post(actions::queue))
         .route(

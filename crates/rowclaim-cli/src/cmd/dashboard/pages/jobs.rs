@@ -1,0 +1,142 @@
+//! `GET /jobs/{id}`: one job as stored, its timeline and what may be done to it; and the table
+//! of jobs that a queue's page lists.
+
+use std::time::SystemTime;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use maud::{html, Markup};
+use rowclaim::JobRecord;
+
+use crate::cmd::dashboard::layout::{action_button, layout, path_segment, trouble, when};
+use crate::cmd::dashboard::state::{State as St, Who};
+
+/// timeline, and what may be done to it.
+pub async fn job(
+    State(state): State<St>,
+    Extension(who): Extension<Who>,
+    Path(id): Path<i64>,
+) -> Response {
+    let job = match state.db.queue().get(id).await {
+        Ok(Some(j)) => j,
+        Ok(None) => {
+            return trouble(
+                &state,
+                &who,
+                StatusCode::NOT_FOUND,
+                &format!("There is no job {id}."),
+            )
+        }
+        Err(e) => {
+            return trouble(
+                &state,
+                &who,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &e.to_string(),
+            )
+        }
+    };
+    let payload = serde_json::to_string_pretty(&job.payload).unwrap_or_default();
+    let mut timeline: Vec<(SystemTime, String)> = vec![(job.created_at, "enqueued".to_owned())];
+    timeline.push((
+        job.run_at,
+        match job.status.as_str() {
+            "ready" => "due to run",
+            _ => "last run due",
+        }
+        .to_owned(),
+    ));
+    // A finished job keeps its last lease in the row; only a running one's lease means anything.
+    if let Some(l) = job.lease_until.filter(|_| job.status == "running") {
+        timeline.push((l, "lease ends".to_owned()));
+    }
+    if let Some(f) = job.finished_at {
+        timeline.push((
+            f,
+            match job.status.as_str() {
+                "completed" => "completed",
+                "dead" => "died (no attempts left)",
+                "cancelled" => "cancelled",
+                _ => "finished",
+            }
+            .to_owned(),
+        ));
+    }
+    // What was done to it here (retries reset its attempts and times, so only this says so).
+    let target = format!("job {id}");
+    for a in state.actions.newest_first() {
+        if a.target == target {
+            timeline.push((
+                a.at,
+                format!("{} from the dashboard by {}: {}", a.what, a.who, a.outcome),
+            ));
+        }
+    }
+    timeline.sort_by_key(|(t, _)| *t);
+    let st = job.status.as_str();
+    let body = html! {
+        table #job {
+            tr { th { "queue" } td { a href=(format!("/queues/{}", path_segment(&job.queue))) { (job.queue) } } }
+            tr { th { "kind" } td { (job.kind) } }
+            tr { th { "status" } td.problem[st == "dead"] #status { (job.status) } }
+            tr { th { "attempts" } td { (job.attempts) " of " (job.max_attempts) } }
+            tr { th { "priority" } td { (job.priority) } }
+            @if let Some(o) = &job.owner { tr { th { @if job.status == "running" { "owner" } @else { "last owner" } } td { code { (o) } } } }
+            @if let Some(k) = &job.unique_key { tr { th { "unique key" } td { (k) } } }
+            @if let Some(k) = &job.limit_key { tr { th { "limit key" } td { (k) } } }
+            @if let Some(t) = job.attempted_at { tr { th { "last started" } td { (when(t)) } } }
+            @if let Some(t) = job.timeout_ms { tr { th { "timeout" } td { (t) " ms" } } }
+        }
+        h2 { "Timeline" }
+        ol #timeline { @for (t, what) in &timeline { li { (when(*t)) " — " (what) } } }
+        h2 { "Payload" }
+        pre #payload { (payload) }
+        @if let Some(out) = &job.output {
+            h2 { "Output" }
+            pre #output { (serde_json::to_string_pretty(out).unwrap_or_default()) }
+        }
+        h2 { "Last error" }
+        @match &job.last_error {
+            Some(e) => pre #last-error { (e) },
+            None => p.muted { "None." },
+        }
+        @if !state.read_only {
+            h2 { "Actions" }
+            p #actions {
+                @if st == "dead" || st == "cancelled" {
+                    (action_button(&who, &format!("/jobs/{id}/retry"), &[], "Retry", &format!("Retry job {id} (ready again, attempts reset)?"), false)) " "
+                }
+                @if st == "ready" || st == "running" {
+                    (action_button(&who, &format!("/jobs/{id}/cancel"), &[], "Cancel", &format!("Cancel job {id}? A running job's result will be refused."), true)) " "
+                }
+                @if st != "running" {
+                    (action_button(&who, &format!("/jobs/{id}/delete"), &[], "Delete", &format!("Delete job {id} for good?"), true))
+                }
+            }
+        }
+    };
+    layout(&state, &who, &format!("Job {id}"), true, body).into_response()
+}
+
+/// Jobs as a table, each linked to its page.
+pub fn job_table(jobs: &[JobRecord]) -> Markup {
+    html! {
+        @if jobs.is_empty() { p.muted { "No jobs." } } @else {
+            table #jobs {
+                tr { th { "id" } th { "kind" } th { "status" } th.num { "attempts" } th { "run at" } th { "last error" } }
+                @for j in jobs {
+                    tr data-job=(j.id) {
+                        td { a href=(format!("/jobs/{}", j.id)) { (j.id) } }
+                        td { (j.kind) }
+                        td.problem[j.status == "dead"] { (j.status) }
+                        td.num { (j.attempts) "/" (j.max_attempts) }
+                        td { (when(j.run_at)) }
+                        td { (j.last_error.as_deref().map(|e| e.chars().take(120).collect::<String>()).unwrap_or_default()) }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! The pages: every GET only reads. Every value reaches the page through maud, which escapes it;
+//! the database is named only by its endpoint (no password).
+//!
+//! - `overview.rs`: `/`, every managed queue, schedule and recorded source, problem ones first;
+//! - `queues.rs`: `/queues/{queue}`, one queue (counts, charts, holders, its jobs), and the
+//!   schedules' table;
+//! - `jobs.rs`: `/jobs/{id}`, one job and its timeline, and the jobs' table;
+//! - `sources.rs`: `/sources/{table}`, a recorded table, and `/sources/{table}/rows/{id}`, a row;
+//! - `actions.rs`: `/actions`, what was done through the dashboard.
+
+pub mod actions;
+pub mod jobs;
+pub mod overview;
+pub mod queues;
+pub mod sources;

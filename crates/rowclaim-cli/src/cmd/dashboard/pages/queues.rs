@@ -1,0 +1,309 @@
+//! `GET /queues/{queue}`: one managed queue's counts, charts, holders, running jobs, and a search
+//! of its jobs; with what the overview shows of the queues too (pauses, schedules).
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use maud::{html, Markup};
+use rowclaim::{JobFilter, JobRecord, ScheduleStatus, JOB_STATUSES};
+use serde::Deserialize;
+
+use super::jobs::job_table;
+use crate::cmd::dashboard::charts::{chart, colour_of, Line};
+use crate::cmd::dashboard::history::QueueSample;
+use crate::cmd::dashboard::layout::{
+    action_button, expired, layout, path_segment, query_value, secs, trouble, when, LIMITS,
+};
+use crate::cmd::dashboard::state::{Dashboard, State as St, Who};
+
+#[derive(Deserialize, Default)]
+pub struct JobSearch {
+    status: Option<String>,
+    kind: Option<String>,
+    id: Option<String>,
+    before: Option<i64>,
+    limit: Option<u32>,
+}
+
+/// `GET /queues/{queue}`: counts, charts, holders, running jobs, and a search of its jobs.
+pub async fn queue(
+    State(state): State<St>,
+    Extension(who): Extension<Who>,
+    Path(name): Path<String>,
+    Query(search): Query<JobSearch>,
+) -> Response {
+    let queue = state.db.queue();
+    let stats = match queue.stats(Some(&name)).await {
+        Ok(s) => s,
+        Err(e) => {
+            return trouble(
+                &state,
+                &who,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &e.to_string(),
+            )
+        }
+    };
+    let counts = stats.by_queue.get(&name).cloned().unwrap_or_default();
+    let paused_at = paused_queues(&state).await.get(&name).copied();
+    let limits = queue_limits(&state, &name).await;
+    let (schedules, _) = schedules(&state, Some(&name)).await;
+    let running = running(&state, Some(&name), 1000).await;
+    let mut holders: BTreeMap<String, (u64, Option<SystemTime>)> = BTreeMap::new();
+    for job in &running {
+        let h = holders
+            .entry(job.owner.clone().unwrap_or_else(|| "(no owner)".into()))
+            .or_default();
+        h.0 += 1;
+        h.1 = match (h.1, job.lease_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    let limit = search.limit.filter(|l| LIMITS.contains(l)).unwrap_or(50);
+    let status = search
+        .status
+        .clone()
+        .filter(|s| JOB_STATUSES.contains(&s.as_str()));
+    let kind = search.kind.clone().filter(|k| !k.trim().is_empty());
+    let wanted_id = search
+        .id
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty());
+    let (jobs, search_problem) = match wanted_id {
+        Some(text) => match text.parse::<i64>() {
+            Ok(id) => match queue.get(id).await {
+                Ok(job) => (job.into_iter().filter(|j| j.queue == name).collect(), None),
+                Err(e) => (Vec::new(), Some(e.to_string())),
+            },
+            Err(_) => (Vec::new(), Some(format!("id {text:?} is not a number"))),
+        },
+        None => {
+            let mut f = JobFilter::new().queues([name.clone()]).limit(limit);
+            if let Some(s) = &status {
+                f = f.status(s.clone());
+            }
+            if let Some(k) = &kind {
+                f = f.kinds([k.trim().to_owned()]);
+            }
+            if let Some(b) = search.before {
+                f = f.before_id(b);
+            }
+            match queue.list(&f).await {
+                Ok(jobs) => (jobs, None),
+                Err(e) => (Vec::new(), Some(e.to_string())),
+            }
+        }
+    };
+    let samples = state.history.samples();
+    let series = |f: &dyn Fn(&QueueSample) -> f64| -> Vec<(SystemTime, f64)> {
+        samples
+            .iter()
+            .filter_map(|s| s.queues.get(&name).map(|q| (s.at, f(q))))
+            .collect()
+    };
+    let throughput = [Line {
+        name: "completed in the last minute".into(),
+        colour: colour_of("completed"),
+        points: series(&|q| q.completed_last_minute as f64),
+    }];
+    let wait = [Line {
+        name: "oldest due job's wait (s)".into(),
+        colour: colour_of("ready"),
+        points: series(&|q| q.oldest_wait_secs),
+    }];
+    let by_status: Vec<Line> = ["ready", "running", "dead"]
+        .into_iter()
+        .map(|st| Line {
+            name: st.to_owned(),
+            colour: colour_of(st),
+            points: series(&|q| q.by_status.get(st).copied().unwrap_or(0) as f64),
+        })
+        .collect();
+    let next = (jobs.len() as u32 == limit && wanted_id.is_none())
+        .then(|| jobs.last().map(|j| j.id))
+        .flatten()
+        .map(|last| {
+            let mut q = format!("?before={last}&limit={limit}");
+            if let Some(s) = &status {
+                q.push_str(&format!("&status={}", query_value(s)));
+            }
+            if let Some(k) = &kind {
+                q.push_str(&format!("&kind={}", query_value(k)));
+            }
+            q
+        });
+    let control = format!("/queues/{}", path_segment(&name));
+    let body = html! {
+        p #state {
+            @match paused_at {
+                Some(t) => {
+                    span.badge { "paused" } " since " (when(t)) ": workers start none of its jobs. "
+                    @if !state.read_only {
+                        (action_button(&who, &format!("{control}/resume"), &[], "Resume", &format!("Resume queue {name}?"), false))
+                    }
+                }
+                None => {
+                    "Running. "
+                    @if !state.read_only {
+                        (action_button(&who, &format!("{control}/pause"), &[], "Pause", &format!("Pause queue {name}? Workers start none of its jobs until it is resumed; running jobs finish."), true))
+                    }
+                }
+            }
+        }
+        p #limits {
+            @match limits.as_ref().and_then(crate::cmd::queue::describe) {
+                Some(l) => { "Limits, across all workers: " strong { (l) } "." }
+                None => { "No limits. Set them with " code { "rowclaim queue limit " (name) } "." }
+            }
+        }
+        table #counts {
+            tr { @for s in JOB_STATUSES { th.num { (s) } } th.num { "oldest wait" } th.num { "completed last min" } }
+            tr {
+                @for s in JOB_STATUSES { td.num data-status=(s) { (counts.get(*s).copied().unwrap_or(0)) } }
+                td.num { (secs(stats.oldest_ready_secs.get(&name).copied().unwrap_or(0.0))) }
+                td.num { (stats.completed_last_minute.get(&name).copied().unwrap_or(0)) }
+            }
+        }
+        @if !schedules.is_empty() {
+            h2 { "Schedules" }
+            (schedule_table(&schedules))
+        }
+        (chart("Throughput", "jobs/min", &throughput))
+        (chart("Wait", "s", &wait))
+        (chart("Jobs by status", "jobs", &by_status))
+        h2 { "Workers holding jobs" }
+        @if holders.is_empty() { p.muted { "None." } } @else {
+            table #holders {
+                tr { th { "owner (claim token)" } th.num { "jobs" } th { "first lease end" } }
+                @for (owner, (n, lease)) in &holders {
+                    tr { td { code { (owner) } } td.num { (n) } td.problem[expired(*lease)] { (lease.map(when).unwrap_or_default()) } }
+                }
+            }
+        }
+        h2 { "Running" }
+        @if running.is_empty() { p.muted { "Nothing is running." } } @else {
+            table #running {
+                tr { th { "id" } th { "kind" } th { "owner" } th { "lease end" } th.num { "attempt" } }
+                @for j in &running {
+                    tr {
+                        td { a href=(format!("/jobs/{}", j.id)) { (j.id) } }
+                        td { (j.kind) }
+                        td { code { (j.owner.as_deref().unwrap_or("")) } }
+                        td.problem[expired(j.lease_until)] { (j.lease_until.map(when).unwrap_or_default()) @if expired(j.lease_until) { " expired" } }
+                        td.num { (j.attempts) "/" (j.max_attempts) }
+                    }
+                }
+            }
+        }
+        h2 { "Jobs" }
+        form method="get" {
+            label { "status " select name="status" {
+                option value="" { "any" }
+                @for s in JOB_STATUSES { option value=(s) selected[status.as_deref() == Some(*s)] { (s) } }
+            } }
+            " " label { "kind " input name="kind" value=(kind.clone().unwrap_or_default()); }
+            " " label { "id " input name="id" size="8" value=(wanted_id.unwrap_or_default()); }
+            " " label { "per page " select name="limit" {
+                @for l in LIMITS { option value=(l) selected[l == limit] { (l) } }
+            } }
+            " " button type="submit" { "Search" }
+        }
+        @if let Some(p) = search_problem { p.problem { (p) } }
+        (job_table(&jobs))
+        @if let Some(q) = next { p { a href=(q) { "Older jobs →" } } }
+    };
+    layout(&state, &who, &format!("Queue {name}"), true, body).into_response()
+}
+
+/// The queue's running jobs (up to `limit`), or none when there is no managed queue.
+async fn running(state: &Dashboard, queue: Option<&str>, limit: u32) -> Vec<JobRecord> {
+    let mut f = JobFilter::new().status("running").limit(limit);
+    if let Some(q) = queue {
+        f = f.queues([q]);
+    }
+    state.db.queue().list(&f).await.unwrap_or_default()
+}
+
+/// Whether an error says there is no managed queue here (not a failure for the overview): the
+/// queue's reads answer bad input, "run `rowclaim init` first", where it is missing or old.
+pub fn no_queue(e: &rowclaim::Error) -> bool {
+    e.kind() == rowclaim::ErrorKind::BadInput
+}
+
+/// The paused queues and since when; none where they cannot be read (no managed queue, or one
+/// older than pausing).
+pub async fn paused_queues(state: &Dashboard) -> BTreeMap<String, SystemTime> {
+    state
+        .db
+        .queue()
+        .settings()
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|s| Some((s.name, s.paused_at?)))
+        .collect()
+}
+
+/// The limits of `queue`; None where there are none or they cannot be read (no managed queue,
+/// or one older than limits).
+async fn queue_limits(state: &Dashboard, queue: &str) -> Option<rowclaim::QueueLimits> {
+    state
+        .db
+        .queue()
+        .settings()
+        .await
+        .ok()?
+        .into_iter()
+        .find(|s| s.name == queue)
+        .map(|s| s.limits)
+}
+
+/// The stored schedules (of `queue`, or all), or why they could not be read. None is no
+/// problem where the managed queue or its schedules' table does not exist yet.
+pub async fn schedules(
+    state: &Dashboard,
+    queue: Option<&str>,
+) -> (Vec<ScheduleStatus>, Option<String>) {
+    match state.db.queue().schedules().await {
+        Ok(mut list) => {
+            list.retain(|s| queue.is_none_or(|q| s.queue == q));
+            (list, None)
+        }
+        Err(e) if no_queue(&e) => (Vec::new(), None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    }
+}
+
+/// Schedules as a table: overdue ones (no scheduler runs them) marked.
+pub fn schedule_table(schedules: &[ScheduleStatus]) -> Markup {
+    html! {
+        table #schedules {
+            tr { th { "schedule" } th { "expression" } th { "zone" } th { "queue" } th { "last tick" } th { "next tick" } }
+            @for s in schedules {
+                tr data-schedule=(s.name) {
+                    td { (s.name) }
+                    td { code { (s.expression) } }
+                    td { (s.zone.as_deref().unwrap_or("")) }
+                    td { a href=(format!("/queues/{}", path_segment(&s.queue))) { (s.queue) } }
+                    td {
+                        @match (s.last_tick, s.last_job) {
+                            (Some(t), Some(job)) => { a href=(format!("/jobs/{job}")) { (when(t)) } }
+                            (Some(t), None) => { (when(t)) }
+                            (None, _) => { span.muted { "never" } }
+                        }
+                    }
+                    td.problem[s.overdue] {
+                        (when(s.next_tick))
+                        @if s.overdue { " overdue: no scheduler runs it" }
+                    }
+                }
+            }
+        }
+    }
+}
