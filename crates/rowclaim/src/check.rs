@@ -12,8 +12,8 @@ use crate::backend::{Lookup, Need, Reads, Resolved};
 use crate::claim::Layer;
 use crate::mapping::{Mapping, TableName};
 use crate::registry::RecordedSource;
-pub use crate::report::{Finding, Severity, Topic};
-use crate::strategy::auto_choice;
+use crate::report::{Finding, Severity, Topic};
+use crate::claim::auto_choice;
 use crate::{Db, Error, Result, Source, Strategy};
 
 /// What [`Db::check`] found for one source.

@@ -358,6 +358,12 @@ fn describe_ids(ids: &[RowId]) -> String {
     format!("row(s) {}{more}", shown.join(", "))
 }
 
+impl From<crate::UnknownStrategy> for Error {
+    fn from(e: crate::UnknownStrategy) -> Error {
+        Error::InvalidInput(e.to_string())
+    }
+}
+
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -62,6 +62,8 @@ mod check;
 mod claim;
 mod db;
 mod error;
+mod id;
+mod locking;
 mod mapping;
 pub mod metrics;
 mod queue;
@@ -74,11 +76,10 @@ mod wait;
 mod worker;
 
 pub use backend::{Capability, ServerInfo};
-pub use check::{CheckReport, Finding, Severity, Topic};
-pub use claim::{
-    Backlog, Claim, ClaimedRow, Claimer, LockMode, LockWait, LockedRows, RowFilter, SourceRow,
-    Stats, Token,
-};
+pub use check::CheckReport;
+pub use locking::{LockMode, LockWait};
+pub use report::{Finding, Severity, Stats, Topic};
+pub use claim::{Backlog, Claim, ClaimedRow, Claimer, LockedRows, RowFilter, SourceRow, Token};
 pub use db::{ConnectOptions, Db};
 pub use error::{Error, ErrorKind, Result};
 pub use queue::{
@@ -88,8 +89,8 @@ pub use queue::{
     MAX_CATCH_UP, MAX_RATE_PERIOD,
 };
 pub use source::Source;
-pub use strategy::Strategy;
-pub use value::RowId;
+pub use id::RowId;
+pub use strategy::{Strategy, UnknownStrategy};
 pub use worker::{
     Handler, IntoTaskResult, Shutdown, StopReason, Task, TaskFuture, TaskResult, Worker,
     WorkerReport,

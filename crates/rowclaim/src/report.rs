@@ -1,7 +1,9 @@
-//! What a check found ([`Finding`]): how much it matters and what it is about. The drivers
+//! What rowclaim reports about a source: its row counts ([`Stats`]), and what a check found
+//! ([`Finding`]): how much it matters and what it is about. The drivers
 //! make findings about their servers (`backend/*/check.rs`), the claim core about a source
 //! (`crate::check`); both stand on this.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::Serialize;
@@ -124,4 +126,16 @@ impl Finding {
         self.fix = Some(fix.into());
         self
     }
+}
+
+/// Row counts of a source, as `rowclaim stats` shows them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Rows per status value (all rows of the table that pass the source's filter).
+    pub by_status: BTreeMap<String, u64>,
+    /// Claimed rows per owner token.
+    pub claimed_by_owner: BTreeMap<String, u64>,
+    /// Claimed rows whose lease has expired (claimable again).
+    pub expired_leases: u64,
 }

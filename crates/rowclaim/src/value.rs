@@ -1,48 +1,9 @@
-//! Row ids, and the values rowclaim binds to its statements (status values, ids, settings).
+//! The kinds of ids and values rowclaim binds to its statements (status values, ids,
+//! settings), and times as the database's clock gives them.
 
-use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
-
-/// The id of one row: an integer or a text key, as the id column holds it.
-///
-/// Serialized as a JSON number or string.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum RowId {
-    /// An integer id (`INTEGER`, `BIGINT`, …).
-    Int(i64),
-    /// A text id (`TEXT`, `VARCHAR`, …).
-    Text(String),
-}
-
-impl fmt::Display for RowId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RowId::Int(i) => write!(f, "{i}"),
-            RowId::Text(s) => f.write_str(s),
-        }
-    }
-}
-
-impl From<i64> for RowId {
-    fn from(v: i64) -> Self {
-        RowId::Int(v)
-    }
-}
-
-impl From<&str> for RowId {
-    fn from(v: &str) -> Self {
-        RowId::Text(v.to_owned())
-    }
-}
-
-impl From<String> for RowId {
-    fn from(v: String) -> Self {
-        RowId::Text(v)
-    }
-}
+use crate::RowId;
 
 /// Whether a column holds integers or text: decides how ids and status values are bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -24,11 +24,14 @@ use std::path::Path;
 /// is an error, so that a new module gets its layer here. `lib.rs` is in no layer: it is the
 /// crate's face, and its `pub use` lists only say where each public name lives.
 const LAYERS: &[Layer] = &[
-    // 1. Plain values: a source's mapping, row ids, errors and their kinds, the findings of
-    //    checks (`report`), the metrics the library records.
+    // 1. Plain values: row ids and bound values, a source's mapping, errors and their kinds,
+    //    the strategies and locking modes, what reports hold (row counts, findings), how long
+    //    to wait after a failure.
     Layer {
         name: "values",
-        modules: &["value", "mapping", "error", "report", "metrics"],
+        modules: &[
+            "value", "id", "mapping", "error", "strategy", "locking", "report", "wait",
+        ],
     },
     // 2. Drivers: one module per database, the SQL of each strategy for that dialect.
     Layer {
@@ -38,17 +41,18 @@ const LAYERS: &[Layer] = &[
     // 3. The claim core: claims rows of a Source with a Strategy; knows no queue.
     Layer {
         name: "claim core",
-        modules: &["claim", "source", "strategy", "registry", "db", "check"],
+        modules: &["claim", "source", "registry", "db", "check"],
     },
     // 4. The managed queue: jobs, enqueue, limits, schedules, pause, over the claim core.
     Layer {
         name: "managed queue",
         modules: &["queue"],
     },
-    // 5. The worker runtime: claim loop, dispatch, supervision, shutdown, settling.
+    // 5. The worker runtime: claim loop, dispatch, supervision, shutdown, settling; and the
+    //    metrics a worker records.
     Layer {
         name: "runtime",
-        modules: &["worker"],
+        modules: &["worker", "metrics"],
     },
 ];
 

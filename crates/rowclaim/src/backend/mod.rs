@@ -28,8 +28,6 @@ pub(crate) mod run;
 mod server;
 pub(crate) mod sql;
 
-#[cfg(test)]
-mod snapshots;
 
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
@@ -43,7 +41,7 @@ compile_error!("rowclaim needs at least one of the features postgres, mysql, sql
 
 pub(crate) use inspect::{Inspect, Lookup, Need, Reads};
 pub(crate) use request::{ClaimArgs, Claimed, Outcome, Resolved, RowQuery, StoredRow, Target};
-pub(crate) use retry::{commit, enqueue_what, is_transient, pause, retry_transient, MAX_RETRIES};
+pub(crate) use retry::{commit, is_transient, pause, retry_transient, MAX_RETRIES};
 pub(crate) use server::ServerKind;
 pub use server::{Capability, ServerInfo};
 

@@ -57,11 +57,3 @@ pub(crate) async fn commit<DB: sqlx::Database>(
         }
     })
 }
-
-/// What an enqueue commits, for [`commit`]'s message.
-pub(crate) fn enqueue_what(jobs: usize) -> String {
-    match jobs {
-        1 => "the enqueue of 1 job".to_owned(),
-        n => format!("the enqueue of {n} jobs"),
-    }
-}

@@ -227,3 +227,148 @@ where
         })
         .collect()
 }
+
+/// For one driver (sqlx's execution functions need the concrete database): `query`, `scalar`
+/// and `query_as` over a [`Binder`]; [`Run`](super::run::Run) for the driver (its statements go
+/// to `&self.pool`, or to `self.exec()` when `exec` is given: PostgreSQL's route with its pooler
+/// and failover rules), for its transactions and for a caller's connection; and
+/// [`Transact`](super::run::Transact) through the driver's own `open_transaction`.
+macro_rules! binder_queries {
+    ($dialect:ty, $db:ty, $driver:ty) => {
+        $crate::backend::run::binder_queries!(@all $dialect, $db, $driver, pool, txpool);
+    };
+    ($dialect:ty, $db:ty, $driver:ty, exec) => {
+        $crate::backend::run::binder_queries!(@all $dialect, $db, $driver, exec, txexec);
+    };
+    // Binds the executor `$e` of one statement (and whether sqlx may keep it prepared, `$k`)
+    // for a runner `$s` of each kind, then evaluates `$body`.
+    (@with pool, $s:ident, |$e:ident, $k:ident| $body:expr) => {{
+        let ($e, $k) = (&$s.pool, true);
+        $body
+    }};
+    (@with exec, $s:ident, |$e:ident, $k:ident| $body:expr) => {{
+        let ($e, $k) = ($s.exec(), true);
+        $body
+    }};
+    (@with txpool, $s:ident, |$e:ident, $k:ident| $body:expr) => {{
+        let mut g = $s.tx.lock().await;
+        let ($e, $k) = (&mut **g, true);
+        $body
+    }};
+    (@with txexec, $s:ident, |$e:ident, $k:ident| $body:expr) => {{
+        let mut g = $s.tx.lock().await;
+        let ($e, $k) = ($s.driver.on(&mut **g), true);
+        $body
+    }};
+    (@with conn, $s:ident, |$e:ident, $k:ident| $body:expr) => {{
+        let mut g = $s.conn.lock().await;
+        let ($e, $k) = (&mut **g, $s.keep);
+        $body
+    }};
+    (@run $dialect:ty, $db:ty, $target:ty, $how:ident) => {
+        impl $crate::backend::run::Run for $target {
+            type Sql = $dialect;
+
+            async fn execute(
+                &self,
+                s: $crate::backend::sql::Stmt<$dialect>,
+            ) -> $crate::Result<u64> {
+                let q = s.binder.query(s.sql)?;
+                $crate::backend::run::binder_queries!(@with $how, self, |e, keep| {
+                    Ok(q.persistent(keep).execute(e).await?.rows_affected())
+                })
+            }
+
+            async fn fetch_all<T: $crate::backend::run::Fetch<$dialect>>(
+                &self,
+                s: $crate::backend::sql::Stmt<$dialect>,
+            ) -> $crate::Result<Vec<T>> {
+                let q = s.binder.query_as::<T>(s.sql)?;
+                $crate::backend::run::binder_queries!(@with $how, self, |e, keep| {
+                    Ok(q.persistent(keep).fetch_all(e).await?)
+                })
+            }
+
+            async fn fetch_optional<T: $crate::backend::run::Fetch<$dialect>>(
+                &self,
+                s: $crate::backend::sql::Stmt<$dialect>,
+            ) -> $crate::Result<Option<T>> {
+                let q = s.binder.query_as::<T>(s.sql)?;
+                $crate::backend::run::binder_queries!(@with $how, self, |e, keep| {
+                    Ok(q.persistent(keep).fetch_optional(e).await?)
+                })
+            }
+
+            async fn values(
+                &self,
+                s: $crate::backend::sql::Stmt<$dialect>,
+                columns: &[$crate::backend::run::Col],
+            ) -> $crate::Result<Vec<Vec<$crate::value::Value>>> {
+                let q = s.binder.query(s.sql)?;
+                let rows = $crate::backend::run::binder_queries!(@with $how, self, |e, keep| {
+                    q.persistent(keep).fetch_all(e).await?
+                });
+                $crate::backend::run::values(rows, columns)
+            }
+        }
+    };
+    (@all $dialect:ty, $db:ty, $driver:ty, $exec:ident, $tx:ident) => {
+        impl $crate::backend::sql::Binder<$dialect> {
+            pub(crate) fn query<'q>(
+                self,
+                sql: String,
+            ) -> $crate::Result<
+                sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments>,
+            > {
+                $crate::backend::sql::record(&sql);
+                Ok(sqlx::query_with(sqlx::AssertSqlSafe(sql), self.finish()?))
+            }
+
+            pub(crate) fn query_as<'q, O>(
+                self,
+                sql: String,
+            ) -> $crate::Result<
+                sqlx::query::QueryAs<'q, $db, O, <$db as sqlx::Database>::Arguments>,
+            >
+            where
+                O: for<'r> sqlx::FromRow<'r, <$db as sqlx::Database>::Row>,
+            {
+                $crate::backend::sql::record(&sql);
+                Ok(sqlx::query_as_with(sqlx::AssertSqlSafe(sql), self.finish()?))
+            }
+
+            pub(crate) fn scalar<'q, O>(
+                self,
+                sql: String,
+            ) -> $crate::Result<
+                sqlx::query::QueryScalar<'q, $db, O, <$db as sqlx::Database>::Arguments>,
+            >
+            where
+                (O,): for<'r> sqlx::FromRow<'r, <$db as sqlx::Database>::Row>,
+            {
+                $crate::backend::sql::record(&sql);
+                Ok(sqlx::query_scalar_with(sqlx::AssertSqlSafe(sql), self.finish()?))
+            }
+        }
+
+        $crate::backend::run::binder_queries!(@run $dialect, $db, $driver, $exec);
+        $crate::backend::run::binder_queries!(
+            @run $dialect, $db, $crate::backend::run::InTx<'_, $driver, $db>, $tx
+        );
+        $crate::backend::run::binder_queries!(
+            @run $dialect, $db, $crate::backend::run::OnConn<'_, $db>, conn
+        );
+
+        impl $crate::backend::run::Transact for $driver {
+            type Tx<'t> = $crate::backend::run::InTx<'t, $driver, $db>;
+
+            async fn transaction(&self, durable: bool) -> $crate::Result<Self::Tx<'_>> {
+                Ok($crate::backend::run::InTx::new(
+                    self,
+                    self.open_transaction(durable).await?,
+                ))
+            }
+        }
+    };
+}
+pub(crate) use binder_queries;

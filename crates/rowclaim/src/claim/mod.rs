@@ -7,14 +7,19 @@
 //! [`Claimer::claim_with`] → the driver's [`ClaimStore::claim`](crate::backend::ClaimStore) →
 //! the strategy's statement builder in `backend/<database>/claim.rs`.
 
+mod choice;
 mod claimed;
 mod fenced;
+mod making;
 mod rows;
+#[cfg(test)]
+mod snapshots;
 mod words;
 
 pub use claimed::{Claim, LockedRows};
 pub use rows::{RowFilter, SourceRow};
-pub use words::{Backlog, ClaimedRow, LockMode, LockWait, Stats, Token};
+pub(crate) use choice::auto_choice;
+pub use words::{Backlog, ClaimedRow, Token};
 
 use std::collections::HashSet;
 use std::fmt;
@@ -28,7 +33,7 @@ use crate::backend::{retry_transient, ClaimArgs, Claimed, Held, Outcome, Resolve
 use crate::error::DbKind;
 use crate::mapping::{Fragment, Lifecycle, Mapping, Naming};
 use crate::value::IdList;
-use crate::{Db, Error, Result, RowId, Strategy};
+use crate::{Db, Error, LockMode, LockWait, Result, RowId, Stats, Strategy};
 use fenced::{check_lease, unknown_if_cut, Change};
 
 /// Takes claims on one source with one strategy. Cheap to clone; share it between tasks.

@@ -1,7 +1,6 @@
 //! The values a claim hands out and takes: its [`Token`], its rows, a source's counts, the
 //! modes of a locking read.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -45,18 +44,6 @@ pub struct ClaimedRow {
     pub data: serde_json::Value,
 }
 
-/// Row counts of a source, as `rowclaim stats` shows them.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct Stats {
-    /// Rows per status value (all rows of the table that pass the source's filter).
-    pub by_status: BTreeMap<String, u64>,
-    /// Claimed rows per owner token.
-    pub claimed_by_owner: BTreeMap<String, u64>,
-    /// Claimed rows whose lease has expired (claimable again).
-    pub expired_leases: u64,
-}
-
 /// Work left in a source, from [`Claimer::backlog`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
@@ -78,26 +65,4 @@ impl Backlog {
     pub fn has_work(&self) -> bool {
         self.ready > 0 || (self.claims_expire && self.claimed > 0)
     }
-}
-
-/// How a locking read locks rows (seed 001).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LockMode {
-    /// `FOR SHARE` (`LOCK IN SHARE MODE` on MariaDB): others may read, not change.
-    Share,
-    /// `FOR UPDATE`: as if the rows were being updated.
-    Update,
-}
-
-/// What a locking read does about rows another transaction has locked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LockWait {
-    /// Wait for them.
-    Wait,
-    /// Fail at once with [`Error::Locked`].
-    NoWait,
-    /// Leave them out of the result.
-    SkipLocked,
 }

@@ -398,3 +398,11 @@ impl Claim {
             .await
     }
 }
+
+/// What an enqueue commits, for the message of a commit whose outcome is unknown.
+pub(crate) fn enqueue_what(jobs: usize) -> String {
+    match jobs {
+        1 => "the enqueue of 1 job".to_owned(),
+        n => format!("the enqueue of {n} jobs"),
+    }
+}

@@ -101,7 +101,7 @@ impl Rate {
         Ok(())
     }
 
-    fn period_ms(&self) -> i64 {
+    pub(crate) fn period_ms(&self) -> i64 {
         i64::try_from(self.per.as_millis()).unwrap_or(i64::MAX)
     }
 }
@@ -209,27 +209,6 @@ pub(crate) const COLUMNS: &str =
 /// "This queue has a limit", over a `rowclaim_queues` row.
 pub(crate) const LIMITED: &str = "(concurrency IS NOT NULL OR key_concurrency IS NOT NULL \
      OR rate IS NOT NULL OR key_rate IS NOT NULL)";
-
-/// Sets `queue`'s limits (all of them: a limit not given is lifted).
-pub(crate) async fn set<R: Run + ?Sized>(r: &R, queue: &str, l: &QueueLimits) -> Result<()> {
-    super::settings::ensure_row(r, queue).await?;
-    let mut b = Binder::<R::Sql>::new();
-    let num = |b: &mut Binder<R::Sql>, v: Option<u32>| b.bind(v.map(i64::from));
-    let period = |b: &mut Binder<R::Sql>, r: Option<Rate>| b.bind(r.map(|r| r.period_ms()));
-    let sql = format!(
-        "UPDATE rowclaim_queues SET concurrency = {}, key_concurrency = {}, rate = {}, \
-         rate_period_ms = {}, key_rate = {}, key_rate_period_ms = {} WHERE name = {}",
-        num(&mut b, l.concurrency),
-        num(&mut b, l.key_concurrency),
-        num(&mut b, l.rate.map(|r| r.jobs)),
-        period(&mut b, l.rate),
-        num(&mut b, l.key_rate.map(|r| r.jobs)),
-        period(&mut b, l.key_rate),
-        b.bind(queue.to_owned()),
-    );
-    r.execute(Stmt::new(sql, b)).await?;
-    Ok(())
-}
 
 /// The queues with limits that are not paused, by name: those [`claim`] serves.
 pub(crate) async fn limited_queues<R: Run + ?Sized>(r: &R) -> Result<Vec<String>> {

@@ -63,7 +63,7 @@ impl QueueStore for My {
             run.push(p);
         }
         insert_run(&mut tx, &mut run, &mut step, &mut out).await?;
-        crate::backend::commit(tx, || crate::backend::enqueue_what(parts.len())).await?;
+        crate::backend::commit(tx, || super::job::enqueue_what(parts.len())).await?;
         Ok(out)
     }
 

@@ -70,7 +70,7 @@ impl QueueStore for Pg {
             }
         }
         out.extend(insert_bulk(&mut tx, bulk, keep).await?);
-        crate::backend::commit(tx, || crate::backend::enqueue_what(jobs.len())).await?;
+        crate::backend::commit(tx, || super::job::enqueue_what(jobs.len())).await?;
         Ok(out)
     }
 

@@ -11,7 +11,7 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use super::limits::{self, QueueLimits, COLUMNS, LIMITED};
+use super::limits::{self, QueueLimits, Rate, COLUMNS, LIMITED};
 use crate::backend::run::{Finish, Run, Transact};
 use crate::backend::sql::{Binder, Dialect, Stmt};
 use crate::backend::{dispatch, ClaimArgs};
@@ -57,7 +57,7 @@ impl<R: Transact + Send + Sync> Settings for R {
     }
 
     async fn set_limits(&self, queue: &str, l: &QueueLimits) -> Result<()> {
-        limits::set(self, queue, l).await
+        set_limits(self, queue, l).await
     }
 
     async fn limited_queues(&self) -> Result<Vec<String>> {
@@ -154,4 +154,25 @@ async fn settings_of<R: Run + ?Sized>(r: &R) -> Result<Vec<QueueSettings>> {
             limits: QueueLimits::from_columns(columns.get(1..).unwrap_or_default()),
         })
         .collect())
+}
+
+/// Sets `queue`'s limits (all of them: a limit not given is lifted).
+async fn set_limits<R: Run + ?Sized>(r: &R, queue: &str, l: &QueueLimits) -> Result<()> {
+    ensure_row(r, queue).await?;
+    let mut b = Binder::<R::Sql>::new();
+    let num = |b: &mut Binder<R::Sql>, v: Option<u32>| b.bind(v.map(i64::from));
+    let period = |b: &mut Binder<R::Sql>, r: Option<Rate>| b.bind(r.map(|r| r.period_ms()));
+    let sql = format!(
+        "UPDATE rowclaim_queues SET concurrency = {}, key_concurrency = {}, rate = {}, \
+         rate_period_ms = {}, key_rate = {}, key_rate_period_ms = {} WHERE name = {}",
+        num(&mut b, l.concurrency),
+        num(&mut b, l.key_concurrency),
+        num(&mut b, l.rate.map(|r| r.jobs)),
+        period(&mut b, l.rate),
+        num(&mut b, l.key_rate.map(|r| r.jobs)),
+        period(&mut b, l.key_rate),
+        b.bind(queue.to_owned()),
+    );
+    r.execute(Stmt::new(sql, b)).await?;
+    Ok(())
 }

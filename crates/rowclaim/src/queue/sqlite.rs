@@ -32,7 +32,7 @@ impl QueueStore for Lite {
         for job in jobs {
             out.push(enqueue_one(&mut tx, &job.parts()).await?);
         }
-        crate::backend::commit(tx, || crate::backend::enqueue_what(jobs.len())).await?;
+        crate::backend::commit(tx, || super::job::enqueue_what(jobs.len())).await?;
         Ok(out)
     }
 

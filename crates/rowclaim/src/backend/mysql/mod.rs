@@ -23,7 +23,8 @@ pub(crate) mod store;
 use std::time::Duration;
 
 use super::once;
-use super::sql::{self, binder_queries, Binder, Dialect, Stmt, Value};
+use super::run::binder_queries;
+use super::sql::{self, Binder, Dialect, Stmt, Value};
 use super::{
     Catalog, ClaimArgs, ClaimStore, Claimed, Held, Outcome, Resolved, ServerInfo, ServerKind,
     Target,
