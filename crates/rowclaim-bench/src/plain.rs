@@ -115,12 +115,12 @@ pub(crate) async fn drain(url: &str, loops: u32, batch: u32, bar: &ProgressBar) 
 /// timeout, serialization failure or SQLite busy, as any hand-written queue must.
 ///
 /// The plain client claims without rowclaim, but asks the library which errors are transient:
-/// each of its drivers knows its server's codes, and one list of them is enough.
+/// each of its drivers knows its server's codes (`$sort`: the driver's sorting of its errors).
 macro_rules! retry {
-    ($op:expr) => {{
+    ($sort:path, $op:expr) => {{
         let mut tries = 0u32;
         loop {
-            match $op.map_err(rowclaim::Error::from) {
+            match $op.map_err(|e| rowclaim::Error::Database($sort(e))) {
                 Ok(v) => break Ok::<_, BenchError>(v),
                 Err(e) if tries < 20 && e.kind() == rowclaim::ErrorKind::Transient => {
                     tries += 1;
@@ -141,6 +141,7 @@ async fn pg_loop(
     loop {
         let t = Instant::now();
         let ids: Vec<i64> = retry!(
+            rowclaim::DatabaseError::postgres,
             sqlx::query_scalar(PG_CLAIM)
                 .bind(n)
                 .fetch_all(&mut *conn)
@@ -152,6 +153,7 @@ async fn pg_loop(
         }
         tally.record(took, &ids);
         retry!(
+            rowclaim::DatabaseError::postgres,
             sqlx::query(PG_DELETE)
                 .bind(&ids[..])
                 .execute(&mut *conn)
@@ -183,13 +185,16 @@ async fn my_loop(
 ) -> Result<()> {
     loop {
         let t = Instant::now();
-        let ids = retry!(my_claim(&mut conn, n).await)?;
+        let ids = retry!(rowclaim::DatabaseError::mysql, my_claim(&mut conn, n).await)?;
         let took = t.elapsed();
         if ids.is_empty() {
             return Ok(());
         }
         tally.record(took, &ids);
-        retry!(bind_ids(MY_DELETE, &ids).execute(&mut *conn).await)?;
+        retry!(
+            rowclaim::DatabaseError::mysql,
+            bind_ids(MY_DELETE, &ids).execute(&mut *conn).await
+        )?;
         bar.inc(ids.len() as u64);
     }
 }
@@ -203,6 +208,7 @@ async fn lite_loop(
     loop {
         let t = Instant::now();
         let ids: Vec<i64> = retry!(
+            rowclaim::DatabaseError::sqlite,
             sqlx::query_scalar(LITE_CLAIM)
                 .bind(n)
                 .fetch_all(&mut *conn)
@@ -213,7 +219,10 @@ async fn lite_loop(
             return Ok(());
         }
         tally.record(took, &ids);
-        retry!(bind_ids(LITE_DELETE, &ids).execute(&mut *conn).await)?;
+        retry!(
+            rowclaim::DatabaseError::sqlite,
+            bind_ids(LITE_DELETE, &ids).execute(&mut *conn).await
+        )?;
         bar.inc(ids.len() as u64);
     }
 }

@@ -133,7 +133,9 @@ impl CliError {
 fn library_exit(e: &rowclaim::Error) -> Exit {
     match e.kind() {
         // A missing table is for the user to fix: a typo in --table, or `rowclaim init` not run.
-        ErrorKind::BadInput | ErrorKind::MissingTable => exit::BAD_INPUT,
+        ErrorKind::BadInput | ErrorKind::MissingTable | ErrorKind::NotInitialised => {
+            exit::BAD_INPUT
+        }
         ErrorKind::LeaseLost => exit::LEASE_LOST,
         ErrorKind::OutcomeUnknown => exit::OUTCOME_UNKNOWN,
         ErrorKind::LockConflict
@@ -142,9 +144,8 @@ fn library_exit(e: &rowclaim::Error) -> Exit {
         | ErrorKind::Stopped
         | ErrorKind::Internal
         | ErrorKind::Other => exit::FAILURE,
-        // ErrorKind is non_exhaustive: a kind added to the library later is a failure until it
-        // is given a code of its own here.
-        _ => exit::FAILURE,
+        // No `_` arm: ErrorKind is exhaustive, so a kind added to the library does not compile
+        // here until it has an exit code.
     }
 }
 
@@ -176,8 +177,17 @@ mod tests {
         assert_eq!(CliError::from(lost).exit_code(), exit::LEASE_LOST);
         let missing = rowclaim::Error::MissingTable { table: "x".into() };
         assert_eq!(CliError::from(missing).exit_code(), exit::BAD_INPUT);
-        let gone = rowclaim::Error::Database(sqlx::Error::PoolTimedOut);
-        assert_eq!(CliError::from(gone).exit_code(), exit::FAILURE);
+        let gave_up = rowclaim::Error::GaveUp {
+            lasted: std::time::Duration::from_secs(5),
+            last: "refused".into(),
+        };
+        assert_eq!(CliError::from(gave_up).exit_code(), exit::FAILURE);
+        let queue = rowclaim::Error::NotInitialised {
+            what: "the managed queue",
+            older: false,
+            source: None,
+        };
+        assert_eq!(CliError::from(queue).exit_code(), exit::BAD_INPUT);
     }
 
     #[test]

@@ -136,7 +136,7 @@ async fn read_gauges(w: &Watched) -> String {
         match queue.stats(single(only)).await {
             Ok(stats) => queue_gauges(&mut out, &stats, only),
             // Told to run `rowclaim init`: there is no queue here, which is no outage.
-            Err(e) if e.kind() == rowclaim::ErrorKind::BadInput => {}
+            Err(e) if e.kind() == rowclaim::ErrorKind::NotInitialised => {}
             Err(e) => {
                 tracing::warn!("metrics: reading the queue's counts: {e}");
                 up = false;

@@ -9,11 +9,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 
 use crate::backend::{Lookup, Need, Reads, Resolved};
+use crate::claim::auto_choice;
 use crate::claim::Layer;
 use crate::mapping::{Mapping, TableName};
 use crate::registry::RecordedSource;
 use crate::report::{Finding, Severity, Topic};
-use crate::claim::auto_choice;
 use crate::{Db, Error, Result, Source, Strategy};
 
 /// What [`Db::check`] found for one source.

@@ -13,13 +13,13 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 
 #[cfg(feature = "mysql")]
-use crate::backend::mysql::My;
+use crate::backend::mysql::{self, My};
 #[cfg(feature = "postgres")]
-use crate::backend::postgres::Pg;
+use crate::backend::postgres::{self, Pg};
 #[cfg(feature = "sqlite")]
-use crate::backend::sqlite::Lite;
+use crate::backend::sqlite::{self, Lite};
 use crate::backend::{Backend, ServerInfo};
-use crate::{Error, Result};
+use crate::{DatabaseError, Error, Result};
 
 /// A pool of connections to PostgreSQL, MySQL/MariaDB or SQLite.
 ///
@@ -136,14 +136,19 @@ impl ConnectOptions {
 /// Opens one connection straight away (not through a pool, which would keep retrying a refused
 /// connection until its timeout), so that an unreachable server is reported at once with what
 /// was dialled and what the operating system said.
-async fn probe<O>(options: &O, endpoint: &str, wait: Duration) -> Result<()>
+async fn probe<O>(
+    options: &O,
+    endpoint: &str,
+    wait: Duration,
+    sort: fn(sqlx::Error) -> DatabaseError,
+) -> Result<()>
 where
     O: sqlx::ConnectOptions,
     O::Connection: Sized,
 {
-    let failed = |source| Error::Connect {
+    let failed = |e| Error::Connect {
         endpoint: endpoint.to_owned(),
-        source,
+        source: sort(e),
     };
     match tokio::time::timeout(wait, options.connect()).await {
         Ok(Ok(conn)) => {
@@ -185,7 +190,7 @@ fn bad_url(url: &str, e: sqlx::Error) -> Error {
     Error::InvalidInput(format!(
         "database URL {}: {}",
         redact(url),
-        crate::error::describe(&e)
+        crate::error::describe_plain(&e)
     ))
 }
 
@@ -234,7 +239,7 @@ async fn connect_postgres(url: &str, opts: &ConnectOptions) -> Result<(Backend, 
     let (route, endpoint) = if target.hosts.len() == 1 {
         let options = target.hosts[0].1.clone();
         let endpoint = pg_endpoint(&options);
-        probe(&options, &endpoint, opts.connect_timeout).await?;
+        probe(&options, &endpoint, opts.connect_timeout, postgres::sorted).await?;
         let pool = pool_options.connect_lazy_with(options);
         (Route::single(pool, target.pooled, listen), endpoint)
     } else {
@@ -243,7 +248,7 @@ async fn connect_postgres(url: &str, opts: &ConnectOptions) -> Result<(Backend, 
             .await
             .map_err(|why| Error::Connect {
                 endpoint: endpoint.clone(),
-                source: sqlx::Error::Io(std::io::Error::other(why)),
+                source: postgres::sorted(sqlx::Error::Io(std::io::Error::other(why))),
             })?;
         let route = Route::with_hosts(target, first, pool_options, opts.connect_timeout, listen);
         (route, endpoint)
@@ -284,7 +289,7 @@ async fn connect_mysql(url: &str, opts: &ConnectOptions) -> Result<(Backend, Str
     let url = url.replacen("mariadb:", "mysql:", 1);
     let options = MySqlConnectOptions::from_str(&url).map_err(bad_url)?;
     let endpoint = my_endpoint(&options);
-    probe(&options, &endpoint, opts.connect_timeout).await?;
+    probe(&options, &endpoint, opts.connect_timeout, mysql::sorted).await?;
     let pool = MySqlPoolOptions::new()
         .max_connections(opts.max_connections)
         .acquire_timeout(opts.acquire_timeout)
@@ -336,9 +341,9 @@ async fn connect_sqlite(url: &str, opts: &ConnectOptions) -> Result<(Backend, St
         .acquire_timeout(opts.acquire_timeout)
         .connect_with(options)
         .await
-        .map_err(|source| Error::Connect {
+        .map_err(|e| Error::Connect {
             endpoint: endpoint.clone(),
-            source,
+            source: sqlite::sorted(e),
         })?;
     Ok((Backend::Sqlite(Lite::new(pool)), endpoint))
 }

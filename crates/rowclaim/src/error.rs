@@ -164,22 +164,34 @@ pub enum Error {
 
     /// The database could not be reached when connecting: the server is down, the address is
     /// wrong, or it refused the login.
-    #[error("cannot connect to {endpoint}: {}", describe(.source))]
+    #[error("cannot connect to {endpoint}: {source}")]
     Connect {
         /// What was dialled, e.g. `PostgreSQL at 127.0.0.1:5432` (never a password).
         endpoint: String,
         /// What the driver reported.
-        source: sqlx::Error,
+        source: DatabaseError,
     },
 
     /// The connection broke while a commit was under way, so whether it took effect is unknown.
     /// Look before doing it again (for an enqueue: `rowclaim jobs list`), or rely on unique keys.
-    #[error("the connection was lost while {what} was being committed: it may or may not have taken effect ({})", describe(.source))]
+    #[error("the connection was lost while {what} was being committed: it may or may not have taken effect ({source})")]
     OutcomeUnknown {
         /// What was being committed, e.g. `"the enqueue of 5000 jobs"`.
         what: String,
         /// What the driver reported.
-        source: sqlx::Error,
+        source: DatabaseError,
+    },
+
+    /// rowclaim's own tables for `what` are not in this database yet, or are older than this
+    /// rowclaim: `rowclaim init` ([`crate::Queue::init`]) creates or migrates them.
+    #[error("{what} {}: run `rowclaim init` (it creates or migrates rowclaim's tables){}", if *.older { "is older than this rowclaim" } else { "is not set up in this database yet, or is older than this rowclaim" }, .source.as_ref().map(|e| format!(" ({e})")).unwrap_or_default())]
+    NotInitialised {
+        /// What is missing: `the managed queue`, `the schedules`.
+        what: &'static str,
+        /// Its tables exist but lack a column of a later version.
+        older: bool,
+        /// The database's own error, when it said what is missing.
+        source: Option<DatabaseError>,
     },
 
     /// A worker stopped because the database stayed unreachable for longer than its
@@ -203,15 +215,108 @@ pub enum Error {
 
     /// An error from the database driver that rowclaim did not handle (after retrying transient
     /// ones: deadlocks, lock-wait timeouts, serialization failures, SQLite busy).
-    #[error("database error: {}", describe(.0))]
-    Database(#[from] sqlx::Error),
+    #[error("database error: {0}")]
+    Database(#[source] DatabaseError),
+}
+
+/// An error the database driver reported, sorted by the driver that raised it: what it means to
+/// rowclaim ([`Error::kind`]) and its text in one line, with the server's own code.
+#[derive(Debug)]
+pub struct DatabaseError {
+    source: sqlx::Error,
+    kind: Option<DbKind>,
+    text: String,
+}
+
+impl DatabaseError {
+    /// `e` as a driver sorts it: `server` says what one of its server's errors means and how to
+    /// word it (each driver knows its server's codes); the errors of a connection itself (a
+    /// broken socket, a pool that ran dry) mean the same for every driver.
+    pub(crate) fn sorted(
+        e: sqlx::Error,
+        server: impl Fn(&dyn sqlx::error::DatabaseError) -> (Option<DbKind>, Option<String>),
+    ) -> DatabaseError {
+        let (kind, text) = match &e {
+            sqlx::Error::Database(db) => {
+                let (kind, text) = server(db.as_ref());
+                let text = text.unwrap_or_else(|| match db.code() {
+                    Some(code) => format!("{} (code {code})", db.message()),
+                    None => db.message().to_owned(),
+                });
+                (kind, text)
+            }
+            _ => (kind_of(&e, |_| None), describe(&e)),
+        };
+        DatabaseError {
+            source: e,
+            kind,
+            text,
+        }
+    }
+
+    /// What the driver reported.
+    pub fn sqlx(&self) -> &sqlx::Error {
+        &self.source
+    }
+
+    /// What it means to rowclaim, as its driver sorted it.
+    pub(crate) fn db_kind(&self) -> Option<DbKind> {
+        self.kind
+    }
+
+    /// Whether the connection broke or could not be had: the server is down or restarting, the
+    /// network cut it, an administrator killed the session, or the pool ran dry.
+    pub(crate) fn connection_broke(&self) -> bool {
+        matches!(self.kind, Some(DbKind::ConnectionGone | DbKind::ReadOnly))
+    }
+
+    /// Whether a statement that failed so may nevertheless have been carried out: it was sent,
+    /// and the connection broke before the answer came.
+    pub(crate) fn may_have_happened(&self) -> bool {
+        matches!(
+            self.source,
+            sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed
+        )
+    }
+}
+
+/// What `e` means to rowclaim: its server's errors as `server` (the driver's) sorts them, and
+/// the errors of a connection itself alike for every driver.
+pub(crate) fn kind_of(
+    e: &sqlx::Error,
+    server: impl Fn(&dyn sqlx::error::DatabaseError) -> Option<DbKind>,
+) -> Option<DbKind> {
+    match e {
+        sqlx::Error::Database(db) => server(db.as_ref()),
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => Some(DbKind::ConnectionGone),
+        _ => None,
+    }
+}
+
+impl std::fmt::Display for DatabaseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for DatabaseError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
 }
 
 /// What kind of failure an [`Error`] is: what a caller may do about it. Database errors are
 /// sorted by the driver that raised them (each knows its server's codes); the retry of transient
 /// errors, the worker's outage handling and the command's exit codes all go by this.
+///
+/// Exhaustive on purpose: a new kind is a breaking change, so that every `match` on it (the
+/// `rowclaim` command's exit codes among them) decides what to do about it before it compiles.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum ErrorKind {
     /// Input to fix before running again: a name that is not an identifier, a missing column, a
     /// strategy the server cannot do, a bad URL, a zero lease, …
@@ -232,6 +337,9 @@ pub enum ErrorKind {
     OutcomeUnknown,
     /// A worker stopped: it gave up on an outage, or its handler could not run.
     Stopped,
+    /// rowclaim's own tables (the managed queue's, the schedules') are missing or older than
+    /// this rowclaim: run `rowclaim init`.
+    NotInitialised,
     /// A bug in rowclaim.
     Internal,
     /// Any other database error.
@@ -256,22 +364,8 @@ pub(crate) enum DbKind {
     ReadOnly,
 }
 
-/// How the driver that raised `e` sorts it; `None` for errors that mean nothing special.
-pub(crate) fn db_kind(e: &sqlx::Error) -> Option<DbKind> {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => Some(DbKind::ConnectionGone),
-        sqlx::Error::Database(db) => crate::backend::classify(db.as_ref()),
-        _ => None,
-    }
-}
-
-fn database_kind(e: &sqlx::Error) -> ErrorKind {
-    match db_kind(e) {
+fn database_kind(e: &DatabaseError) -> ErrorKind {
+    match e.db_kind() {
         Some(DbKind::Transient) => ErrorKind::Transient,
         Some(DbKind::LockConflict) => ErrorKind::LockConflict,
         Some(DbKind::MissingTable) => ErrorKind::MissingTable,
@@ -300,6 +394,7 @@ impl Error {
             Error::Locked => ErrorKind::LockConflict,
             Error::Connect { .. } => ErrorKind::ConnectionGone,
             Error::OutcomeUnknown { .. } => ErrorKind::OutcomeUnknown,
+            Error::NotInitialised { .. } => ErrorKind::NotInitialised,
             Error::GaveUp { .. } | Error::HandlerAborted(_) => ErrorKind::Stopped,
             Error::Internal(_) => ErrorKind::Internal,
             Error::Database(e) => database_kind(e),
@@ -309,7 +404,7 @@ impl Error {
     /// What the driver says a database error means, if this is one.
     pub(crate) fn db_kind(&self) -> Option<DbKind> {
         match self {
-            Error::Database(e) => db_kind(e),
+            Error::Database(e) => e.db_kind(),
             _ => None,
         }
     }
@@ -320,7 +415,7 @@ impl Error {
     pub fn is_connection(&self) -> bool {
         match self {
             Error::Connect { .. } | Error::OutcomeUnknown { .. } | Error::GaveUp { .. } => true,
-            Error::Database(e) => connection_broke(e),
+            Error::Database(e) => e.connection_broke(),
             _ => false,
         }
     }
@@ -367,16 +462,10 @@ impl From<crate::UnknownStrategy> for Error {
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// A driver error in one line, without sqlx's prefixes or PostgreSQL's source-file line
-/// numbers, and with the database's own error code.
-pub(crate) fn describe(e: &sqlx::Error) -> String {
+/// A driver error that is not the server's in one line, without sqlx's prefixes (the server's
+/// errors its driver words, [`DatabaseError::sorted`]).
+fn describe(e: &sqlx::Error) -> String {
     match e {
-        sqlx::Error::Database(db) => {
-            crate::backend::describe(db.as_ref()).unwrap_or_else(|| match db.code() {
-                Some(code) => format!("{} (code {code})", db.message()),
-                None => db.message().to_owned(),
-            })
-        }
         sqlx::Error::Io(io) => io.to_string(),
         // sqlx ends these with where in its own source they were raised: "(sqlx_postgres::…:95)".
         sqlx::Error::Protocol(text) => match text.rfind(" (sqlx_") {
@@ -390,42 +479,37 @@ pub(crate) fn describe(e: &sqlx::Error) -> String {
     }
 }
 
-/// Whether the connection broke or could not be had: the server is down or restarting, the
-/// network cut it, an administrator killed the session, or the pool ran dry.
-pub(crate) fn connection_broke(e: &sqlx::Error) -> bool {
-    matches!(db_kind(e), Some(DbKind::ConnectionGone | DbKind::ReadOnly))
-}
-
-/// Whether a statement that failed with `e` may nevertheless have been carried out: it was sent,
-/// and the connection broke before the answer came.
-pub(crate) fn may_have_happened(e: &sqlx::Error) -> bool {
-    matches!(
-        e,
-        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed
-    )
+/// A driver error that comes before any driver (a URL sqlx could not read), in one line.
+pub(crate) fn describe_plain(e: &sqlx::Error) -> String {
+    describe(e)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Sorted as a driver that knows no server code of its own would sort it.
+    fn plain(e: sqlx::Error) -> DatabaseError {
+        DatabaseError::sorted(e, |_| (None, None))
+    }
+
     #[test]
     fn connection_errors_are_told_apart() {
         let refused = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
-        assert!(connection_broke(&refused));
-        assert!(Error::Database(refused).is_connection());
+        assert!(plain(refused).connection_broke());
+        let refused = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(Error::Database(plain(refused)).is_connection());
         assert!(!Error::InvalidInput("x".into()).is_connection());
-        let decode = sqlx::Error::RowNotFound;
-        assert!(!connection_broke(&decode));
-        assert!(!may_have_happened(&sqlx::Error::PoolTimedOut));
+        assert!(!plain(sqlx::Error::RowNotFound).connection_broke());
+        assert!(!plain(sqlx::Error::PoolTimedOut).may_have_happened());
     }
 
     #[test]
     fn messages_say_it_once() {
-        let e = Error::Database(sqlx::Error::Io(std::io::Error::new(
+        let e = Error::Database(plain(sqlx::Error::Io(std::io::Error::new(
             std::io::ErrorKind::ConnectionReset,
             "connection reset by peer",
-        )));
+        ))));
         assert_eq!(e.to_string(), "database error: connection reset by peer");
         let protocol = sqlx::Error::Protocol(
             "unexpected response from SSLRequest: 0x00 (sqlx_postgres::connection::tls:95)".into(),
@@ -439,5 +523,14 @@ mod tests {
             last: "refused".into(),
         };
         assert!(gave_up.to_string().contains("10m"), "{gave_up}");
+        let missing = Error::NotInitialised {
+            what: "the managed queue",
+            older: false,
+            source: None,
+        };
+        assert_eq!(missing.kind(), ErrorKind::NotInitialised);
+        assert!(missing
+            .to_string()
+            .starts_with("the managed queue is not set up in this database yet"));
     }
 }

@@ -77,19 +77,19 @@ mod worker;
 
 pub use backend::{Capability, ServerInfo};
 pub use check::CheckReport;
-pub use locking::{LockMode, LockWait};
-pub use report::{Finding, Severity, Stats, Topic};
 pub use claim::{Backlog, Claim, ClaimedRow, Claimer, LockedRows, RowFilter, SourceRow, Token};
 pub use db::{ConnectOptions, Db};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{DatabaseError, Error, ErrorKind, Result};
+pub use id::RowId;
+pub use locking::{LockMode, LockWait};
 pub use queue::{
     backoff, schedule_key, CatchUp, Enqueued, Job, JobFailure, JobFilter, JobRecord, NewJob, Queue,
     QueueLimits, QueueSettings, QueueStats, Rate, Retention, Schedule, ScheduleStatus, Scheduled,
     Scheduler, SchedulerReport, Wakeups, DEFAULT_MAX_ATTEMPTS, JOB_STATUSES, LATE_WINDOW,
     MAX_CATCH_UP, MAX_RATE_PERIOD,
 };
+pub use report::{Finding, Severity, Stats, Topic};
 pub use source::Source;
-pub use id::RowId;
 pub use strategy::{Strategy, UnknownStrategy};
 pub use worker::{
     Handler, IntoTaskResult, Shutdown, StopReason, Task, TaskFuture, TaskResult, Worker,

@@ -6,7 +6,6 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-
 /// How rows are claimed. See the crate docs for the SQL of each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

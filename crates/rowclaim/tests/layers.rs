@@ -68,14 +68,9 @@ struct Layer {
 
 // ------------------------------------------------------------------------------- the tests
 
-/// The library as it is must keep its layers.
-// Ignored while the library is being moved into its layers (today's code breaks every rule;
-// the list this test prints is that move's to-do list). It is turned on when the layers
-// refactor lands: whoever lands it removes this `#[ignore]`, and from then on CI's own step
-// (`cargo test -p rowclaim --test layers`, in .ci/run) keeps the layers. Until then, see the
-// list with `cargo test -p rowclaim --test layers -- --include-ignored`.
+/// The library as it is must keep its layers (CI's own step runs this: `cargo test -p rowclaim
+/// --test layers`, in .ci/run).
 #[test]
-#[ignore = "turned on when the layers refactor lands (DESIGN.md, Shape of the code: layers)"]
 fn the_library_keeps_its_layers() {
     let report = check(&library_sources(), LAYERS, QUEUE_LAYER);
     for note in &report.notes {

@@ -39,7 +39,7 @@ pub async fn run(a: DemoArgs, database_given: bool) -> Result<(), CliError> {
                    PATH to keep it";
         return Err(CliError::BadInput(why.into()));
     }
-    let strategy: Strategy = a.strategy.parse()?;
+    let strategy: Strategy = a.strategy.parse().map_err(rowclaim::Error::from)?;
     let dir = tempfile::tempdir().map_err(CliError::io("creating a temporary directory"))?;
     let path = a.keep.clone().unwrap_or_else(|| dir.path().join("demo.db"));
     if path.exists() {
@@ -49,9 +49,7 @@ pub async fn run(a: DemoArgs, database_given: bool) -> Result<(), CliError> {
     let url = format!("sqlite://{}", path.display());
     let db = Db::connect(&url).await?;
     // The demo's own SQL goes through plain sqlx; its errors are sorted as the library's are.
-    let setup = SqlitePool::connect(&url)
-        .await
-        .map_err(rowclaim::Error::from)?;
+    let setup = SqlitePool::connect(&url).await.map_err(sorted)?;
     sqlx::raw_sql(
         "CREATE TABLE jobs (
             id INTEGER PRIMARY KEY,
@@ -64,7 +62,7 @@ pub async fn run(a: DemoArgs, database_given: bool) -> Result<(), CliError> {
     )
     .execute(&setup)
     .await
-    .map_err(rowclaim::Error::from)?;
+    .map_err(sorted)?;
     sqlx::query(
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
          INSERT INTO jobs (id, payload) SELECT i, 'email #' || i FROM n",
@@ -72,7 +70,7 @@ pub async fn run(a: DemoArgs, database_given: bool) -> Result<(), CliError> {
     .bind(i64::from(a.rows))
     .execute(&setup)
     .await
-    .map_err(rowclaim::Error::from)?;
+    .map_err(sorted)?;
 
     let source = Source::new("jobs")
         .owner_column("owner")
@@ -128,7 +126,7 @@ pub async fn run(a: DemoArgs, database_given: bool) -> Result<(), CliError> {
     let done: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE status = 'done'")
         .fetch_one(&setup)
         .await
-        .map_err(rowclaim::Error::from)?;
+        .map_err(sorted)?;
     let left = i64::from(a.rows) - done;
     println!(
         "\n  {} rows processed in {:.2?}: {} processed twice, {} left over, {} done in the table",
@@ -153,4 +151,9 @@ pub async fn run(a: DemoArgs, database_given: bool) -> Result<(), CliError> {
         );
     }
     Ok(())
+}
+
+/// An error of the demo's own SQL, sorted as the library sorts SQLite's.
+fn sorted(e: sqlx::Error) -> rowclaim::Error {
+    rowclaim::Error::Database(rowclaim::DatabaseError::sqlite(e))
 }

@@ -69,7 +69,8 @@ pub struct SourceArgs {
 }
 
 fn parse_strategy(s: &str) -> Result<Strategy, String> {
-    s.parse().map_err(|e: rowclaim::Error| e.to_string())
+    s.parse()
+        .map_err(|e: rowclaim::UnknownStrategy| e.to_string())
 }
 
 #[derive(serde::Deserialize)]

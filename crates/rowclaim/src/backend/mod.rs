@@ -28,7 +28,6 @@ pub(crate) mod run;
 mod server;
 pub(crate) mod sql;
 
-
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
@@ -181,11 +180,11 @@ impl Held {
     pub(crate) async fn commit(self) -> Result<()> {
         match self {
             #[cfg(feature = "postgres")]
-            Held::Postgres(tx) => tx.commit().await?,
+            Held::Postgres(tx) => tx.commit().await.map_err(postgres::error)?,
             #[cfg(feature = "mysql")]
-            Held::MySql(tx) => tx.commit().await?,
+            Held::MySql(tx) => tx.commit().await.map_err(mysql::error)?,
             #[cfg(feature = "sqlite")]
-            Held::Sqlite(h) => h.tx.commit().await?,
+            Held::Sqlite(h) => h.tx.commit().await.map_err(sqlite::error)?,
         }
         Ok(())
     }
@@ -193,11 +192,11 @@ impl Held {
     pub(crate) async fn rollback(self) -> Result<()> {
         match self {
             #[cfg(feature = "postgres")]
-            Held::Postgres(tx) => tx.rollback().await?,
+            Held::Postgres(tx) => tx.rollback().await.map_err(postgres::error)?,
             #[cfg(feature = "mysql")]
-            Held::MySql(tx) => tx.rollback().await?,
+            Held::MySql(tx) => tx.rollback().await.map_err(mysql::error)?,
             #[cfg(feature = "sqlite")]
-            Held::Sqlite(h) => h.tx.rollback().await?,
+            Held::Sqlite(h) => h.tx.rollback().await.map_err(sqlite::error)?,
         }
         Ok(())
     }
@@ -268,38 +267,4 @@ impl Backend {
     pub(crate) fn inspect(&self) -> &dyn Inspect {
         dispatch!(self, d => d)
     }
-}
-
-/// Sorts a server's error into what it means to rowclaim: each driver knows its own codes.
-pub(crate) fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<crate::error::DbKind> {
-    #[cfg(feature = "postgres")]
-    if let Some(kind) = postgres::classify(e) {
-        return Some(kind);
-    }
-    #[cfg(feature = "mysql")]
-    if let Some(kind) = mysql::classify(e) {
-        return Some(kind);
-    }
-    #[cfg(feature = "sqlite")]
-    if let Some(kind) = sqlite::classify(e) {
-        return Some(kind);
-    }
-    None
-}
-
-/// A server's error in one line with its own code, as its driver words it.
-pub(crate) fn describe(e: &dyn sqlx::error::DatabaseError) -> Option<String> {
-    #[cfg(feature = "postgres")]
-    if let Some(text) = postgres::describe(e) {
-        return Some(text);
-    }
-    #[cfg(feature = "mysql")]
-    if let Some(text) = mysql::describe(e) {
-        return Some(text);
-    }
-    #[cfg(feature = "sqlite")]
-    if let Some(text) = sqlite::describe(e) {
-        return Some(text);
-    }
-    None
 }

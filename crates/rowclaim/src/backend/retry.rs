@@ -36,7 +36,7 @@ pub(crate) async fn pause(attempt: u32) {
 
 /// Deadlock, lock-wait timeout, serialization failure, SQLite busy: worth running again.
 pub(crate) fn is_transient(e: &crate::Error) -> bool {
-    matches!(e, crate::Error::Database(d) if crate::error::db_kind(d) == Some(DbKind::Transient))
+    e.db_kind() == Some(DbKind::Transient)
 }
 
 /// Commits `tx`. When the connection breaks while the COMMIT is under way, nobody knows whether it
@@ -45,9 +45,11 @@ pub(crate) fn is_transient(e: &crate::Error) -> bool {
 pub(crate) async fn commit<DB: sqlx::Database>(
     tx: sqlx::Transaction<'_, DB>,
     what: impl FnOnce() -> String,
+    sort: fn(sqlx::Error) -> crate::DatabaseError,
 ) -> Result<()> {
     tx.commit().await.map_err(|e| {
-        if crate::error::connection_broke(&e) {
+        let e = sort(e);
+        if e.connection_broke() {
             crate::Error::OutcomeUnknown {
                 what: what(),
                 source: e,

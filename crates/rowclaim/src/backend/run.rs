@@ -168,19 +168,11 @@ impl<'d, Driver, DB: sqlx::Database> InTx<'d, Driver, DB> {
             tx: tokio::sync::Mutex::new(tx),
         }
     }
-}
 
-impl<Driver: Sync, DB: sqlx::Database> Finish for InTx<'_, Driver, DB> {
-    async fn commit_as(self, what: impl FnOnce() -> String + Send) -> Result<()> {
-        super::commit(self.tx.into_inner(), what).await
-    }
-
-    async fn commit(self) -> Result<()> {
-        Ok(self.tx.into_inner().commit().await?)
-    }
-
-    async fn rollback(self) -> Result<()> {
-        Ok(self.tx.into_inner().rollback().await?)
+    /// The driver's transaction itself, to hold open beyond this call (the transaction
+    /// strategy's claim, a locking read).
+    pub(crate) fn into_inner(self) -> sqlx::Transaction<'static, DB> {
+        self.tx.into_inner()
     }
 }
 
@@ -202,7 +194,7 @@ impl<'c, DB: sqlx::Database> OnConn<'c, DB> {
 }
 
 /// Rows read column by column as `columns` says, as [`Run::values`] answers them.
-pub(crate) fn values<R: sqlx::Row>(rows: Vec<R>, columns: &[Col]) -> Result<Vec<Vec<Value>>>
+pub(crate) fn values<R: sqlx::Row>(rows: Vec<R>, columns: &[Col]) -> sqlx::Result<Vec<Vec<Value>>>
 where
     usize: sqlx::ColumnIndex<R>,
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
@@ -232,13 +224,14 @@ where
 /// and `query_as` over a [`Binder`]; [`Run`](super::run::Run) for the driver (its statements go
 /// to `&self.pool`, or to `self.exec()` when `exec` is given: PostgreSQL's route with its pooler
 /// and failover rules), for its transactions and for a caller's connection; and
-/// [`Transact`](super::run::Transact) through the driver's own `open_transaction`.
+/// [`Transact`](super::run::Transact) through the driver's own `open_transaction`. `$sort` is
+/// the driver's function that sorts its errors where they are made.
 macro_rules! binder_queries {
-    ($dialect:ty, $db:ty, $driver:ty) => {
-        $crate::backend::run::binder_queries!(@all $dialect, $db, $driver, pool, txpool);
+    ($dialect:ty, $db:ty, $driver:ty, $sort:path) => {
+        $crate::backend::run::binder_queries!(@all $dialect, $db, $driver, pool, txpool, $sort);
     };
-    ($dialect:ty, $db:ty, $driver:ty, exec) => {
-        $crate::backend::run::binder_queries!(@all $dialect, $db, $driver, exec, txexec);
+    ($dialect:ty, $db:ty, $driver:ty, exec, $sort:path) => {
+        $crate::backend::run::binder_queries!(@all $dialect, $db, $driver, exec, txexec, $sort);
     };
     // Binds the executor `$e` of one statement (and whether sqlx may keep it prepared, `$k`)
     // for a runner `$s` of each kind, then evaluates `$body`.
@@ -265,7 +258,7 @@ macro_rules! binder_queries {
         let ($e, $k) = (&mut **g, $s.keep);
         $body
     }};
-    (@run $dialect:ty, $db:ty, $target:ty, $how:ident) => {
+    (@run $dialect:ty, $db:ty, $target:ty, $how:ident, $sort:path) => {
         impl $crate::backend::run::Run for $target {
             type Sql = $dialect;
 
@@ -275,7 +268,7 @@ macro_rules! binder_queries {
             ) -> $crate::Result<u64> {
                 let q = s.binder.query(s.sql)?;
                 $crate::backend::run::binder_queries!(@with $how, self, |e, keep| {
-                    Ok(q.persistent(keep).execute(e).await?.rows_affected())
+                    Ok(q.persistent(keep).execute(e).await.map_err(|e| $crate::Error::Database($sort(e)))?.rows_affected())
                 })
             }
 
@@ -285,7 +278,7 @@ macro_rules! binder_queries {
             ) -> $crate::Result<Vec<T>> {
                 let q = s.binder.query_as::<T>(s.sql)?;
                 $crate::backend::run::binder_queries!(@with $how, self, |e, keep| {
-                    Ok(q.persistent(keep).fetch_all(e).await?)
+                    Ok(q.persistent(keep).fetch_all(e).await.map_err(|e| $crate::Error::Database($sort(e)))?)
                 })
             }
 
@@ -295,7 +288,7 @@ macro_rules! binder_queries {
             ) -> $crate::Result<Option<T>> {
                 let q = s.binder.query_as::<T>(s.sql)?;
                 $crate::backend::run::binder_queries!(@with $how, self, |e, keep| {
-                    Ok(q.persistent(keep).fetch_optional(e).await?)
+                    Ok(q.persistent(keep).fetch_optional(e).await.map_err(|e| $crate::Error::Database($sort(e)))?)
                 })
             }
 
@@ -306,13 +299,13 @@ macro_rules! binder_queries {
             ) -> $crate::Result<Vec<Vec<$crate::value::Value>>> {
                 let q = s.binder.query(s.sql)?;
                 let rows = $crate::backend::run::binder_queries!(@with $how, self, |e, keep| {
-                    q.persistent(keep).fetch_all(e).await?
+                    q.persistent(keep).fetch_all(e).await.map_err(|e| $crate::Error::Database($sort(e)))?
                 });
-                $crate::backend::run::values(rows, columns)
+                $crate::backend::run::values(rows, columns).map_err(|e| $crate::Error::Database($sort(e)))
             }
         }
     };
-    (@all $dialect:ty, $db:ty, $driver:ty, $exec:ident, $tx:ident) => {
+    (@all $dialect:ty, $db:ty, $driver:ty, $exec:ident, $tx:ident, $sort:path) => {
         impl $crate::backend::sql::Binder<$dialect> {
             pub(crate) fn query<'q>(
                 self,
@@ -351,13 +344,38 @@ macro_rules! binder_queries {
             }
         }
 
-        $crate::backend::run::binder_queries!(@run $dialect, $db, $driver, $exec);
+        $crate::backend::run::binder_queries!(@run $dialect, $db, $driver, $exec, $sort);
         $crate::backend::run::binder_queries!(
-            @run $dialect, $db, $crate::backend::run::InTx<'_, $driver, $db>, $tx
+            @run $dialect, $db, $crate::backend::run::InTx<'_, $driver, $db>, $tx, $sort
         );
         $crate::backend::run::binder_queries!(
-            @run $dialect, $db, $crate::backend::run::OnConn<'_, $db>, conn
+            @run $dialect, $db, $crate::backend::run::OnConn<'_, $db>, conn, $sort
         );
+
+        impl $crate::backend::run::Finish for $crate::backend::run::InTx<'_, $driver, $db> {
+            async fn commit_as(
+                self,
+                what: impl FnOnce() -> String + Send,
+            ) -> $crate::Result<()> {
+                $crate::backend::commit(self.tx.into_inner(), what, $sort).await
+            }
+
+            async fn commit(self) -> $crate::Result<()> {
+                self.tx
+                    .into_inner()
+                    .commit()
+                    .await
+                    .map_err(|e| $crate::Error::Database($sort(e)))
+            }
+
+            async fn rollback(self) -> $crate::Result<()> {
+                self.tx
+                    .into_inner()
+                    .rollback()
+                    .await
+                    .map_err(|e| $crate::Error::Database($sort(e)))
+            }
+        }
 
         impl $crate::backend::run::Transact for $driver {
             type Tx<'t> = $crate::backend::run::InTx<'t, $driver, $db>;

@@ -419,9 +419,7 @@ impl Claim {
     pub(super) fn lost_if_gone(&self, e: Error) -> Error {
         match e {
             Error::LeaseLost { .. } => self.lost(self.forget_all()),
-            Error::Database(ref d) if crate::error::connection_broke(d) => {
-                self.lost(self.forget_all())
-            }
+            Error::Database(ref d) if d.connection_broke() => self.lost(self.forget_all()),
             other => other,
         }
     }

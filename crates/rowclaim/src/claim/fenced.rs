@@ -124,7 +124,7 @@ impl Claimer {
 /// carried out: that is [`Error::OutcomeUnknown`], not a plain failure.
 pub(super) fn unknown_if_cut(e: Error, verb: &str, rows: usize) -> Error {
     match e {
-        Error::Database(d) if crate::error::may_have_happened(&d) => Error::OutcomeUnknown {
+        Error::Database(d) if d.may_have_happened() => Error::OutcomeUnknown {
             what: match rows {
                 0 => format!("the {verb} of the token's rows"),
                 1 => format!("the {verb} of 1 row"),

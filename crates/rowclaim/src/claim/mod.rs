@@ -16,9 +16,9 @@ mod rows;
 mod snapshots;
 mod words;
 
+pub(crate) use choice::auto_choice;
 pub use claimed::{Claim, LockedRows};
 pub use rows::{RowFilter, SourceRow};
-pub(crate) use choice::auto_choice;
 pub use words::{Backlog, ClaimedRow, Token};
 
 use std::collections::HashSet;
@@ -400,9 +400,7 @@ impl Claimer {
             .await
             .map_err(|e| match e {
                 // A driver whose server words NOWAIT's refusal differently says so itself.
-                Error::Database(d) if crate::error::db_kind(&d) == Some(DbKind::LockConflict) => {
-                    Error::Locked
-                }
+                Error::Database(d) if d.db_kind() == Some(DbKind::LockConflict) => Error::Locked,
                 other => other,
             })?;
         Ok(LockedRows {

@@ -91,7 +91,7 @@ impl Listener {
                     if let Ok(Some(fresh)) = pg.listener().await {
                         *l = fresh;
                     }
-                    Err(e.into())
+                    Err(crate::backend::postgres::error(e))
                 }
             },
         }
@@ -351,32 +351,28 @@ fn check_queue_name(queue: &str) -> Result<()> {
     Ok(())
 }
 
-/// Says what to do when the managed queue's table is missing, or older than this rowclaim.
+/// Says what to do when the managed queue's tables are missing, or older than this rowclaim:
+/// [`Error::NotInitialised`].
 fn not_initialised(e: Error) -> Error {
-    let (missing, old) = match &e {
-        Error::MissingTable { .. } => (true, false),
-        Error::Database(d) => {
-            let kind = crate::error::db_kind(d);
-            (
-                kind == Some(DbKind::MissingTable),
-                kind == Some(DbKind::MissingColumn),
-            )
-        }
-        _ => (false, false),
-    };
-    if missing {
-        Error::InvalidInput(
-            "the managed queue does not exist here yet, or its tables are older than this \
-             rowclaim: run `rowclaim init` (it creates or migrates them)"
-                .into(),
-        )
-    } else if old {
-        Error::InvalidInput(format!(
-            "the managed queue's schema is older than this rowclaim: run `rowclaim init` to \
-             migrate it ({e})"
-        ))
-    } else {
-        e
+    not_set_up(e, "the managed queue")
+}
+
+/// `e` as [`Error::NotInitialised`] for `what` when it says a table or column of rowclaim's own
+/// is missing; as it is otherwise.
+pub(crate) fn not_set_up(e: Error, what: &'static str) -> Error {
+    let kind = e.db_kind();
+    let missing = matches!(e, Error::MissingTable { .. }) || kind == Some(DbKind::MissingTable);
+    let older = kind == Some(DbKind::MissingColumn);
+    if !missing && !older {
+        return e;
+    }
+    Error::NotInitialised {
+        what,
+        older,
+        source: match e {
+            Error::Database(d) => Some(d),
+            _ => None,
+        },
     }
 }
 

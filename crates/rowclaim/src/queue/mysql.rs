@@ -63,7 +63,12 @@ impl QueueStore for My {
             run.push(p);
         }
         insert_run(&mut tx, &mut run, &mut step, &mut out).await?;
-        crate::backend::commit(tx, || super::job::enqueue_what(parts.len())).await?;
+        crate::backend::commit(
+            tx,
+            || super::job::enqueue_what(parts.len()),
+            crate::backend::mysql::sorted,
+        )
+        .await?;
         Ok(out)
     }
 
@@ -117,7 +122,7 @@ impl QueueStore for My {
                 .await
             }
         };
-        Ok(done?.rows_affected())
+        Ok(done.map_err(crate::backend::mysql::error)?.rows_affected())
     }
 
     async fn stats(&self, queue: Option<&str>) -> Result<QueueStats> {
@@ -139,7 +144,11 @@ impl QueueStore for My {
                  AND finished_at >= UTC_TIMESTAMP(6) - INTERVAL 60 SECOND) AS SIGNED) \
              FROM rowclaim_jobs WHERE TRUE{only} GROUP BY queue, status"
         );
-        let rows: Vec<StatsRow> = b.query_as(sql)?.fetch_all(&self.pool).await?;
+        let rows: Vec<StatsRow> = b
+            .query_as(sql)?
+            .fetch_all(&self.pool)
+            .await
+            .map_err(crate::backend::mysql::error)?;
         Ok(QueueStats::from_rows(rows))
     }
 
@@ -168,14 +177,22 @@ impl QueueStore for My {
         );
         let mut b = B::new();
         let sql = records_sql(&mut b, &columns, filter, id);
-        let rows: Vec<RecordRow> = b.query_as(sql)?.fetch_all(&self.pool).await?;
+        let rows: Vec<RecordRow> = b
+            .query_as(sql)?
+            .fetch_all(&self.pool)
+            .await
+            .map_err(crate::backend::mysql::error)?;
         Ok(rows.into_iter().map(JobRecord::from_row).collect())
     }
 
     async fn scheduled(&self, filter: &JobFilter) -> Result<Scheduled> {
         let mut b = B::new();
         let sql = scheduled_sql(&mut b, &Sql::epoch_ms("MIN(run_at)"), filter);
-        let (n, first): (i64, Option<i64>) = b.query_as(sql)?.fetch_one(&self.pool).await?;
+        let (n, first): (i64, Option<i64>) = b
+            .query_as(sql)?
+            .fetch_one(&self.pool)
+            .await
+            .map_err(crate::backend::mysql::error)?;
         Ok(Scheduled::new(n, first))
     }
 }
@@ -192,22 +209,29 @@ impl My {
         // on this one connection. Should this future be dropped halfway, or the release fail, the
         // connection is closed instead of going back to the pool still holding the lock: the
         // server frees a session's locks when it ends. (Init is rare; the reconnect is cheap.)
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(crate::backend::mysql::error)?;
         conn.close_on_drop();
         let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
             .bind(INIT_LOCK)
             .bind(INIT_LOCK_WAIT_SECS)
             .fetch_one(&mut *conn)
-            .await?;
+            .await
+            .map_err(crate::backend::mysql::error)?;
         if got != Some(1) {
             // 0: another process held it for the whole wait; NULL: the server refused.
-            return Err(Error::Database(sqlx::Error::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "could not take the lock {INIT_LOCK} within {INIT_LOCK_WAIT_SECS} s: \
+            return Err(crate::backend::mysql::error(sqlx::Error::Io(
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "could not take the lock {INIT_LOCK} within {INIT_LOCK_WAIT_SECS} s: \
                      another `rowclaim init` is still running"
+                    ),
                 ),
-            ))));
+            )));
         }
         let migrated = migrate(&mut conn, component, migrations).await;
         if let Err(e) = sqlx::query("SELECT RELEASE_LOCK(?)")
@@ -307,15 +331,22 @@ async fn migrate(
     component: &str,
     migrations: &[&'static str],
 ) -> Result<()> {
-    sqlx::query(CREATE_SCHEMA).execute(&mut *conn).await?;
+    sqlx::query(CREATE_SCHEMA)
+        .execute(&mut *conn)
+        .await
+        .map_err(crate::backend::mysql::error)?;
     let version: Option<i32> =
         sqlx::query_scalar("SELECT version FROM rowclaim_schema WHERE component = ?")
             .bind(component.to_owned())
             .fetch_optional(&mut *conn)
-            .await?;
+            .await
+            .map_err(crate::backend::mysql::error)?;
     let version = usize::try_from(version.unwrap_or(0)).unwrap_or(0);
     for (i, sql) in migrations.iter().enumerate().skip(version) {
-        sqlx::query(*sql).execute(&mut *conn).await?;
+        sqlx::query(*sql)
+            .execute(&mut *conn)
+            .await
+            .map_err(crate::backend::mysql::error)?;
         let to = i as i64 + 1;
         sqlx::query(
             // Never backwards: a slower init that ran the same migration again must not undo a
@@ -327,7 +358,8 @@ async fn migrate(
         .bind(to)
         .bind(to)
         .execute(&mut *conn)
-        .await?;
+        .await
+        .map_err(crate::backend::mysql::error)?;
     }
     Ok(())
 }
@@ -388,7 +420,8 @@ async fn check_packet(conn: &mut sqlx::MySqlConnection, jobs: &[JobParts<'_>]) -
     }
     let limit: i64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS SIGNED)")
         .fetch_one(&mut *conn)
-        .await?;
+        .await
+        .map_err(crate::backend::mysql::error)?;
     let limit = u64::try_from(limit).unwrap_or(0);
     for (i, j) in jobs.iter().enumerate() {
         let bytes = j.payload.len();
@@ -440,7 +473,11 @@ fn insert_sql(b: &mut B, jobs: &[&JobParts<'_>]) -> Result<String> {
 async fn insert_jobs(conn: &mut sqlx::MySqlConnection, jobs: &[&JobParts<'_>]) -> Result<i64> {
     let mut b = B::new();
     let sql = insert_sql(&mut b, jobs)?;
-    let done = b.query(sql)?.execute(&mut *conn).await?;
+    let done = b
+        .query(sql)?
+        .execute(&mut *conn)
+        .await
+        .map_err(crate::backend::mysql::error)?;
     i64::try_from(done.last_insert_id())
         .map_err(|_| Error::InvalidInput("job id is out of range".into()))
 }
@@ -470,7 +507,8 @@ async fn insert_run(
             let s: i64 =
                 sqlx::query_scalar("SELECT CAST(@@SESSION.auto_increment_increment AS SIGNED)")
                     .fetch_one(&mut *conn)
-                    .await?;
+                    .await
+                    .map_err(crate::backend::mysql::error)?;
             *step = Some(s);
             s
         }
@@ -510,7 +548,7 @@ pub(crate) async fn enqueue_one(
                     existing: false,
                 })
             }
-            Err(Error::Database(e)) if error_number(&e) == Some(DUPLICATE_KEY) => {}
+            Err(Error::Database(e)) if error_number(e.sqlx()) == Some(DUPLICATE_KEY) => {}
             Err(e) => return Err(e),
         }
         // A locking read sees the latest committed rows, also in a caller's REPEATABLE READ
@@ -521,7 +559,8 @@ pub(crate) async fn enqueue_one(
         )
         .bind(key)
         .fetch_optional(&mut *conn)
-        .await?;
+        .await
+        .map_err(crate::backend::mysql::error)?;
         if let Some(id) = twin {
             return Ok(Enqueued { id, existing: true });
         }

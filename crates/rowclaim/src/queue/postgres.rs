@@ -18,8 +18,12 @@ impl Pg {
         let Some(pool) = self.route().listen_pool() else {
             return Ok(None);
         };
-        let mut l = sqlx::postgres::PgListener::connect_with(&pool).await?;
-        l.listen(super::CHANNEL).await?;
+        let mut l = sqlx::postgres::PgListener::connect_with(&pool)
+            .await
+            .map_err(crate::backend::postgres::error)?;
+        l.listen(super::CHANNEL)
+            .await
+            .map_err(crate::backend::postgres::error)?;
         Ok(Some(l))
     }
 }
@@ -43,7 +47,8 @@ impl QueueStore for Pg {
         sqlx::query("SELECT pg_notify('rowclaim_jobs', $1)") // crate::queue::CHANNEL
             .bind(queue.to_owned())
             .execute(self.exec())
-            .await?;
+            .await
+            .map_err(crate::backend::postgres::error)?;
         Ok(())
     }
 
@@ -70,7 +75,12 @@ impl QueueStore for Pg {
             }
         }
         out.extend(insert_bulk(&mut tx, bulk, keep).await?);
-        crate::backend::commit(tx, || super::job::enqueue_what(jobs.len())).await?;
+        crate::backend::commit(
+            tx,
+            || super::job::enqueue_what(jobs.len()),
+            crate::backend::postgres::sorted,
+        )
+        .await?;
         Ok(out)
     }
 
@@ -98,8 +108,12 @@ impl QueueStore for Pg {
             .bind(age.as_secs_f64()),
         };
         let mut tx = self.durable().await?;
-        let changed = q.execute(self.on(&mut tx)).await?.rows_affected();
-        tx.commit().await?;
+        let changed = q
+            .execute(self.on(&mut tx))
+            .await
+            .map_err(crate::backend::postgres::error)?
+            .rows_affected();
+        tx.commit().await.map_err(crate::backend::postgres::error)?;
         Ok(changed)
     }
 
@@ -117,7 +131,8 @@ impl QueueStore for Pg {
         )
         .bind(queue)
         .fetch_all(self.exec())
-        .await?;
+        .await
+        .map_err(crate::backend::postgres::error)?;
         Ok(QueueStats::from_rows(rows))
     }
 
@@ -136,7 +151,11 @@ impl QueueStore for Pg {
         );
         let mut b = Binder::<Sql>::new();
         let sql = records_sql(&mut b, &columns, filter, id);
-        let rows: Vec<RecordRow> = b.query_as(sql)?.fetch_all(self.exec()).await?;
+        let rows: Vec<RecordRow> = b
+            .query_as(sql)?
+            .fetch_all(self.exec())
+            .await
+            .map_err(crate::backend::postgres::error)?;
         Ok(rows.into_iter().map(JobRecord::from_row).collect())
     }
 
@@ -144,7 +163,11 @@ impl QueueStore for Pg {
         let mut b = Binder::<Sql>::new();
         let first = "floor(extract(epoch FROM min(run_at)) * 1000)::int8";
         let sql = scheduled_sql(&mut b, first, filter);
-        let (n, first): (i64, Option<i64>) = b.query_as(sql)?.fetch_one(self.exec()).await?;
+        let (n, first): (i64, Option<i64>) = b
+            .query_as(sql)?
+            .fetch_one(self.exec())
+            .await
+            .map_err(crate::backend::postgres::error)?;
         Ok(Scheduled::new(n, first))
     }
 }
@@ -161,18 +184,21 @@ pub(super) async fn migrate(
     let mut tx = pg.durable().await?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_init'))")
         .execute(pg.on(&mut tx))
-        .await?;
+        .await
+        .map_err(crate::backend::postgres::error)?;
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS rowclaim_schema \
          (component text PRIMARY KEY, version integer NOT NULL)",
     )
     .execute(pg.on(&mut tx))
-    .await?;
+    .await
+    .map_err(crate::backend::postgres::error)?;
     let version: Option<i32> =
         sqlx::query_scalar("SELECT version FROM rowclaim_schema WHERE component = $1")
             .bind(component.to_owned())
             .fetch_optional(pg.on(&mut tx))
-            .await?;
+            .await
+            .map_err(crate::backend::postgres::error)?;
     let version = version.unwrap_or(0);
     for (i, steps) in migrations.iter().enumerate() {
         let to = i as i32 + 1;
@@ -180,7 +206,10 @@ pub(super) async fn migrate(
             continue;
         }
         for step in *steps {
-            sqlx::query(*step).execute(pg.on(&mut tx)).await?;
+            sqlx::query(*step)
+                .execute(pg.on(&mut tx))
+                .await
+                .map_err(crate::backend::postgres::error)?;
         }
         sqlx::query(
             "INSERT INTO rowclaim_schema (component, version) VALUES ($1, $2) \
@@ -189,9 +218,10 @@ pub(super) async fn migrate(
         .bind(component.to_owned())
         .bind(to)
         .execute(pg.on(&mut tx))
-        .await?;
+        .await
+        .map_err(crate::backend::postgres::error)?;
     }
-    tx.commit().await?;
+    tx.commit().await.map_err(crate::backend::postgres::error)?;
     Ok(())
 }
 
@@ -292,7 +322,8 @@ pub(crate) async fn enqueue_one(
             .bind(job.limit_key.map(str::to_owned))
             .persistent(keep)
             .fetch_optional(&mut *conn)
-            .await?;
+            .await
+            .map_err(crate::backend::postgres::error)?;
         if let Some(id) = id {
             notify(conn, job.queue, keep).await?;
             return Ok(Enqueued {
@@ -306,7 +337,8 @@ pub(crate) async fn enqueue_one(
         .bind(job.unique_key.map(str::to_owned))
         .persistent(keep)
         .fetch_optional(&mut *conn)
-        .await?;
+        .await
+        .map_err(crate::backend::postgres::error)?;
         if let Some(id) = existing {
             return Ok(Enqueued { id, existing: true });
         }
@@ -355,7 +387,8 @@ async fn insert_bulk(
         )
         .persistent(keep)
         .fetch_all(&mut *conn)
-        .await?;
+        .await
+        .map_err(crate::backend::postgres::error)?;
     queues.sort_unstable();
     queues.dedup();
     for q in queues {
@@ -376,6 +409,7 @@ async fn notify(conn: &mut PgConnection, queue: &str, keep: bool) -> Result<()> 
         .bind(queue.to_owned())
         .persistent(keep)
         .execute(conn)
-        .await?;
+        .await
+        .map_err(crate::backend::postgres::error)?;
     Ok(())
 }

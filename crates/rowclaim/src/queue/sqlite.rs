@@ -32,7 +32,12 @@ impl QueueStore for Lite {
         for job in jobs {
             out.push(enqueue_one(&mut tx, &job.parts()).await?);
         }
-        crate::backend::commit(tx, || super::job::enqueue_what(jobs.len())).await?;
+        crate::backend::commit(
+            tx,
+            || super::job::enqueue_what(jobs.len()),
+            crate::backend::sqlite::sorted,
+        )
+        .await?;
         Ok(out)
     }
 
@@ -68,7 +73,8 @@ impl QueueStore for Lite {
         let done = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(arg)
             .execute(&self.pool)
-            .await?;
+            .await
+            .map_err(crate::backend::sqlite::error)?;
         Ok(done.rows_affected())
     }
 
@@ -86,7 +92,8 @@ impl QueueStore for Lite {
         let rows: Vec<StatsRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(queue.map(str::to_owned))
             .fetch_all(&self.pool)
-            .await?;
+            .await
+            .map_err(crate::backend::sqlite::error)?;
         Ok(QueueStats::from_rows(rows))
     }
 
@@ -97,14 +104,22 @@ impl QueueStore for Lite {
                        last_error, timeout_ms, output, limit_key, attempted_at";
         let mut b = sql::Binder::<Sql>::new();
         let sql = records_sql(&mut b, columns, filter, id);
-        let rows: Vec<RecordRow> = b.query_as(sql)?.fetch_all(&self.pool).await?;
+        let rows: Vec<RecordRow> = b
+            .query_as(sql)?
+            .fetch_all(&self.pool)
+            .await
+            .map_err(crate::backend::sqlite::error)?;
         Ok(rows.into_iter().map(JobRecord::from_row).collect())
     }
 
     async fn scheduled(&self, filter: &JobFilter) -> Result<Scheduled> {
         let mut b = sql::Binder::<Sql>::new();
         let sql = scheduled_sql(&mut b, "MIN(run_at)", filter);
-        let (n, first): (i64, Option<i64>) = b.query_as(sql)?.fetch_one(&self.pool).await?;
+        let (n, first): (i64, Option<i64>) = b
+            .query_as(sql)?
+            .fetch_one(&self.pool)
+            .await
+            .map_err(crate::backend::sqlite::error)?;
         Ok(Scheduled::new(n, first))
     }
 }
@@ -124,12 +139,14 @@ pub(super) async fn migrate(
          (component TEXT PRIMARY KEY, version INTEGER NOT NULL)",
     )
     .execute(&mut *tx)
-    .await?;
+    .await
+    .map_err(crate::backend::sqlite::error)?;
     let version: Option<i64> =
         sqlx::query_scalar("SELECT version FROM rowclaim_schema WHERE component = ?")
             .bind(component.to_owned())
             .fetch_optional(&mut *tx)
-            .await?;
+            .await
+            .map_err(crate::backend::sqlite::error)?;
     let version = version.unwrap_or(0);
     for (i, steps) in migrations.iter().enumerate() {
         let to = i as i64 + 1;
@@ -137,7 +154,10 @@ pub(super) async fn migrate(
             continue;
         }
         for step in *steps {
-            sqlx::query(*step).execute(&mut *tx).await?;
+            sqlx::query(*step)
+                .execute(&mut *tx)
+                .await
+                .map_err(crate::backend::sqlite::error)?;
         }
         sqlx::query(
             "INSERT INTO rowclaim_schema (component, version) VALUES (?, ?) \
@@ -146,9 +166,10 @@ pub(super) async fn migrate(
         .bind(component.to_owned())
         .bind(to)
         .execute(&mut *tx)
-        .await?;
+        .await
+        .map_err(crate::backend::sqlite::error)?;
     }
-    tx.commit().await?;
+    tx.commit().await.map_err(crate::backend::sqlite::error)?;
     Ok(())
 }
 
@@ -242,7 +263,8 @@ pub(crate) async fn enqueue_one(
             .bind(job.timeout_ms)
             .bind(job.limit_key.map(str::to_owned))
             .fetch_optional(&mut *conn)
-            .await?;
+            .await
+            .map_err(crate::backend::sqlite::error)?;
         if let Some(id) = id {
             return Ok(Enqueued {
                 id,
@@ -254,7 +276,8 @@ pub(crate) async fn enqueue_one(
         )
         .bind(job.unique_key.map(str::to_owned))
         .fetch_optional(&mut *conn)
-        .await?;
+        .await
+        .map_err(crate::backend::sqlite::error)?;
         if let Some(id) = existing {
             return Ok(Enqueued { id, existing: true });
         }

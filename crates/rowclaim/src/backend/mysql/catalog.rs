@@ -19,7 +19,8 @@ impl Catalog for My {
             .get_or_try_init(|| async {
                 let v: String = sqlx::query_scalar("SELECT CAST(VERSION() AS CHAR)")
                     .fetch_one(&self.pool)
-                    .await?;
+                    .await
+                    .map_err(error)?;
                 // `10.11.6-MariaDB-0+deb12u1` or `8.0.36`.
                 let kind = if v.contains("MariaDB") {
                     ServerKind::MariaDb
@@ -32,7 +33,8 @@ impl Catalog for My {
                 let wsrep: Option<(String, String)> =
                     sqlx::query_as("SHOW VARIABLES LIKE 'wsrep_on'")
                         .fetch_optional(&self.pool)
-                        .await?;
+                        .await
+                        .map_err(error)?;
                 Ok::<_, Error>(match wsrep {
                     Some((_, on)) if on.eq_ignore_ascii_case("ON") => info.galera_node(),
                     _ => info,
@@ -54,11 +56,12 @@ impl Catalog for My {
         .bind(table.schema.clone())
         .bind(table.name.clone())
         .fetch_all(&self.pool)
-        .await?;
+        .await
+        .map_err(error)?;
         rows.iter()
             .map(|r| {
-                let data_type: String = r.try_get(2)?;
-                let len: Option<i64> = r.try_get(3)?;
+                let data_type: String = r.try_get(2).map_err(error)?;
+                let len: Option<i64> = r.try_get(3).map_err(error)?;
                 let ty = match data_type.to_ascii_lowercase().as_str() {
                     "tinyint" | "smallint" | "mediumint" | "int" | "bigint" => ColType::Int,
                     "char" | "varchar" | "text" | "tinytext" | "mediumtext" | "longtext" => {
@@ -70,8 +73,8 @@ impl Catalog for My {
                     _ => ColType::Other,
                 };
                 Ok(Column {
-                    name: r.try_get(0)?,
-                    sql_type: r.try_get(1)?,
+                    name: r.try_get(0).map_err(error)?,
+                    sql_type: r.try_get(1).map_err(error)?,
                     ty,
                 })
             })
@@ -86,7 +89,7 @@ impl Catalog for My {
         .bind(table.schema.clone())
         .bind(table.name.clone())
         .fetch_optional(&self.pool)
-        .await?;
+        .await.map_err(error)?;
         key.ok_or_else(|| Error::MissingTable {
             table: table.display.clone(),
         })
@@ -113,18 +116,18 @@ impl Catalog for My {
             .bind(name.to_owned())
         };
         let done = match next().execute(&self.pool).await {
-            Err(e) if crate::error::db_kind(&e) == Some(DbKind::MissingTable) => {
+            Err(e) if error_kind(&e) == Some(DbKind::MissingTable) => {
                 if let Err(e) = sqlx::query(CREATE_COUNTERS).execute(&self.pool).await {
                     // A Galera node's DDL aborted by another node's (1213): the caller tries the
                     // whole call again. Otherwise another process made it first, and it is there.
-                    if crate::error::db_kind(&e) == Some(DbKind::Transient) {
-                        return Err(e.into());
+                    if error_kind(&e) == Some(DbKind::Transient) {
+                        return Err(error(e));
                     }
                     tracing::debug!(error = %e, "creating rowclaim_counters raced");
                 }
-                next().execute(&self.pool).await?
+                next().execute(&self.pool).await.map_err(error)?
             }
-            other => other?,
+            other => other.map_err(error)?,
         };
         i64::try_from(done.last_insert_id())
             .map_err(|_| Error::InvalidInput(format!("counter {name} is out of range")))
@@ -149,9 +152,10 @@ impl My {
             )
             .bind(table)
             .fetch_one(&self.pool)
-            .await?;
+            .await
+            .map_err(error)?;
             if exists == 0 {
-                return Err(e.into());
+                return Err(error(e));
             }
         }
         Ok(())

@@ -83,7 +83,11 @@ impl My {
         for n in names {
             q = q.bind(*n);
         }
-        Ok(q.fetch_all(&self.pool).await?.into_iter().collect())
+        Ok(q.fetch_all(&self.pool)
+            .await
+            .map_err(error)?
+            .into_iter()
+            .collect())
     }
 
     /// Server status values by name.
@@ -94,7 +98,11 @@ impl My {
         for n in names {
             q = q.bind(*n);
         }
-        Ok(q.fetch_all(&self.pool).await?.into_iter().collect())
+        Ok(q.fetch_all(&self.pool)
+            .await
+            .map_err(error)?
+            .into_iter()
+            .collect())
     }
 
     /// The binary log's format against what claims of `strategy` write.
@@ -173,7 +181,8 @@ impl Inspect for My {
         let text: String = b
             .scalar(format!("EXPLAIN FORMAT=JSON {sql}"))?
             .fetch_one(&self.pool)
-            .await?;
+            .await
+            .map_err(error)?;
         let plan: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
             Error::Internal(format!("EXPLAIN FORMAT=JSON gave no JSON ({e}): {text}"))
         })?;
@@ -365,7 +374,8 @@ impl Inspect for My {
         let (user, database): (String, Option<String>) =
             sqlx::query_as("SELECT CAST(CURRENT_USER() AS CHAR), CAST(DATABASE() AS CHAR)")
                 .fetch_one(&self.pool)
-                .await?;
+                .await
+                .map_err(error)?;
         // information_schema names a grantee 'user'@'host'; CURRENT_USER() says user@host.
         let grantee = match user.rsplit_once('@') {
             Some((u, h)) => format!("'{u}'@'{h}'"),
@@ -393,7 +403,7 @@ impl Inspect for My {
             .bind(&schema)
             .bind(&table)
             .fetch_all(&self.pool)
-            .await?;
+            .await.map_err(error)?;
             let has = |p: &str| held.iter().any(|h| h.eq_ignore_ascii_case(p));
             let (s, t) = (Sql::quote(&schema), Sql::quote(&table));
             if need.exists {
@@ -427,7 +437,7 @@ impl Inspect for My {
             "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 AS SIGNED)",
         )
         .fetch_one(&self.pool)
-        .await?)
+        .await.map_err(error)?)
     }
 }
 

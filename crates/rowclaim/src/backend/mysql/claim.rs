@@ -11,7 +11,7 @@ impl My {
             Resolved::Token => self.token(a).await,
             Resolved::Optimistic => self.optimistic(a).await,
             Resolved::LeaseTable => self.lease_table(a).await,
-            Resolved::Transaction => self.transaction(a).await,
+            Resolved::Transaction => self.in_transaction(a).await,
         }
     }
 
@@ -24,22 +24,32 @@ impl My {
         let verify = self.verify_after_commit().await?;
         let mut tx = self.begin().await?;
         let Stmt { sql, binder } = skip_locked_pick(a);
-        let found: Vec<String> = binder.scalar(sql)?.fetch_all(&mut *tx).await?;
+        let found: Vec<String> = binder
+            .scalar(sql)?
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(error)?;
         if found.is_empty() {
-            tx.rollback().await?;
+            tx.rollback().await.map_err(error)?;
             return Ok(Claimed::none());
         }
         let list = id_list(m, &found)?;
         let Stmt { sql, binder } = mark_sql(a, &list, Recheck::Nothing);
-        binder.query(sql)?.execute(&mut *tx).await?;
+        binder.query(sql)?.execute(&mut *tx).await.map_err(error)?;
         if verify {
             // The locks held off this node's claimers only: what counts is what committed.
-            tx.commit().await?;
+            tx.commit().await.map_err(error)?;
             return Ok(Claimed::contested(self.rows_of_owner(m, a.token).await?));
         }
         let Stmt { sql, binder } = rows_sql(m, &list);
-        let rows = parse_rows(binder.scalar(sql)?.fetch_all(&mut *tx).await?)?;
-        tx.commit().await?;
+        let rows = parse_rows(
+            binder
+                .scalar(sql)?
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(error)?,
+        )?;
+        tx.commit().await.map_err(error)?;
         Ok(Claimed::rows(rows))
     }
 
@@ -51,7 +61,8 @@ impl My {
         let changed = binder
             .query(sql)?
             .execute(&self.pool)
-            .await?
+            .await
+            .map_err(error)?
             .rows_affected();
         if changed == 0 {
             return Ok(Claimed::raced(
@@ -69,14 +80,18 @@ impl My {
         let m = a.m;
         let mut b = B::new();
         let sql = optimistic_pick(m, &mut b, i64::from(a.batch), a.expired);
-        let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+        let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await.map_err(error)?;
         if found.is_empty() {
             return Ok(Claimed::none());
         }
         let rows = if m.owner.is_some() {
             let list = id_list(m, &found)?;
             let Stmt { sql, binder } = mark_sql(a, &list, Recheck::Claimable);
-            binder.query(sql)?.execute(&self.pool).await?;
+            binder
+                .query(sql)?
+                .execute(&self.pool)
+                .await
+                .map_err(error)?;
             self.rows_of_owner(m, a.token).await?
         } else {
             // Without an owner column only the affected-row count tells who won.
@@ -87,7 +102,8 @@ impl My {
                 if binder
                     .query(sql)?
                     .execute(&self.pool)
-                    .await?
+                    .await
+                    .map_err(error)?
                     .rows_affected()
                     == 1
                 {
@@ -98,7 +114,13 @@ impl My {
                 vec![]
             } else {
                 let Stmt { sql, binder } = rows_sql(m, &IdList::new(m.id_kind, &won)?);
-                parse_rows(binder.scalar(sql)?.fetch_all(&self.pool).await?)?
+                parse_rows(
+                    binder
+                        .scalar(sql)?
+                        .fetch_all(&self.pool)
+                        .await
+                        .map_err(error)?,
+                )?
             }
         };
         Ok(Claimed::contested(rows))
@@ -112,54 +134,74 @@ impl My {
         let m = a.m;
         let mut b = B::new();
         let sql = lease_candidates(m, &mut b, i64::from(a.batch), true);
-        let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+        let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await.map_err(error)?;
         if found.is_empty() {
             return Ok(Claimed::none());
         }
         let mut tx = self.begin().await?;
         let Stmt { sql, binder } = lease_insert_sql(a, &found);
-        binder.query(sql)?.execute(&mut *tx).await?;
+        binder.query(sql)?.execute(&mut *tx).await.map_err(error)?;
         let Stmt { sql, binder } = leases_won_sql(a);
-        let won: Vec<String> = binder.scalar(sql)?.fetch_all(&mut *tx).await?;
+        let won: Vec<String> = binder
+            .scalar(sql)?
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(error)?;
         if won.is_empty() {
-            tx.rollback().await?;
+            tx.rollback().await.map_err(error)?;
             return Ok(Claimed::raced(vec![], true));
         }
         let list = id_list(m, &won)?;
         // A lease won for a row that was finished meanwhile stays until it expires; it
         // blocks nothing, since only ready and claimed rows are candidates.
         let Stmt { sql, binder } = mark_sql(a, &list, Recheck::ReadyOrClaimed);
-        binder.query(sql)?.execute(&mut *tx).await?;
+        binder.query(sql)?.execute(&mut *tx).await.map_err(error)?;
         if self.verify_after_commit().await? {
             // Another node's claim of the same keys shows up at commit: read back the leases
             // that committed with our token.
-            tx.commit().await?;
+            tx.commit().await.map_err(error)?;
             let Stmt { sql, binder } = leases_won_sql(a);
-            let won: Vec<String> = binder.scalar(sql)?.fetch_all(&self.pool).await?;
+            let won: Vec<String> = binder
+                .scalar(sql)?
+                .fetch_all(&self.pool)
+                .await
+                .map_err(error)?;
             let Stmt { sql, binder } = rows_sql(m, &id_list(m, &won)?);
-            let rows = parse_rows(binder.scalar(sql)?.fetch_all(&self.pool).await?)?;
+            let rows = parse_rows(
+                binder
+                    .scalar(sql)?
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(error)?,
+            )?;
             return Ok(Claimed::contested(rows));
         }
         let Stmt { sql, binder } = rows_sql(m, &list);
-        let rows = parse_rows(binder.scalar(sql)?.fetch_all(&mut *tx).await?)?;
-        tx.commit().await?;
+        let rows = parse_rows(
+            binder
+                .scalar(sql)?
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(error)?,
+        )?;
+        tx.commit().await.map_err(error)?;
         Ok(Claimed::contested(rows))
     }
 
     /// The `transaction` strategy on MySQL/MariaDB: lock the rows in a transaction that stays open;
     /// the session's idle timeout (`wait_timeout`, whole seconds) is the lease: past it the server
     /// closes the connection, the transaction rolls back and the rows are free again.
-    async fn transaction(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
+    async fn in_transaction(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         let mut b = B::new();
         let sql = transaction_pick(a.m, &mut b, i64::from(a.batch));
         let mut tx = self.begin().await?;
-        let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
+        let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await.map_err(error)?)?;
         if rows.is_empty() {
-            tx.rollback().await?;
+            tx.rollback().await.map_err(error)?;
             return Ok(Claimed::none());
         }
         let Stmt { sql, binder } = lease_session_sql(a.lease, rows.len());
-        binder.query(sql)?.execute(&mut *tx).await?;
+        binder.query(sql)?.execute(&mut *tx).await.map_err(error)?;
         Ok(Claimed::held(rows, Some(tx)))
     }
 }

@@ -111,7 +111,7 @@ impl Dialect for Sql {
     }
 }
 
-binder_queries!(Sql, MySql, My);
+binder_queries!(Sql, MySql, My, sorted);
 
 #[derive(Clone, Debug)]
 pub(crate) struct My {
@@ -261,7 +261,7 @@ const CREATE_COUNTERS: &str = "CREATE TABLE IF NOT EXISTS rowclaim_counters (
 
 impl My {
     pub(crate) async fn begin(&self) -> Result<sqlx::Transaction<'static, MySql>> {
-        Ok(self.pool.begin_with(BEGIN).await?)
+        Ok(self.pool.begin_with(BEGIN).await.map_err(error)?)
     }
 
     /// A transaction for [`run::Transact`] (every commit here is durable).
@@ -288,7 +288,13 @@ impl My {
             return Ok(vec![]);
         };
         let Stmt { sql, binder } = rows_of_owner_sql(m, ow, token);
-        parse_rows(binder.scalar(sql)?.fetch_all(&self.pool).await?)
+        parse_rows(
+            binder
+                .scalar(sql)?
+                .fetch_all(&self.pool)
+                .await
+                .map_err(error)?,
+        )
     }
 }
 
@@ -323,7 +329,7 @@ pub(super) fn rows_of_owner_sql(m: &Mapping, owner: &str, token: &str) -> Stmt<S
 }
 
 /// Sorts a MySQL/MariaDB error by its number.
-pub(crate) fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
+fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
     let my = e.try_downcast_ref::<MySqlDatabaseError>()?;
     match my.number() {
         // 1213 deadlock (also a Galera certification failure or brute-force abort: the whole
@@ -346,7 +352,32 @@ pub(crate) fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
 }
 
 /// A MySQL/MariaDB error with its number.
-pub(crate) fn describe(e: &dyn sqlx::error::DatabaseError) -> Option<String> {
+fn describe(e: &dyn sqlx::error::DatabaseError) -> Option<String> {
     let my = e.try_downcast_ref::<MySqlDatabaseError>()?;
     Some(format!("{} (error {})", my.message(), my.number()))
+}
+
+/// This driver's errors, sorted where they are made: what its server's codes mean to rowclaim
+/// ([`classify`]) and how to word them ([`describe`]).
+pub(crate) fn sorted(e: sqlx::Error) -> crate::DatabaseError {
+    crate::DatabaseError::sorted(e, |db| (classify(db), describe(db)))
+}
+
+/// What `e` means to rowclaim, as this driver sorts it (for an error it handles itself).
+pub(crate) fn error_kind(e: &sqlx::Error) -> Option<DbKind> {
+    crate::error::kind_of(e, classify)
+}
+
+/// [`sorted`], as the crate's error.
+pub(crate) fn error(e: sqlx::Error) -> Error {
+    Error::Database(sorted(e))
+}
+
+impl crate::DatabaseError {
+    /// An error of sqlx's MySQL/MariaDB driver, sorted as rowclaim's MySQL/MariaDB driver sorts its own:
+    /// for code that talks to the database itself and asks what an error means
+    /// ([`crate::Error::kind`] of `Error::Database` of it).
+    pub fn mysql(e: sqlx::Error) -> crate::DatabaseError {
+        sorted(e)
+    }
 }

@@ -131,10 +131,10 @@ impl ClaimStore for My {
         // A row given back is still ready in the table; only its lock goes, at commit.
         if !outcome.gives_back() {
             let Stmt { sql, binder } = held_settle_sql(m, list, &outcome);
-            binder.query(sql)?.execute(&mut **tx).await?;
+            binder.query(sql)?.execute(&mut **tx).await.map_err(error)?;
         }
         let Stmt { sql, binder } = held_done_sql(list.len());
-        binder.query(sql)?.execute(&mut **tx).await?;
+        binder.query(sql)?.execute(&mut **tx).await.map_err(error)?;
         Ok(())
     }
 
@@ -142,7 +142,7 @@ impl ClaimStore for My {
         let tx = held.mysql()?;
         let mut b = B::new();
         let sql = format!("SET SESSION wait_timeout = {}", b.bind(lease_secs(lease)));
-        b.query(sql)?.execute(&mut **tx).await?;
+        b.query(sql)?.execute(&mut **tx).await.map_err(error)?;
         Ok(())
     }
 
@@ -187,9 +187,9 @@ impl ClaimStore for My {
         let fetched = b.scalar(sql)?.fetch_all(&mut *tx).await;
         // MariaDB answers NOWAIT on a locked row with its lock-wait timeout (1205), which
         // elsewhere is a transient error; MySQL has its own code (3572), a lock conflict.
-        let texts = fetched.map_err(|e| match crate::error::db_kind(&e) {
+        let texts = fetched.map_err(|e| match error_kind(&e) {
             Some(DbKind::Transient) if nowait => Error::Locked,
-            _ => Error::Database(e),
+            _ => error(e),
         })?;
         Ok((Held::MySql(tx), parse_rows(texts)?))
     }
@@ -206,7 +206,11 @@ impl ClaimStore for My {
         let mut b = B::new();
         let held = sql::holder_columns(m, strategy, &mut b, Sql::epoch_ms, "CAST(NULL AS SIGNED)");
         let sql = sql::rows_sql(m, &mut b, &format!("{}, {held}", row_json(m)), q);
-        let rows: Vec<TextRow> = b.query_as(sql)?.fetch_all(&self.pool).await?;
+        let rows: Vec<TextRow> = b
+            .query_as(sql)?
+            .fetch_all(&self.pool)
+            .await
+            .map_err(error)?;
         rows.into_iter()
             .map(|(row, st, owner, lease)| Ok((sql::parse_row(&row)?, st, owner, lease)))
             .collect()

@@ -16,7 +16,8 @@ impl Catalog for Pg {
     async fn server(&self) -> Result<ServerInfo> {
         let v: String = sqlx::query_scalar("SELECT current_setting('server_version')")
             .fetch_one(self.exec())
-            .await?;
+            .await
+            .map_err(error)?;
         Ok(ServerInfo::new(ServerKind::Postgres, &v))
     }
 
@@ -30,11 +31,12 @@ impl Catalog for Pg {
         )
         .bind(table.quoted(Sql::quote))
         .fetch_all(self.exec())
-        .await?;
+        .await
+        .map_err(error)?;
         rows.iter()
             .map(|r| {
-                let typname: String = r.try_get(2)?;
-                let len: Option<i32> = r.try_get(3)?;
+                let typname: String = r.try_get(2).map_err(error)?;
+                let len: Option<i32> = r.try_get(3).map_err(error)?;
                 let ty = match typname.as_str() {
                     "int2" | "int4" | "int8" => ColType::Int,
                     "text" | "name" | "citext" => ColType::Text { max_len: None },
@@ -45,8 +47,8 @@ impl Catalog for Pg {
                     _ => ColType::Other,
                 };
                 Ok(Column {
-                    name: r.try_get(0)?,
-                    sql_type: r.try_get(1)?,
+                    name: r.try_get(0).map_err(error)?,
+                    sql_type: r.try_get(1).map_err(error)?,
                     ty,
                 })
             })
@@ -60,7 +62,8 @@ impl Catalog for Pg {
         )
         .bind(table.quoted(Sql::quote))
         .fetch_optional(self.exec())
-        .await?;
+        .await
+        .map_err(error)?;
         key.ok_or_else(|| Error::MissingTable {
             table: table.display.clone(),
         })
@@ -72,11 +75,15 @@ impl Catalog for Pg {
         let mut tx = self.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_leases'))")
             .execute(self.on(&mut tx))
-            .await?;
+            .await
+            .map_err(error)?;
         for sql in [CREATE_LEASES, CREATE_LEASES_TOKEN] {
-            sqlx::query(sql).execute(self.on(&mut tx)).await?;
+            sqlx::query(sql)
+                .execute(self.on(&mut tx))
+                .await
+                .map_err(error)?;
         }
-        tx.commit().await?;
+        tx.commit().await.map_err(error)?;
         Ok(())
     }
 
@@ -85,11 +92,13 @@ impl Catalog for Pg {
         let mut tx = self.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_sources'))")
             .execute(self.on(&mut tx))
-            .await?;
+            .await
+            .map_err(error)?;
         sqlx::query(CREATE_SOURCES)
             .execute(self.on(&mut tx))
-            .await?;
-        tx.commit().await?;
+            .await
+            .map_err(error)?;
+        tx.commit().await.map_err(error)?;
         Ok(())
     }
 
@@ -107,7 +116,7 @@ impl Catalog for Pg {
             let mut tx = self.durable().await?;
             let value = next().fetch_one(self.on(&mut tx)).await;
             if value.is_ok() {
-                tx.commit().await?;
+                tx.commit().await.map_err(error)?;
             }
             value
         } else {
@@ -119,15 +128,17 @@ impl Catalog for Pg {
                 let mut tx = self.durable().await?;
                 sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_counters'))")
                     .execute(self.on(&mut tx))
-                    .await?;
+                    .await
+                    .map_err(error)?;
                 sqlx::query(CREATE_COUNTERS)
                     .execute(self.on(&mut tx))
-                    .await?;
-                let value = next().fetch_one(self.on(&mut tx)).await?;
-                tx.commit().await?;
+                    .await
+                    .map_err(error)?;
+                let value = next().fetch_one(self.on(&mut tx)).await.map_err(error)?;
+                tx.commit().await.map_err(error)?;
                 Ok(value)
             }
-            other => Ok(other?),
+            other => Ok(other.map_err(error)?),
         }
     }
 }

@@ -77,7 +77,8 @@ impl Pg {
         .bind(m.table.clone())
         .bind(index.to_owned())
         .fetch_optional(self.exec())
-        .await?;
+        .await
+        .map_err(error)?;
         Ok(predicate.flatten())
     }
 }
@@ -100,16 +101,20 @@ impl Inspect for Pg {
             "SET LOCAL enable_seqscan = off",
             "SET LOCAL enable_sort = off",
         ] {
-            sqlx::query(setting).execute(self.on(&mut tx)).await?;
+            sqlx::query(setting)
+                .execute(self.on(&mut tx))
+                .await
+                .map_err(error)?;
         }
         let explained: Result<sqlx::types::Json<serde_json::Value>> = async {
             Ok(b.scalar(format!("EXPLAIN (FORMAT JSON) {sql}"))?
                 .fetch_one(self.on(&mut tx))
-                .await?)
+                .await
+                .map_err(error)?)
         }
         .await;
         // Nothing ran, but the settings must not outlive the look.
-        tx.rollback().await?;
+        tx.rollback().await.map_err(error)?;
         let plan = explained?.0;
         let relation = unquoted(m.table.rsplit('.').next().unwrap_or(&m.table));
         let (mut scans, mut sorted) = (Vec::new(), false);
@@ -190,7 +195,8 @@ impl Inspect for Pg {
                  current_setting('default_transaction_isolation'), quote_ident(current_user)",
         )
         .fetch_one(self.exec())
-        .await?;
+        .await
+        .map_err(error)?;
         let mut found = Vec::new();
         found.push(if standby {
             Finding::new(
@@ -264,7 +270,8 @@ impl Inspect for Pg {
     async fn missing_privileges(&self, needs: &[Need]) -> Result<Privileges> {
         let role: String = sqlx::query_scalar("SELECT quote_ident(current_user)")
             .fetch_one(self.exec())
-            .await?;
+            .await
+            .map_err(error)?;
         let mut lacks = Privileges::default();
         for need in needs {
             if need.exists {
@@ -275,7 +282,8 @@ impl Inspect for Pg {
                         .bind(table.clone())
                         .bind(*privilege)
                         .fetch_one(self.exec())
-                        .await?;
+                        .await
+                        .map_err(error)?;
                     if !has {
                         lacks.missing.push((
                             format!("{privilege} on {}", need.table),
@@ -290,7 +298,8 @@ impl Inspect for Pg {
                      quote_ident(current_schema())",
                 )
                 .fetch_one(self.exec())
-                .await?;
+                .await
+                .map_err(error)?;
                 if !can {
                     lacks.missing.push(match schema {
                         Some(schema) => (
@@ -312,7 +321,8 @@ impl Inspect for Pg {
         Ok(
             sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8")
                 .fetch_one(self.exec())
-                .await?,
+                .await
+                .map_err(error)?,
         )
     }
 }

@@ -11,31 +11,27 @@ impl Pg {
             Resolved::Token => self.token(a).await,
             Resolved::Optimistic => self.optimistic(a).await,
             Resolved::LeaseTable => self.lease_table(a).await,
-            Resolved::Transaction => self.transaction(a).await,
+            Resolved::Transaction => self.in_transaction(a).await,
         }
     }
 
     /// The `skip-locked` strategy on PostgreSQL: one statement ([`skip_locked_sql`]) locks the
     /// first unlocked candidates, marks them ours and returns them.
     async fn skip_locked(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
-        let Stmt { sql, binder } = skip_locked_sql(a);
+        let s = skip_locked_sql(a);
         if a.m.lifecycle.is_some() {
             // Plain columns, each read by its type: building a JSON object per row costs the
             // server about as much as the rest of the claim (10 µs of 26 per job).
-            let fetched = binder.query(sql)?.fetch_all(self.exec()).await?;
-            let rows = fetched.iter().map(row_of_columns).collect::<Result<_>>()?;
-            return Ok(Claimed::rows(rows));
+            let rows: Vec<Columns> = self.fetch_all(s).await?;
+            return Ok(Claimed::rows(rows.into_iter().map(|c| c.0).collect()));
         }
-        Ok(Claimed::rows(json_rows(
-            binder.scalar(sql)?.fetch_all(self.exec()).await?,
-        )))
+        Ok(Claimed::rows(json_rows(self, s).await?))
     }
 
     /// The `token` strategy on PostgreSQL ([`token_sql`]); a claimer that lost every row to
     /// others gets none and tries again.
     async fn token(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
-        let Stmt { sql, binder } = token_sql(a);
-        let rows = json_rows(binder.scalar(sql)?.fetch_all(self.exec()).await?);
+        let rows = json_rows(self, token_sql(a)).await?;
         let lost_race = rows.is_empty() && once::claimable_exists(self, a.m).await?;
         Ok(Claimed::raced(rows, lost_race))
     }
@@ -47,13 +43,12 @@ impl Pg {
         let m = a.m;
         let mut b = B::new();
         let sql = optimistic_pick(m, &mut b, i64::from(a.batch), a.expired);
-        let found: Vec<String> = b.scalar(sql)?.fetch_all(self.exec()).await?;
+        let found = self.texts(Stmt::new(sql, b)).await?;
         if found.is_empty() {
             return Ok(Claimed::none());
         }
         let list = IdList::new(m.id_kind, &m.parse_ids(&found)?)?;
-        let Stmt { sql, binder } = optimistic_sql(a, &list);
-        let rows = json_rows(binder.scalar(sql)?.fetch_all(self.exec()).await?);
+        let rows = json_rows(self, optimistic_sql(a, &list)).await?;
         Ok(Claimed::contested(rows))
     }
 
@@ -66,22 +61,19 @@ impl Pg {
         let m = a.m;
         let mut b = B::new();
         let sql = lease_candidates(m, &mut b, i64::from(a.batch), true);
-        let found: Vec<String> = b.scalar(sql)?.fetch_all(self.exec()).await?;
+        let found = self.texts(Stmt::new(sql, b)).await?;
         if found.is_empty() {
             return Ok(Claimed::none());
         }
-        let mut tx = self.begin().await?;
-        let Stmt { sql, binder } = lease_insert_sql(a, found);
-        let won: Vec<String> = binder.scalar(sql)?.fetch_all(self.on(&mut tx)).await?;
-        let Stmt { sql, binder } = lease_mark_sql(a, won.clone());
-        let rows = json_rows(binder.scalar(sql)?.fetch_all(self.on(&mut tx)).await?);
+        let tx = self.transaction(false).await?;
+        let won = tx.texts(lease_insert_sql(a, found)).await?;
+        let rows = json_rows(&tx, lease_mark_sql(a, won.clone())).await?;
         if rows.len() < won.len() {
             let marked = rows
                 .iter()
                 .filter_map(|r| r.get(&m.id_name).map(json_key))
                 .collect();
-            let Stmt { sql, binder } = lease_drop_sql(a, won, marked);
-            binder.query(sql)?.execute(self.on(&mut tx)).await?;
+            tx.execute(lease_drop_sql(a, won, marked)).await?;
         }
         tx.commit().await?;
         Ok(Claimed::contested(rows))
@@ -90,18 +82,17 @@ impl Pg {
     /// The `transaction` strategy on PostgreSQL: lock the rows in a transaction that stays open;
     /// the session's idle timeout is the lease: past it the server ends the session and the rows
     /// are free again.
-    async fn transaction(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
-        let mut tx = self.begin().await?;
-        let Stmt { sql, binder } = idle_timeout_sql(a.lease);
-        binder.query(sql)?.execute(self.on(&mut tx)).await?;
+    async fn in_transaction(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
+        let tx = self.transaction(false).await?;
+        tx.execute(idle_timeout_sql(a.lease)).await?;
         let mut b = B::new();
         let sql = transaction_pick(a.m, &mut b, i64::from(a.batch));
-        let rows = json_rows(b.scalar(sql)?.fetch_all(self.on(&mut tx)).await?);
+        let rows = json_rows(&tx, Stmt::new(sql, b)).await?;
         let held = if rows.is_empty() {
             tx.rollback().await?;
             None
         } else {
-            Some(tx)
+            Some(tx.into_inner())
         };
         Ok(Claimed::held(rows, held))
     }

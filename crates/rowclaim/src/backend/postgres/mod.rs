@@ -16,6 +16,7 @@ pub(crate) use route::Route;
 
 use super::once;
 use super::run::binder_queries;
+use super::run::{Finish, Run, Transact};
 use super::sql::{self, Binder, Dialect, Stmt, Value};
 use super::{
     Catalog, ClaimArgs, ClaimStore, Claimed, Held, Outcome, Resolved, ServerInfo, ServerKind,
@@ -103,7 +104,7 @@ impl Dialect for Sql {
     }
 }
 
-binder_queries!(Sql, Postgres, Pg, exec);
+binder_queries!(Sql, Postgres, Pg, exec, sorted);
 
 #[derive(Clone, Debug)]
 pub(crate) struct Pg {
@@ -160,7 +161,8 @@ impl Pg {
         if self.async_commit {
             sqlx::query("SET LOCAL synchronous_commit = on")
                 .execute(self.on(&mut tx))
-                .await?;
+                .await
+                .map_err(error)?;
         }
         Ok(tx)
     }
@@ -197,34 +199,42 @@ pub(crate) fn claimed_json(m: &Mapping) -> String {
     format!("jsonb_build_object({})", pairs.join(", "))
 }
 
-/// Rows that came back as `jsonb` objects.
-fn json_rows(rows: Vec<sqlx::types::Json<serde_json::Value>>) -> Vec<serde_json::Value> {
-    rows.into_iter().map(|j| j.0).collect()
+/// The rows a statement returns as `jsonb` objects (one column).
+pub(crate) async fn json_rows<R: Run<Sql = Sql> + ?Sized>(
+    r: &R,
+    s: Stmt<Sql>,
+) -> Result<Vec<serde_json::Value>> {
+    let rows: Vec<(sqlx::types::Json<serde_json::Value>,)> = r.fetch_all(s).await?;
+    Ok(rows.into_iter().map(|(j,)| j.0).collect())
 }
 
 /// A row that came back as plain columns, read by their types into the JSON object a claimed
 /// row carries, each under its column's name.
-fn row_of_columns(r: &sqlx::postgres::PgRow) -> Result<serde_json::Value> {
-    use serde_json::Value;
-    use sqlx::{Column, Row, TypeInfo, ValueRef};
-    let mut obj = serde_json::Map::with_capacity(r.len());
-    for (i, column) in r.columns().iter().enumerate() {
-        let raw = r.try_get_raw(i)?;
-        let v = if raw.is_null() {
-            Value::Null
-        } else {
-            match column.type_info().name() {
-                "INT8" => Value::from(r.try_get::<i64, _>(i)?),
-                "INT4" => Value::from(r.try_get::<i32, _>(i)?),
-                "INT2" => Value::from(r.try_get::<i16, _>(i)?),
-                "JSONB" | "JSON" => r.try_get::<sqlx::types::Json<Value>, _>(i)?.0,
-                "BOOL" => Value::from(r.try_get::<bool, _>(i)?),
-                _ => Value::from(r.try_get::<String, _>(i)?),
-            }
-        };
-        obj.insert(column.name().to_owned(), v);
+pub(crate) struct Columns(pub serde_json::Value);
+
+impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for Columns {
+    fn from_row(r: &sqlx::postgres::PgRow) -> sqlx::Result<Columns> {
+        use serde_json::Value;
+        use sqlx::{Column, Row, TypeInfo, ValueRef};
+        let mut obj = serde_json::Map::with_capacity(r.len());
+        for (i, column) in r.columns().iter().enumerate() {
+            let raw = r.try_get_raw(i)?;
+            let v = if raw.is_null() {
+                Value::Null
+            } else {
+                match column.type_info().name() {
+                    "INT8" => Value::from(r.try_get::<i64, _>(i)?),
+                    "INT4" => Value::from(r.try_get::<i32, _>(i)?),
+                    "INT2" => Value::from(r.try_get::<i16, _>(i)?),
+                    "JSONB" | "JSON" => r.try_get::<sqlx::types::Json<Value>, _>(i)?.0,
+                    "BOOL" => Value::from(r.try_get::<bool, _>(i)?),
+                    _ => Value::from(r.try_get::<String, _>(i)?),
+                }
+            };
+            obj.insert(column.name().to_owned(), v);
+        }
+        Ok(Columns(Value::Object(obj)))
     }
-    Ok(Value::Object(obj))
 }
 
 /// Casts a lease table's text `row_id` back to the id column's type.
@@ -285,7 +295,7 @@ fn text_ids(b: &mut B, list: &IdList) -> String {
 }
 
 /// Sorts a PostgreSQL error by its SQLSTATE.
-pub(crate) fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
+fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
     let pg = e.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?;
     match pg.code() {
         "40001" | "40P01" => Some(DbKind::Transient),
@@ -307,7 +317,7 @@ const POOLER_HINT: &str =
     "; is a transaction-mode pooler (PgBouncer) in between? add pgbouncer=true to the URL";
 
 /// A PostgreSQL error with its SQLSTATE and detail, without the server's source positions.
-pub(crate) fn describe(e: &dyn sqlx::error::DatabaseError) -> Option<String> {
+fn describe(e: &dyn sqlx::error::DatabaseError) -> Option<String> {
     let pg = e.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?;
     let mut text = format!("{} (SQLSTATE {})", pg.message(), pg.code());
     if let Some(detail) = pg.detail() {
@@ -328,4 +338,29 @@ pub(crate) fn describe(e: &dyn sqlx::error::DatabaseError) -> Option<String> {
         _ => {}
     }
     Some(text)
+}
+
+/// This driver's errors, sorted where they are made: what its server's codes mean to rowclaim
+/// ([`classify`]) and how to word them ([`describe`]).
+pub(crate) fn sorted(e: sqlx::Error) -> crate::DatabaseError {
+    crate::DatabaseError::sorted(e, |db| (classify(db), describe(db)))
+}
+
+/// What `e` means to rowclaim, as this driver sorts it (for an error it handles itself).
+pub(crate) fn error_kind(e: &sqlx::Error) -> Option<DbKind> {
+    crate::error::kind_of(e, classify)
+}
+
+/// [`sorted`], as the crate's error.
+pub(crate) fn error(e: sqlx::Error) -> Error {
+    Error::Database(sorted(e))
+}
+
+impl crate::DatabaseError {
+    /// An error of sqlx's PostgreSQL driver, sorted as rowclaim's PostgreSQL driver sorts its own:
+    /// for code that talks to the database itself and asks what an error means
+    /// ([`crate::Error::kind`] of `Error::Database` of it).
+    pub fn postgres(e: sqlx::Error) -> crate::DatabaseError {
+        sorted(e)
+    }
 }

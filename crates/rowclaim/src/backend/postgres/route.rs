@@ -131,7 +131,7 @@ impl Target {
             }
             let one = format!("{scheme}://{userinfo}{host}{path}{query}");
             let options = PgConnectOptions::from_str(&one).map_err(|e| {
-                let e = crate::error::describe(&e);
+                let e = crate::error::describe_plain(&e);
                 if several {
                     format!("host {host}: {e}")
                 } else {
@@ -266,7 +266,7 @@ impl Route {
             Ok(tx) => Ok(tx),
             Err(e) => {
                 self.noticed(&e);
-                Err(e.into())
+                Err(super::error(e))
             }
         }
     }
@@ -275,7 +275,7 @@ impl Route {
     /// other hosts, looks for the one that takes writes (see [`Route::suspect`]).
     fn noticed(self: &Arc<Self>, e: &sqlx::Error) {
         if matches!(
-            crate::error::db_kind(e),
+            super::error_kind(e),
             Some(DbKind::ConnectionGone | DbKind::ReadOnly)
         ) {
             self.suspect();
@@ -392,7 +392,7 @@ async fn first_wanted_of(
         match tokio::time::timeout(connect_timeout, check(options, wanted)).await {
             Ok(Ok(true)) => return Ok(i),
             Ok(Ok(false)) => why.push(format!("{label}: read-only (a standby?)")),
-            Ok(Err(e)) => why.push(format!("{label}: {}", crate::error::describe(&e))),
+            Ok(Err(e)) => why.push(format!("{label}: {}", super::sorted(e))),
             Err(_) => why.push(format!(
                 "{label}: no answer within {}",
                 humantime::format_duration(connect_timeout)

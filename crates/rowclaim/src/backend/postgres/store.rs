@@ -3,7 +3,7 @@
 //! runs alike is in `backend/once.rs`.
 
 use super::*;
-use crate::backend::run::Run;
+use crate::backend::run::{Run, Transact};
 use crate::backend::{RowQuery, StoredRow};
 
 #[async_trait::async_trait]
@@ -72,14 +72,22 @@ impl ClaimStore for Pg {
             return Ok(()); // still ready in the table; the lock goes at commit
         }
         let Stmt { sql, binder } = held_settle_sql(m, list, &outcome);
-        binder.query(sql)?.execute(self.on(tx)).await?;
+        binder
+            .query(sql)?
+            .execute(self.on(tx))
+            .await
+            .map_err(error)?;
         Ok(())
     }
 
     async fn held_extend(&self, held: &mut Held, lease: Duration) -> Result<()> {
         let tx = held.postgres()?;
         let Stmt { sql, binder } = super::claim::idle_timeout_sql(lease);
-        binder.query(sql)?.execute(self.on(tx)).await?;
+        binder
+            .query(sql)?
+            .execute(self.on(tx))
+            .await
+            .map_err(error)?;
         Ok(())
     }
 
@@ -91,11 +99,9 @@ impl ClaimStore for Pg {
         mode: LockMode,
         wait: LockWait,
     ) -> Result<(Held, Vec<serde_json::Value>)> {
-        let Stmt { sql, binder } = lock_rows_sql(m, list, limit, mode, wait);
-        let mut tx = self.begin().await?;
-        let rows: Vec<sqlx::types::Json<serde_json::Value>> =
-            binder.scalar(sql)?.fetch_all(self.on(&mut tx)).await?;
-        Ok((Held::Postgres(tx), json_rows(rows)))
+        let tx = self.transaction(false).await?;
+        let rows = json_rows(&tx, lock_rows_sql(m, list, limit, mode, wait)).await?;
+        Ok((Held::Postgres(tx.into_inner()), rows))
     }
 
     async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<crate::Stats> {

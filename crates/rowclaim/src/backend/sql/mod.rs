@@ -180,8 +180,6 @@ impl<D: Dialect> Stmt<D> {
     }
 }
 
-
-
 #[cfg(test)]
 thread_local! {
     /// The statements built on this thread while a test records them (see `snapshots`).
@@ -208,7 +206,7 @@ where
 {
     use sqlx::Arguments;
     args.add(v)
-        .map_err(|e| crate::Error::Database(sqlx::Error::Encode(e)))
+        .map_err(|e| crate::Error::Internal(format!("a value could not be bound: {e}")))
 }
 
 /// A token cannot name its rows when there is no owner column to find them by.

@@ -15,7 +15,8 @@ impl Catalog for Lite {
     async fn server(&self) -> Result<ServerInfo> {
         let v: String = sqlx::query_scalar("SELECT sqlite_version()")
             .fetch_one(&self.pool)
-            .await?;
+            .await
+            .map_err(error)?;
         Ok(ServerInfo::new(ServerKind::Sqlite, &v))
     }
 
@@ -24,10 +25,11 @@ impl Catalog for Lite {
             .bind(table.name.clone())
             .bind(table.schema.clone().unwrap_or_else(|| "main".into()))
             .fetch_all(&self.pool)
-            .await?;
+            .await
+            .map_err(error)?;
         rows.iter()
             .map(|r| {
-                let sql_type: String = r.try_get(1)?;
+                let sql_type: String = r.try_get(1).map_err(error)?;
                 // SQLite's type affinity rules.
                 let upper = sql_type.to_ascii_uppercase();
                 let ty = if upper.contains("INT") {
@@ -38,7 +40,7 @@ impl Catalog for Lite {
                     ColType::Other
                 };
                 Ok(Column {
-                    name: r.try_get(0)?,
+                    name: r.try_get(0).map_err(error)?,
                     sql_type,
                     ty,
                 })
@@ -55,7 +57,8 @@ impl Catalog for Lite {
         .bind(schema)
         .bind(table.name.clone())
         .fetch_optional(&self.pool)
-        .await?;
+        .await
+        .map_err(error)?;
         key.ok_or_else(|| Error::MissingTable {
             table: table.display.clone(),
         })
@@ -63,13 +66,16 @@ impl Catalog for Lite {
 
     async fn ensure_lease_table(&self) -> Result<()> {
         for sql in [CREATE_LEASES, CREATE_LEASES_TOKEN] {
-            sqlx::query(sql).execute(&self.pool).await?;
+            sqlx::query(sql).execute(&self.pool).await.map_err(error)?;
         }
         Ok(())
     }
 
     async fn ensure_registry(&self) -> Result<()> {
-        sqlx::query(CREATE_SOURCES).execute(&self.pool).await?;
+        sqlx::query(CREATE_SOURCES)
+            .execute(&self.pool)
+            .await
+            .map_err(error)?;
         Ok(())
     }
 
@@ -82,11 +88,14 @@ impl Catalog for Lite {
             .bind(name.to_owned())
         };
         match next().fetch_one(&self.pool).await {
-            Err(e) if crate::error::db_kind(&e) == Some(DbKind::MissingTable) => {
-                sqlx::query(CREATE_COUNTERS).execute(&self.pool).await?;
-                Ok(next().fetch_one(&self.pool).await?)
+            Err(e) if error_kind(&e) == Some(DbKind::MissingTable) => {
+                sqlx::query(CREATE_COUNTERS)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(error)?;
+                Ok(next().fetch_one(&self.pool).await.map_err(error)?)
             }
-            other => Ok(other?),
+            other => Ok(other.map_err(error)?),
         }
     }
 }

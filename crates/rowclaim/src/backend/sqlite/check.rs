@@ -56,7 +56,8 @@ impl Lite {
         let text: Option<Option<String>> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .bind(index.to_owned())
             .fetch_optional(&self.pool)
-            .await?;
+            .await
+            .map_err(error)?;
         let text = text.flatten().unwrap_or_default();
         let upper = text.to_ascii_uppercase();
         Ok(upper
@@ -85,7 +86,8 @@ impl Inspect for Lite {
         let rows: Vec<(i64, i64, i64, String)> = b
             .query_as(format!("EXPLAIN QUERY PLAN {sql}"))?
             .fetch_all(&self.pool)
-            .await?;
+            .await
+            .map_err(error)?;
         let (schema, name) = match m.table.split_once('.') {
             Some((s, t)) => (unquoted(s), unquoted(t)),
             None => ("main".to_owned(), unquoted(&m.table)),
@@ -183,7 +185,8 @@ impl Inspect for Lite {
         let sql = format!("SELECT {NOW}");
         Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .fetch_one(&self.pool)
-            .await?)
+            .await
+            .map_err(error)?)
     }
 }
 

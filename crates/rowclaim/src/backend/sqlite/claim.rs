@@ -14,7 +14,7 @@ impl Lite {
             Resolved::Token => self.token(a).await,
             Resolved::Optimistic => self.optimistic(a).await,
             Resolved::LeaseTable => self.lease_table(a).await,
-            Resolved::Transaction => self.transaction(a).await,
+            Resolved::Transaction => self.in_transaction(a).await,
         }
     }
 
@@ -22,7 +22,13 @@ impl Lite {
     /// nobody else can take the same rows.
     async fn token(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         let Stmt { sql, binder } = token_sql(a);
-        let rows = parse_rows(binder.scalar(sql)?.fetch_all(&self.pool).await?)?;
+        let rows = parse_rows(
+            binder
+                .scalar(sql)?
+                .fetch_all(&self.pool)
+                .await
+                .map_err(error)?,
+        )?;
         Ok(Claimed::rows(rows))
     }
 
@@ -32,13 +38,19 @@ impl Lite {
         let m = a.m;
         let mut b = B::new();
         let sql = optimistic_pick(m, &mut b, i64::from(a.batch), a.expired);
-        let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await?;
+        let found: Vec<String> = b.scalar(sql)?.fetch_all(&self.pool).await.map_err(error)?;
         if found.is_empty() {
             return Ok(Claimed::none());
         }
         let list = IdList::new(m.id_kind, &m.parse_ids(&found)?)?;
         let Stmt { sql, binder } = optimistic_sql(a, &list);
-        let rows = parse_rows(binder.scalar(sql)?.fetch_all(&self.pool).await?)?;
+        let rows = parse_rows(
+            binder
+                .scalar(sql)?
+                .fetch_all(&self.pool)
+                .await
+                .map_err(error)?,
+        )?;
         let lost_race = rows.is_empty() && once::claimable_exists(self, m).await?;
         Ok(Claimed::raced(rows, lost_race))
     }
@@ -51,32 +63,46 @@ impl Lite {
         let mut tx = self.write().await?;
         let mut b = B::new();
         let sql = lease_candidates(m, &mut b, i64::from(a.batch), true);
-        let found: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await?;
+        let found: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await.map_err(error)?;
         if found.is_empty() {
-            tx.rollback().await?;
+            tx.rollback().await.map_err(error)?;
             return Ok(Claimed::none());
         }
         let Stmt { sql, binder } = lease_insert_sql(a, found);
-        let won: Vec<String> = binder.scalar(sql)?.fetch_all(&mut *tx).await?;
+        let won: Vec<String> = binder
+            .scalar(sql)?
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(error)?;
         let won = IdList::new(m.id_kind, &m.parse_ids(&won)?)?;
         let Stmt { sql, binder } = lease_mark_sql(a, &won);
-        let rows = parse_rows(binder.scalar(sql)?.fetch_all(&mut *tx).await?)?;
-        tx.commit().await?;
+        let rows = parse_rows(
+            binder
+                .scalar(sql)?
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(error)?,
+        )?;
+        tx.commit().await.map_err(error)?;
         Ok(Claimed::rows(rows))
     }
 
     /// The `transaction` strategy on SQLite: hold the write lock while the rows are processed;
     /// SQLite cannot end the session on its own, so the deadline ([`deadline_sql`]) is checked
     /// before each later write.
-    async fn transaction(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
+    async fn in_transaction(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         let mut tx = self.write().await?;
         let Stmt { sql, binder } = deadline_sql(a.lease);
-        let deadline_ms: i64 = binder.scalar(sql)?.fetch_one(&mut *tx).await?;
+        let deadline_ms: i64 = binder
+            .scalar(sql)?
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(error)?;
         let mut b = B::new();
         let sql = transaction_pick(a.m, &mut b, i64::from(a.batch));
-        let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
+        let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await.map_err(error)?)?;
         let held = if rows.is_empty() {
-            tx.rollback().await?;
+            tx.rollback().await.map_err(error)?;
             None
         } else {
             Some(LiteHeld { tx, deadline_ms })

@@ -90,7 +90,7 @@ impl Dialect for Sql {
     }
 }
 
-binder_queries!(Sql, Sqlite, Lite);
+binder_queries!(Sql, Sqlite, Lite, sorted);
 
 /// Now, in unix epoch milliseconds, by SQLite's clock.
 pub(crate) const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
@@ -188,7 +188,11 @@ impl Lite {
     /// A write transaction: takes the write lock at once (waiting up to the busy timeout), so a
     /// read inside it can never be outdated by another writer.
     pub(crate) async fn write(&self) -> Result<sqlx::Transaction<'static, Sqlite>> {
-        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+        Ok(self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(error)?)
     }
 
     /// A transaction for [`run::Transact`]: a write transaction (every commit here is durable).
@@ -207,13 +211,14 @@ impl Lite {
         Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .bind(deadline_ms)
             .fetch_one(&mut **tx)
-            .await?)
+            .await
+            .map_err(error)?)
     }
 }
 
 /// Sorts an SQLite error by its (extended) result code; SQLite has no code for a missing table
 /// or column, only the message.
-pub(crate) fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
+fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
     e.try_downcast_ref::<sqlx::sqlite::SqliteError>()?;
     let code: i64 = e.code().and_then(|c| c.parse().ok()).unwrap_or(0);
     match code & 0xff {
@@ -230,7 +235,7 @@ pub(crate) fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
 }
 
 /// SQLite's errors are worded well by the driver.
-pub(crate) fn describe(e: &dyn sqlx::error::DatabaseError) -> Option<String> {
+fn describe(e: &dyn sqlx::error::DatabaseError) -> Option<String> {
     let e = e.try_downcast_ref::<sqlx::sqlite::SqliteError>()?;
     let code = sqlx::error::DatabaseError::code(e)?;
     // SQLITE_READONLY and its extended codes: say whose file it is about, not only that it is.
@@ -252,4 +257,29 @@ pub(crate) fn describe(e: &dyn sqlx::error::DatabaseError) -> Option<String> {
         "{} (code {code}){hint}",
         sqlx::error::DatabaseError::message(e)
     ))
+}
+
+/// This driver's errors, sorted where they are made: what its server's codes mean to rowclaim
+/// ([`classify`]) and how to word them ([`describe`]).
+pub(crate) fn sorted(e: sqlx::Error) -> crate::DatabaseError {
+    crate::DatabaseError::sorted(e, |db| (classify(db), describe(db)))
+}
+
+/// What `e` means to rowclaim, as this driver sorts it (for an error it handles itself).
+pub(crate) fn error_kind(e: &sqlx::Error) -> Option<DbKind> {
+    crate::error::kind_of(e, classify)
+}
+
+/// [`sorted`], as the crate's error.
+pub(crate) fn error(e: sqlx::Error) -> Error {
+    Error::Database(sorted(e))
+}
+
+impl crate::DatabaseError {
+    /// An error of sqlx's SQLite driver, sorted as rowclaim's SQLite driver sorts its own:
+    /// for code that talks to the database itself and asks what an error means
+    /// ([`crate::Error::kind`] of `Error::Database` of it).
+    pub fn sqlite(e: sqlx::Error) -> crate::DatabaseError {
+        sorted(e)
+    }
 }

@@ -113,7 +113,7 @@ impl ClaimStore for Lite {
             "UPDATE {} SET {} = {st} WHERE {} {ids}",
             m.table, m.status, m.id
         );
-        b.query(sql)?.execute(&mut **tx).await?;
+        b.query(sql)?.execute(&mut **tx).await.map_err(error)?;
         Ok(())
     }
 
@@ -126,7 +126,8 @@ impl ClaimStore for Lite {
         *deadline_ms = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .bind(sql::lease_ms(lease))
             .fetch_one(&mut **tx)
-            .await?;
+            .await
+            .map_err(error)?;
         Ok(())
     }
 
@@ -151,13 +152,15 @@ impl ClaimStore for Lite {
             LockWait::Wait => self.write().await?,
             _ => {
                 // NOWAIT: ask for the write lock with no busy wait, then restore the timeout.
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.begin().await.map_err(error)?;
                 let timeout: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
                     .fetch_one(&mut *tx)
-                    .await?;
+                    .await
+                    .map_err(error)?;
                 sqlx::query("PRAGMA busy_timeout = 0")
                     .execute(&mut *tx)
-                    .await?;
+                    .await
+                    .map_err(error)?;
                 // A write statement takes the write lock even when it changes nothing.
                 let sql = format!("UPDATE {} SET {} = {} WHERE 0", m.table, m.id, m.id);
                 let locked = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -166,11 +169,12 @@ impl ClaimStore for Lite {
                 let restore = format!("PRAGMA busy_timeout = {timeout}");
                 sqlx::query(sqlx::AssertSqlSafe(restore))
                     .execute(&mut *tx)
-                    .await?;
+                    .await
+                    .map_err(error)?;
                 // Busy with no busy wait is exactly "locked by another writer".
-                locked.map_err(|e| match crate::error::db_kind(&e) {
+                locked.map_err(|e| match error_kind(&e) {
                     Some(DbKind::Transient) => Error::Locked,
-                    _ => Error::Database(e),
+                    _ => error(e),
                 })?;
                 tx
             }
@@ -190,7 +194,7 @@ impl ClaimStore for Lite {
             m.filter,
             m.order_by
         );
-        let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await?)?;
+        let rows = parse_rows(b.scalar(sql)?.fetch_all(&mut *tx).await.map_err(error)?)?;
         Ok((
             Held::Sqlite(LiteHeld {
                 tx,
@@ -213,7 +217,11 @@ impl ClaimStore for Lite {
         // Lease columns hold epoch milliseconds here already.
         let held = sql::holder_columns(m, strategy, &mut b, |c| c.to_owned(), "NULL");
         let sql = sql::rows_sql(m, &mut b, &format!("{}, {held}", json_of(&m.columns)), q);
-        let rows: Vec<TextRow> = b.query_as(sql)?.fetch_all(&self.pool).await?;
+        let rows: Vec<TextRow> = b
+            .query_as(sql)?
+            .fetch_all(&self.pool)
+            .await
+            .map_err(error)?;
         rows.into_iter()
             .map(|(row, st, owner, lease)| Ok((sql::parse_row(&row)?, st, owner, lease)))
             .collect()

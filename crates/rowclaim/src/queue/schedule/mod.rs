@@ -523,19 +523,9 @@ impl Queue {
     }
 }
 
-/// Says to run `init` when the schedules' table is missing.
+/// Says to run `init` when the schedules' table is missing ([`Error::NotInitialised`]).
 fn not_initialised(e: Error) -> Error {
-    let missing = match &e {
-        Error::Database(d) => crate::error::db_kind(d) == Some(crate::error::DbKind::MissingTable),
-        _ => false,
-    };
-    if missing {
-        Error::InvalidInput(
-            "the schedules' table does not exist here yet: run `rowclaim init` first".into(),
-        )
-    } else {
-        e
-    }
+    super::not_set_up(e, "the schedules")
 }
 
 /// Runs schedules: enqueues each due tick's job into the managed queue, exactly once however

@@ -40,7 +40,8 @@ impl ScheduleStore for My {
         let sql = format!("SELECT {}", Sql::epoch_ms(NOW));
         Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .fetch_one(&self.pool)
-            .await?)
+            .await
+            .map_err(crate::backend::mysql::error)?)
     }
 
     async fn schedule_rows(&self) -> Result<Vec<Row>> {
@@ -60,7 +61,8 @@ impl ScheduleStore for My {
         );
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .fetch_all(&self.pool)
-            .await?)
+            .await
+            .map_err(crate::backend::mysql::error)?)
     }
 
     async fn insert_schedule(&self, d: &Definition<'_>, next_ms: i64) -> Result<()> {
@@ -80,7 +82,8 @@ impl ScheduleStore for My {
             .bind(d.fingerprint)
             .bind(next_ms)
             .execute(&self.pool)
-            .await?;
+            .await
+            .map_err(crate::backend::mysql::error)?;
         Ok(())
     }
 
@@ -100,7 +103,8 @@ impl ScheduleStore for My {
             .bind(next_ms)
             .bind(d.name)
             .execute(&self.pool)
-            .await?;
+            .await
+            .map_err(crate::backend::mysql::error)?;
         Ok(())
     }
 
@@ -121,11 +125,12 @@ impl ScheduleStore for My {
             .bind(f.seen_next)
             .bind(f.fingerprint)
             .execute(&mut *tx)
-            .await?
+            .await
+            .map_err(crate::backend::mysql::error)?
             .rows_affected()
             == 1;
         if !won {
-            tx.rollback().await?;
+            tx.rollback().await.map_err(crate::backend::mysql::error)?;
             return Ok(None);
         }
         let mut out = Vec::with_capacity(f.jobs.len());
@@ -137,9 +142,15 @@ impl ScheduleStore for My {
                 .bind(e.id)
                 .bind(f.name)
                 .execute(&mut *tx)
-                .await?;
+                .await
+                .map_err(crate::backend::mysql::error)?;
         }
-        crate::backend::commit(tx, || format!("the tick of schedule {}", f.name)).await?;
+        crate::backend::commit(
+            tx,
+            || format!("the tick of schedule {}", f.name),
+            crate::backend::mysql::sorted,
+        )
+        .await?;
         Ok(Some(out))
     }
 
@@ -147,7 +158,8 @@ impl ScheduleStore for My {
         let done = sqlx::query("DELETE FROM rowclaim_schedules WHERE name = ?")
             .bind(name)
             .execute(&self.pool)
-            .await?;
+            .await
+            .map_err(crate::backend::mysql::error)?;
         Ok(done.rows_affected() > 0)
     }
 }

@@ -36,7 +36,8 @@ impl ScheduleStore for Pg {
         Ok(
             sqlx::query_scalar("SELECT floor(extract(epoch FROM now()) * 1000)::int8")
                 .fetch_one(self.exec())
-                .await?,
+                .await
+                .map_err(crate::backend::postgres::error)?,
         )
     }
 
@@ -44,7 +45,8 @@ impl ScheduleStore for Pg {
         let sql = format!("SELECT {ROW} FROM rowclaim_schedules ORDER BY name");
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .fetch_all(self.exec())
-            .await?)
+            .await
+            .map_err(crate::backend::postgres::error)?)
     }
 
     async fn insert_schedule(&self, d: &Definition<'_>, next_ms: i64) -> Result<()> {
@@ -63,7 +65,8 @@ impl ScheduleStore for Pg {
         .bind(d.fingerprint)
         .bind(next_ms)
         .execute(self.exec())
-        .await?;
+        .await
+        .map_err(crate::backend::postgres::error)?;
         Ok(())
     }
 
@@ -83,7 +86,8 @@ impl ScheduleStore for Pg {
         .bind(d.fingerprint)
         .bind(next_ms)
         .execute(self.exec())
-        .await?;
+        .await
+        .map_err(crate::backend::postgres::error)?;
         Ok(())
     }
 
@@ -104,11 +108,14 @@ impl ScheduleStore for Pg {
         .bind(f.seen_next)
         .bind(f.fingerprint)
         .execute(self.on(&mut tx))
-        .await?
+        .await
+        .map_err(crate::backend::postgres::error)?
         .rows_affected()
             == 1;
         if !won {
-            tx.rollback().await?;
+            tx.rollback()
+                .await
+                .map_err(crate::backend::postgres::error)?;
             return Ok(None);
         }
         let keep = !self.route().pooled();
@@ -121,9 +128,15 @@ impl ScheduleStore for Pg {
                 .bind(e.id)
                 .bind(f.name)
                 .execute(self.on(&mut tx))
-                .await?;
+                .await
+                .map_err(crate::backend::postgres::error)?;
         }
-        crate::backend::commit(tx, || format!("the tick of schedule {}", f.name)).await?;
+        crate::backend::commit(
+            tx,
+            || format!("the tick of schedule {}", f.name),
+            crate::backend::postgres::sorted,
+        )
+        .await?;
         Ok(Some(out))
     }
 
@@ -131,7 +144,8 @@ impl ScheduleStore for Pg {
         let done = sqlx::query("DELETE FROM rowclaim_schedules WHERE name = $1")
             .bind(name)
             .execute(self.exec())
-            .await?;
+            .await
+            .map_err(crate::backend::postgres::error)?;
         Ok(done.rows_affected() > 0)
     }
 }

@@ -31,7 +31,8 @@ impl ScheduleStore for Lite {
         let sql = format!("SELECT {NOW}");
         Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .fetch_one(&self.pool)
-            .await?)
+            .await
+            .map_err(crate::backend::sqlite::error)?)
     }
 
     async fn schedule_rows(&self) -> Result<Vec<Row>> {
@@ -40,7 +41,8 @@ impl ScheduleStore for Lite {
              last_tick, last_job FROM rowclaim_schedules ORDER BY name",
         )
         .fetch_all(&self.pool)
-        .await?)
+        .await
+        .map_err(crate::backend::sqlite::error)?)
     }
 
     async fn insert_schedule(&self, d: &Definition<'_>, next_ms: i64) -> Result<()> {
@@ -59,7 +61,8 @@ impl ScheduleStore for Lite {
             .bind(d.fingerprint)
             .bind(next_ms)
             .execute(&self.pool)
-            .await?;
+            .await
+            .map_err(crate::backend::sqlite::error)?;
         Ok(())
     }
 
@@ -79,7 +82,8 @@ impl ScheduleStore for Lite {
             .bind(next_ms)
             .bind(d.name)
             .execute(&self.pool)
-            .await?;
+            .await
+            .map_err(crate::backend::sqlite::error)?;
         Ok(())
     }
 
@@ -97,11 +101,12 @@ impl ScheduleStore for Lite {
             .bind(f.seen_next)
             .bind(f.fingerprint)
             .execute(&mut *tx)
-            .await?
+            .await
+            .map_err(crate::backend::sqlite::error)?
             .rows_affected()
             == 1;
         if !won {
-            tx.rollback().await?;
+            tx.rollback().await.map_err(crate::backend::sqlite::error)?;
             return Ok(None);
         }
         let mut out = Vec::with_capacity(f.jobs.len());
@@ -113,9 +118,15 @@ impl ScheduleStore for Lite {
                 .bind(e.id)
                 .bind(f.name)
                 .execute(&mut *tx)
-                .await?;
+                .await
+                .map_err(crate::backend::sqlite::error)?;
         }
-        crate::backend::commit(tx, || format!("the tick of schedule {}", f.name)).await?;
+        crate::backend::commit(
+            tx,
+            || format!("the tick of schedule {}", f.name),
+            crate::backend::sqlite::sorted,
+        )
+        .await?;
         Ok(Some(out))
     }
 
@@ -123,7 +134,8 @@ impl ScheduleStore for Lite {
         let done = sqlx::query("DELETE FROM rowclaim_schedules WHERE name = ?")
             .bind(name)
             .execute(&self.pool)
-            .await?;
+            .await
+            .map_err(crate::backend::sqlite::error)?;
         Ok(done.rows_affected() > 0)
     }
 }

@@ -233,7 +233,10 @@ async fn running(state: &Dashboard, queue: Option<&str>, limit: u32) -> Vec<JobR
 /// Whether an error says there is no managed queue here (not a failure for the overview): the
 /// queue's reads answer bad input, "run `rowclaim init` first", where it is missing or old.
 pub fn no_queue(e: &rowclaim::Error) -> bool {
-    e.kind() == rowclaim::ErrorKind::BadInput
+    matches!(
+        e.kind(),
+        rowclaim::ErrorKind::BadInput | rowclaim::ErrorKind::NotInitialised
+    )
 }
 
 /// The paused queues and since when; none where they cannot be read (no managed queue, or one
