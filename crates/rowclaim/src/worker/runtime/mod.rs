@@ -20,21 +20,24 @@
 //! heartbeat stops any running job whose row its claim no longer looks after, however it got
 //! there. So a job never runs on for a row this worker let go.
 
-mod supervise;
-
+mod held;
 mod settle;
+mod supervise;
+mod tally;
 
-use settle::{record, settler, Flushed, Settle};
+use held::Held;
+use settle::{settler, FlushMetrics, Recorder, Settling};
 use supervise::{heartbeat, supervise};
+use tally::{add, Counter, Tally};
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -78,84 +81,6 @@ pub(crate) enum Phase {
     Now,
 }
 
-/// One count of the worker's report, also recorded as its metric.
-struct Count {
-    n: AtomicU64,
-    metric: metrics::Counter,
-}
-
-impl Count {
-    fn new(metric: &metrics::Counter) -> Count {
-        Count {
-            n: AtomicU64::new(0),
-            metric: metric.clone(),
-        }
-    }
-
-    fn add(&self, k: u64) {
-        self.n.fetch_add(k, Ordering::Relaxed);
-        self.metric.increment(k);
-    }
-
-    fn get(&self) -> u64 {
-        self.n.load(Ordering::Relaxed)
-    }
-}
-
-struct Tally {
-    completed: Count,
-    retried: Count,
-    failed: Count,
-    dead: Count,
-    released: Count,
-    snoozed: Count,
-    lost: Count,
-    given_up: Count,
-    unconfirmed: Count,
-}
-
-fn add(counter: &Count) {
-    counter.add(1);
-}
-
-/// Which count a recorded result goes to.
-#[derive(Clone, Copy, Debug)]
-enum Counter {
-    Completed,
-    Retried,
-    Failed,
-    Dead,
-    Released,
-    Snoozed,
-}
-
-impl Tally {
-    fn new(m: &WorkerMetrics) -> Tally {
-        Tally {
-            completed: Count::new(&m.completed),
-            retried: Count::new(&m.retried),
-            failed: Count::new(&m.failed),
-            dead: Count::new(&m.dead),
-            released: Count::new(&m.released),
-            snoozed: Count::new(&m.snoozed),
-            lost: Count::new(&m.leases_lost),
-            given_up: Count::new(&m.given_up),
-            unconfirmed: Count::new(&m.unconfirmed),
-        }
-    }
-
-    fn of(&self, c: Counter) -> &Count {
-        match c {
-            Counter::Completed => &self.completed,
-            Counter::Retried => &self.retried,
-            Counter::Failed => &self.failed,
-            Counter::Dead => &self.dead,
-            Counter::Released => &self.released,
-            Counter::Snoozed => &self.snoozed,
-        }
-    }
-}
-
 /// A row whose job is over, with the outcome to record.
 struct Finished {
     held: Arc<Held>,
@@ -184,7 +109,7 @@ struct Shared {
     /// Stopping now: a result gets one try, not retries until its lease ends.
     hurry: AtomicBool,
     /// Results go to the settler, which writes them in batches.
-    settles: mpsc::UnboundedSender<Settle>,
+    settles: mpsc::UnboundedSender<Settling<Held>>,
 }
 
 impl Shared {
@@ -203,19 +128,16 @@ impl Shared {
             .clamp(Duration::from_secs(2), Duration::from_secs(30))
     }
 
-    /// Sends a row's result to the settler and waits for what became of it.
-    async fn settle(&self, held: &Arc<Held>, id: &RowId, outcome: Outcome) -> Flushed {
-        let (reply, answer) = oneshot::channel();
-        let settle = Settle {
-            held: held.clone(),
-            id: id.clone(),
-            outcome,
-            reply,
-        };
-        if self.settles.send(settle).is_err() {
-            return Flushed::TimedOut; // the settler is gone: the worker is over
+    /// How results are recorded.
+    fn recorder(&self) -> Recorder<'_, Held> {
+        Recorder {
+            settles: &self.settles,
+            tally: &self.tally,
+            health: &self.health,
+            hurry: &self.hurry,
+            renews: self.renews,
+            attempt_most: (self.cfg.lease / 3).max(Duration::from_secs(2)),
         }
-        answer.await.unwrap_or(Flushed::TimedOut)
     }
 
     fn abort(&self, e: Error) {
@@ -229,92 +151,16 @@ impl Shared {
     }
 }
 
-/// One claim, as the runtime looks after it.
-struct Held {
-    claim: Claim,
-    lease: Duration,
-    /// When the database last confirmed the lease (see the module docs).
-    confirmed: Mutex<Instant>,
-    /// Stop switches of the claim's rows whose handler is running.
-    running: Mutex<HashMap<RowId, watch::Sender<Option<StopReason>>>>,
-    /// The heartbeat gave the whole claim up (its lease could not be renewed in time).
-    abandoned: AtomicBool,
-}
-
-impl Held {
-    fn new(claim: Claim) -> Arc<Held> {
-        Arc::new(Held {
-            lease: claim.lease(),
-            confirmed: Mutex::new(claim.claimed_at().into()),
-            running: Mutex::default(),
-            abandoned: AtomicBool::new(false),
-            claim,
-        })
-    }
-
-    fn lease_end(&self) -> Instant {
-        *self.confirmed.lock().unwrap_or_else(|p| p.into_inner()) + self.lease
-    }
-
-    fn confirm(&self, sent: Instant) {
-        let mut c = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
-        *c = (*c).max(sent);
-    }
-
-    /// Whether a waiting row may start: its lease is known to last a while yet. The margin (a
-    /// quarter of the lease) leaves the heartbeat, which renews every third, time to act.
-    fn may_start(&self, renews: bool) -> bool {
-        !renews || Instant::now() + self.lease / 4 < self.lease_end()
-    }
-
-    fn stop(&self, ids: &[RowId], reason: StopReason) {
-        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        for id in ids {
-            if let Some(switch) = running.get(id) {
-                let _ = switch.send(Some(reason));
-            }
-        }
-    }
-
-    fn stop_all(&self, reason: StopReason) {
-        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        for switch in running.values() {
-            let _ = switch.send(Some(reason));
-        }
-    }
-
-    /// Stops every running job whose row the claim no longer looks after (lost, given up, or
-    /// dropped with a broken transaction). A switch is removed before its result is recorded,
-    /// so a registered switch always belongs to a handler still running.
-    fn stop_forgotten(&self) {
-        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        for (id, switch) in running.iter() {
-            if !self.claim.is_open(id) {
-                let _ = switch.send(Some(StopReason::LeaseLost));
-            }
-        }
-    }
-
-    /// Gives rows up: this worker stops looking after them (they come back when their lease
-    /// ends) and stops their jobs, if running.
-    fn give_up(self: &Arc<Self>, ids: &[RowId]) {
-        ids.iter().for_each(|id| self.claim.forget(id));
-        self.stop(ids, StopReason::LeaseLost);
-        if self.claim.open_count() == 0 {
-            let me = self.clone();
-            tokio::spawn(async move { me.claim.commit_if_done().await });
-        }
-    }
-
-    /// Whether rows of this claim that are gone were given up by this worker, not taken by
-    /// another.
-    fn lost_counter<'t>(&self, t: &'t Tally) -> &'t Count {
-        if self.abandoned.load(Ordering::Relaxed) {
-            &t.given_up
-        } else {
-            &t.lost
-        }
-    }
+/// Records a finished row's result (see [`Recorder::record`]).
+async fn record(sh: Arc<Shared>, finished: Finished) {
+    let Finished {
+        held,
+        id,
+        outcome,
+        counter,
+    } = finished;
+    let counter = sh.tally.of(counter);
+    sh.recorder().record(&held, &id, outcome, counter).await;
 }
 
 /// A task that is aborted when this handle is dropped, so that nothing outlives the worker.
@@ -344,7 +190,7 @@ pub(crate) async fn run(
         results,
         cfg.settle_delay,
         flush_limit,
-        metrics.clone(),
+        FlushMetrics::of(&metrics),
     )));
     let sh = Arc::new(Shared {
         settles,
@@ -399,14 +245,14 @@ pub(crate) async fn run(
             };
             if !held.claim.is_open(&row.id) {
                 // A heartbeat found it taken over, or gave it up, before it started.
-                add(held.lost_counter(&sh.tally));
+                add(sh.tally.gone(&held.lease));
                 continue;
             }
             if paused.borrow().holds(&row) {
                 records.spawn(record(sh.clone(), unstarted(held, &row)));
                 continue;
             }
-            if !held.may_start(sh.renews) {
+            if !held.lease.may_start(sh.renews) {
                 // Its lease could not be confirmed in time: another worker may hold it by now.
                 tracing::debug!("row {}: not started, its lease may have ended", row.id);
                 held.give_up(std::slice::from_ref(&row.id));
@@ -475,7 +321,7 @@ pub(crate) async fn run(
                         }
                         let mut claim = claim;
                         let rows = claim.take_rows();
-                        let held = Held::new(claim);
+                        let held = Held::new(claim, sh.claimer.strategy() == Strategy::Transaction);
                         waiting.extend(rows.into_iter().map(|row| (held.clone(), row)));
                         if sh.renews {
                             beats.spawn(heartbeat(sh.clone(), held.clone()));
@@ -545,7 +391,7 @@ pub(crate) async fn run(
             tokio::select! {
                 got = claiming => if let Some(Ok(mut claim)) = got {
                     let rows = claim.take_rows();
-                    let held = Held::new(claim);
+                    let held = Held::new(claim, sh.claimer.strategy() == Strategy::Transaction);
                     waiting.extend(rows.into_iter().map(|row| (held.clone(), row)));
                     helds.push(held);
                 },
@@ -600,21 +446,7 @@ pub(crate) async fn run(
         return Err(e);
     }
     outcome?;
-    let n = Count::get;
-    let t = &sh.tally;
-    Ok(WorkerReport {
-        completed: n(&t.completed),
-        retried: n(&t.retried),
-        failed: n(&t.failed),
-        dead: n(&t.dead),
-        released: n(&t.released),
-        snoozed: n(&t.snoozed),
-        lost: n(&t.lost),
-        given_up: n(&t.given_up),
-        unconfirmed: n(&t.unconfirmed),
-        outages: sh.health.outages(),
-        interrupted,
-    })
+    Ok(sh.tally.report(sh.health.outages(), interrupted))
 }
 
 /// One claim statement of up to `most` rows, within the claim's time limit (`None`: no answer

@@ -8,16 +8,16 @@ use super::*;
 /// the claim is given up and its running jobs stopped, early enough for the handler to stop
 /// before the lease ends (a quarter of the lease at most).
 pub(super) async fn heartbeat(sh: Arc<Shared>, held: Arc<Held>) {
-    let every = held.lease / 3;
-    let early = sh.handler.stop_grace().min(held.lease / 4);
+    let every = held.lease.length() / 3;
+    let early = sh.handler.stop_grace().min(held.lease.length() / 4);
     let mut failures = 0u32;
     loop {
         let next = if failures == 0 {
-            held.lease_end() - held.lease + every
+            held.lease.end() - held.lease.length() + every
         } else {
             Instant::now() + pause(failures - 1)
         };
-        let give_up_at = held.lease_end() - early;
+        let give_up_at = held.lease.end() - early;
         tokio::select! {
             () = tokio::time::sleep_until(next.min(give_up_at)) => {}
             () = held.claim.all_settled() => {}
@@ -28,7 +28,7 @@ pub(super) async fn heartbeat(sh: Arc<Shared>, held: Arc<Held>) {
         }
         if failures > 0 && Instant::now() >= give_up_at {
             // From now on another worker may soon hold these rows: stop their jobs, give them up.
-            held.abandoned.store(true, Ordering::Relaxed);
+            held.lease.abandon();
             let rows = held.claim.open_rows();
             tracing::debug!(
                 "claim {}: lease not renewed in time, {} row(s) given up",
@@ -40,7 +40,7 @@ pub(super) async fn heartbeat(sh: Arc<Shared>, held: Arc<Held>) {
         }
         let sent = Instant::now();
         // When this renewal was due: a third of the lease after the last confirmation.
-        let due = held.lease_end() - held.lease + every;
+        let due = held.lease.end() - held.lease.length() + every;
         let limit = sh.attempt_timeout(give_up_at);
         let m = &sh.metrics;
         match tokio::time::timeout(limit, held.claim.beat()).await {
@@ -48,7 +48,7 @@ pub(super) async fn heartbeat(sh: Arc<Shared>, held: Arc<Held>) {
                 sh.health.answered();
                 held.stop(&beat.lost, StopReason::LeaseLost);
                 if beat.renewed {
-                    held.confirm(sent);
+                    held.lease.confirm(sent);
                     m.renewed.increment(1);
                     m.heartbeat_lag
                         .record(secs(Instant::now().saturating_duration_since(due)));
@@ -134,7 +134,7 @@ pub(super) async fn supervise(
     };
     if !held.claim.is_open(&id) {
         unregister();
-        add(held.lost_counter(t));
+        add(t.gone(&held.lease));
         return None;
     }
     if sh.closing.load(Ordering::SeqCst) {
@@ -227,13 +227,13 @@ pub(super) async fn supervise(
         }
         Ended::Stopped(StopReason::LeaseLost) => {
             held.claim.forget(&id);
-            if !held.abandoned.load(Ordering::Relaxed) {
+            if !held.lease.abandoned() {
                 tracing::warn!(
                     "row {id}: stopped: its lease was lost (another worker holds it now, or it \
                      was cancelled)"
                 );
             }
-            add(held.lost_counter(t));
+            add(t.gone(&held.lease));
             return None;
         }
         Ended::Stopped(StopReason::Shutdown) => (Outcome::Ready, Counter::Released),
