@@ -39,9 +39,14 @@ impl Lease {
         self.length
     }
 
+    /// When the database last confirmed the lease.
+    pub(super) fn confirmed(&self) -> Instant {
+        *self.confirmed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// When the lease ends at the earliest, as far as this worker knows.
     pub(super) fn end(&self) -> Instant {
-        *self.confirmed.lock().unwrap_or_else(|p| p.into_inner()) + self.length
+        self.confirmed() + self.length
     }
 
     /// The database renewed the lease with a statement sent at `sent`.
