@@ -372,6 +372,7 @@ async fn a_result_whose_lease_ended_is_not_sent() {
     let a = Fake::new();
     tokio::time::advance(LEASE).await;
     w.record(true, &a).await;
+    settle_down().await;
     assert_eq!(w.counts(), [0, 0, 1, 0]);
     assert!(a.statements().is_empty());
     assert_eq!(a.given_up(), [id(7)]);
