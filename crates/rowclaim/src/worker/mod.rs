@@ -355,44 +355,14 @@ impl Worker {
     /// database unreachable at start), when a handler aborts ([`TaskResult::Abort`]), or when
     /// [`Worker::give_up_after`] ran out. Database trouble while running is waited out.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<WorkerReport> {
-        if self.lease.is_zero() {
-            return Err(Error::InvalidInput("lease must be longer than zero".into()));
-        }
-        if self.concurrency == 0 {
-            return Err(Error::InvalidInput("concurrency must be at least 1".into()));
-        }
-        if self.batch == Some(0) {
-            return Err(Error::InvalidInput("batch must be at least 1".into()));
-        }
-        if self.timeout.is_some_and(|t| t.is_zero()) {
-            return Err(Error::InvalidInput(
-                "timeout must be longer than zero".into(),
-            ));
-        }
+        let cfg = self.config()?;
         let claimer = match self.target {
             Target::Queue { db, queues } => {
                 db.queue().claimer_with(&queues, self.retention).await?
             }
             Target::Claimer(c) => c,
         };
-        let handler: Arc<dyn Handler> = match self.handler {
-            Some(h) => h,
-            None if self.kinds.kinds.is_empty() && self.kinds.fallback.is_none() => {
-                return Err(Error::InvalidInput(
-                    "the worker has no handler: give it one with handle, handle_any, \
-                     handle_rows or handler"
-                        .into(),
-                ))
-            }
-            None if crate::queue::served(&claimer).is_none() => {
-                return Err(Error::InvalidInput(
-                    "handle and handle_any take jobs of the managed queue; for rows of your own \
-                     table use handle_rows or handler"
-                        .into(),
-                ))
-            }
-            None => Arc::new(self.kinds),
-        };
+        let handler = handler_for(self.handler, self.kinds, &claimer)?;
         // Schedules are checked and registered before the first claim: a bad one stops the
         // worker before it takes any job.
         let scheduler = if self.schedules.is_empty() {
@@ -408,24 +378,6 @@ impl Worker {
         let wakeups = match crate::queue::served(&claimer) {
             Some(queues) if self.listen => Some(claimer.db().queue().wakeups(queues).await?),
             _ => None,
-        };
-        let concurrency = self.concurrency;
-        let prefetch = self.prefetch.unwrap_or(concurrency);
-        let room = concurrency + prefetch;
-        let batch = self.batch.unwrap_or(room.min(u32::MAX as usize) as u32);
-        let cfg = Config {
-            concurrency,
-            batch,
-            most: room.max(batch as usize),
-            refill: prefetch / 2,
-            lease: self.lease,
-            poll: self.poll,
-            grace: self.grace,
-            timeout: self.timeout,
-            give_up_after: self.give_up_after,
-            until_empty: self.until_empty,
-            wait_scheduled: self.wait_scheduled,
-            settle_delay: self.settle_delay,
         };
         let phase = self.phase;
         let runner = runtime::run(claimer, handler, cfg, wakeups, phase.subscribe());
@@ -444,18 +396,88 @@ impl Worker {
             }
             std::future::pending::<()>().await
         };
-        tokio::pin!(runner);
-        tokio::pin!(scheduling);
-        tokio::pin!(shutdown);
-        let mut asked = false;
-        loop {
-            tokio::select! {
-                report = &mut runner => return report,
-                () = &mut scheduling => {}
-                () = &mut shutdown, if !asked => {
-                    asked = true;
-                    Shutdown(phase.clone()).drain();
-                }
+        run_beside(runner, scheduling, phase, shutdown).await
+    }
+
+    /// The runtime's settings, once they are checked.
+    fn config(&self) -> Result<Config> {
+        if self.lease.is_zero() {
+            return Err(Error::InvalidInput("lease must be longer than zero".into()));
+        }
+        if self.concurrency == 0 {
+            return Err(Error::InvalidInput("concurrency must be at least 1".into()));
+        }
+        if self.batch == Some(0) {
+            return Err(Error::InvalidInput("batch must be at least 1".into()));
+        }
+        if self.timeout.is_some_and(|t| t.is_zero()) {
+            return Err(Error::InvalidInput(
+                "timeout must be longer than zero".into(),
+            ));
+        }
+        let concurrency = self.concurrency;
+        let prefetch = self.prefetch.unwrap_or(concurrency);
+        let room = concurrency + prefetch;
+        let batch = self.batch.unwrap_or(room.min(u32::MAX as usize) as u32);
+        Ok(Config {
+            concurrency,
+            batch,
+            most: room.max(batch as usize),
+            refill: prefetch / 2,
+            lease: self.lease,
+            poll: self.poll,
+            grace: self.grace,
+            timeout: self.timeout,
+            give_up_after: self.give_up_after,
+            until_empty: self.until_empty,
+            wait_scheduled: self.wait_scheduled,
+            settle_delay: self.settle_delay,
+        })
+    }
+}
+
+/// The handler the worker runs: the one it was given, or its handlers by kind (managed jobs
+/// only).
+fn handler_for(
+    handler: Option<Arc<dyn Handler>>,
+    kinds: ByKind,
+    claimer: &Claimer,
+) -> Result<Arc<dyn Handler>> {
+    match handler {
+        Some(h) => Ok(h),
+        None if kinds.kinds.is_empty() && kinds.fallback.is_none() => Err(Error::InvalidInput(
+            "the worker has no handler: give it one with handle, handle_any, handle_rows or \
+             handler"
+                .into(),
+        )),
+        None if crate::queue::served(claimer).is_none() => Err(Error::InvalidInput(
+            "handle and handle_any take jobs of the managed queue; for rows of your own table \
+             use handle_rows or handler"
+                .into(),
+        )),
+        None => Ok(Arc::new(kinds)),
+    }
+}
+
+/// Runs the runtime with the worker's schedules beside it, and drains it when `shutdown`
+/// completes.
+async fn run_beside(
+    runner: impl Future<Output = Result<WorkerReport>>,
+    scheduling: impl Future<Output = ()>,
+    phase: Arc<watch::Sender<Phase>>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<WorkerReport> {
+    tokio::pin!(runner);
+    tokio::pin!(scheduling);
+    tokio::pin!(shutdown);
+    let mut asked = false;
+    loop {
+        tokio::select! {
+            report = &mut runner => return report,
+            () = &mut scheduling => {}
+            () = &mut shutdown, if !asked => {
+                asked = true;
+                Shutdown(phase.clone()).drain();
             }
         }
     }

@@ -1,0 +1,258 @@
+//! Dispatch: starts the rows waiting in the local queue as slots free up, each under a
+//! supervisor. A waiting row is not started when its claim no longer looks after it (counted
+//! lost), when its queue was paused after it was claimed (given back unstarted), or when its
+//! lease may have ended (given up: another worker may hold it by now).
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::{JoinError, JoinSet};
+use tracing::Instrument;
+
+use super::held::Held;
+use super::supervise::supervise;
+use super::tally::{add, Counter};
+use super::{record, Config, Finished, Shared};
+use crate::backend::Outcome;
+use crate::{Claim, ClaimedRow};
+
+/// What the worker holds locally. Dropping it aborts every task in it.
+#[derive(Default)]
+pub(super) struct Local {
+    /// Claimed rows waiting for a slot, in the order they were claimed.
+    pub(super) waiting: VecDeque<(Arc<Held>, ClaimedRow)>,
+    /// Supervisors of started rows. A job's slot is free once its handler ended; its result is
+    /// recorded in the background, in batches, and counts against the rows the worker may hold.
+    pub(super) jobs: JoinSet<Option<Finished>>,
+    /// Results being recorded.
+    pub(super) records: JoinSet<()>,
+    /// Heartbeats of claims.
+    pub(super) beats: JoinSet<()>,
+    /// Claims with rows still open.
+    pub(super) helds: Vec<Arc<Held>>,
+}
+
+impl Local {
+    /// Takes a claim's rows into the queue.
+    pub(super) fn hold(&mut self, sh: &Shared, mut claim: Claim) -> Arc<Held> {
+        let rows = claim.take_rows();
+        let held = Held::new(claim, sh.holds_transactions());
+        self.waiting
+            .extend(rows.into_iter().map(|row| (held.clone(), row)));
+        self.helds.push(held.clone());
+        held
+    }
+
+    /// Starts waiting rows while slots are free.
+    pub(super) fn start_waiting(&mut self, sh: &Arc<Shared>, paused: &watch::Receiver<Paused>) {
+        while self.jobs.len() < sh.cfg.concurrency {
+            let Some((held, row)) = self.waiting.pop_front() else {
+                break;
+            };
+            if !held.claim.is_open(&row.id) {
+                // A heartbeat found it taken over, or gave it up, before it started.
+                add(sh.tally.gone(&held.lease));
+            } else if paused.borrow().holds(&row) {
+                self.record(sh, unstarted(held, &row));
+            } else if !held.lease.may_start(sh.renews) {
+                // Its lease could not be confirmed in time: another worker may hold it by now.
+                tracing::debug!("row {}: not started, its lease may have ended", row.id);
+                held.give_up(std::slice::from_ref(&row.id));
+                add(&sh.tally.given_up);
+            } else {
+                self.start(sh, held, row);
+            }
+        }
+    }
+
+    fn start(&mut self, sh: &Arc<Shared>, held: Arc<Held>, row: ClaimedRow) {
+        let span = tracing::info_span!(
+            "job",
+            id = %row.id,
+            token = %held.claim.token(),
+            source = %sh.claimer.source_name(),
+            queue = tracing::field::Empty,
+            kind = tracing::field::Empty,
+            attempt = tracing::field::Empty,
+        );
+        self.jobs
+            .spawn(supervise(sh.clone(), held, row).instrument(span));
+    }
+
+    /// Records a result in the background.
+    pub(super) fn record(&mut self, sh: &Arc<Shared>, finished: Finished) {
+        self.records.spawn(record(sh.clone(), finished));
+    }
+
+    /// A supervisor ended: the result it left, if any, is recorded.
+    pub(super) fn job_ended(
+        &mut self,
+        sh: &Arc<Shared>,
+        ended: Result<Option<Finished>, JoinError>,
+    ) {
+        if let Ok(Some(finished)) = ended {
+            self.record(sh, finished);
+        }
+    }
+
+    /// Rows of a queue paused since they were claimed go back, not started.
+    pub(super) fn give_back_paused(&mut self, sh: &Arc<Shared>, paused: &Paused) {
+        for (held, row) in paused.take_from(&mut self.waiting) {
+            self.record(sh, unstarted(held, &row));
+        }
+    }
+
+    /// Lets go of claims with no open rows, and of heartbeats that ended.
+    pub(super) fn tidy(&mut self) {
+        self.helds.retain(|h| h.claim.open_count() > 0);
+        while self.beats.try_join_next().is_some() {}
+    }
+
+    /// How many rows to claim now, if any (see [`wanted`]).
+    pub(super) fn wants(&self, cfg: &Config) -> Option<usize> {
+        let holding = self.jobs.len() + self.waiting.len() + self.records.len();
+        wanted(cfg, holding, self.waiting.len())
+    }
+
+    /// Nothing running, waiting or being recorded.
+    pub(super) fn is_idle(&self) -> bool {
+        self.jobs.is_empty() && self.waiting.is_empty() && self.records.is_empty()
+    }
+}
+
+/// How many rows to claim while the worker holds `holding` rows (running, waiting, or being
+/// recorded), `waiting` of them for a slot: what it may still hold, at most a batch, once few
+/// enough wait (so that claims come in batches).
+fn wanted(cfg: &Config, holding: usize, waiting: usize) -> Option<usize> {
+    let room = cfg.most.saturating_sub(holding).min(cfg.batch as usize);
+    (room > 0 && waiting <= cfg.refill).then_some(room)
+}
+
+/// The managed queues that are paused, as a worker last looked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Paused(HashSet<String>);
+
+impl Paused {
+    /// Whether `row`, a managed job, is of a paused queue.
+    fn holds(&self, row: &ClaimedRow) -> bool {
+        !self.0.is_empty()
+            && row
+                .data
+                .get("queue")
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(|q| self.0.contains(q))
+    }
+
+    /// Takes the rows of paused queues out of `waiting`, which keeps the others in order.
+    fn take_from<T>(&self, waiting: &mut VecDeque<(T, ClaimedRow)>) -> Vec<(T, ClaimedRow)> {
+        let (back, keep): (Vec<_>, Vec<_>) =
+            waiting.drain(..).partition(|(_, row)| self.holds(row));
+        waiting.extend(keep);
+        back
+    }
+}
+
+/// A row claimed but not started, given back: its queue was paused meanwhile.
+fn unstarted(held: Arc<Held>, row: &ClaimedRow) -> Finished {
+    tracing::debug!(
+        "row {}: its queue is paused; given back, not started",
+        row.id
+    );
+    Finished {
+        held,
+        id: row.id.clone(),
+        outcome: Outcome::Unstarted,
+        counter: Counter::Released,
+    }
+}
+
+/// Looks at the paused queues every third of the lease (as often as heartbeats renew it), for
+/// as long as the worker runs. A look that fails keeps the last answer.
+pub(super) async fn watch_paused(sh: Arc<Shared>, paused: watch::Sender<Paused>) {
+    let every = (sh.cfg.lease / 3).max(Duration::from_millis(100));
+    let queue = sh.claimer.db().queue();
+    loop {
+        match queue.paused().await {
+            Ok(names) => {
+                let now = Paused(names.into_iter().collect());
+                paused.send_if_modified(|p| {
+                    let changed = *p != now;
+                    *p = now;
+                    changed
+                });
+            }
+            Err(e) => tracing::debug!("looking at the paused queues: {e}"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RowId;
+
+    fn row(id: i64, queue: serde_json::Value) -> ClaimedRow {
+        ClaimedRow {
+            id: RowId::Int(id),
+            data: serde_json::json!({ "queue": queue }),
+        }
+    }
+
+    #[test]
+    fn rows_of_paused_queues_go_back_and_the_rest_keep_their_order() {
+        let paused = Paused(["mail".to_owned()].into_iter().collect());
+        let mut waiting: VecDeque<((), ClaimedRow)> = [
+            row(1, "mail".into()),
+            row(2, "sms".into()),
+            row(3, serde_json::Value::Null),
+            row(4, "mail".into()),
+            row(5, 7.into()),
+        ]
+        .into_iter()
+        .map(|r| ((), r))
+        .collect();
+        let ids = |rows: &mut dyn Iterator<Item = &((), ClaimedRow)>| {
+            rows.map(|(_, r)| r.id.clone()).collect::<Vec<_>>()
+        };
+        let back = paused.take_from(&mut waiting);
+        assert_eq!(ids(&mut back.iter()), [RowId::Int(1), RowId::Int(4)]);
+        assert_eq!(
+            ids(&mut waiting.iter()),
+            [RowId::Int(2), RowId::Int(3), RowId::Int(5)]
+        );
+        // Nothing paused: nothing goes back.
+        assert!(Paused::default().take_from(&mut waiting).is_empty());
+        assert_eq!(waiting.len(), 3);
+    }
+
+    fn config(most: usize, batch: u32, refill: usize) -> Config {
+        Config {
+            concurrency: 4,
+            batch,
+            most,
+            refill,
+            lease: Duration::from_secs(30),
+            poll: Duration::from_secs(1),
+            grace: Duration::from_secs(1),
+            timeout: None,
+            give_up_after: None,
+            until_empty: false,
+            wait_scheduled: false,
+            settle_delay: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn claims_ask_for_the_room_left_at_most_a_batch_once_few_rows_wait() {
+        let cfg = config(20, 8, 4);
+        assert_eq!(wanted(&cfg, 0, 0), Some(8), "a batch at most");
+        assert_eq!(wanted(&cfg, 15, 2), Some(5), "the room left");
+        assert_eq!(wanted(&cfg, 10, 4), Some(8));
+        assert_eq!(wanted(&cfg, 10, 5), None, "more than refill wait");
+        assert_eq!(wanted(&cfg, 20, 0), None, "no room");
+        assert_eq!(wanted(&cfg, 25, 0), None, "no room");
+    }
+}

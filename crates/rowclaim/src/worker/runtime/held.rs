@@ -1,0 +1,140 @@
+//! One claim as the runtime looks after it: the claim core's [`Claim`], its lease as this worker
+//! last confirmed it ([`Lease`]), and the stop switches of its running jobs.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+
+use super::lease::Lease;
+use super::settle::Settle;
+use crate::backend::Outcome;
+use crate::worker::handler::StopReason;
+use crate::{Claim, Result, RowId};
+
+/// One claim, as the runtime looks after it.
+pub(super) struct Held {
+    pub(super) claim: Arc<Claim>,
+    pub(super) lease: Lease,
+    /// Stop switches of the claim's rows whose handler is running.
+    pub(super) running: Mutex<HashMap<RowId, watch::Sender<Option<StopReason>>>>,
+    /// The claim holds a transaction (the transaction strategy): a write that went unanswered
+    /// leaves it in an unknown state.
+    pub(super) transaction: bool,
+}
+
+impl Held {
+    pub(super) fn new(claim: Claim, transaction: bool) -> Arc<Held> {
+        Arc::new(Held {
+            lease: Lease::new(claim.lease(), claim.claimed_at().into()),
+            running: Mutex::default(),
+            transaction,
+            claim: Arc::new(claim),
+        })
+    }
+
+    pub(super) fn stop(&self, ids: &[RowId], reason: StopReason) {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        for id in ids {
+            if let Some(switch) = running.get(id) {
+                let _ = switch.send(Some(reason));
+            }
+        }
+    }
+
+    pub(super) fn stop_all(&self, reason: StopReason) {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        for switch in running.values() {
+            let _ = switch.send(Some(reason));
+        }
+    }
+
+    /// Stops every running job whose row the claim no longer looks after (lost, given up, or
+    /// dropped with a broken transaction). A switch is removed before its result is recorded,
+    /// so a registered switch always belongs to a handler still running.
+    pub(super) fn stop_forgotten(&self) {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        for (id, switch) in running.iter() {
+            if !self.claim.is_open(id) {
+                let _ = switch.send(Some(StopReason::LeaseLost));
+            }
+        }
+    }
+
+    /// Gives rows up: this worker stops looking after them (they come back when their lease
+    /// ends) and stops their jobs, if running.
+    pub(super) fn give_up(&self, ids: &[RowId]) {
+        ids.iter().for_each(|id| self.claim.forget(id));
+        self.stop(ids, StopReason::LeaseLost);
+        if self.claim.open_count() == 0 {
+            let claim = self.claim.clone();
+            tokio::spawn(async move { claim.commit_if_done().await });
+        }
+    }
+
+    /// Gives the whole claim up after a write that went unanswered, if it holds a transaction:
+    /// that transaction is in an unknown state and is dropped unwritten (its rows come back
+    /// through their lease). Returns whether it did.
+    pub(super) async fn abandon_if_unsure(&self) -> bool {
+        if !self.transaction {
+            return false;
+        }
+        self.lease.abandon();
+        self.claim.abandon().await;
+        self.stop_all(StopReason::LeaseLost);
+        true
+    }
+}
+
+/// The claim core behind the settler.
+impl Settle for Held {
+    fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    async fn settle(&self, ids: &[RowId], outcome: Outcome) -> Result<Vec<RowId>> {
+        // A broken transaction claim loses all its rows at once: stop the others' jobs now, also
+        // when the settler's time limit cuts the statement off.
+        let _after = StopForgotten(self);
+        self.claim.settle_rows(ids, outcome).await
+    }
+
+    fn give_up(&self, ids: &[RowId]) {
+        Held::give_up(self, ids);
+    }
+
+    async fn abandon_if_unsure(&self) -> bool {
+        Held::abandon_if_unsure(self).await
+    }
+}
+
+/// Stops the jobs whose rows the claim let go, when dropped.
+struct StopForgotten<'a>(&'a Held);
+
+impl Drop for StopForgotten<'_> {
+    fn drop(&mut self) {
+        self.0.stop_forgotten();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_row_starts_only_while_a_quarter_of_its_lease_is_left() {
+        let lease = Lease::new(Duration::from_secs(40), Instant::now());
+        assert!(lease.may_start(true));
+        tokio::time::advance(Duration::from_secs(29)).await;
+        assert!(lease.may_start(true), "11 s of 40 left");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(!lease.may_start(true), "10 s of 40 left: no margin");
+        assert!(lease.may_start(false), "a claim that never expires");
+        // A renewal sent now moves the end on; an older confirmation does not move it back.
+        lease.confirm(Instant::now());
+        assert!(lease.may_start(true));
+        lease.confirm(Instant::now() - Duration::from_secs(35));
+        assert!(lease.may_start(true));
+        assert_eq!(lease.end(), Instant::now() + Duration::from_secs(40));
+    }
+}

@@ -1,0 +1,258 @@
+//! The claim loop, the producer: claims rows ahead into the local queue while there is room and
+//! few rows wait, backs off (growing, jittered pauses) while claims fail, and idles after an
+//! empty claim until the poll interval passes or a notification wakes it. Between claims it
+//! hands slots to [`dispatch`](super::dispatch) and results to the recorders.
+
+use std::future::Future;
+use std::ops::ControlFlow;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::dispatch::{Local, Paused};
+use super::heartbeat::heartbeat;
+use super::{sleep_until, Phase, Shared};
+use crate::metrics::secs;
+use crate::worker::outage::pause;
+use crate::{Claim, Error, Result, Wakeups};
+
+/// A claim statement under way (`None`: no answer in time).
+pub(super) type Claiming = Pin<Box<dyn Future<Output = Option<Result<Claim>>> + Send>>;
+
+/// The claim loop's own state.
+pub(super) struct Producer {
+    claiming: Option<Claiming>,
+    /// Claims failed in a row, and since when.
+    failures: u32,
+    failing_since: Option<Instant>,
+    /// After a failed claim: claim again at this time.
+    retry_at: Option<Instant>,
+    /// The last claim came back empty: look again at this time, or at a wake-up.
+    idle_until: Option<Instant>,
+    paused: watch::Receiver<Paused>,
+    wake: Arc<Notify>,
+}
+
+impl Producer {
+    pub(super) fn new(paused: watch::Receiver<Paused>, wake: Arc<Notify>) -> Producer {
+        Producer {
+            claiming: None,
+            failures: 0,
+            failing_since: None,
+            retry_at: None,
+            idle_until: None,
+            paused,
+            wake,
+        }
+    }
+
+    /// The claim statement still under way, for shutdown to finish.
+    pub(super) fn under_way(&mut self) -> Option<Claiming> {
+        self.claiming.take()
+    }
+
+    /// Runs until `--until-empty` finds nothing left, the phase leaves [`Phase::Run`], or a
+    /// handler aborts (`Ok`), or until claims fail for good (`Err`).
+    pub(super) async fn run(
+        &mut self,
+        sh: &Arc<Shared>,
+        local: &mut Local,
+        phase: &mut watch::Receiver<Phase>,
+    ) -> Result<()> {
+        loop {
+            if *phase.borrow() != Phase::Run || sh.aborted() {
+                return Ok(());
+            }
+            local.start_waiting(sh, &self.paused);
+            local.tidy();
+            self.claim_if_wanted(sh, local);
+            if let ControlFlow::Break(end) = self.next(sh, local, phase).await {
+                return end;
+            }
+        }
+    }
+
+    fn claim_if_wanted(&mut self, sh: &Arc<Shared>, local: &Local) {
+        let quiet = self.claiming.is_none() && self.idle_until.is_none() && self.retry_at.is_none();
+        if let Some(most) = local.wants(&sh.cfg).filter(|_| quiet) {
+            self.claiming = Some(Box::pin(claim_rows(sh.clone(), most as u32)));
+        }
+    }
+
+    /// Waits for the next thing to happen and acts on it.
+    async fn next(
+        &mut self,
+        sh: &Arc<Shared>,
+        local: &mut Local,
+        phase: &mut watch::Receiver<Phase>,
+    ) -> ControlFlow<Result<()>> {
+        tokio::select! {
+            biased;
+            _ = phase.changed() => {}
+            () = sh.fatal_set.notified() => {}
+            Some(ended) = local.jobs.join_next(), if !local.jobs.is_empty() => {
+                local.job_ended(sh, ended);
+            }
+            Some(_) = local.records.join_next(), if !local.records.is_empty() => {
+                if sh.cfg.until_empty {
+                    // A recorded result may have put its row back (a retry, a release): look
+                    // again.
+                    self.idle_until = None;
+                }
+            }
+            got = answer(&mut self.claiming), if self.claiming.is_some() => {
+                self.claiming = None;
+                return self.answered(sh, local, got).await;
+            }
+            Ok(()) = self.paused.changed(), if sh.managed => {
+                let now_paused = self.paused.borrow_and_update().clone();
+                local.give_back_paused(sh, &now_paused);
+            }
+            () = sleep_until(self.retry_at), if self.retry_at.is_some() => self.retry_at = None,
+            () = self.wake.notified(), if self.idle_until.is_some() => self.idle_until = None,
+            () = sleep_until(self.idle_until), if self.idle_until.is_some() => {
+                self.idle_until = None;
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Acts on a claim's answer: its rows go into the local queue; an empty claim idles the loop
+    /// (or ends it under `--until-empty`); a failure backs off.
+    async fn answered(
+        &mut self,
+        sh: &Arc<Shared>,
+        local: &mut Local,
+        got: Option<Result<Claim>>,
+    ) -> ControlFlow<Result<()>> {
+        match got {
+            Some(Ok(claim)) => {
+                sh.health.claims_work();
+                (self.failures, self.failing_since) = (0, None);
+                if claim.is_empty() {
+                    if sh.cfg.until_empty && local.is_idle() && no_work_left(sh).await {
+                        return ControlFlow::Break(Ok(()));
+                    }
+                    self.idle_until = Some(Instant::now() + sh.cfg.poll);
+                    return ControlFlow::Continue(());
+                }
+                let held = local.hold(sh, claim);
+                if sh.renews {
+                    local.beats.spawn(heartbeat(sh.clone(), held));
+                }
+                ControlFlow::Continue(())
+            }
+            Some(Err(e)) if !e.is_connection() && !matches!(e, Error::Database(_)) => {
+                ControlFlow::Break(Err(e))
+            }
+            failed => self.failed(sh, failed),
+        }
+    }
+
+    /// A claim failed or went unanswered: try again after a pause, or give up once the outage
+    /// has lasted `give_up_after`.
+    fn failed(&mut self, sh: &Shared, failed: Option<Result<Claim>>) -> ControlFlow<Result<()>> {
+        let why = match &failed {
+            Some(Err(e)) => {
+                sh.health.failed("claiming rows", e);
+                e.to_string()
+            }
+            _ => {
+                let why = format!(
+                    "no answer within {}",
+                    humantime::format_duration(sh.claim_timeout())
+                );
+                sh.health.unreachable("claiming rows", &why);
+                why
+            }
+        };
+        let since = *self.failing_since.get_or_insert_with(Instant::now);
+        let lasted = since.elapsed();
+        if sh.cfg.give_up_after.is_some_and(|limit| lasted >= limit) {
+            return ControlFlow::Break(Err(Error::GaveUp { lasted, last: why }));
+        }
+        self.retry_at = Some(Instant::now() + pause(self.failures));
+        self.failures += 1;
+        ControlFlow::Continue(())
+    }
+}
+
+/// The answer of the claim under way; never, when there is none.
+async fn answer(claiming: &mut Option<Claiming>) -> Option<Result<Claim>> {
+    match claiming.as_mut() {
+        Some(c) => c.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One claim statement of up to `most` rows, within the claim's time limit (`None`: no answer
+/// in time), measured and traced.
+async fn claim_rows(sh: Arc<Shared>, most: u32) -> Option<Result<Claim>> {
+    let span = tracing::debug_span!(
+        "claim",
+        source = %sh.claimer.source_name(),
+        strategy = %sh.claimer.strategy(),
+        most,
+        rows = tracing::field::Empty,
+        token = tracing::field::Empty,
+    );
+    let started = Instant::now();
+    let claim = sh
+        .claimer
+        .claim(most, sh.cfg.lease)
+        .instrument(span.clone());
+    let got = tokio::time::timeout(sh.claim_timeout(), claim).await.ok();
+    let m = &sh.metrics;
+    m.claim_seconds.record(secs(started.elapsed()));
+    match &got {
+        Some(Ok(claim)) if claim.is_empty() => m.claims_empty.increment(1),
+        Some(Ok(claim)) => {
+            m.claims_rows.increment(1);
+            m.claimed_rows.increment(claim.len() as u64);
+            span.record("rows", claim.len());
+            span.record("token", tracing::field::display(claim.token()));
+        }
+        _ => m.claims_failed.increment(1),
+    }
+    got
+}
+
+/// Under `--until-empty`, after an empty claim with nothing running: whether no row is left
+/// that could still need a worker. When the count fails, the answer is "some may be".
+async fn no_work_left(sh: &Shared) -> bool {
+    match tokio::time::timeout(sh.claim_timeout(), sh.claimer.backlog()).await {
+        Ok(Ok(backlog)) => {
+            let scheduled = sh.cfg.wait_scheduled && backlog.scheduled > 0;
+            !(backlog.has_work() || scheduled)
+        }
+        Ok(Err(e)) => {
+            sh.health.failed("counting the rows left", &e);
+            false
+        }
+        Err(_) => {
+            sh.health
+                .unreachable("counting the rows left", &"no answer in time");
+            false
+        }
+    }
+}
+
+/// Wakes the claim loop when a job is enqueued (PostgreSQL LISTEN). After the listening
+/// connection broke and came back, jobs may have been missed: it wakes the loop then too.
+pub(super) async fn listen(mut wakeups: Wakeups, wake: Arc<Notify>) {
+    let mut failures = 0u32;
+    loop {
+        match wakeups.next().await {
+            Ok(()) => failures = 0,
+            Err(e) => {
+                tracing::debug!("listening for new jobs: {e}");
+                tokio::time::sleep(pause(failures)).await;
+                failures += 1;
+            }
+        }
+        wake.notify_one();
+    }
+}

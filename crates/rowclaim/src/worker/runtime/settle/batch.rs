@@ -1,0 +1,152 @@
+//! Writing results in batches: whatever piled up, one statement per claim and outcome.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::{Flushed, Settle, Settling};
+use crate::backend::Outcome;
+use crate::metrics::{secs, WorkerMetrics};
+use crate::{Result, RowId};
+
+/// Most results in one flush.
+pub(super) const FLUSH_MOST: usize = 1000;
+
+/// Flushes in flight at once. A second flush starts only while results pile up behind a running
+/// one ([`PILE_UP`] or more): where a statement is quick (PostgreSQL) one flush at a time makes the
+/// largest batches and costs least per result; where a batch of a thousand takes tens of
+/// milliseconds (MariaDB), the next one would otherwise wait behind it with the server half idle.
+pub(super) const FLUSHES_AT_ONCE: usize = 4;
+
+/// Results waiting that start another flush beside the running ones.
+pub(super) const PILE_UP: usize = FLUSH_MOST / 2;
+
+/// What a flush measures: how long each statement took, and how many rows it wrote.
+#[derive(Clone)]
+pub(in crate::worker::runtime) struct FlushMetrics {
+    seconds: metrics::Histogram,
+    rows: metrics::Histogram,
+}
+
+impl FlushMetrics {
+    pub(in crate::worker::runtime) fn of(m: &WorkerMetrics) -> FlushMetrics {
+        FlushMetrics {
+            seconds: m.settle_seconds.clone(),
+            rows: m.settle_rows.clone(),
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn noop() -> FlushMetrics {
+        FlushMetrics {
+            seconds: metrics::Histogram::noop(),
+            rows: metrics::Histogram::noop(),
+        }
+    }
+}
+
+/// Writes results in batches: whatever arrived while the previous flush ran (and, with a
+/// `delay`, for that long after the first), one statement per claim and outcome, the claims'
+/// statements side by side; more flushes at once when results pile up (see [`FLUSHES_AT_ONCE`]).
+/// A row's result is sent again only after its flush answered, so no two flushes hold the same
+/// row. A flush that takes longer than `limit` answers "timed out" to its rows, whose recorders
+/// try again.
+pub(in crate::worker::runtime) async fn settler<T: Settle>(
+    mut rx: mpsc::UnboundedReceiver<Settling<T>>,
+    delay: Duration,
+    limit: Duration,
+    metrics: FlushMetrics,
+) {
+    let mut flushing = JoinSet::new();
+    let mut pending: Vec<Settling<T>> = Vec::new();
+    let mut open = true;
+    loop {
+        let start = !pending.is_empty()
+            && (flushing.is_empty()
+                || (pending.len() >= PILE_UP && flushing.len() < FLUSHES_AT_ONCE));
+        if start {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            while let Ok(s) = rx.try_recv() {
+                pending.push(s);
+            }
+            let take = pending.len().min(FLUSH_MOST);
+            flushing.spawn(flush(
+                pending.drain(..take).collect(),
+                limit,
+                metrics.clone(),
+            ));
+            continue;
+        }
+        tokio::select! {
+            s = rx.recv(), if open => match s {
+                Some(s) => {
+                    pending.push(s);
+                    while let Ok(s) = rx.try_recv() {
+                        pending.push(s);
+                    }
+                }
+                None => open = false,
+            },
+            Some(_) = flushing.join_next(), if !flushing.is_empty() => {}
+            else => break,
+        }
+    }
+}
+
+type Replies = Vec<(RowId, oneshot::Sender<Flushed>)>;
+
+/// One flush: the batch's statements, one per claim and outcome, side by side.
+pub(super) async fn flush<T: Settle>(batch: Vec<Settling<T>>, limit: Duration, m: FlushMetrics) {
+    let mut groups: Vec<(Arc<T>, Outcome, Replies)> = Vec::new();
+    for s in batch {
+        match groups
+            .iter_mut()
+            .find(|(t, o, _)| Arc::ptr_eq(t, &s.target) && *o == s.outcome)
+        {
+            Some((_, _, rows)) => rows.push((s.id, s.reply)),
+            None => groups.push((s.target, s.outcome, vec![(s.id, s.reply)])),
+        }
+    }
+    let mut statements = JoinSet::new();
+    for (target, outcome, rows) in groups {
+        let m = m.clone();
+        statements.spawn(async move {
+            let ids: Vec<RowId> = rows.iter().map(|(id, _)| id.clone()).collect();
+            let started = Instant::now();
+            let result = tokio::time::timeout(limit, target.settle(&ids, outcome)).await;
+            m.seconds.record(secs(started.elapsed()));
+            m.rows.record(ids.len() as f64);
+            answer(rows, result.ok());
+        });
+    }
+    while statements.join_next().await.is_some() {}
+}
+
+/// Tells each row of a statement what became of it (`None`: no answer in time).
+fn answer(rows: Replies, result: Option<Result<Vec<RowId>>>) {
+    let failed = match result {
+        Some(Ok(lost)) => {
+            for (id, reply) in rows {
+                let _ = reply.send(if lost.contains(&id) {
+                    Flushed::Lost
+                } else {
+                    Flushed::Recorded
+                });
+            }
+            return;
+        }
+        Some(Err(e)) => Some(Arc::new(e)),
+        None => None,
+    };
+    for (_, reply) in rows {
+        let _ = reply.send(match &failed {
+            Some(e) => Flushed::Failed(e.clone()),
+            None => Flushed::TimedOut,
+        });
+    }
+}

@@ -1,0 +1,67 @@
+//! The settler: a finished job's outcome goes to one settler, which writes what piled up in one
+//! statement per claim and outcome (fenced row by row), a few flushes at once when they pile up
+//! ([`batch`]); each result is retried until its lease would end, then given up ([`record`]).
+//!
+//! Both work against [`Settle`], the few things they need of a claim, so that they can be tested
+//! without a database; the runtime's [`Held`](super::held::Held) implements it over the claim
+//! core.
+
+mod batch;
+mod record;
+#[cfg(test)]
+mod tests;
+
+pub(super) use batch::{settler, FlushMetrics};
+pub(super) use record::Recorder;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use super::lease::Lease;
+use crate::backend::Outcome;
+use crate::{Error, Result, RowId};
+
+/// A claim whose rows' results are written: what the settler and [`Recorder`] need of it.
+pub(super) trait Settle: Send + Sync + 'static {
+    /// The claim's lease as this worker last confirmed it: a result is worth writing until it
+    /// ends.
+    fn lease(&self) -> &Lease;
+
+    /// Writes `outcome` for `ids`, in one statement where the strategy allows, fenced row by row.
+    /// Returns the rows the claim no longer held: nothing was changed for them. An error leaves
+    /// every row not yet written open, to be tried again.
+    fn settle(
+        &self,
+        ids: &[RowId],
+        outcome: Outcome,
+    ) -> impl Future<Output = Result<Vec<RowId>>> + Send;
+
+    /// Lets rows go unwritten: this worker stops looking after them (they come back when their
+    /// lease ends) and stops their jobs, if running.
+    fn give_up(&self, ids: &[RowId]);
+
+    /// After a write that went unanswered: a claim that cannot tell what state it is in (a held
+    /// transaction) gives every row up and stops their jobs. Returns whether it did; other claims
+    /// go on, and the write is tried again.
+    fn abandon_if_unsure(&self) -> impl Future<Output = bool> + Send;
+}
+
+/// One row's result on its way to the settler.
+pub(super) struct Settling<T> {
+    pub(super) target: Arc<T>,
+    pub(super) id: RowId,
+    pub(super) outcome: Outcome,
+    pub(super) reply: oneshot::Sender<Flushed>,
+}
+
+/// What became of a result sent to the settler.
+#[derive(Debug)]
+pub(super) enum Flushed {
+    Recorded,
+    /// The claim no longer held the row: nothing was changed.
+    Lost,
+    Failed(Arc<Error>),
+    TimedOut,
+}

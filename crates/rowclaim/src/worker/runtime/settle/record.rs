@@ -1,0 +1,159 @@
+//! Recording one result: sent to the settler and tried again while the database fails, until
+//! the row's lease would end; then the row is given up and comes back through its lease.
+
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::{Flushed, Settle, Settling};
+use crate::backend::Outcome;
+use crate::worker::outage::{pause, Health};
+use crate::worker::runtime::tally::{add, Count, Tally};
+use crate::{Error, RowId};
+
+/// What recording a result needs of the worker: where results go, what it counts and whom it
+/// tells about outages, and its rules.
+pub(in crate::worker::runtime) struct Recorder<'a, T> {
+    pub(in crate::worker::runtime) settles: &'a mpsc::UnboundedSender<Settling<T>>,
+    pub(in crate::worker::runtime) tally: &'a Tally,
+    pub(in crate::worker::runtime) health: &'a Health,
+    /// Stopping now: a result gets one try, not retries until its lease ends.
+    pub(in crate::worker::runtime) hurry: &'a AtomicBool,
+    /// Claims have leases: a result is retried until its lease would end (else until it is
+    /// recorded, or the worker stops now).
+    pub(in crate::worker::runtime) renews: bool,
+    /// The longest one try may take.
+    pub(in crate::worker::runtime) attempt_most: Duration,
+}
+
+impl<T: Settle> Recorder<'_, T> {
+    /// Records a row's outcome through the settler, retrying while the database fails, until the
+    /// lease would end (a source whose claims never expire: until the worker stops now); then
+    /// gives the row up, and it comes back through its lease. `counter` counts it once recorded.
+    pub(in crate::worker::runtime) async fn record(
+        &self,
+        target: &Arc<T>,
+        id: &RowId,
+        outcome: Outcome,
+        counter: &Count,
+    ) {
+        let mut failures = 0u32;
+        // A try whose answer was lost may have gone through: a refusal after it proves nothing.
+        let mut uncertain = false;
+        loop {
+            let deadline = self.renews.then(|| target.lease().end());
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return self.give_up(target, id);
+            }
+            let limit = deadline.map_or(self.attempt_most, |d| {
+                d.saturating_duration_since(Instant::now())
+                    .min(self.attempt_most)
+            });
+            let flushed = tokio::time::timeout(limit, self.send(target, id, outcome.clone()))
+                .await
+                .unwrap_or(Flushed::TimedOut);
+            let answered = self.answered(target, id, flushed, &mut uncertain, counter);
+            if answered.await.is_break() {
+                return;
+            }
+            let wait = pause(failures);
+            failures += 1;
+            if self.hurry.load(Ordering::SeqCst)
+                || deadline.is_some_and(|d| Instant::now() + wait >= d)
+            {
+                return self.give_up(target, id);
+            }
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// Sends a row's result to the settler and waits for what became of it.
+    async fn send(&self, target: &Arc<T>, id: &RowId, outcome: Outcome) -> Flushed {
+        let (reply, answer) = oneshot::channel();
+        let settling = Settling {
+            target: target.clone(),
+            id: id.clone(),
+            outcome,
+            reply,
+        };
+        if self.settles.send(settling).is_err() {
+            return Flushed::TimedOut; // the settler is gone: the worker is over
+        }
+        answer.await.unwrap_or(Flushed::TimedOut)
+    }
+
+    /// Acts on one try's answer: breaks when the result is settled one way or another, goes on
+    /// when it is worth another try.
+    async fn answered(
+        &self,
+        target: &T,
+        id: &RowId,
+        flushed: Flushed,
+        uncertain: &mut bool,
+        counter: &Count,
+    ) -> ControlFlow<()> {
+        match flushed {
+            Flushed::Recorded => {
+                self.health.answered();
+                add(counter);
+            }
+            Flushed::Lost => self.lost(target, id, *uncertain),
+            Flushed::Failed(e) if e.is_connection() || matches!(*e, Error::Database(_)) => {
+                *uncertain |= matches!(*e, Error::OutcomeUnknown { .. });
+                self.health.failed("recording results", &e);
+                return ControlFlow::Continue(());
+            }
+            Flushed::Failed(e) => {
+                tracing::warn!("row {id}: its result could not be recorded: {e}");
+                target.give_up(std::slice::from_ref(id));
+                add(&self.tally.given_up);
+            }
+            Flushed::TimedOut => {
+                *uncertain = true;
+                if target.abandon_if_unsure().await {
+                    add(&self.tally.given_up);
+                    return ControlFlow::Break(());
+                }
+                self.health
+                    .unreachable("recording results", &"no answer in time");
+                return ControlFlow::Continue(());
+            }
+        }
+        ControlFlow::Break(())
+    }
+
+    /// The claim no longer held the row when its result came.
+    fn lost(&self, target: &T, id: &RowId, uncertain: bool) {
+        if uncertain {
+            tracing::debug!(
+                "row {id}: its result was most likely recorded before the connection broke"
+            );
+            return add(&self.tally.unconfirmed);
+        }
+        if !target.lease().abandoned() {
+            tracing::warn!(
+                "row {id}: its result was refused: the row is no longer this worker's \
+                 (its lease expired and another worker took it, or it was cancelled)"
+            );
+        }
+        add(self.tally.gone(target.lease()));
+    }
+
+    /// The result could not be recorded in time: the row is let go.
+    fn give_up(&self, target: &T, id: &RowId) {
+        if self.renews {
+            tracing::debug!("row {id}: result not recorded before its lease may end; given up");
+        } else {
+            tracing::warn!(
+                "row {id}: its result could not be recorded, and without a lease column it stays \
+                 claimed: give it back with `rowclaim release`"
+            );
+        }
+        target.give_up(std::slice::from_ref(id));
+        add(&self.tally.given_up);
+    }
+}

@@ -1,0 +1,128 @@
+//! The worker's report: one count per way a row can end, each also recorded as its metric.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::lease::Lease;
+use crate::metrics::WorkerMetrics;
+use crate::worker::WorkerReport;
+
+/// One count of the worker's report, also recorded as its metric.
+pub(super) struct Count {
+    n: AtomicU64,
+    metric: metrics::Counter,
+}
+
+impl Count {
+    fn new(metric: &metrics::Counter) -> Count {
+        Count {
+            n: AtomicU64::new(0),
+            metric: metric.clone(),
+        }
+    }
+
+    pub(super) fn add(&self, k: u64) {
+        self.n.fetch_add(k, Ordering::Relaxed);
+        self.metric.increment(k);
+    }
+
+    pub(super) fn get(&self) -> u64 {
+        self.n.load(Ordering::Relaxed)
+    }
+}
+
+pub(super) struct Tally {
+    pub(super) completed: Count,
+    pub(super) retried: Count,
+    pub(super) failed: Count,
+    pub(super) dead: Count,
+    pub(super) released: Count,
+    pub(super) snoozed: Count,
+    pub(super) lost: Count,
+    pub(super) given_up: Count,
+    pub(super) unconfirmed: Count,
+}
+
+pub(super) fn add(counter: &Count) {
+    counter.add(1);
+}
+
+/// Which count a recorded result goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Counter {
+    Completed,
+    Retried,
+    Failed,
+    Dead,
+    Released,
+    Snoozed,
+}
+
+impl Tally {
+    pub(super) fn new(m: &WorkerMetrics) -> Tally {
+        Tally {
+            completed: Count::new(&m.completed),
+            retried: Count::new(&m.retried),
+            failed: Count::new(&m.failed),
+            dead: Count::new(&m.dead),
+            released: Count::new(&m.released),
+            snoozed: Count::new(&m.snoozed),
+            lost: Count::new(&m.leases_lost),
+            given_up: Count::new(&m.given_up),
+            unconfirmed: Count::new(&m.unconfirmed),
+        }
+    }
+
+    /// Counts that go to no metric, for tests.
+    #[cfg(test)]
+    pub(super) fn detached() -> Tally {
+        let c = || Count::new(&metrics::Counter::noop());
+        Tally {
+            completed: c(),
+            retried: c(),
+            failed: c(),
+            dead: c(),
+            released: c(),
+            snoozed: c(),
+            lost: c(),
+            given_up: c(),
+            unconfirmed: c(),
+        }
+    }
+
+    pub(super) fn of(&self, c: Counter) -> &Count {
+        match c {
+            Counter::Completed => &self.completed,
+            Counter::Retried => &self.retried,
+            Counter::Failed => &self.failed,
+            Counter::Dead => &self.dead,
+            Counter::Released => &self.released,
+            Counter::Snoozed => &self.snoozed,
+        }
+    }
+
+    /// Where a row of a claim under `lease` that is gone counts: given up when this worker let
+    /// the whole claim go itself, lost when another worker (or a cancel) took it.
+    pub(super) fn gone(&self, lease: &Lease) -> &Count {
+        if lease.abandoned() {
+            &self.given_up
+        } else {
+            &self.lost
+        }
+    }
+
+    pub(super) fn report(&self, outages: u64, interrupted: bool) -> WorkerReport {
+        WorkerReport {
+            completed: self.completed.get(),
+            retried: self.retried.get(),
+            failed: self.failed.get(),
+            dead: self.dead.get(),
+            released: self.released.get(),
+            snoozed: self.snoozed.get(),
+            lost: self.lost.get(),
+            given_up: self.given_up.get(),
+            unconfirmed: self.unconfirmed.get(),
+            outages,
+            interrupted,
+        }
+    }
+}
