@@ -56,13 +56,13 @@ fn expired_cond<D: Dialect>(m: &Mapping) -> Option<String> {
 /// one on `(status, …)`) serves it in the source's order, however many finished rows the table
 /// keeps.
 pub(crate) fn ready_arm<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> String {
-    ready_cond::<D>(m) + &layer_conditions(m, b)
+    ready_cond::<D>(m) + layer_conditions(m, b).as_str()
 }
 
 /// The second arm: claimed rows whose lease has expired (None without a lease column). Few rows
 /// are claimed at any time, so an index over claimed rows keeps this cheap.
 pub(crate) fn expired_arm<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> Option<String> {
-    Some(expired_cond::<D>(m)? + &layer_conditions(m, b))
+    Some(expired_cond::<D>(m)? + layer_conditions(m, b).as_str())
 }
 
 /// A query for up to `limit` rows a claim may take, without locking them: rows with an expired

@@ -61,3 +61,25 @@ impl Lease {
         self.abandoned.load(Ordering::Relaxed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_row_starts_only_while_a_quarter_of_its_lease_is_left() {
+        let lease = Lease::new(Duration::from_secs(40), Instant::now());
+        assert!(lease.may_start(true));
+        tokio::time::advance(Duration::from_secs(29)).await;
+        assert!(lease.may_start(true), "11 s of 40 left");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(!lease.may_start(true), "10 s of 40 left: no margin");
+        assert!(lease.may_start(false), "a claim that never expires");
+        // A renewal sent now moves the end on; an older confirmation does not move it back.
+        lease.confirm(Instant::now());
+        assert!(lease.may_start(true));
+        lease.confirm(Instant::now() - Duration::from_secs(35));
+        assert!(lease.may_start(true));
+        assert_eq!(lease.end(), Instant::now() + Duration::from_secs(40));
+    }
+}
