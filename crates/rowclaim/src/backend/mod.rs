@@ -66,13 +66,18 @@ pub(crate) trait Catalog: Send + Sync {
     async fn probe_filter(&self, m: &Mapping) -> Result<()>;
 }
 
-/// The claim store role: taking rows, and everything done to rows a token holds. The reports
-/// are written once for every driver (`once::stats`, `once::backlog`), over the driver's
-/// [`run::Run`].
+/// The claim role: taking rows, one function per strategy, all of its SQL in the driver's
+/// `claim.rs`.
+#[async_trait::async_trait]
+pub(crate) trait Claims: Send + Sync {
+    /// Takes up to `a.batch` rows with the strategy `a.strategy`.
+    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>>;
+}
+
+/// The claim store role: everything done to rows a token holds, locking reads, looks at a
+/// source's rows and its counts. What every driver runs alike is written once (`once.rs`).
 #[async_trait::async_trait]
 pub(crate) trait ClaimStore: Send + Sync {
-    /// Takes up to `batch` rows.
-    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>>;
     /// Moves rows a token holds to `outcome`; returns how many changed. With [`Target::Ids`] it
     /// changes all of them or none.
     async fn settle(
@@ -153,8 +158,9 @@ pub(crate) trait ClaimStore: Send + Sync {
 }
 
 /// One of the databases this build has a driver for: the one door to them is its role
-/// accessors ([`Backend::claims`], [`Backend::catalog`], [`Backend::inspect`]; a role written
-/// once over [`run::Run`] in a layer above has an accessor of its own there).
+/// accessors ([`Backend::claims`], [`Backend::store`], [`Backend::catalog`],
+/// [`Backend::inspect`]; a role written once over [`run::Run`] in a layer above has an
+/// accessor of its own there).
 #[derive(Clone, Debug)]
 pub(crate) enum Backend {
     #[cfg(feature = "postgres")]
@@ -253,8 +259,13 @@ macro_rules! dispatch {
 pub(crate) use dispatch;
 
 impl Backend {
+    /// The claim role.
+    pub(crate) fn claims(&self) -> &dyn Claims {
+        dispatch!(self, d => d)
+    }
+
     /// The claim store role.
-    pub(crate) fn claims(&self) -> &dyn ClaimStore {
+    pub(crate) fn store(&self) -> &dyn ClaimStore {
         dispatch!(self, d => d)
     }
 

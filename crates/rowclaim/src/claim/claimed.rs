@@ -118,7 +118,7 @@ impl Claim {
             let Some(h) = held.as_mut() else {
                 return Err(self.lost(self.forget_all()));
             };
-            let b = self.claimer.inner.db.backend.claims();
+            let b = self.claimer.inner.db.backend.store();
             return b
                 .held_extend(h, lease)
                 .await
@@ -186,7 +186,7 @@ impl Claim {
             let list = IdList::new(c.m.id_kind, std::slice::from_ref(id))?;
             if let Err(e) =
                 c.db.backend
-                    .claims()
+                    .store()
                     .held_settle(h, &c.m, &list, outcome)
                     .await
             {
@@ -258,7 +258,7 @@ impl Claim {
         let token = self.token.to_string();
         let each = retry_transient!(
             c.db.backend
-                .claims()
+                .store()
                 .settle_each(&c.m, c.strategy, &token, &list, outcome.clone())
                 .await
         )

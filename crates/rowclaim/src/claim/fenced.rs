@@ -69,7 +69,7 @@ impl Claimer {
     async fn fenced(&self, token: &Token, ids: &[RowId], change: Change) -> Result<u64> {
         self.check_by_token(change.verb())?;
         let i = &self.inner;
-        let (b, t) = (i.db.backend.claims(), token.to_string());
+        let (b, t) = (i.db.backend.store(), token.to_string());
         let lost = |ids: Vec<RowId>| Error::LeaseLost {
             token: t.clone(),
             ids,

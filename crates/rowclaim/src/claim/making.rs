@@ -59,13 +59,7 @@ impl Db {
                 );
             }
         }
-        Ok(Claimer::new(
-            self.clone(),
-            mapping,
-            chosen,
-            server,
-            recorded,
-        ))
+        Claimer::new(self.clone(), mapping, chosen, server, recorded)
     }
 
     /// `source` checked against the live table (completed by `layer`, when a layer above owns

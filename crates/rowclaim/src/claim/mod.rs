@@ -19,14 +19,16 @@ mod words;
 pub(crate) use choice::auto_choice;
 pub use claimed::{Claim, LockedRows};
 pub use rows::{RowFilter, SourceRow};
-pub use words::{Backlog, ClaimedRow, Token};
+pub use words::{Backlog, ClaimedRow};
 
 use std::collections::HashSet;
 use std::fmt;
+use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, Notify};
 
 use crate::backend::{retry_transient, ClaimArgs, Claimed, Held, Outcome, Resolved, ServerInfo};
@@ -35,6 +37,33 @@ use crate::mapping::{Fragment, Lifecycle, Mapping, Naming};
 use crate::value::IdList;
 use crate::{Db, Error, LockMode, LockWait, Result, RowId, Stats, Strategy};
 use fenced::{check_lease, unknown_if_cut, Change};
+
+/// The name of one claim: a fresh UUID v7. Every later change to the claim's rows is conditional
+/// on it (fencing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Token(uuid::Uuid);
+
+impl Token {
+    pub(crate) fn new() -> Token {
+        Token(uuid::Uuid::now_v7())
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.hyphenated().fmt(f)
+    }
+}
+
+impl FromStr for Token {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Token> {
+        uuid::Uuid::parse_str(s.trim())
+            .map(Token)
+            .map_err(|_| Error::InvalidInput(format!("token {s:?} is not a UUID")))
+    }
+}
 
 /// Takes claims on one source with one strategy. Cheap to clone; share it between tasks.
 #[derive(Clone, Debug)]
@@ -47,6 +76,8 @@ struct Inner {
     db: Db,
     m: Mapping,
     strategy: Strategy,
+    /// The strategy as the driver runs it.
+    resolved: Resolved,
     server: ServerInfo,
     /// Whether the table's record in the source registry is known to agree with this claimer's
     /// mapping: found so when the claimer was made (or a layer above owns the table, which has
@@ -141,18 +172,19 @@ impl Claimer {
         strategy: Strategy,
         server: ServerInfo,
         recorded: bool,
-    ) -> Claimer {
-        Claimer {
+    ) -> Result<Claimer> {
+        Ok(Claimer {
             inner: Arc::new(Inner {
                 db,
                 m,
                 strategy,
+                resolved: Resolved::of(strategy)?,
                 recorded: AtomicBool::new(recorded),
                 server,
                 rescue: StdMutex::default(),
                 shape: None,
             }),
-        }
+        })
     }
 
     /// This claimer with its claims shaped by a layer above (which made it).
@@ -163,6 +195,7 @@ impl Claimer {
                 db: i.db.clone(),
                 m: i.m.clone(),
                 strategy: i.strategy,
+                resolved: i.resolved,
                 recorded: AtomicBool::new(i.recorded.load(Ordering::Relaxed)),
                 server: i.server.clone(),
                 rescue: StdMutex::default(),
@@ -244,14 +277,24 @@ impl Claimer {
             i.db.record(&i.m, i.strategy).await?;
             i.recorded.store(true, Ordering::Relaxed);
         }
+        // Only strategies that look for candidates in two arms can leave the expired arm out
+        // (see RESCUE_EVERY); for the others, and without a lease column, nothing to throttle.
+        let throttled = i.m.lease.is_some()
+            && matches!(
+                i.strategy,
+                Strategy::SkipLocked | Strategy::Token | Strategy::Optimistic
+            );
         let mut rounds = 0;
         loop {
             let token = Token::new();
             let token_text = token.to_string();
-            let expired = self.look_at_expired();
+            let expired = {
+                let r = i.rescue.lock().unwrap_or_else(|p| p.into_inner());
+                !throttled || r.short || r.last.is_none_or(|t| t.elapsed() >= RESCUE_EVERY)
+            };
             let args = ClaimArgs {
                 m: &i.m,
-                strategy: Resolved::of(i.strategy)?,
+                strategy: i.resolved,
                 batch: how.batch,
                 lease: how.lease,
                 token: &token_text,
@@ -287,21 +330,7 @@ impl Claimer {
         }
     }
 
-    /// Whether this claim also looks for rows whose lease expired (see [`RESCUE_EVERY`]). Only
-    /// strategies that look for candidates in two arms can leave that arm out; for the others
-    /// (and without a lease column) there is nothing to throttle.
-    fn look_at_expired(&self) -> bool {
-        let i = &self.inner;
-        let throttled = i.m.lease.is_some()
-            && matches!(
-                i.strategy,
-                Strategy::SkipLocked | Strategy::Token | Strategy::Optimistic
-            );
-        let r = i.rescue.lock().unwrap_or_else(|p| p.into_inner());
-        !throttled || r.short || r.last.is_none_or(|t| t.elapsed() >= RESCUE_EVERY)
-    }
-
-    /// Notes how a claim went, for [`Claimer::look_at_expired`].
+    /// Notes how a claim went, for the next one's look at expired leases.
     fn claimed(&self, short: bool, expired: bool) {
         let mut r = self.inner.rescue.lock().unwrap_or_else(|p| p.into_inner());
         r.short = short;
@@ -395,7 +424,7 @@ impl Claimer {
         let (held, rows) = i
             .db
             .backend
-            .claims()
+            .store()
             .lock_rows(&i.m, list.as_ref(), limit, mode, wait)
             .await
             .map_err(|e| match e {
@@ -412,14 +441,14 @@ impl Claimer {
     /// Row counts by status, claims by owner and expired leases.
     pub async fn stats(&self) -> Result<Stats> {
         let i = &self.inner;
-        i.db.backend.claims().stats(&i.m, i.strategy).await
+        i.db.backend.store().stats(&i.m, i.strategy).await
     }
 
     /// How much work is left: ready rows (where rows have a due time: due, or awaiting a retry)
     /// and claimed rows, within the source's filter (and what a layer above counts as its work).
     pub async fn backlog(&self) -> Result<Backlog> {
         let i = &self.inner;
-        let (ready, claimed, scheduled) = i.db.backend.claims().backlog(&i.m).await?;
+        let (ready, claimed, scheduled) = i.db.backend.store().backlog(&i.m).await?;
         Ok(Backlog {
             ready,
             claimed,

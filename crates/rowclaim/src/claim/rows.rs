@@ -127,7 +127,7 @@ impl Claimer {
         let changed = retry_transient!(
             self.db()
                 .backend
-                .claims()
+                .store()
                 .release_row(m, self.strategy(), &id, holder)
                 .await
         )?;
@@ -136,7 +136,7 @@ impl Claimer {
 
     async fn look(&self, q: &RowQuery) -> Result<Vec<SourceRow>> {
         let m = self.mapping();
-        let found = retry_transient!(self.db().backend.claims().rows(m, self.strategy(), q).await)?;
+        let found = retry_transient!(self.db().backend.store().rows(m, self.strategy(), q).await)?;
         found
             .into_iter()
             .map(|(data, status, owner, lease_ms)| {

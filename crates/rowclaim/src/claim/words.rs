@@ -1,39 +1,8 @@
-//! The values a claim hands out and takes: its [`Token`], its rows, a source's counts, the
-//! modes of a locking read.
-
-use std::fmt;
-use std::str::FromStr;
+//! The values a claim hands out: its rows, and the work left in a source.
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, Result, RowId};
-
-/// The name of one claim: a fresh UUID v7. Every later change to the claim's rows is conditional
-/// on it (fencing).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Token(uuid::Uuid);
-
-impl Token {
-    pub(crate) fn new() -> Token {
-        Token(uuid::Uuid::now_v7())
-    }
-}
-
-impl fmt::Display for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.hyphenated().fmt(f)
-    }
-}
-
-impl FromStr for Token {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Token> {
-        uuid::Uuid::parse_str(s.trim())
-            .map(Token)
-            .map_err(|_| Error::InvalidInput(format!("token {s:?} is not a UUID")))
-    }
-}
+use crate::RowId;
 
 /// One claimed row: its id and all its columns as a JSON object (as they are after the claim).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

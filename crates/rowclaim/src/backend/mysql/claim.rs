@@ -3,18 +3,21 @@
 
 use super::*;
 
-impl My {
-    /// Takes up to `a.batch` rows with the strategy `a.strategy`.
-    pub(super) async fn claim_rows(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
-        match a.strategy {
+#[async_trait::async_trait]
+impl Claims for My {
+    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+        let claimed = match a.strategy {
             Resolved::SkipLocked => self.skip_locked(a).await,
             Resolved::Token => self.token(a).await,
             Resolved::Optimistic => self.optimistic(a).await,
             Resolved::LeaseTable => self.lease_table(a).await,
             Resolved::Transaction => self.in_transaction(a).await,
-        }
+        }?;
+        Ok(claimed.map_held(Held::MySql))
     }
+}
 
+impl My {
     /// The `skip-locked` strategy on MySQL/MariaDB: one transaction: lock the first unlocked
     /// candidates ([`skip_locked_pick`]), mark them ours ([`mark_sql`]), read them back
     /// ([`rows_sql`]). On a Galera cluster the rows are read back by token after the commit

@@ -26,8 +26,8 @@ use super::once;
 use super::run::binder_queries;
 use super::sql::{self, Binder, Dialect, Stmt, Value};
 use super::{
-    Catalog, ClaimArgs, ClaimStore, Claimed, Held, Outcome, Resolved, ServerInfo, ServerKind,
-    Target,
+    Catalog, ClaimArgs, ClaimStore, Claimed, Claims, Held, Outcome, Resolved, ServerInfo,
+    ServerKind, Target,
 };
 use crate::error::DbKind;
 use crate::mapping::{status_literal, ColType, Column, Mapping, TableName};

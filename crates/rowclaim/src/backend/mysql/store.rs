@@ -10,10 +10,6 @@ type TextRow = (String, Option<String>, Option<String>, Option<i64>);
 
 #[async_trait::async_trait]
 impl ClaimStore for My {
-    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
-        Ok(self.claim_rows(a).await?.map_held(Held::MySql))
-    }
-
     async fn settle(
         &self,
         m: &Mapping,

@@ -3,18 +3,21 @@
 
 use super::*;
 
-impl Pg {
-    /// Takes up to `a.batch` rows with the strategy `a.strategy`.
-    pub(super) async fn claim_rows(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
-        match a.strategy {
+#[async_trait::async_trait]
+impl Claims for Pg {
+    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+        let claimed = match a.strategy {
             Resolved::SkipLocked => self.skip_locked(a).await,
             Resolved::Token => self.token(a).await,
             Resolved::Optimistic => self.optimistic(a).await,
             Resolved::LeaseTable => self.lease_table(a).await,
             Resolved::Transaction => self.in_transaction(a).await,
-        }
+        }?;
+        Ok(claimed.map_held(Held::Postgres))
     }
+}
 
+impl Pg {
     /// The `skip-locked` strategy on PostgreSQL: one statement ([`skip_locked_sql`]) locks the
     /// first unlocked candidates, marks them ours and returns them.
     async fn skip_locked(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
@@ -153,7 +156,7 @@ pub(crate) fn skip_locked_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
 /// extra values it asks for, each under its own name.
 fn returning(m: &Mapping, b: &mut B) -> String {
     let Some(l) = &m.lifecycle else {
-        return claimed_json(m);
+        return "to_jsonb(t)".to_owned(); // the whole row, as `claimed_json` has it
     };
     let mut cols: Vec<String> = l
         .carried

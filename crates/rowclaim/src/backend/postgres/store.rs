@@ -8,10 +8,6 @@ use crate::backend::{RowQuery, StoredRow};
 
 #[async_trait::async_trait]
 impl ClaimStore for Pg {
-    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
-        Ok(self.claim_rows(a).await?.map_held(Held::Postgres))
-    }
-
     async fn settle(
         &self,
         m: &Mapping,

@@ -10,59 +10,48 @@ use crate::mapping::{status_literal, Mapping};
 use crate::Result;
 
 /// Rows a claim may take: ready (and due, where rows have a due time), or claimed with an
-/// expired lease; and what a layer above asks of a claimable row. This is the recheck a
+/// expired lease; each meeting what a layer above asks of a claimable row. This is the recheck a
 /// statement applies to rows it already named; to *find* rows use [`candidates`] (or the two
 /// arms), because one OR across both kinds can use neither kind's index.
 pub(crate) fn claimable<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> String {
-    let ready = ready_cond::<D>(m);
-    let mut cond = match expired_cond::<D>(m) {
+    let ready = ready_arm(m, b);
+    match expired_arm(m, b) {
         Some(expired) => format!("(({ready}) OR ({expired}))"),
         None => format!("({ready})"),
-    };
-    cond.push_str(&layer_conditions(m, b));
-    cond
-}
-
-/// What a layer above asks of a claimable row, as ` AND (…)` each; empty for a user's table.
-fn layer_conditions<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> String {
-    m.lifecycle
-        .as_ref()
-        .map(|l| and_each(&l.claimable, b))
-        .unwrap_or_default()
-}
-
-/// Ready, and due where rows have a due time. (Status values are literals: nothing to bind.)
-fn ready_cond<D: Dialect>(m: &Mapping) -> String {
-    let mut cond = format!("{} = {}", m.status, status_literal(&m.ready));
-    if let Some(l) = &m.lifecycle {
-        cond.push_str(&format!(" AND {} <= {}", l.due, D::NOW));
     }
-    cond
-}
-
-/// Claimed with an expired lease; None without a lease column.
-fn expired_cond<D: Dialect>(m: &Mapping) -> Option<String> {
-    let le = m.lease.as_ref()?;
-    Some(format!(
-        "{} = {} AND {le} < {}",
-        m.status,
-        status_literal(&m.claimed),
-        D::NOW
-    ))
 }
 
 /// The first arm of a claim: ready rows (and due, where rows have a due time) that meet the
 /// conditions of a layer above. An equality on status, so a partial index over ready rows (or
 /// one on `(status, …)`) serves it in the source's order, however many finished rows the table
-/// keeps.
+/// keeps. (Status values are literals: nothing to bind.)
 pub(crate) fn ready_arm<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> String {
-    ready_cond::<D>(m) + layer_conditions(m, b).as_str()
+    let mut cond = format!("{} = {}", m.status, status_literal(&m.ready));
+    if let Some(l) = &m.lifecycle {
+        cond.push_str(&format!(" AND {} <= {}", l.due, D::NOW));
+    }
+    cond + layer_conditions(m, b).as_str()
 }
 
 /// The second arm: claimed rows whose lease has expired (None without a lease column). Few rows
 /// are claimed at any time, so an index over claimed rows keeps this cheap.
 pub(crate) fn expired_arm<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> Option<String> {
-    Some(expired_cond::<D>(m)? + layer_conditions(m, b).as_str())
+    let le = m.lease.as_ref()?;
+    let cond = format!(
+        "{} = {} AND {le} < {}",
+        m.status,
+        status_literal(&m.claimed),
+        D::NOW
+    );
+    Some(cond + layer_conditions(m, b).as_str())
+}
+
+/// What a layer above asks of a claimable row, as ` AND (…)` each; empty for a user's table.
+fn layer_conditions<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> String {
+    match &m.lifecycle {
+        Some(l) => and_each(&l.claimable, b),
+        None => String::new(),
+    }
 }
 
 /// A query for up to `limit` rows a claim may take, without locking them: rows with an expired

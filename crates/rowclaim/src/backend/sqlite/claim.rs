@@ -3,10 +3,10 @@
 
 use super::*;
 
-impl Lite {
-    /// Takes up to `a.batch` rows with the strategy `a.strategy`.
-    pub(super) async fn claim_rows(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
-        match a.strategy {
+#[async_trait::async_trait]
+impl Claims for Lite {
+    async fn claim(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Held>> {
+        let claimed = match a.strategy {
             Resolved::SkipLocked => Err(Error::UnsupportedStrategy {
                 strategy: Strategy::SkipLocked,
                 reason: "SQLite has no SKIP LOCKED (it has one writer at a time)".into(),
@@ -15,9 +15,12 @@ impl Lite {
             Resolved::Optimistic => self.optimistic(a).await,
             Resolved::LeaseTable => self.lease_table(a).await,
             Resolved::Transaction => self.in_transaction(a).await,
-        }
+        }?;
+        Ok(claimed.map_held(Held::Sqlite))
     }
+}
 
+impl Lite {
     /// The `token` strategy on SQLite: one statement ([`token_sql`]) under the write lock:
     /// nobody else can take the same rows.
     async fn token(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
