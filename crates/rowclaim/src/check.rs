@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::backend::{Lookup, Need, Reads, Resolved};
+use crate::backend::{Lookup, Need, Reads, Resolved, ServerInfo};
 use crate::claim::auto_choice;
 use crate::claim::Layer;
 use crate::mapping::{Mapping, TableName};
@@ -109,56 +109,9 @@ impl Db {
             self.record_of(&m).await?
         };
 
-        // What auto picks, following the table's record as a claimer's auto does.
-        let (mut auto, mut auto_reason) = auto_choice(&server, &m);
-        if let Some(r) = &record {
-            let followed = crate::registry::follow_record(auto, Strategy::Auto, r);
-            if followed != auto {
-                auto = followed;
-                auto_reason = format!(
-                    "the table's record in rowclaim_sources keeps its claims in rowclaim_leases \
-                     (recorded by a claimer with strategy {}), and every claimer must keep them \
-                     where it does",
-                    r.strategy
-                );
-            }
-        }
-
-        let mut findings = Vec::new();
-        let strategy = match asked {
-            Strategy::Auto => {
-                findings.push(Finding::ok(
-                    Topic::Strategy,
-                    format!("auto picks {auto}: {auto_reason}"),
-                ));
-                auto
-            }
-            _ => match asked.resolve(&server, &m) {
-                Ok(s) => {
-                    findings.push(Finding::ok(
-                        Topic::Strategy,
-                        format!("{s}, as asked (auto would pick {auto}: {auto_reason})"),
-                    ));
-                    s
-                }
-                Err(Error::UnsupportedStrategy { reason, .. }) => {
-                    findings.push(
-                        Finding::new(
-                            Topic::Strategy,
-                            Severity::Error,
-                            format!(
-                                "strategy {asked} cannot be used here: {reason}. The checks \
-                                 below are for auto's pick, {auto} ({auto_reason})"
-                            ),
-                        )
-                        .fix(format!("--strategy {auto} (or leave it to auto)")),
-                    );
-                    auto
-                }
-                Err(e) => return Err(e),
-            },
-        };
-
+        let (auto, auto_reason) = auto_following(&server, &m, record.as_ref());
+        let (strategy, said) = strategy_finding(asked, &server, &m, auto, &auto_reason)?;
+        let mut findings = vec![said];
         if !owned {
             findings.push(self.registry_finding(&m, strategy, record.as_ref()).await?);
         }
@@ -387,6 +340,59 @@ impl Db {
             )
             .fix("keep the clocks of the database server and of this machine in sync (NTP)")
         })
+    }
+}
+
+/// What auto picks on this server for this mapping, and why, following the table's record as a
+/// claimer's auto does.
+fn auto_following(
+    server: &ServerInfo,
+    m: &Mapping,
+    record: Option<&RecordedSource>,
+) -> (Strategy, String) {
+    let (auto, reason) = auto_choice(server, m);
+    match record {
+        Some(r) if crate::registry::follow_record(auto, Strategy::Auto, r) != auto => (
+            crate::registry::follow_record(auto, Strategy::Auto, r),
+            format!(
+                "the table's record in rowclaim_sources keeps its claims in rowclaim_leases \
+                 (recorded by a claimer with strategy {}), and every claimer must keep them \
+                 where it does",
+                r.strategy
+            ),
+        ),
+        _ => (auto, reason),
+    }
+}
+
+/// The strategy the checks are for (the one asked for, or auto's pick when that one cannot
+/// run here), and the finding that says so.
+fn strategy_finding(
+    asked: Strategy,
+    server: &ServerInfo,
+    m: &Mapping,
+    auto: Strategy,
+    auto_reason: &str,
+) -> Result<(Strategy, Finding)> {
+    if asked == Strategy::Auto {
+        let said = format!("auto picks {auto}: {auto_reason}");
+        return Ok((auto, Finding::ok(Topic::Strategy, said)));
+    }
+    match asked.resolve(server, m) {
+        Ok(s) => {
+            let said = format!("{s}, as asked (auto would pick {auto}: {auto_reason})");
+            Ok((s, Finding::ok(Topic::Strategy, said)))
+        }
+        Err(Error::UnsupportedStrategy { reason, .. }) => {
+            let said = format!(
+                "strategy {asked} cannot be used here: {reason}. The checks below are for \
+                 auto's pick, {auto} ({auto_reason})"
+            );
+            let finding = Finding::new(Topic::Strategy, Severity::Error, said)
+                .fix(format!("--strategy {auto} (or leave it to auto)"));
+            Ok((auto, finding))
+        }
+        Err(e) => Err(e),
     }
 }
 

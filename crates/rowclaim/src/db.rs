@@ -205,7 +205,8 @@ fn not_built(url: &str, feature: &str, database: &str) -> Error {
 
 #[cfg(feature = "postgres")]
 async fn connect_postgres(url: &str, opts: &ConnectOptions) -> Result<(Backend, String)> {
-    use crate::backend::postgres::route::{first_wanted, Route, Target};
+    use crate::backend::postgres::route::{first_wanted, Route};
+    use crate::backend::postgres::target::Target;
     let bad = |why: String| Error::InvalidInput(format!("database URL {}: {why}", redact(url)));
     let mut target = Target::parse(url).map_err(bad)?;
     if target.pooled && opts.async_commit {
@@ -262,7 +263,7 @@ async fn connect_postgres(url: &str, opts: &ConnectOptions) -> Result<(Backend, 
 /// The direct URL LISTEN connects to when the pool goes through a pooler.
 #[cfg(feature = "postgres")]
 fn listen_options(listen_url: &str) -> Result<PgConnectOptions> {
-    use crate::backend::postgres::route::Target;
+    use crate::backend::postgres::target::Target;
     let bad = |why: &str| {
         Error::InvalidInput(format!("listen database URL {}: {why}", redact(listen_url)))
     };

@@ -247,91 +247,24 @@ impl Source {
         if columns.is_empty() {
             return Err(Error::MissingTable { table });
         }
-        let find = |name: &str, what: &'static str| -> Result<&Column> {
-            columns
-                .iter()
-                .find(|c| c.name.eq_ignore_ascii_case(name))
-                .ok_or_else(|| Error::MissingColumn {
-                    table: table.clone(),
-                    column: name.to_owned(),
-                    what,
-                })
+        let live = Live {
+            table: &table,
+            columns,
+            naming,
         };
-        let wrong =
-            |c: &Column, what: &'static str, expected: &'static str| Error::WrongColumnType {
-                table: table.clone(),
-                column: c.name.clone(),
-                what,
-                expected,
-                found: c.sql_type.clone(),
-            };
-        let key_kind = |c: &Column, what: &'static str| match c.ty {
-            ColType::Int => Ok(Kind::Int),
-            ColType::Text { .. } => Ok(Kind::Text),
-            _ => Err(wrong(c, what, "an integer or text type")),
-        };
-
         // Quote the catalog's spelling: a row's JSON keys are the catalog's names too.
-        let id_col = find(&p.id, "id column")?;
-        let id_kind = key_kind(id_col, "id column")?;
-        let status_col = find(&p.status, "status column")?;
-        let status_kind = key_kind(status_col, "status column")?;
-        let status = |v: &str, what: &str| {
-            check_status_value(v, what)?;
-            // A value the column cannot hold would fail only at the first claim or settle, as
-            // the database's "value too long" about a column the user did not name.
-            if let ColType::Text { max_len: Some(n) } = status_col.ty {
-                let len = v.chars().count();
-                if len > n as usize {
-                    return Err(Error::InvalidInput(format!(
-                        "{what} {v:?} has {len} characters, but the status column {} of {} \
-                         holds at most {n} ({})",
-                        status_col.name, p.table.display, status_col.sql_type
-                    )));
-                }
-            }
-            status_kind.parse(v, what)
-        };
-
-        let owner = match &p.owner {
-            None => None,
-            Some(o) => {
-                let c = find(o, "owner column")?;
-                match c.ty {
-                    ColType::Text { max_len } if max_len.is_none_or(|n| n >= 36) => {}
-                    _ => return Err(wrong(c, "owner column", "text that holds 36 characters")),
-                }
-                Some((naming.quote)(&c.name))
-            }
-        };
-        let lease = match &p.lease {
-            None => None,
-            Some(l) => {
-                let c = find(l, "lease column")?;
-                if c.ty != naming.lease_column {
-                    return Err(wrong(c, "lease column", naming.lease_type));
-                }
-                Some((naming.quote)(&c.name))
-            }
-        };
-        let attempts = match &p.attempts {
-            None => None,
-            Some(a) => {
-                let c = find(a, "attempts column")?;
-                if c.ty != ColType::Int {
-                    return Err(wrong(c, "attempts column", "an integer type"));
-                }
-                Some((naming.quote)(&c.name))
-            }
-        };
+        let id_col = live.find(&p.id, "id column")?;
+        let id_kind = live.key_kind(id_col, "id column")?;
+        let status_col = live.find(&p.status, "status column")?;
+        let status = |v: &str, what: &str| live.status_value(status_col, v, what);
         let mut order = Vec::new();
         for (col, dir) in &p.order {
-            let c = find(col, "order-by column")?;
+            let c = live.find(col, "order-by column")?;
             order.push(format!("{} {dir}", (naming.quote)(&c.name)));
         }
         Ok(Mapping {
             table: p.table.quoted(naming.quote),
-            table_display: table,
+            table_display: table.clone(),
             source_key,
             id: (naming.quote)(&id_col.name),
             id_name: id_col.name.clone(),
@@ -341,9 +274,13 @@ impl Source {
             claimed: status(&self.claimed, "claimed value")?,
             done: status(&self.done, "done value")?,
             failed: status(&self.failed, "failed value")?,
-            owner,
-            lease,
-            attempts,
+            owner: p.owner.as_deref().map(|o| live.owner(o)).transpose()?,
+            lease: p.lease.as_deref().map(|l| live.lease(l)).transpose()?,
+            attempts: p
+                .attempts
+                .as_deref()
+                .map(|a| live.attempts(a))
+                .transpose()?,
             order_by: order.join(", "),
             filter: p.filter.map(|f| format!(" AND ({f})")).unwrap_or_default(),
             // Only plainly named columns go into a row's JSON: their names are safe as literals.
@@ -354,6 +291,94 @@ impl Source {
                 .collect(),
             lifecycle: None,
         })
+    }
+}
+
+/// A source's table as its catalog has it: what a mapping is checked against.
+struct Live<'a> {
+    table: &'a str,
+    columns: &'a [Column],
+    naming: &'a Naming,
+}
+
+impl Live<'_> {
+    /// The column `name`, given as the `what` (any case), or the error that names it.
+    fn find(&self, name: &str, what: &'static str) -> Result<&Column> {
+        self.columns
+            .iter()
+            .find(|c| c.name.eq_ignore_ascii_case(name))
+            .ok_or_else(|| Error::MissingColumn {
+                table: self.table.to_owned(),
+                column: name.to_owned(),
+                what,
+            })
+    }
+
+    /// The error for column `c`, the `what`, which must be `expected`.
+    fn wrong(&self, c: &Column, what: &'static str, expected: &'static str) -> Error {
+        Error::WrongColumnType {
+            table: self.table.to_owned(),
+            column: c.name.clone(),
+            what,
+            expected,
+            found: c.sql_type.clone(),
+        }
+    }
+
+    /// Whether the id or status column `c` holds integers or text.
+    fn key_kind(&self, c: &Column, what: &'static str) -> Result<Kind> {
+        match c.ty {
+            ColType::Int => Ok(Kind::Int),
+            ColType::Text { .. } => Ok(Kind::Text),
+            _ => Err(self.wrong(c, what, "an integer or text type")),
+        }
+    }
+
+    /// A status value, checked as a literal and against what the status column holds: a value
+    /// the column cannot hold would fail only at the first claim or settle, as the database's
+    /// "value too long" about a column the user did not name.
+    fn status_value(&self, status: &Column, v: &str, what: &str) -> Result<crate::RowId> {
+        check_status_value(v, what)?;
+        if let ColType::Text { max_len: Some(n) } = status.ty {
+            let len = v.chars().count();
+            if len > n as usize {
+                return Err(Error::InvalidInput(format!(
+                    "{what} {v:?} has {len} characters, but the status column {} of {} \
+                     holds at most {n} ({})",
+                    status.name, self.table, status.sql_type
+                )));
+            }
+        }
+        self.key_kind(status, "status column")?.parse(v, what)
+    }
+
+    /// The owner column, quoted: text that holds a token (36 characters).
+    fn owner(&self, name: &str) -> Result<String> {
+        let c = self.find(name, "owner column")?;
+        match c.ty {
+            ColType::Text { max_len } if max_len.is_none_or(|n| n >= 36) => {
+                Ok((self.naming.quote)(&c.name))
+            }
+            _ => Err(self.wrong(c, "owner column", "text that holds 36 characters")),
+        }
+    }
+
+    /// The lease column, quoted: of the type the dialect's lease arithmetic works with.
+    fn lease(&self, name: &str) -> Result<String> {
+        let c = self.find(name, "lease column")?;
+        if c.ty != self.naming.lease_column {
+            return Err(self.wrong(c, "lease column", self.naming.lease_type));
+        }
+        Ok((self.naming.quote)(&c.name))
+    }
+
+    /// The attempts column, quoted: an integer.
+    fn attempts(&self, name: &str) -> Result<String> {
+        let c = self.find(name, "attempts column")?;
+        if c.ty != ColType::Int {
+            return Err(self.wrong(c, "attempts column", "an integer type"));
+        }
+        Ok((self.naming.quote)(&c.name))
     }
 }
 

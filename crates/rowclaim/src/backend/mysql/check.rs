@@ -245,127 +245,14 @@ impl Inspect for My {
                 "system_time_zone",
             ])
             .await?;
-        let on = |name: &str| vars.get(name).is_some_and(|v| v.eq_ignore_ascii_case("ON"));
-        let mut found = Vec::new();
-
-        found.push(if on("read_only") || on("super_read_only") {
-            Finding::new(
-                Topic::Writable,
-                Severity::Error,
-                "the server is read-only (read_only is ON): a replica? Claims written here are \
-                 refused, or, by an administrator, written where no other claimer sees them",
-            )
-            .fix("connect to the primary")
-        } else {
-            Finding::ok(
-                Topic::Writable,
-                "the server takes writes (read_only is OFF)",
-            )
-        });
-
-        // MySQL 8 and MariaDB 11.1+ say transaction_isolation, older MariaDB tx_isolation.
-        let isolation = vars
-            .get("transaction_isolation")
-            .or_else(|| vars.get("tx_isolation"))
-            .cloned()
-            .unwrap_or_default();
-        found.push(match isolation.as_str() {
-            "REPEATABLE-READ" | "READ-COMMITTED" => Finding::ok(
-                Topic::Isolation,
-                format!(
-                    "{isolation} by default; rowclaim runs its own transactions at READ \
-                     COMMITTED, so a locking read keeps locks on the rows it returns only"
-                ),
-            ),
-            other => Finding::new(
-                Topic::Isolation,
-                Severity::Advice,
-                format!(
-                    "{other} by default; rowclaim runs its own transactions at READ COMMITTED, \
-                     but its single statements (the token and optimistic claims) run at {other}"
-                ),
-            ),
-        });
-
-        found.push(My::binlog_finding(&vars, strategy));
-
-        let server = self.server().await?;
-        found.push(
-            if server.supports(crate::Capability::RowLocksSeenByAllWriters) {
-                Finding::ok(
-                    Topic::Galera,
-                    "not a node of a Galera cluster (wsrep_on is off)",
-                )
-            } else {
-                let status = self
-                    .status(&["wsrep_cluster_size", "wsrep_local_state_comment"])
-                    .await?;
-                let size = status.get("wsrep_cluster_size").map_or("?", String::as_str);
-                let state = status
-                    .get("wsrep_local_state_comment")
-                    .map_or("unknown", String::as_str);
-                let said = format!(
-                    "a node of a {size}-node Galera cluster ({state}): a row lock holds off this \
-                 node's claimers only, so a claim counts once its commit is known (claims that \
-                 meet on two nodes conflict at commit and are tried again) and the transaction \
-                 strategy is refused; see DEPLOYING.md"
-                );
-                if state.eq_ignore_ascii_case("Synced") {
-                    Finding::new(Topic::Galera, Severity::Advice, said)
-                } else {
-                    Finding::new(Topic::Galera, Severity::Warning, said)
-                        .fix("claim on a node that is Synced with its cluster")
-                }
-            },
-        );
-
+        let mut found = vec![
+            writable_finding(&vars),
+            isolation_finding(&vars),
+            My::binlog_finding(&vars, strategy),
+            self.galera_finding().await?,
+        ];
         if let Some(lease) = &m.lease {
-            let name = unquoted(lease);
-            let column = columns.iter().find(|c| c.name.eq_ignore_ascii_case(&name));
-            let ty = column
-                .map(|c| c.sql_type.to_ascii_lowercase())
-                .unwrap_or_default();
-            let zone = vars.get("time_zone").map_or("?", String::as_str);
-            found.push(if ty.starts_with("timestamp") {
-                Finding::new(
-                    Topic::LeaseColumn,
-                    Severity::Warning,
-                    format!(
-                        "{}.{name} is {ty}: a TIMESTAMP is converted from and to each session's \
-                         time zone, so sessions whose time_zone differs (rowclaim's own use \
-                         {zone}, yours may not) read leases hours early or late, and may take \
-                         rows whose lease has not ended",
-                        m.table_display
-                    ),
-                )
-                .fix(format!(
-                    "ALTER TABLE {} MODIFY {lease} DATETIME(6) NULL; (rowclaim writes UTC into it)",
-                    m.table
-                ))
-            } else if ty == "datetime" {
-                Finding::new(
-                    Topic::LeaseColumn,
-                    Severity::Advice,
-                    format!(
-                        "{}.{name} is DATETIME: it holds whole seconds, so leases end up to a \
-                         second off; it holds UTC, whatever the time zone",
-                        m.table_display
-                    ),
-                )
-                .fix(format!(
-                    "ALTER TABLE {} MODIFY {lease} DATETIME(6) NULL;",
-                    m.table
-                ))
-            } else {
-                Finding::ok(
-                    Topic::LeaseColumn,
-                    format!(
-                        "{}.{name} is {ty} holding UTC (rowclaim writes UTC_TIMESTAMP(6)), \
-                         whatever a session's time zone",
-                        m.table_display
-                    ),
-                )
-            });
+            found.push(lease_finding(m, lease, columns, &vars));
         }
         Ok(found)
     }
@@ -498,5 +385,139 @@ mod tests {
         walk(&served, &names, "status", &mut j);
         assert_eq!(j.lookup().reads, Reads::Index("jobs_ready".into()));
         assert!(mentions("t.`status` = 'ready'", "status"));
+    }
+}
+
+/// Whether the server takes writes (`read_only`).
+fn writable_finding(vars: &BTreeMap<String, String>) -> Finding {
+    let on = |name: &str| vars.get(name).is_some_and(|v| v.eq_ignore_ascii_case("ON"));
+    if on("read_only") || on("super_read_only") {
+        Finding::new(
+            Topic::Writable,
+            Severity::Error,
+            "the server is read-only (read_only is ON): a replica? Claims written here are \
+             refused, or, by an administrator, written where no other claimer sees them",
+        )
+        .fix("connect to the primary")
+    } else {
+        Finding::ok(
+            Topic::Writable,
+            "the server takes writes (read_only is OFF)",
+        )
+    }
+}
+
+/// The default isolation, against the READ COMMITTED rowclaim runs its own transactions at.
+fn isolation_finding(vars: &BTreeMap<String, String>) -> Finding {
+    // MySQL 8 and MariaDB 11.1+ say transaction_isolation, older MariaDB tx_isolation.
+    let isolation = vars
+        .get("transaction_isolation")
+        .or_else(|| vars.get("tx_isolation"))
+        .cloned()
+        .unwrap_or_default();
+    match isolation.as_str() {
+        "REPEATABLE-READ" | "READ-COMMITTED" => Finding::ok(
+            Topic::Isolation,
+            format!(
+                "{isolation} by default; rowclaim runs its own transactions at READ \
+                 COMMITTED, so a locking read keeps locks on the rows it returns only"
+            ),
+        ),
+        other => Finding::new(
+            Topic::Isolation,
+            Severity::Advice,
+            format!(
+                "{other} by default; rowclaim runs its own transactions at READ COMMITTED, \
+                 but its single statements (the token and optimistic claims) run at {other}"
+            ),
+        ),
+    }
+}
+
+impl My {
+    /// Whether the server is a node of a Galera cluster, and how synced it is.
+    async fn galera_finding(&self) -> Result<Finding> {
+        let server = self.server().await?;
+        if server.supports(crate::Capability::RowLocksSeenByAllWriters) {
+            return Ok(Finding::ok(
+                Topic::Galera,
+                "not a node of a Galera cluster (wsrep_on is off)",
+            ));
+        }
+        let status = self
+            .status(&["wsrep_cluster_size", "wsrep_local_state_comment"])
+            .await?;
+        let size = status.get("wsrep_cluster_size").map_or("?", String::as_str);
+        let state = status
+            .get("wsrep_local_state_comment")
+            .map_or("unknown", String::as_str);
+        let said = format!(
+            "a node of a {size}-node Galera cluster ({state}): a row lock holds off this \
+             node's claimers only, so a claim counts once its commit is known (claims that \
+             meet on two nodes conflict at commit and are tried again) and the transaction \
+             strategy is refused; see DEPLOYING.md"
+        );
+        Ok(if state.eq_ignore_ascii_case("Synced") {
+            Finding::new(Topic::Galera, Severity::Advice, said)
+        } else {
+            Finding::new(Topic::Galera, Severity::Warning, said)
+                .fix("claim on a node that is Synced with its cluster")
+        })
+    }
+}
+
+/// The lease column's type: a TIMESTAMP moves with each session's time zone, a DATETIME holds
+/// whole seconds, a DATETIME(6) is as it should be.
+fn lease_finding(
+    m: &Mapping,
+    lease: &str,
+    columns: &[Column],
+    vars: &BTreeMap<String, String>,
+) -> Finding {
+    let name = unquoted(lease);
+    let column = columns.iter().find(|c| c.name.eq_ignore_ascii_case(&name));
+    let ty = column
+        .map(|c| c.sql_type.to_ascii_lowercase())
+        .unwrap_or_default();
+    let zone = vars.get("time_zone").map_or("?", String::as_str);
+    if ty.starts_with("timestamp") {
+        Finding::new(
+            Topic::LeaseColumn,
+            Severity::Warning,
+            format!(
+                "{}.{name} is {ty}: a TIMESTAMP is converted from and to each session's \
+                 time zone, so sessions whose time_zone differs (rowclaim's own use \
+                 {zone}, yours may not) read leases hours early or late, and may take \
+                 rows whose lease has not ended",
+                m.table_display
+            ),
+        )
+        .fix(format!(
+            "ALTER TABLE {} MODIFY {lease} DATETIME(6) NULL; (rowclaim writes UTC into it)",
+            m.table
+        ))
+    } else if ty == "datetime" {
+        Finding::new(
+            Topic::LeaseColumn,
+            Severity::Advice,
+            format!(
+                "{}.{name} is DATETIME: it holds whole seconds, so leases end up to a \
+                 second off; it holds UTC, whatever the time zone",
+                m.table_display
+            ),
+        )
+        .fix(format!(
+            "ALTER TABLE {} MODIFY {lease} DATETIME(6) NULL;",
+            m.table
+        ))
+    } else {
+        Finding::ok(
+            Topic::LeaseColumn,
+            format!(
+                "{}.{name} is {ty} holding UTC (rowclaim writes UTC_TIMESTAMP(6)), \
+                 whatever a session's time zone",
+                m.table_display
+            ),
+        )
     }
 }

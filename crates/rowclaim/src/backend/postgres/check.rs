@@ -197,72 +197,16 @@ impl Inspect for Pg {
         .fetch_one(self.exec())
         .await
         .map_err(error)?;
-        let mut found = Vec::new();
-        found.push(if standby {
-            Finding::new(
-                Topic::Writable,
-                Severity::Error,
-                "the server is a standby (in recovery): it takes no writes, so every claim fails",
-            )
-            .fix(
-                "connect to the primary; list every host in the URL \
-                 (postgres://u@db1:5432,db2:5432/app) to follow a failover",
-            )
-        } else if read_only == "on" {
-            Finding::new(
-                Topic::Writable,
-                Severity::Error,
-                "default_transaction_read_only is on for this session: every claim fails",
-            )
-            .fix(format!(
-                "ALTER ROLE {role} SET default_transaction_read_only = off;"
-            ))
-        } else {
-            Finding::ok(Topic::Writable, "the server takes writes (a primary)")
-        });
-        found.push(if isolation == "read committed" {
-            Finding::ok(
-                Topic::Isolation,
-                "transactions run at read committed by default: a claim that meets a row \
-                 another claimer just took moves on to the next",
-            )
-        } else {
-            Finding::new(
-                Topic::Isolation,
-                Severity::Warning,
-                format!(
-                    "transactions run at {isolation} by default: a claim that meets a row another \
-                     claimer changed since it began fails with a serialization error (40001) and \
-                     is tried again, so claims slow down as claimers are added"
-                ),
-            )
-            .fix(format!(
-                "ALTER ROLE {role} SET default_transaction_isolation = 'read committed';"
-            ))
-        });
+        let mut found = vec![
+            writable_finding(standby, &read_only, &role),
+            isolation_finding(&isolation, &role),
+        ];
         if self.route().pooled() {
-            found.push(
-                // A layer above (the managed queue) listens for wake-ups.
-                if m.lifecycle.is_some() && self.route().listen_pool().is_none() {
-                    Finding::new(
-                        Topic::Pooler,
-                        Severity::Advice,
-                        "through a transaction-mode pooler (pgbouncer=true): LISTEN cannot pass \
-                         it, so idle workers of the managed queue poll for new jobs",
-                    )
-                    .fix(
-                        "give workers a direct URL for wake-ups: rowclaim work --listen-database \
-                         postgres://… (ConnectOptions::listen_database)",
-                    )
-                } else {
-                    Finding::ok(
-                        Topic::Pooler,
-                        "through a transaction-mode pooler (pgbouncer=true): each claim is one \
-                         statement or one transaction, which the pooler keeps on one server \
-                         connection",
-                    )
-                },
-            );
+            // A layer above (the managed queue) listens for wake-ups.
+            let listens = m.lifecycle.is_some();
+            found.push(pooler_finding(
+                listens && self.route().listen_pool().is_none(),
+            ));
         }
         Ok(found)
     }
@@ -325,4 +269,76 @@ impl Inspect for Pg {
                 .map_err(error)?,
         )
     }
+}
+
+/// Whether the server takes writes: not a standby, not read-only for this session's role.
+fn writable_finding(standby: bool, read_only: &str, role: &str) -> Finding {
+    if standby {
+        Finding::new(
+            Topic::Writable,
+            Severity::Error,
+            "the server is a standby (in recovery): it takes no writes, so every claim fails",
+        )
+        .fix(
+            "connect to the primary; list every host in the URL \
+             (postgres://u@db1:5432,db2:5432/app) to follow a failover",
+        )
+    } else if read_only == "on" {
+        Finding::new(
+            Topic::Writable,
+            Severity::Error,
+            "default_transaction_read_only is on for this session: every claim fails",
+        )
+        .fix(format!(
+            "ALTER ROLE {role} SET default_transaction_read_only = off;"
+        ))
+    } else {
+        Finding::ok(Topic::Writable, "the server takes writes (a primary)")
+    }
+}
+
+/// The default isolation: anything above read committed makes claims fail and retry.
+fn isolation_finding(isolation: &str, role: &str) -> Finding {
+    if isolation == "read committed" {
+        return Finding::ok(
+            Topic::Isolation,
+            "transactions run at read committed by default: a claim that meets a row \
+             another claimer just took moves on to the next",
+        );
+    }
+    Finding::new(
+        Topic::Isolation,
+        Severity::Warning,
+        format!(
+            "transactions run at {isolation} by default: a claim that meets a row another \
+             claimer changed since it began fails with a serialization error (40001) and \
+             is tried again, so claims slow down as claimers are added"
+        ),
+    )
+    .fix(format!(
+        "ALTER ROLE {role} SET default_transaction_isolation = 'read committed';"
+    ))
+}
+
+/// A transaction-mode pooler in between: fine for claims; wake-ups cannot pass it (`polls`:
+/// a layer above would listen, and has no direct URL for it).
+fn pooler_finding(polls: bool) -> Finding {
+    if polls {
+        return Finding::new(
+            Topic::Pooler,
+            Severity::Advice,
+            "through a transaction-mode pooler (pgbouncer=true): LISTEN cannot pass \
+             it, so idle workers of the managed queue poll for new jobs",
+        )
+        .fix(
+            "give workers a direct URL for wake-ups: rowclaim work --listen-database \
+             postgres://… (ConnectOptions::listen_database)",
+        );
+    }
+    Finding::ok(
+        Topic::Pooler,
+        "through a transaction-mode pooler (pgbouncer=true): each claim is one \
+         statement or one transaction, which the pooler keeps on one server \
+         connection",
+    )
 }

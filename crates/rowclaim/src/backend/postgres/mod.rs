@@ -8,6 +8,7 @@ mod check;
 pub(crate) mod claim;
 pub(crate) mod route;
 pub(crate) mod store;
+pub(crate) mod target;
 
 use std::sync::Arc;
 use std::time::Duration;
