@@ -408,57 +408,40 @@ fn arms_sql<D: Dialect>(
     l: &QueueLimits,
     take: i64,
 ) -> String {
-    let (now, now_ms) = (D::NOW, D::epoch_ms(D::NOW));
-    let one_running = l.key_concurrency.is_some();
-    let key_rate = l.key_rate;
-    // "A job of j's key such that …".
-    let other = |b: &mut Binder<D>, cond: &str| {
-        format!(
-            "EXISTS (SELECT 1 FROM rowclaim_jobs o WHERE o.queue = {} \
-             AND o.limit_key = j.limit_key AND {cond})",
-            b.bind(queue.to_owned())
-        )
-    };
-    let started = |b: &mut Binder<D>, rate: Rate| {
-        let q = b.bind(queue.to_owned());
-        format!(
-            "EXISTS (SELECT 1 FROM rowclaim_starts s WHERE s.queue = {q} \
-             AND s.limit_key = j.limit_key AND s.started_ms >= {now_ms} - {})",
-            b.bind(rate.period_ms())
-        )
-    };
-    let expired = format!("o.status = {RUNNING} AND o.lease_until < {now}");
-    let arm = |b: &mut Binder<D>, expired_arm: bool| {
-        let q = b.bind(queue.to_owned());
-        let mut cond = if expired_arm {
-            format!("j.status = {RUNNING} AND j.lease_until < {now}")
-        } else {
-            format!("j.status = {READY} AND j.run_at <= {now}")
+    let line = FirstOfLine { queue, limits: l };
+    let e = line.arm(b, Arm::Expired, kinds, take);
+    let r = line.arm(b, Arm::Ready, kinds, take);
+    format!(
+        "SELECT id FROM ({e}) AS rowclaim_e UNION ALL SELECT id FROM ({r}) AS rowclaim_r \
+         LIMIT {}",
+        b.bind(take)
+    )
+}
+
+/// The two arms of [`arms_sql`]: jobs whose lease ran out, and due ready jobs.
+#[derive(Clone, Copy, PartialEq)]
+enum Arm {
+    Expired,
+    Ready,
+}
+
+/// The conditions of [`arms_sql`] for one queue: when a keyed job `j` is not the first of its
+/// key's line.
+struct FirstOfLine<'a> {
+    queue: &'a str,
+    limits: &'a QueueLimits,
+}
+
+impl FirstOfLine<'_> {
+    /// One arm: its jobs, in its index's order, those that are first of their line.
+    fn arm<D: Dialect>(&self, b: &mut Binder<D>, arm: Arm, kinds: &[String], take: i64) -> String {
+        let now = D::NOW;
+        let q = b.bind(self.queue.to_owned());
+        let mut cond = match arm {
+            Arm::Expired => format!("j.status = {RUNNING} AND j.lease_until < {now}"),
+            Arm::Ready => format!("j.status = {READY} AND j.run_at <= {now}"),
         };
-        let mut blocked: Vec<String> = Vec::new();
-        if expired_arm {
-            // A job whose lease ran out takes its own place again; under a rate, one at a
-            // time, the first first.
-            if let Some(rate) = key_rate {
-                blocked.push(other(b, &format!("{expired} AND o.id < j.id")));
-                blocked.push(started(b, rate));
-            }
-        } else if one_running || key_rate.is_some() {
-            blocked.push(other(
-                b,
-                &format!(
-                    "o.status = {READY} AND o.id < j.id AND (o.run_at <= {now} OR o.attempts > 0)"
-                ),
-            ));
-            if one_running {
-                blocked.push(other(b, &format!("o.status = {RUNNING}")));
-            } else {
-                blocked.push(other(b, &expired));
-            }
-            if let Some(rate) = key_rate {
-                blocked.push(started(b, rate));
-            }
-        }
+        let blocked = self.blocked(b, arm);
         if !blocked.is_empty() {
             cond.push_str(&format!(
                 " AND (j.limit_key IS NULL OR NOT ({}))",
@@ -466,24 +449,71 @@ fn arms_sql<D: Dialect>(
             ));
         }
         let kinds = kinds_cond(b, kinds, "j.");
-        let order = if expired_arm {
-            "j.lease_until, j.id"
-        } else {
-            "j.priority DESC, j.run_at, j.id"
+        let order = match arm {
+            Arm::Expired => "j.lease_until, j.id",
+            Arm::Ready => "j.priority DESC, j.run_at, j.id",
         };
         format!(
             "SELECT j.id FROM rowclaim_jobs AS j WHERE j.queue = {q} AND {cond}{kinds} \
              ORDER BY {order} LIMIT {}",
             b.bind(take)
         )
-    };
-    let e = arm(b, true);
-    let r = arm(b, false);
-    format!(
-        "SELECT id FROM ({e}) AS rowclaim_e UNION ALL SELECT id FROM ({r}) AS rowclaim_r \
-         LIMIT {}",
-        b.bind(take)
-    )
+    }
+
+    /// What keeps a keyed job of `arm` from starting, each a condition of its own.
+    fn blocked<D: Dialect>(&self, b: &mut Binder<D>, arm: Arm) -> Vec<String> {
+        let now = D::NOW;
+        let one_running = self.limits.key_concurrency.is_some();
+        let key_rate = self.limits.key_rate;
+        let expired = format!("o.status = {RUNNING} AND o.lease_until < {now}");
+        let mut blocked = Vec::new();
+        match arm {
+            // A job whose lease ran out takes its own place again; under a rate, one at a
+            // time, the first first.
+            Arm::Expired => {
+                if let Some(rate) = key_rate {
+                    blocked.push(self.other(b, &format!("{expired} AND o.id < j.id")));
+                    blocked.push(self.started(b, rate));
+                }
+            }
+            Arm::Ready if one_running || key_rate.is_some() => {
+                let ahead = format!(
+                    "o.status = {READY} AND o.id < j.id AND (o.run_at <= {now} OR o.attempts > 0)"
+                );
+                blocked.push(self.other(b, &ahead));
+                if one_running {
+                    blocked.push(self.other(b, &format!("o.status = {RUNNING}")));
+                } else {
+                    blocked.push(self.other(b, &expired));
+                }
+                if let Some(rate) = key_rate {
+                    blocked.push(self.started(b, rate));
+                }
+            }
+            Arm::Ready => {}
+        }
+        blocked
+    }
+
+    /// "A job of j's key such that `cond`".
+    fn other<D: Dialect>(&self, b: &mut Binder<D>, cond: &str) -> String {
+        format!(
+            "EXISTS (SELECT 1 FROM rowclaim_jobs o WHERE o.queue = {} \
+             AND o.limit_key = j.limit_key AND {cond})",
+            b.bind(self.queue.to_owned())
+        )
+    }
+
+    /// "A job of j's key started within the rate's period".
+    fn started<D: Dialect>(&self, b: &mut Binder<D>, rate: Rate) -> String {
+        let q = b.bind(self.queue.to_owned());
+        format!(
+            "EXISTS (SELECT 1 FROM rowclaim_starts s WHERE s.queue = {q} \
+             AND s.limit_key = j.limit_key AND s.started_ms >= {} - {})",
+            D::epoch_ms(D::NOW),
+            b.bind(rate.period_ms())
+        )
+    }
 }
 
 /// [`pick_sql`] where more than the first of a line may start: every key's line numbered
