@@ -13,7 +13,7 @@ mod fenced;
 mod making;
 mod rows;
 #[cfg(test)]
-mod snapshots;
+pub(crate) mod snapshots;
 mod words;
 
 pub(crate) use choice::auto_choice;

@@ -10,6 +10,8 @@ mod limits;
 mod record;
 mod schedule;
 mod settings;
+#[cfg(test)]
+mod snapshots;
 mod wakeups;
 
 pub(crate) use claim::served;
