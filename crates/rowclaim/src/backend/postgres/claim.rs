@@ -142,7 +142,10 @@ pub(crate) fn skip_locked_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
         .collect::<Vec<_>>()
         .join(" UNION ALL ");
     let set = sql::claim_set(m, &mut b, a.token, a.lease);
-    let returning = returning(m, &mut b);
+    let returning = match &m.lifecycle {
+        None => "to_jsonb(t)".to_owned(), // the whole row, as `json_rows` reads it
+        Some(l) => carried(l, &mut b),
+    };
     let sql = format!(
         "WITH {}, c AS ({union} LIMIT {limit}) \
          UPDATE {t} AS t SET {set} FROM c WHERE t.{id} = c.{id} RETURNING {returning}",
@@ -151,13 +154,10 @@ pub(crate) fn skip_locked_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
     Stmt::new(sql, b)
 }
 
-/// What a skip-locked claim returns per row: the row as JSON, or, for a source a layer above
-/// completes, its carried columns one by one (those it carries as text cast to text) and the
-/// extra values it asks for, each under its own name.
-fn returning(m: &Mapping, b: &mut B) -> String {
-    let Some(l) = &m.lifecycle else {
-        return "to_jsonb(t)".to_owned(); // the whole row, as `claimed_json` has it
-    };
+/// What a skip-locked claim of a source a layer above completes returns per row: its carried
+/// columns one by one (those it carries as text cast to text) and the extra values it asks for,
+/// each under its own name (a user's own table returns each row as JSON instead).
+fn carried(l: &crate::mapping::Lifecycle, b: &mut B) -> String {
     let mut cols: Vec<String> = l
         .carried
         .iter()

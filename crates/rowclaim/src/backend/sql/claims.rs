@@ -29,29 +29,25 @@ pub(crate) fn ready_arm<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> String {
     let mut cond = format!("{} = {}", m.status, status_literal(&m.ready));
     if let Some(l) = &m.lifecycle {
         cond.push_str(&format!(" AND {} <= {}", l.due, D::NOW));
+        cond.push_str(&and_each(&l.claimable, b));
     }
-    cond + layer_conditions(m, b).as_str()
+    cond
 }
 
 /// The second arm: claimed rows whose lease has expired (None without a lease column). Few rows
 /// are claimed at any time, so an index over claimed rows keeps this cheap.
 pub(crate) fn expired_arm<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> Option<String> {
     let le = m.lease.as_ref()?;
-    let cond = format!(
+    let mut cond = format!(
         "{} = {} AND {le} < {}",
         m.status,
         status_literal(&m.claimed),
         D::NOW
     );
-    Some(cond + layer_conditions(m, b).as_str())
-}
-
-/// What a layer above asks of a claimable row, as ` AND (…)` each; empty for a user's table.
-fn layer_conditions<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> String {
-    match &m.lifecycle {
-        Some(l) => and_each(&l.claimable, b),
-        None => String::new(),
+    if let Some(l) = &m.lifecycle {
+        cond.push_str(&and_each(&l.claimable, b));
     }
+    Some(cond)
 }
 
 /// A query for up to `limit` rows a claim may take, without locking them: rows with an expired
