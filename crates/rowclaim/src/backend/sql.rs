@@ -43,6 +43,10 @@ pub(crate) trait Dialect: Sized + 'static {
     fn row_json(m: &Mapping) -> String;
     /// A time column (or expression) as epoch milliseconds, whatever the session's time zone.
     fn epoch_ms(expr: &str) -> String;
+    /// Epoch milliseconds `ms` (an expression: a placeholder, a column) as the type time
+    /// columns hold, whatever the session's time zone; NULL stays NULL. The counterpart of
+    /// [`Dialect::epoch_ms`]: a whole number of milliseconds comes back exactly.
+    fn at_ms(ms: &str) -> String;
     /// JSON `text`, bound, as a JSON column takes it (PostgreSQL casts it to `jsonb`; the
     /// others keep JSON as text).
     fn json(b: &mut Binder<Self>, text: String) -> String {

@@ -69,6 +69,12 @@ impl Dialect for Sql {
         )
     }
 
+    /// A UTC `DATETIME(6)` by calendar arithmetic from the epoch: unlike `FROM_UNIXTIME`, no
+    /// session time zone is involved.
+    fn at_ms(ms: &str) -> String {
+        format!("TIMESTAMPADD(MICROSECOND, {ms} * 1000, TIMESTAMP '1970-01-01 00:00:00')")
+    }
+
     fn keep_existing(key: &str) -> String {
         format!("ON DUPLICATE KEY UPDATE {key} = {key}")
     }

@@ -49,6 +49,11 @@ impl Dialect for Sql {
         expr.to_owned()
     }
 
+    /// Times are epoch milliseconds here already.
+    fn at_ms(ms: &str) -> String {
+        ms.to_owned()
+    }
+
     fn keep_existing(key: &str) -> String {
         format!("ON CONFLICT ({key}) DO NOTHING")
     }
