@@ -102,3 +102,38 @@ fn record<D: Schema>(component: Component, to: i32) -> Stmt<D> {
     );
     Stmt::new(sql, b)
 }
+
+/// The migration loop's statements on each database, from nothing to the schedules' latest
+/// version, as snapshots (`snapshots/` beside this file); made without a server.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::script::{block_on, Script};
+
+    fn schedules<D: Schema>() -> String
+    where
+        (i32,): Fetch<D>,
+    {
+        let db = Script::<D>::new();
+        block_on(migrate(&db, Component::Schedules)).expect("the migration");
+        db.log()
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn postgres() {
+        insta::assert_snapshot!(schedules::<crate::backend::postgres::Sql>());
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql() {
+        insta::assert_snapshot!(schedules::<crate::backend::mysql::Sql>());
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn sqlite() {
+        insta::assert_snapshot!(schedules::<crate::backend::sqlite::Sql>());
+    }
+}

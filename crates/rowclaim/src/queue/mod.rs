@@ -9,6 +9,8 @@ mod limits;
 mod migrate;
 mod record;
 mod schedule;
+#[cfg(test)]
+mod script;
 mod settings;
 mod store;
 mod wakeups;

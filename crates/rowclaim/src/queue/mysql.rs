@@ -230,6 +230,22 @@ impl EnqueueOne for OnConn<'_, MySql> {
     }
 }
 
+#[cfg(test)]
+impl EnqueueOne for super::script::Step<'_, Sql> {
+    async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued> {
+        enqueue_one(self, job).await
+    }
+}
+
+/// The stand-in database of the snapshots gives every insert the id 1.
+#[cfg(test)]
+impl InsertId for super::script::Step<'_, Sql> {
+    async fn insert_id(&self, s: Stmt<Sql>) -> Result<i64> {
+        self.0.keep(s);
+        Ok(1)
+    }
+}
+
 /// The named lock `rowclaim init` runs under. Named locks are server-wide, so inits of different
 /// databases on one server take turns too; they are short.
 const INIT_LOCK: &str = "rowclaim_init";

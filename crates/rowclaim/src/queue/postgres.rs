@@ -150,6 +150,13 @@ impl EnqueueOne for OnConn<'_, Postgres> {
     }
 }
 
+#[cfg(test)]
+impl EnqueueOne for super::script::Step<'_, Sql> {
+    async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued> {
+        enqueue_one(self, job).await
+    }
+}
+
 /// Concurrent inits take turns on this lock (see `init`).
 const INIT_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('rowclaim_init'))";
 

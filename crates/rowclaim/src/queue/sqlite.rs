@@ -98,6 +98,13 @@ impl EnqueueOne for OnConn<'_, Sqlite> {
     }
 }
 
+#[cfg(test)]
+impl EnqueueOne for super::script::Step<'_, Sql> {
+    async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued> {
+        enqueue_one(self, job).await
+    }
+}
+
 impl Schema for Sql {
     const SCHEMA_TABLE: &'static str = "CREATE TABLE IF NOT EXISTS rowclaim_schema \
          (component TEXT PRIMARY KEY, version INTEGER NOT NULL)";

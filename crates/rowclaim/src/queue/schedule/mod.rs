@@ -17,6 +17,8 @@
 
 mod define;
 mod scheduler;
+#[cfg(test)]
+mod snapshots;
 mod status;
 mod store;
 mod timing;
