@@ -25,7 +25,7 @@ pub(crate) struct Definition<'a> {
 }
 
 /// A row of `rowclaim_schedules`, times in epoch milliseconds.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Stored {
     pub name: String,
     pub queue: String,
@@ -151,32 +151,27 @@ const COLUMNS: [Col; 10] = [
 
 async fn rows<R: Run>(r: &R) -> Result<Vec<Stored>> {
     let rows = r.values(rows_stmt(), &COLUMNS).await?;
-    Ok(rows
-        .into_iter()
-        .map(|row| {
-            let mut v = row.into_iter();
-            let mut text = || v.next().and_then(Value::text).unwrap_or_default();
-            let (name, queue, kind, expression) = (text(), text(), text(), text());
-            let zone = v.next().and_then(Value::text);
-            let (catch_up, fingerprint) = (
-                v.next().and_then(Value::text).unwrap_or_default(),
-                v.next().and_then(Value::text).unwrap_or_default(),
-            );
-            let mut int = || v.next().and_then(Value::int);
-            Stored {
-                name,
-                queue,
-                kind,
-                expression,
-                zone,
-                catch_up,
-                fingerprint,
-                next_tick: int().unwrap_or(0),
-                last_tick: int(),
-                last_job: int(),
-            }
-        })
-        .collect())
+    Ok(rows.into_iter().map(stored).collect())
+}
+
+/// A row read by [`COLUMNS`], in their order.
+fn stored(row: Vec<Value>) -> Stored {
+    let mut v = row.into_iter();
+    let mut text = || v.next().and_then(Value::text);
+    let [name, queue, kind, expression, zone, catch_up, fingerprint] = [(); 7].map(|()| text());
+    let mut int = || v.next().and_then(Value::int);
+    Stored {
+        name: name.unwrap_or_default(),
+        queue: queue.unwrap_or_default(),
+        kind: kind.unwrap_or_default(),
+        expression: expression.unwrap_or_default(),
+        zone,
+        catch_up: catch_up.unwrap_or_default(),
+        fingerprint: fingerprint.unwrap_or_default(),
+        next_tick: int().unwrap_or(0),
+        last_tick: int(),
+        last_job: int(),
+    }
 }
 
 /// The database's now, in epoch milliseconds.
@@ -284,4 +279,41 @@ pub(super) fn forget_stmt<D: Dialect>(name: &str) -> Stmt<D> {
         b.bind(name.to_owned())
     );
     Stmt::new(sql, b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_is_read_in_the_order_its_statement_selects() {
+        let text = |s: &str| Value::Text(s.to_owned());
+        let row = vec![
+            text("nightly"),
+            text("reports"),
+            text("sales"),
+            text("0 0 * * *"),
+            Value::OptText(None),
+            text("all"),
+            text("0123456789abcdef"),
+            Value::Int(1_767_225_600_000),
+            Value::OptInt(None),
+            Value::OptInt(Some(7)),
+        ];
+        assert_eq!(
+            stored(row),
+            Stored {
+                name: "nightly".into(),
+                queue: "reports".into(),
+                kind: "sales".into(),
+                expression: "0 0 * * *".into(),
+                zone: None,
+                catch_up: "all".into(),
+                fingerprint: "0123456789abcdef".into(),
+                next_tick: 1_767_225_600_000,
+                last_tick: None,
+                last_job: Some(7),
+            }
+        );
+    }
 }
