@@ -7,7 +7,7 @@ use sqlx::MySql;
 
 use super::migrate::{migrate, Component, Schema};
 use super::record::{records_sql, RecordRow};
-use super::store::{admin_stmt, first_int, EnqueueOne};
+use super::store::{admin_stmt, first_int, EnqueueOne, UNIQUE_TRIES};
 use super::{
     Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
     StatsRow,
@@ -358,10 +358,6 @@ const BULK_ROWS: usize = 500;
 /// Payload bytes per multi-row INSERT, well below the smallest default `max_allowed_packet`
 /// (16 MiB on MariaDB, 64 MiB on MySQL 8), which a statement with its values must fit in.
 const BULK_BYTES: usize = 4 << 20;
-
-/// How often a unique job is inserted again when its pending twin finished between the failed
-/// insert and the look-up.
-const UNIQUE_TRIES: usize = 5;
 
 /// 900 years in microseconds: the longest delay, and the longest prune age that is computed (an
 /// older cut-off would prune nothing more). `DATETIME` holds the years 1000 to 9999 only, and

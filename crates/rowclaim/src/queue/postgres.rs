@@ -6,7 +6,7 @@ use sqlx::Postgres;
 
 use super::migrate::{migrate, Component, Schema};
 use super::record::{records_sql, RecordRow};
-use super::store::{admin_stmt, first_int, EnqueueOne};
+use super::store::{admin_stmt, insert_unless_pending, EnqueueOne};
 use super::{
     Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
     StatsRow,
@@ -163,10 +163,6 @@ const INIT_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('rowclaim_init'))
 /// Jobs per bulk insert: one statement's arrays, each value of every job.
 const BULK_ROWS: usize = 5000;
 
-/// How often a unique job is inserted again when its pending twin finished between the
-/// insert that met it and the look-up.
-const UNIQUE_TRIES: usize = 5;
-
 impl Schema for Sql {
     const SCHEMA_TABLE: &'static str = "CREATE TABLE IF NOT EXISTS rowclaim_schema \
          (component text PRIMARY KEY, version integer NOT NULL)";
@@ -263,27 +259,14 @@ fn run_at(at: &str, delay: &str) -> String {
     )
 }
 
-/// Enqueues one job on a connection (in the caller's transaction when they hold one). A unique key
-/// that is pending already returns that job; a partial unique index makes this hold under
-/// concurrent enqueues (a second insert waits for the first to commit, then conflicts).
+/// Enqueues one job on a connection (in the caller's transaction when they hold one). A unique
+/// key that is pending already returns that job.
 pub(crate) async fn enqueue_one<R: Run<Sql = Sql>>(r: &R, job: &JobParts<'_>) -> Result<Enqueued> {
-    for _ in 0..UNIQUE_TRIES {
-        if let Some(id) = first_int(r, insert_one(job)).await? {
-            r.execute(notify(job.queue)).await?;
-            return Ok(Enqueued {
-                id,
-                existing: false,
-            });
-        }
-        if let Some(id) = first_int(r, pending(job.unique_key)).await? {
-            return Ok(Enqueued { id, existing: true });
-        }
-        // The pending job finished between the two statements: try the insert again.
+    let done = insert_unless_pending(r, job, insert_one).await?;
+    if !done.existing {
+        r.execute(notify(job.queue)).await?;
     }
-    Err(Error::InvalidInput(format!(
-        "unique key {:?} keeps changing hands; try again",
-        job.unique_key.unwrap_or_default()
-    )))
+    Ok(done)
 }
 
 /// Inserts one job unless its unique key is pending; returns its id if it was inserted.
@@ -302,16 +285,6 @@ pub(crate) fn insert_one(job: &JobParts<'_>) -> Stmt<Sql> {
         b.bind(job.unique_key.map(str::to_owned)),
         b.bind(job.timeout_ms),
         b.bind(job.limit_key.map(str::to_owned)),
-    );
-    Stmt::new(sql, b)
-}
-
-/// The pending job (ready or running) with this unique key.
-fn pending(key: Option<&str>) -> Stmt<Sql> {
-    let mut b = B::new();
-    let sql = format!(
-        "SELECT id FROM rowclaim_jobs WHERE unique_key = {} AND status IN ('ready', 'running')",
-        b.bind(key.map(str::to_owned))
     );
     Stmt::new(sql, b)
 }

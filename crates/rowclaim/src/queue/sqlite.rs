@@ -5,7 +5,7 @@ use sqlx::Sqlite;
 
 use super::migrate::{migrate, Component, Schema};
 use super::record::{records_sql, RecordRow};
-use super::store::{admin_stmt, first_int, EnqueueOne};
+use super::store::{admin_stmt, insert_unless_pending, EnqueueOne};
 use super::{
     Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
     StatsRow,
@@ -195,28 +195,10 @@ const SCHEDULE_MIGRATIONS: &[&[&str]] = &[&["CREATE TABLE IF NOT EXISTS rowclaim
         last_job INTEGER,
         updated_at INTEGER NOT NULL)"]];
 
-/// How often a unique job is inserted again when its pending twin finished between the
-/// insert that met it and the look-up.
-const UNIQUE_TRIES: usize = 5;
-
-/// Enqueues one job on a connection (in the caller's transaction when they hold one). A unique key
-/// that is pending already returns that job.
+/// Enqueues one job on a connection (in the caller's transaction when they hold one). A unique
+/// key that is pending already returns that job.
 pub(crate) async fn enqueue_one<R: Run<Sql = Sql>>(r: &R, job: &JobParts<'_>) -> Result<Enqueued> {
-    for _ in 0..UNIQUE_TRIES {
-        if let Some(id) = first_int(r, insert_one(job)).await? {
-            return Ok(Enqueued {
-                id,
-                existing: false,
-            });
-        }
-        if let Some(id) = first_int(r, pending(job.unique_key)).await? {
-            return Ok(Enqueued { id, existing: true });
-        }
-    }
-    Err(Error::InvalidInput(format!(
-        "unique key {:?} keeps changing hands; try again",
-        job.unique_key.unwrap_or_default()
-    )))
+    insert_unless_pending(r, job, insert_one).await
 }
 
 /// Inserts one job unless its unique key is pending; returns its id if it was inserted.
@@ -236,16 +218,6 @@ pub(crate) fn insert_one(job: &JobParts<'_>) -> Stmt<Sql> {
         b.bind(job.unique_key.map(str::to_owned)),
         b.bind(job.timeout_ms),
         b.bind(job.limit_key.map(str::to_owned)),
-    );
-    Stmt::new(sql, b)
-}
-
-/// The pending job (ready or running) with this unique key.
-fn pending(key: Option<&str>) -> Stmt<Sql> {
-    let mut b = B::new();
-    let sql = format!(
-        "SELECT id FROM rowclaim_jobs WHERE unique_key = {} AND status IN ('ready', 'running')",
-        b.bind(key.map(str::to_owned))
     );
     Stmt::new(sql, b)
 }

@@ -11,7 +11,7 @@ use super::{limits, settings, Admin, Enqueued, JobFilter, JobParts, QueueLimits,
 use crate::backend::run::{Col, Fetch, Run};
 use crate::backend::sql::{Binder, Dialect, Stmt};
 use crate::backend::Backend;
-use crate::{Db, Result};
+use crate::{Db, Error, Result};
 
 /// The store of `db`'s managed queue: the one place the queue matches on the database.
 pub(crate) fn store(db: &Db) -> &dyn QueueStore {
@@ -90,6 +90,47 @@ where
 pub(crate) trait EnqueueOne: Run {
     /// Enqueues `job`; with a unique key that a ready or running job has, returns that job.
     async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued>;
+}
+
+/// How often a unique job is inserted again when its pending twin finished between the
+/// insert that met it and the look-up.
+pub(crate) const UNIQUE_TRIES: usize = 5;
+
+/// Enqueues one job with `insert`, an `INSERT … ON CONFLICT DO NOTHING RETURNING id` that
+/// skips a job whose unique key is pending (PostgreSQL's and SQLite's way: a partial unique
+/// index makes this hold under concurrent enqueues, a second insert waiting for the first to
+/// commit, then conflicting); then the pending job is the one returned.
+pub(crate) async fn insert_unless_pending<R: Run + ?Sized>(
+    r: &R,
+    job: &JobParts<'_>,
+    insert: fn(&JobParts<'_>) -> Stmt<R::Sql>,
+) -> Result<Enqueued> {
+    for _ in 0..UNIQUE_TRIES {
+        if let Some(id) = first_int(r, insert(job)).await? {
+            return Ok(Enqueued {
+                id,
+                existing: false,
+            });
+        }
+        if let Some(id) = first_int(r, pending_stmt(job.unique_key)).await? {
+            return Ok(Enqueued { id, existing: true });
+        }
+        // The pending job finished between the two statements: try the insert again.
+    }
+    Err(Error::InvalidInput(format!(
+        "unique key {:?} keeps changing hands; try again",
+        job.unique_key.unwrap_or_default()
+    )))
+}
+
+/// The pending job (ready or running) with this unique key.
+fn pending_stmt<D: Dialect>(key: Option<&str>) -> Stmt<D> {
+    let mut b = Binder::new();
+    let sql = format!(
+        "SELECT id FROM rowclaim_jobs WHERE unique_key = {} AND status IN ('ready', 'running')",
+        b.bind(key.map(str::to_owned))
+    );
+    Stmt::new(sql, b)
 }
 
 /// The first column of the first row a statement returns, as an integer: an id. (Read by
