@@ -126,26 +126,6 @@ impl Value {
             _ => None,
         }
     }
-
-    /// The number it holds, if any.
-    pub(crate) fn float(self) -> Option<f64> {
-        match self {
-            Value::Float(x) | Value::OptFloat(Some(x)) => Some(x),
-            _ => None,
-        }
-    }
-
-    /// Whether this is an array (only PostgreSQL binds those).
-    pub(crate) fn is_array(&self) -> bool {
-        matches!(
-            self,
-            Value::Ints(_)
-                | Value::OptInts(_)
-                | Value::I32s(_)
-                | Value::Texts(_)
-                | Value::OptTexts(_)
-        )
-    }
 }
 
 /// A time in epoch milliseconds (as the database's clock gives it) as a `SystemTime`.

@@ -119,7 +119,6 @@ pub(crate) enum Col {
     OptInt,
     Text,
     OptText,
-    OptFloat,
 }
 
 fn none() -> crate::Error {
@@ -212,7 +211,6 @@ where
                         Col::OptInt => Value::OptInt(r.try_get(i)?),
                         Col::Text => Value::Text(r.try_get(i)?),
                         Col::OptText => Value::OptText(r.try_get(i)?),
-                        Col::OptFloat => Value::OptFloat(r.try_get(i)?),
                     })
                 })
                 .collect()
@@ -278,7 +276,7 @@ macro_rules! binder_queries {
             ) -> $crate::Result<Vec<T>> {
                 let q = s.binder.query_as::<T>(s.sql)?;
                 $crate::backend::run::binder_queries!(@with $how, self, |e, keep| {
-                    Ok(q.persistent(keep).fetch_all(e).await.map_err(|e| $crate::Error::Database($sort(e)))?)
+                    q.persistent(keep).fetch_all(e).await.map_err(|e| $crate::Error::Database($sort(e)))
                 })
             }
 
@@ -288,7 +286,7 @@ macro_rules! binder_queries {
             ) -> $crate::Result<Option<T>> {
                 let q = s.binder.query_as::<T>(s.sql)?;
                 $crate::backend::run::binder_queries!(@with $how, self, |e, keep| {
-                    Ok(q.persistent(keep).fetch_optional(e).await.map_err(|e| $crate::Error::Database($sort(e)))?)
+                    q.persistent(keep).fetch_optional(e).await.map_err(|e| $crate::Error::Database($sort(e)))
                 })
             }
 

@@ -7,11 +7,15 @@
 
 mod claim;
 mod limits;
+mod migrate;
 mod record;
 mod schedule;
+#[cfg(test)]
+mod script;
 mod settings;
 #[cfg(test)]
 mod snapshots;
+mod store;
 mod wakeups;
 
 pub(crate) use claim::served;
@@ -37,9 +41,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{dispatch, retry_transient, Outcome};
+use crate::backend::run::OnConn;
+use crate::backend::{retry_transient, Outcome};
 use crate::error::DbKind;
 use crate::{Claim, Claimer, Db, Error, Result, RowId, Strategy};
+use store::store;
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -48,11 +54,13 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
-/// The queue store role: what each database implements for the managed queue (one file per
-/// database beside this one). Enqueueing inside a caller's transaction is a function of each
-/// file (`enqueue_one`), since its connection type is the database's own.
-pub(crate) trait QueueStore {
-    /// Creates or migrates the managed queue's tables (versioned; concurrent runs take turns).
+/// The queue store role: what each database writes its own way for the managed queue (one file
+/// per database beside this one), with what every database does alike (written once:
+/// [`store::Shared`], [`schedule::Schedules`]). One door: [`store::store`] finds a database's.
+#[async_trait::async_trait]
+pub(crate) trait QueueStore: store::Shared + schedule::Schedules + Send + Sync {
+    /// Creates or migrates the managed queue's tables, then the schedules' (each component
+    /// versioned; concurrent runs take turns).
     async fn init(&self) -> Result<()>;
     /// Enqueues jobs in one transaction, all or none.
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>>;
@@ -62,8 +70,6 @@ pub(crate) trait QueueStore {
     async fn stats(&self, queue: Option<&str>) -> Result<QueueStats>;
     /// Jobs as stored, newest first: those `filter` lets through, or the one job `id`.
     async fn records(&self, filter: &JobFilter, id: Option<i64>) -> Result<Vec<JobRecord>>;
-    /// Ready jobs of `filter`'s queues and kinds scheduled for later that never ran.
-    async fn scheduled(&self, filter: &JobFilter) -> Result<Scheduled>;
     /// A connection that hears of new jobs, where the database can push them
     /// ([`crate::Capability::Listen`]); `None` elsewhere.
     async fn listen(&self) -> Result<Option<Listener>>;
@@ -122,17 +128,14 @@ impl Queue {
     /// at once (they take turns on a lock; on a Galera cluster, where that lock is per node, a
     /// step that collides with another node's is run again).
     pub async fn init(&self) -> Result<()> {
-        dispatch!(&self.db.backend, d => d.init().await)?;
-        schedule::init(&self.db).await
+        store(&self.db).init().await
     }
 
     /// Enqueues one job. With a unique key that is pending already, returns that job instead.
     pub async fn enqueue(&self, job: &NewJob) -> Result<Enqueued> {
         job.check()?;
-        let mut got = retry_transient!(
-            dispatch!(&self.db.backend, d => d.enqueue(std::slice::from_ref(job)).await)
-        )
-        .map_err(not_initialised)?;
+        let mut got = retry_transient!(store(&self.db).enqueue(std::slice::from_ref(job)).await)
+            .map_err(not_initialised)?;
         got.pop()
             .ok_or_else(|| Error::InvalidInput("enqueue returned nothing".into()))
     }
@@ -144,8 +147,7 @@ impl Queue {
             job.check()
                 .map_err(|e| Error::InvalidInput(format!("job {}: {e}", i + 1)))?;
         }
-        let got = retry_transient!(dispatch!(&self.db.backend, d => d.enqueue(jobs).await))
-            .map_err(not_initialised)?;
+        let got = retry_transient!(store(&self.db).enqueue(jobs).await).map_err(not_initialised)?;
         Ok(got.iter().filter(|e| !e.existing).count() as u64)
     }
 
@@ -155,14 +157,14 @@ impl Queue {
     #[cfg(feature = "postgres")]
     pub async fn enqueue_postgres(conn: &mut sqlx::PgConnection, job: &NewJob) -> Result<Enqueued> {
         job.check()?;
-        postgres::enqueue_one(conn, &job.parts(), false).await
+        postgres::enqueue_one(&OnConn::<sqlx::Postgres>::new(conn, false), &job.parts()).await
     }
 
     /// Enqueues a job inside the caller's MySQL/MariaDB transaction. Pass `&mut tx`.
     #[cfg(feature = "mysql")]
     pub async fn enqueue_mysql(conn: &mut sqlx::MySqlConnection, job: &NewJob) -> Result<Enqueued> {
         job.check()?;
-        mysql::enqueue_one(conn, &job.parts()).await
+        mysql::enqueue_one(&OnConn::<sqlx::MySql>::new(conn, true), &job.parts()).await
     }
 
     /// Enqueues a job inside the caller's SQLite transaction. Pass `&mut tx`.
@@ -172,7 +174,7 @@ impl Queue {
         job: &NewJob,
     ) -> Result<Enqueued> {
         job.check()?;
-        sqlite::enqueue_one(conn, &job.parts()).await
+        sqlite::enqueue_one(&OnConn::<sqlx::Sqlite>::new(conn, true), &job.parts()).await
     }
 
     /// A claimer of due jobs from `queues` (all queues when empty), highest priority first, then
@@ -235,40 +237,30 @@ impl Queue {
     /// Cancels a ready or running job (a running one's result is then refused by fencing).
     /// Returns whether a job was cancelled.
     pub async fn cancel(&self, id: i64) -> Result<bool> {
-        Ok(
-            retry_transient!(dispatch!(&self.db.backend, d => d.admin(Admin::Cancel(id)).await))?
-                > 0,
-        )
+        Ok(retry_transient!(store(&self.db).admin(Admin::Cancel(id)).await)? > 0)
     }
 
     /// Makes a dead or cancelled job ready again, with its attempts reset. Returns whether one was.
     pub async fn retry(&self, id: i64) -> Result<bool> {
-        Ok(
-            retry_transient!(dispatch!(&self.db.backend, d => d.admin(Admin::Retry(id)).await))?
-                > 0,
-        )
+        Ok(retry_transient!(store(&self.db).admin(Admin::Retry(id)).await)? > 0)
     }
 
     /// Deletes a job that is not running (a running one must be cancelled first, so that its
     /// worker is fenced out rather than finding its job gone). Returns whether one was deleted.
     pub async fn delete(&self, id: i64) -> Result<bool> {
-        Ok(
-            retry_transient!(dispatch!(&self.db.backend, d => d.admin(Admin::Delete(id)).await))?
-                > 0,
-        )
+        Ok(retry_transient!(store(&self.db).admin(Admin::Delete(id)).await)? > 0)
     }
 
     /// Deletes completed, dead and cancelled jobs that finished longer than `age` ago.
     pub async fn prune(&self, age: Duration) -> Result<u64> {
-        retry_transient!(dispatch!(&self.db.backend, d => d.admin(Admin::Prune(age)).await))
+        retry_transient!(store(&self.db).admin(Admin::Prune(age)).await)
     }
 
     /// Jobs as stored, newest first: all of them, or those of some queues, kinds or a state
     /// ([`JobFilter`]); the same fields on every database.
     pub async fn list(&self, filter: &JobFilter) -> Result<Vec<JobRecord>> {
         filter.check()?;
-        retry_transient!(dispatch!(&self.db.backend, d => d.records(filter, None).await))
-            .map_err(not_initialised)
+        retry_transient!(store(&self.db).records(filter, None).await).map_err(not_initialised)
     }
 
     /// Ready jobs of `queues` and `kinds` (all when empty) whose run-at is still to come and
@@ -278,16 +270,14 @@ impl Queue {
         let filter = JobFilter::new()
             .queues(queues.to_vec())
             .kinds(kinds.to_vec());
-        retry_transient!(dispatch!(&self.db.backend, d => d.scheduled(&filter).await))
-            .map_err(not_initialised)
+        retry_transient!(store(&self.db).scheduled(&filter).await).map_err(not_initialised)
     }
 
     /// One job by id, as stored.
     pub async fn get(&self, id: i64) -> Result<Option<JobRecord>> {
         let one = JobFilter::new().limit(1);
-        let got =
-            retry_transient!(dispatch!(&self.db.backend, d => d.records(&one, Some(id)).await))
-                .map_err(not_initialised)?;
+        let got = retry_transient!(store(&self.db).records(&one, Some(id)).await)
+            .map_err(not_initialised)?;
         Ok(got.into_iter().next())
     }
 
@@ -307,7 +297,7 @@ impl Queue {
             .map_err(not_initialised)?;
         if resumed {
             // Idle workers that listen hear of it as of new jobs, instead of at their next poll.
-            dispatch!(&self.db.backend, d => d.wake(queue).await)?;
+            store(&self.db).wake(queue).await?;
         }
         Ok(resumed)
     }
@@ -323,7 +313,7 @@ impl Queue {
         retry_transient!(settings::settings(&self.db).set_limits(queue, limits).await)
             .map_err(not_initialised)?;
         // Idle workers that listen look again at once, under the new limits.
-        dispatch!(&self.db.backend, d => d.wake(queue).await)
+        store(&self.db).wake(queue).await
     }
 
     /// The paused queues' names (what a worker looks at every heartbeat).
@@ -338,8 +328,7 @@ impl Queue {
 
     /// Jobs per queue and status, the oldest due ready job's wait, and recent throughput.
     pub async fn stats(&self, queue: Option<&str>) -> Result<QueueStats> {
-        retry_transient!(dispatch!(&self.db.backend, d => d.stats(queue).await))
-            .map_err(not_initialised)
+        retry_transient!(store(&self.db).stats(queue).await).map_err(not_initialised)
     }
 }
 
@@ -382,7 +371,7 @@ impl Queue {
     /// Starts listening for new jobs of `queues` (all when empty). Create it before the first
     /// claim, so that no job enqueued in between is missed.
     pub async fn wakeups(&self, queues: &[String]) -> Result<Wakeups> {
-        let listener = dispatch!(&self.db.backend, d => d.listen().await)?;
+        let listener = store(&self.db).listen().await?;
         Ok(Wakeups {
             listener,
             queues: queues.to_vec(),

@@ -1,15 +1,22 @@
-//! The managed queue's store on PostgreSQL: its tables and migrations, enqueue, admin, stats.
+//! The managed queue's SQL on PostgreSQL: its schema, enqueue (many jobs per statement,
+//! arrays `unnest`ed into rows), admin, stats and records, and the LISTEN that wakes idle
+//! workers. Every statement goes through the driver's [`Run`].
 
-use super::record::{records_sql, scheduled_sql, RecordRow, Scheduled};
+use sqlx::Postgres;
+
+use super::migrate::{migrate, Component, Schema};
+use super::record::{records_sql, RecordRow};
+use super::store::{admin_stmt, insert_unless_pending, EnqueueOne};
 use super::{
     Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
     StatsRow,
 };
-use crate::backend::postgres::*;
-use crate::backend::sql::Binder;
-use sqlx::PgConnection;
+use crate::backend::postgres::{Pg, Sql};
+use crate::backend::run::{Finish, InTx, OnConn, Run, Transact};
+use crate::backend::sql::{Binder, Dialect, Stmt};
+use crate::Result;
 
-use crate::{Error, Result};
+type B = Binder<Sql>;
 
 impl Pg {
     /// A connection listening on the enqueue channel: on the pool's server, or on the direct
@@ -28,6 +35,7 @@ impl Pg {
     }
 }
 
+#[async_trait::async_trait]
 impl QueueStore for Pg {
     async fn listen(&self) -> Result<Option<Listener>> {
         match self.listener().await? {
@@ -44,101 +52,68 @@ impl QueueStore for Pg {
     }
 
     async fn wake(&self, queue: &str) -> Result<()> {
-        sqlx::query("SELECT pg_notify('rowclaim_jobs', $1)") // crate::queue::CHANNEL
-            .bind(queue.to_owned())
-            .execute(self.exec())
-            .await
-            .map_err(crate::backend::postgres::error)?;
+        self.execute(notify(queue)).await?;
         Ok(())
     }
 
     async fn init(&self) -> Result<()> {
-        migrate(self, "jobs", QUEUE_MIGRATIONS).await
+        for component in Component::ALL {
+            // Concurrent inits take turns on one lock, held until the transaction ends; DDL is
+            // transactional here, so a failed step leaves nothing.
+            let tx = self.transaction(true).await?;
+            tx.execute(Stmt::new(INIT_LOCK.to_owned(), B::new()))
+                .await?;
+            migrate(&tx, component).await?;
+            tx.commit().await?;
+        }
+        Ok(())
     }
 
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
-        let mut tx = self.durable().await?;
-        let keep = !self.route().pooled();
+        let tx = self.transaction(true).await?;
         let mut out = Vec::with_capacity(jobs.len());
         // Jobs without a unique key go in bulk, many rows per statement; the others one by one.
         let mut bulk: Vec<JobParts<'_>> = Vec::new();
         for job in jobs {
             let parts = job.parts();
             if parts.unique_key.is_some() {
-                out.extend(insert_bulk(&mut tx, std::mem::take(&mut bulk), keep).await?);
-                out.push(enqueue_one(&mut tx, &parts, keep).await?);
+                out.extend(insert_bulk(&tx, std::mem::take(&mut bulk)).await?);
+                out.push(enqueue_one(&tx, &parts).await?);
             } else {
                 bulk.push(parts);
-                if bulk.len() >= 5000 {
-                    out.extend(insert_bulk(&mut tx, std::mem::take(&mut bulk), keep).await?);
+                if bulk.len() >= BULK_ROWS {
+                    out.extend(insert_bulk(&tx, std::mem::take(&mut bulk)).await?);
                 }
             }
         }
-        out.extend(insert_bulk(&mut tx, bulk, keep).await?);
-        crate::backend::commit(
-            tx,
-            || super::job::enqueue_what(jobs.len()),
-            crate::backend::postgres::sorted,
-        )
-        .await?;
+        out.extend(insert_bulk(&tx, bulk).await?);
+        tx.commit_as(|| super::job::enqueue_what(jobs.len()))
+            .await?;
         Ok(out)
     }
 
     async fn admin(&self, op: Admin) -> Result<u64> {
-        let q = match op {
-            Admin::Cancel(id) => sqlx::query(
-                "UPDATE rowclaim_jobs SET status = 'cancelled', owner = NULL, lease_until = NULL, \
-                 finished_at = now() WHERE id = $1 AND status IN ('ready', 'running')",
-            )
-            .bind(id),
-            Admin::Retry(id) => sqlx::query(
-                "UPDATE rowclaim_jobs SET status = 'ready', attempts = 0, run_at = now(), \
-                 owner = NULL, lease_until = NULL, finished_at = NULL \
-                 WHERE id = $1 AND status IN ('dead', 'cancelled')",
-            )
-            .bind(id),
-            Admin::Delete(id) => {
-                sqlx::query("DELETE FROM rowclaim_jobs WHERE id = $1 AND status <> 'running'")
-                    .bind(id)
-            }
-            Admin::Prune(age) => sqlx::query(
-                "DELETE FROM rowclaim_jobs WHERE status IN ('completed', 'dead', 'cancelled') \
-                 AND finished_at < now() - make_interval(secs => $1)",
-            )
-            .bind(age.as_secs_f64()),
-        };
-        let mut tx = self.durable().await?;
-        let changed = q
-            .execute(self.on(&mut tx))
-            .await
-            .map_err(crate::backend::postgres::error)?
-            .rows_affected();
-        tx.commit().await.map_err(crate::backend::postgres::error)?;
+        // Durable whatever the pool's commit setting: an operator's change is not to be lost.
+        let tx = self.transaction(true).await?;
+        let changed = tx
+            .execute(admin_stmt(op, |b: &mut B, age| {
+                format!(
+                    "now() - make_interval(secs => {})",
+                    b.bind(age.as_secs_f64())
+                )
+            }))
+            .await?;
+        tx.commit().await?;
         Ok(changed)
     }
 
     async fn stats(&self, queue: Option<&str>) -> Result<QueueStats> {
-        // One statement, so that a dashboard or a metrics scrape costs one query.
-        let rows: Vec<StatsRow> = sqlx::query_as(
-            "SELECT queue, status, count(*)::int8, \
-               count(*) FILTER (WHERE status = 'ready' AND run_at <= now())::int8, \
-               extract(epoch FROM now() - min(run_at) \
-                 FILTER (WHERE status = 'ready' AND run_at <= now()))::float8, \
-               count(*) FILTER (WHERE status = 'running' AND lease_until < now())::int8, \
-               count(*) FILTER (WHERE status = 'completed' \
-                 AND finished_at > now() - interval '1 minute')::int8 \
-             FROM rowclaim_jobs WHERE ($1::text IS NULL OR queue = $1) GROUP BY 1, 2",
-        )
-        .bind(queue)
-        .fetch_all(self.exec())
-        .await
-        .map_err(crate::backend::postgres::error)?;
+        let rows: Vec<StatsRow> = self.fetch_all(stats_stmt(queue)).await?;
         Ok(QueueStats::from_rows(rows))
     }
 
     async fn records(&self, filter: &JobFilter, id: Option<i64>) -> Result<Vec<JobRecord>> {
-        // Epoch milliseconds, whatever the session's time zone.
-        let ms = |c: &str| format!("floor(extract(epoch FROM {c}) * 1000)::int8");
+        let ms = Sql::epoch_ms;
         let columns = format!(
             "id, queue, kind, payload::text, status, priority::int8, attempts::int8, \
              max_attempts::int8, {}, {}, {}, {}, owner, unique_key, last_error, timeout_ms, \
@@ -149,80 +124,47 @@ impl QueueStore for Pg {
             ms("lease_until"),
             ms("attempted_at")
         );
-        let mut b = Binder::<Sql>::new();
+        let mut b = B::new();
         let sql = records_sql(&mut b, &columns, filter, id);
-        let rows: Vec<RecordRow> = b
-            .query_as(sql)?
-            .fetch_all(self.exec())
-            .await
-            .map_err(crate::backend::postgres::error)?;
+        let rows: Vec<RecordRow> = self.fetch_all(Stmt::new(sql, b)).await?;
         Ok(rows.into_iter().map(JobRecord::from_row).collect())
-    }
-
-    async fn scheduled(&self, filter: &JobFilter) -> Result<Scheduled> {
-        let mut b = Binder::<Sql>::new();
-        let first = "floor(extract(epoch FROM min(run_at)) * 1000)::int8";
-        let sql = scheduled_sql(&mut b, first, filter);
-        let (n, first): (i64, Option<i64>) = b
-            .query_as(sql)?
-            .fetch_one(self.exec())
-            .await
-            .map_err(crate::backend::postgres::error)?;
-        Ok(Scheduled::new(n, first))
     }
 }
 
-/// Brings `component`'s tables to the last of `migrations` (one list of statements per version),
-/// recording the version in `rowclaim_schema`: the managed queue's and the schedules' schemas.
-/// Concurrent inits take turns on one lock; DDL is transactional here, so a failed step leaves
-/// nothing.
-pub(super) async fn migrate(
-    pg: &Pg,
-    component: &str,
-    migrations: &[&[&'static str]],
-) -> Result<()> {
-    let mut tx = pg.durable().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('rowclaim_init'))")
-        .execute(pg.on(&mut tx))
-        .await
-        .map_err(crate::backend::postgres::error)?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS rowclaim_schema \
-         (component text PRIMARY KEY, version integer NOT NULL)",
-    )
-    .execute(pg.on(&mut tx))
-    .await
-    .map_err(crate::backend::postgres::error)?;
-    let version: Option<i32> =
-        sqlx::query_scalar("SELECT version FROM rowclaim_schema WHERE component = $1")
-            .bind(component.to_owned())
-            .fetch_optional(pg.on(&mut tx))
-            .await
-            .map_err(crate::backend::postgres::error)?;
-    let version = version.unwrap_or(0);
-    for (i, steps) in migrations.iter().enumerate() {
-        let to = i as i32 + 1;
-        if to <= version {
-            continue;
-        }
-        for step in *steps {
-            sqlx::query(*step)
-                .execute(pg.on(&mut tx))
-                .await
-                .map_err(crate::backend::postgres::error)?;
-        }
-        sqlx::query(
-            "INSERT INTO rowclaim_schema (component, version) VALUES ($1, $2) \
-             ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version",
-        )
-        .bind(component.to_owned())
-        .bind(to)
-        .execute(pg.on(&mut tx))
-        .await
-        .map_err(crate::backend::postgres::error)?;
+impl EnqueueOne for InTx<'_, Pg, Postgres> {
+    async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued> {
+        enqueue_one(self, job).await
     }
-    tx.commit().await.map_err(crate::backend::postgres::error)?;
-    Ok(())
+}
+
+impl EnqueueOne for OnConn<'_, Postgres> {
+    async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued> {
+        enqueue_one(self, job).await
+    }
+}
+
+#[cfg(test)]
+impl EnqueueOne for super::script::Step<'_, Sql> {
+    async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued> {
+        enqueue_one(self, job).await
+    }
+}
+
+/// Concurrent inits take turns on this lock (see `init`).
+const INIT_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('rowclaim_init'))";
+
+/// Jobs per bulk insert: one statement's arrays, each value of every job.
+const BULK_ROWS: usize = 5000;
+
+impl Schema for Sql {
+    const SCHEMA_TABLE: &'static str = "CREATE TABLE IF NOT EXISTS rowclaim_schema \
+         (component text PRIMARY KEY, version integer NOT NULL)";
+    const JOBS: &'static [&'static [&'static str]] = QUEUE_MIGRATIONS;
+    const SCHEDULES: &'static [&'static [&'static str]] = SCHEDULE_MIGRATIONS;
+
+    fn set_version(_: &mut B, _: i32) -> String {
+        "ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version".to_owned()
+    }
 }
 
 /// The managed queue's schema, one list of statements per version. Append, never edit.
@@ -288,128 +230,154 @@ const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
     ],
 ];
 
-/// When a job runs: at its absolute time (epoch ms) if it has one, else now + its delay.
-const RUN_AT: &str = "COALESCE(to_timestamp({at}::float8 / 1000), now() + make_interval(secs => {delay}::float8 / 1000))";
+/// The schedules' schema, one list of statements per version. Append, never edit.
+const SCHEDULE_MIGRATIONS: &[&[&str]] = &[&["CREATE TABLE IF NOT EXISTS rowclaim_schedules (
+        name text PRIMARY KEY,
+        queue text NOT NULL,
+        kind text NOT NULL,
+        expression text NOT NULL,
+        zone text,
+        catch_up text NOT NULL,
+        fingerprint text NOT NULL,
+        next_tick timestamptz NOT NULL,
+        last_tick timestamptz,
+        last_job bigint,
+        updated_at timestamptz NOT NULL DEFAULT now())"]];
 
-/// Enqueues one job on a connection (in the caller's transaction when they hold one). A unique key
-/// that is pending already returns that job; a partial unique index makes this hold under
-/// concurrent enqueues (a second insert waits for the first to commit, then conflicts).
-/// `keep`: let sqlx keep the statements prepared (not behind a transaction-mode pooler).
-pub(crate) async fn enqueue_one(
-    conn: &mut PgConnection,
-    job: &JobParts<'_>,
-    keep: bool,
-) -> Result<Enqueued> {
-    let run_at = RUN_AT.replace("{at}", "$5").replace("{delay}", "$6");
-    let insert = format!(
+/// When a job runs: at its absolute time (epoch ms) if it has one, else now + its delay.
+fn run_at(at: &str, delay: &str) -> String {
+    format!(
+        "COALESCE({}, now() + make_interval(secs => {delay}::float8 / 1000))",
+        Sql::at_ms(at)
+    )
+}
+
+/// Enqueues one job on a connection (in the caller's transaction when they hold one). A unique
+/// key that is pending already returns that job.
+pub(crate) async fn enqueue_one<R: Run<Sql = Sql>>(r: &R, job: &JobParts<'_>) -> Result<Enqueued> {
+    let done = insert_unless_pending(r, job, insert_one).await?;
+    if !done.existing {
+        r.execute(notify(job.queue)).await?;
+    }
+    Ok(done)
+}
+
+/// Inserts one job unless its unique key is pending; returns its id if it was inserted.
+pub(crate) fn insert_one(job: &JobParts<'_>) -> Stmt<Sql> {
+    let mut b = B::new();
+    let (queue, kind) = (b.bind(job.queue.to_owned()), b.bind(job.kind.to_owned()));
+    let (payload, priority) = (b.bind(job.payload.clone()), b.bind(job.priority));
+    let run_at = run_at(&b.bind(job.run_at_ms), &b.bind(job.delay_ms));
+    let sql = format!(
         "INSERT INTO rowclaim_jobs \
          (queue, kind, payload, priority, run_at, max_attempts, unique_key, timeout_ms, limit_key) \
-         VALUES ($1, $2, $3::jsonb, $4, {run_at}, $7, $8, $9, $10) \
+         VALUES ({queue}, {kind}, {payload}::jsonb, {priority}, {run_at}, {}, {}, {}, {}) \
          ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('ready', 'running') \
-         DO NOTHING RETURNING id"
+         DO NOTHING RETURNING id",
+        b.bind(job.max_attempts),
+        b.bind(job.unique_key.map(str::to_owned)),
+        b.bind(job.timeout_ms),
+        b.bind(job.limit_key.map(str::to_owned)),
     );
-    for _ in 0..5 {
-        let id: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(insert.clone()))
-            .bind(job.queue.to_owned())
-            .bind(job.kind.to_owned())
-            .bind(job.payload.clone())
-            .bind(job.priority)
-            .bind(job.run_at_ms)
-            .bind(job.delay_ms)
-            .bind(job.max_attempts)
-            .bind(job.unique_key.map(str::to_owned))
-            .bind(job.timeout_ms)
-            .bind(job.limit_key.map(str::to_owned))
-            .persistent(keep)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(crate::backend::postgres::error)?;
-        if let Some(id) = id {
-            notify(conn, job.queue, keep).await?;
-            return Ok(Enqueued {
-                id,
-                existing: false,
-            });
-        }
-        let existing: Option<i64> = sqlx::query_scalar(
-            "SELECT id FROM rowclaim_jobs WHERE unique_key = $1 AND status IN ('ready', 'running')",
-        )
-        .bind(job.unique_key.map(str::to_owned))
-        .persistent(keep)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(crate::backend::postgres::error)?;
-        if let Some(id) = existing {
-            return Ok(Enqueued { id, existing: true });
-        }
-        // The pending job finished between the two statements: try the insert again.
-    }
-    Err(Error::InvalidInput(format!(
-        "unique key {:?} keeps changing hands; try again",
-        job.unique_key.unwrap_or_default()
-    )))
+    Stmt::new(sql, b)
 }
 
 /// Inserts jobs without unique keys in one statement (arrays unnested into rows).
-async fn insert_bulk(
-    conn: &mut PgConnection,
-    jobs: Vec<JobParts<'_>>,
-    keep: bool,
-) -> Result<Vec<Enqueued>> {
+async fn insert_bulk<R: Run<Sql = Sql>>(r: &R, jobs: Vec<JobParts<'_>>) -> Result<Vec<Enqueued>> {
     if jobs.is_empty() {
         return Ok(vec![]);
     }
-    let run_at = RUN_AT.replace("{at}", "j.at").replace("{delay}", "j.delay");
-    let sql = format!(
-        "INSERT INTO rowclaim_jobs \
-         (queue, kind, payload, priority, run_at, max_attempts, timeout_ms, limit_key) \
-         SELECT j.queue, j.kind, j.payload::jsonb, j.priority, {run_at}, j.max_attempts, j.timeout_ms, \
-         j.limit_key \
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::int4[], $5::int8[], $6::int8[], $7::int4[], \
-         $8::int8[], $9::text[]) \
-         AS j(queue, kind, payload, priority, at, delay, max_attempts, timeout_ms, limit_key) \
-         RETURNING id"
-    );
+    let ids: Vec<(i64,)> = r.fetch_all(bulk_stmt(&jobs)).await?;
     let mut queues: Vec<&str> = jobs.iter().map(|j| j.queue).collect();
-    let ids: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .bind(jobs.iter().map(|j| j.queue.to_owned()).collect::<Vec<_>>())
-        .bind(jobs.iter().map(|j| j.kind.to_owned()).collect::<Vec<_>>())
-        .bind(jobs.iter().map(|j| j.payload.clone()).collect::<Vec<_>>())
-        .bind(jobs.iter().map(|j| j.priority).collect::<Vec<_>>())
-        .bind(jobs.iter().map(|j| j.run_at_ms).collect::<Vec<_>>())
-        .bind(jobs.iter().map(|j| j.delay_ms).collect::<Vec<_>>())
-        .bind(jobs.iter().map(|j| j.max_attempts).collect::<Vec<_>>())
-        .bind(jobs.iter().map(|j| j.timeout_ms).collect::<Vec<_>>())
-        .bind(
-            jobs.iter()
-                .map(|j| j.limit_key.map(str::to_owned))
-                .collect::<Vec<_>>(),
-        )
-        .persistent(keep)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(crate::backend::postgres::error)?;
     queues.sort_unstable();
     queues.dedup();
     for q in queues {
-        notify(conn, q, keep).await?;
+        r.execute(notify(q)).await?;
     }
     Ok(ids
         .into_iter()
-        .map(|id| Enqueued {
+        .map(|(id,)| Enqueued {
             id,
             existing: false,
         })
         .collect())
 }
 
-/// Wakes listening workers of `queue` when the enqueueing transaction commits.
-async fn notify(conn: &mut PgConnection, queue: &str, keep: bool) -> Result<()> {
-    sqlx::query("SELECT pg_notify('rowclaim_jobs', $1)") // crate::queue::CHANNEL
-        .bind(queue.to_owned())
-        .persistent(keep)
-        .execute(conn)
-        .await
-        .map_err(crate::backend::postgres::error)?;
-    Ok(())
+/// The bulk insert of [`insert_bulk`]: one array per column.
+fn bulk_stmt(jobs: &[JobParts<'_>]) -> Stmt<Sql> {
+    let mut b = B::new();
+    let texts = |f: fn(&JobParts<'_>) -> String| jobs.iter().map(f).collect::<Vec<_>>();
+    let arrays = [
+        format!("{}::text[]", b.bind(texts(|j| j.queue.to_owned()))),
+        format!("{}::text[]", b.bind(texts(|j| j.kind.to_owned()))),
+        format!("{}::text[]", b.bind(texts(|j| j.payload.clone()))),
+        format!(
+            "{}::int4[]",
+            b.bind(jobs.iter().map(|j| j.priority).collect::<Vec<_>>())
+        ),
+        format!(
+            "{}::int8[]",
+            b.bind(jobs.iter().map(|j| j.run_at_ms).collect::<Vec<_>>())
+        ),
+        format!(
+            "{}::int8[]",
+            b.bind(jobs.iter().map(|j| j.delay_ms).collect::<Vec<_>>())
+        ),
+        format!(
+            "{}::int4[]",
+            b.bind(jobs.iter().map(|j| j.max_attempts).collect::<Vec<_>>())
+        ),
+        format!(
+            "{}::int8[]",
+            b.bind(jobs.iter().map(|j| j.timeout_ms).collect::<Vec<_>>())
+        ),
+        format!(
+            "{}::text[]",
+            b.bind(
+                jobs.iter()
+                    .map(|j| j.limit_key.map(str::to_owned))
+                    .collect::<Vec<_>>()
+            )
+        ),
+    ];
+    let sql = format!(
+        "INSERT INTO rowclaim_jobs \
+         (queue, kind, payload, priority, run_at, max_attempts, timeout_ms, limit_key) \
+         SELECT j.queue, j.kind, j.payload::jsonb, j.priority, {}, j.max_attempts, j.timeout_ms, \
+         j.limit_key FROM unnest({}) \
+         AS j(queue, kind, payload, priority, at, delay, max_attempts, timeout_ms, limit_key) \
+         RETURNING id",
+        run_at("j.at", "j.delay"),
+        arrays.join(", ")
+    );
+    Stmt::new(sql, b)
+}
+
+/// Wakes listening workers of `queue` (when the enqueueing transaction commits, inside one).
+fn notify(queue: &str) -> Stmt<Sql> {
+    let mut b = B::new();
+    let sql = format!(
+        "SELECT pg_notify('{}', {})",
+        super::CHANNEL,
+        b.bind(queue.to_owned())
+    );
+    Stmt::new(sql, b)
+}
+
+/// Jobs per queue and status, in one statement so that a dashboard or a metrics scrape costs
+/// one query; the same text whether or not a queue is given (prepared once).
+fn stats_stmt(queue: Option<&str>) -> Stmt<Sql> {
+    let mut b = B::new();
+    let q = b.bind(queue.map(str::to_owned));
+    let sql = format!(
+        "SELECT queue, status, count(*)::int8, \
+           count(*) FILTER (WHERE status = 'ready' AND run_at <= now())::int8, \
+           extract(epoch FROM now() - min(run_at) \
+             FILTER (WHERE status = 'ready' AND run_at <= now()))::float8, \
+           count(*) FILTER (WHERE status = 'running' AND lease_until < now())::int8, \
+           count(*) FILTER (WHERE status = 'completed' \
+             AND finished_at > now() - interval '1 minute')::int8 \
+         FROM rowclaim_jobs WHERE ({q}::text IS NULL OR queue = {q}) GROUP BY 1, 2"
+    );
+    Stmt::new(sql, b)
 }

@@ -309,7 +309,7 @@ pub(crate) fn at_ms(ms: i64) -> SystemTime {
     }
 }
 
-fn rfc3339<S: Serializer>(t: &SystemTime, s: S) -> std::result::Result<S::Ok, S::Error> {
+pub(crate) fn rfc3339<S: Serializer>(t: &SystemTime, s: S) -> std::result::Result<S::Ok, S::Error> {
     s.serialize_str(&format_rfc3339(*t))
 }
 

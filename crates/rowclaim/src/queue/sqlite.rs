@@ -1,15 +1,23 @@
-//! The managed queue's store on SQLite: its tables and migrations, enqueue, admin, stats.
+//! The managed queue's SQL on SQLite: its schema, enqueue, admin, stats and records. Every
+//! statement goes through the driver's [`Run`]; times are epoch milliseconds here.
 
-use super::record::{records_sql, scheduled_sql, RecordRow, Scheduled};
+use sqlx::Sqlite;
+
+use super::migrate::{migrate, Component, Schema};
+use super::record::{records_sql, RecordRow};
+use super::store::{admin_stmt, insert_unless_pending, EnqueueOne};
 use super::{
     Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
     StatsRow,
 };
-use crate::backend::sql::{self};
-use crate::backend::sqlite::*;
+use crate::backend::run::{Finish, InTx, OnConn, Run, Transact};
+use crate::backend::sql::{self, Binder, Stmt};
+use crate::backend::sqlite::{Lite, Sql, NOW};
+use crate::Result;
 
-use crate::{Error, Result};
+type B = Binder<Sql>;
 
+#[async_trait::async_trait]
 impl QueueStore for Lite {
     /// No LISTEN here: workers poll.
     async fn listen(&self) -> Result<Option<Listener>> {
@@ -21,79 +29,37 @@ impl QueueStore for Lite {
     }
 
     async fn init(&self) -> Result<()> {
-        migrate(self, "jobs", QUEUE_MIGRATIONS).await
+        for component in Component::ALL {
+            // The write lock makes concurrent inits take turns; DDL is transactional here.
+            let tx = self.transaction(true).await?;
+            migrate(&tx, component).await?;
+            tx.commit().await?;
+        }
+        Ok(())
     }
 
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
         // One writer at a time: inserting row by row inside one write transaction is as fast as
         // a multi-row statement here, and keeps unique keys simple.
-        let mut tx = self.write().await?;
+        let tx = self.transaction(true).await?;
         let mut out = Vec::with_capacity(jobs.len());
         for job in jobs {
-            out.push(enqueue_one(&mut tx, &job.parts()).await?);
+            out.push(enqueue_one(&tx, &job.parts()).await?);
         }
-        crate::backend::commit(
-            tx,
-            || super::job::enqueue_what(jobs.len()),
-            crate::backend::sqlite::sorted,
-        )
-        .await?;
+        tx.commit_as(|| super::job::enqueue_what(jobs.len()))
+            .await?;
         Ok(out)
     }
 
     async fn admin(&self, op: Admin) -> Result<u64> {
-        let (sql, arg) = match op {
-            Admin::Cancel(id) => (
-                format!(
-                    "UPDATE rowclaim_jobs SET status = 'cancelled', owner = NULL, lease_until = NULL, \
-                     finished_at = {NOW} WHERE id = ? AND status IN ('ready', 'running')"
-                ),
-                id,
-            ),
-            Admin::Retry(id) => (
-                format!(
-                    "UPDATE rowclaim_jobs SET status = 'ready', attempts = 0, run_at = {NOW}, \
-                     owner = NULL, lease_until = NULL, finished_at = NULL \
-                     WHERE id = ? AND status IN ('dead', 'cancelled')"
-                ),
-                id,
-            ),
-            Admin::Delete(id) => (
-                "DELETE FROM rowclaim_jobs WHERE id = ? AND status <> 'running'".to_owned(),
-                id,
-            ),
-            Admin::Prune(age) => (
-                format!(
-                    "DELETE FROM rowclaim_jobs WHERE status IN ('completed', 'dead', 'cancelled') \
-                     AND finished_at < {NOW} - ?"
-                ),
-                sql::lease_ms(age),
-            ),
-        };
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(arg)
-            .execute(&self.pool)
-            .await
-            .map_err(crate::backend::sqlite::error)?;
-        Ok(done.rows_affected())
+        self.execute(admin_stmt(op, |b: &mut B, age| {
+            format!("{NOW} - {}", b.bind(sql::lease_ms(age)))
+        }))
+        .await
     }
 
     async fn stats(&self, queue: Option<&str>) -> Result<QueueStats> {
-        // One statement, so that a dashboard or a metrics scrape costs one query.
-        let sql = format!(
-            "SELECT queue, status, COUNT(*), \
-               SUM(status = 'ready' AND run_at <= {NOW}), \
-               ({NOW} - MIN(CASE WHEN status = 'ready' AND run_at <= {NOW} THEN run_at END)) \
-                 / 1000.0, \
-               SUM(status = 'running' AND lease_until < {NOW}), \
-               SUM(status = 'completed' AND finished_at > {NOW} - 60000) \
-             FROM rowclaim_jobs WHERE ?1 IS NULL OR queue = ?1 GROUP BY 1, 2"
-        );
-        let rows: Vec<StatsRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(queue.map(str::to_owned))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(crate::backend::sqlite::error)?;
+        let rows: Vec<StatsRow> = self.fetch_all(stats_stmt(queue)).await?;
         Ok(QueueStats::from_rows(rows))
     }
 
@@ -102,77 +68,44 @@ impl QueueStore for Lite {
         let columns = "id, queue, kind, payload, status, priority, attempts, max_attempts, \
                        run_at, created_at, finished_at, lease_until, owner, unique_key, \
                        last_error, timeout_ms, output, limit_key, attempted_at";
-        let mut b = sql::Binder::<Sql>::new();
+        let mut b = B::new();
         let sql = records_sql(&mut b, columns, filter, id);
-        let rows: Vec<RecordRow> = b
-            .query_as(sql)?
-            .fetch_all(&self.pool)
-            .await
-            .map_err(crate::backend::sqlite::error)?;
+        let rows: Vec<RecordRow> = self.fetch_all(Stmt::new(sql, b)).await?;
         Ok(rows.into_iter().map(JobRecord::from_row).collect())
     }
+}
 
-    async fn scheduled(&self, filter: &JobFilter) -> Result<Scheduled> {
-        let mut b = sql::Binder::<Sql>::new();
-        let sql = scheduled_sql(&mut b, "MIN(run_at)", filter);
-        let (n, first): (i64, Option<i64>) = b
-            .query_as(sql)?
-            .fetch_one(&self.pool)
-            .await
-            .map_err(crate::backend::sqlite::error)?;
-        Ok(Scheduled::new(n, first))
+impl EnqueueOne for InTx<'_, Lite, Sqlite> {
+    async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued> {
+        enqueue_one(self, job).await
+    }
+}
+
+impl EnqueueOne for OnConn<'_, Sqlite> {
+    async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued> {
+        enqueue_one(self, job).await
+    }
+}
+
+#[cfg(test)]
+impl EnqueueOne for super::script::Step<'_, Sql> {
+    async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued> {
+        enqueue_one(self, job).await
+    }
+}
+
+impl Schema for Sql {
+    const SCHEMA_TABLE: &'static str = "CREATE TABLE IF NOT EXISTS rowclaim_schema \
+         (component TEXT PRIMARY KEY, version INTEGER NOT NULL)";
+    const JOBS: &'static [&'static [&'static str]] = QUEUE_MIGRATIONS;
+    const SCHEDULES: &'static [&'static [&'static str]] = SCHEDULE_MIGRATIONS;
+
+    fn set_version(_: &mut B, _: i32) -> String {
+        "ON CONFLICT (component) DO UPDATE SET version = excluded.version".to_owned()
     }
 }
 
 /// The managed queue's schema, one list of statements per version. Append, never edit.
-/// Brings `component`'s tables to the last of `migrations` (one list of statements per version),
-/// recording the version in `rowclaim_schema`: the managed queue's and the schedules' schemas.
-/// The write lock makes concurrent inits take turns; DDL is transactional here.
-pub(super) async fn migrate(
-    lite: &Lite,
-    component: &str,
-    migrations: &[&[&'static str]],
-) -> Result<()> {
-    let mut tx = lite.write().await?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS rowclaim_schema \
-         (component TEXT PRIMARY KEY, version INTEGER NOT NULL)",
-    )
-    .execute(&mut *tx)
-    .await
-    .map_err(crate::backend::sqlite::error)?;
-    let version: Option<i64> =
-        sqlx::query_scalar("SELECT version FROM rowclaim_schema WHERE component = ?")
-            .bind(component.to_owned())
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(crate::backend::sqlite::error)?;
-    let version = version.unwrap_or(0);
-    for (i, steps) in migrations.iter().enumerate() {
-        let to = i as i64 + 1;
-        if to <= version {
-            continue;
-        }
-        for step in *steps {
-            sqlx::query(*step)
-                .execute(&mut *tx)
-                .await
-                .map_err(crate::backend::sqlite::error)?;
-        }
-        sqlx::query(
-            "INSERT INTO rowclaim_schema (component, version) VALUES (?, ?) \
-             ON CONFLICT (component) DO UPDATE SET version = excluded.version",
-        )
-        .bind(component.to_owned())
-        .bind(to)
-        .execute(&mut *tx)
-        .await
-        .map_err(crate::backend::sqlite::error)?;
-    }
-    tx.commit().await.map_err(crate::backend::sqlite::error)?;
-    Ok(())
-}
-
 const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
     "CREATE TABLE IF NOT EXISTS rowclaim_jobs (
         id INTEGER PRIMARY KEY,
@@ -237,53 +170,63 @@ const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
     ],
 ];
 
-/// Enqueues one job on a connection (in the caller's transaction when they hold one). A unique key
-/// that is pending already returns that job.
-pub(crate) async fn enqueue_one(
-    conn: &mut sqlx::SqliteConnection,
-    job: &JobParts<'_>,
-) -> Result<Enqueued> {
-    let insert = format!(
+/// The schedules' schema, one list of statements per version. Append, never edit.
+const SCHEDULE_MIGRATIONS: &[&[&str]] = &[&["CREATE TABLE IF NOT EXISTS rowclaim_schedules (
+        name TEXT PRIMARY KEY,
+        queue TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        expression TEXT NOT NULL,
+        zone TEXT,
+        catch_up TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        next_tick INTEGER NOT NULL,
+        last_tick INTEGER,
+        last_job INTEGER,
+        updated_at INTEGER NOT NULL)"]];
+
+/// Enqueues one job on a connection (in the caller's transaction when they hold one). A unique
+/// key that is pending already returns that job.
+pub(crate) async fn enqueue_one<R: Run<Sql = Sql>>(r: &R, job: &JobParts<'_>) -> Result<Enqueued> {
+    insert_unless_pending(r, job, insert_one).await
+}
+
+/// Inserts one job unless its unique key is pending; returns its id if it was inserted.
+pub(crate) fn insert_one(job: &JobParts<'_>) -> Stmt<Sql> {
+    let mut b = B::new();
+    let (queue, kind) = (b.bind(job.queue.to_owned()), b.bind(job.kind.to_owned()));
+    let (payload, priority) = (b.bind(job.payload.clone()), b.bind(job.priority));
+    let (at, delay) = (b.bind(job.run_at_ms), b.bind(job.delay_ms));
+    let sql = format!(
         "INSERT INTO rowclaim_jobs \
          (queue, kind, payload, priority, run_at, max_attempts, unique_key, timeout_ms, limit_key, \
-         created_at) VALUES (?, ?, json(?), ?, COALESCE(?, {NOW} + ?), ?, ?, ?, ?, {NOW}) \
+         created_at) VALUES ({queue}, {kind}, json({payload}), {priority}, \
+         COALESCE({at}, {NOW} + {delay}), {}, {}, {}, {}, {NOW}) \
          ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('ready', 'running') \
-         DO NOTHING RETURNING id"
+         DO NOTHING RETURNING id",
+        b.bind(job.max_attempts),
+        b.bind(job.unique_key.map(str::to_owned)),
+        b.bind(job.timeout_ms),
+        b.bind(job.limit_key.map(str::to_owned)),
     );
-    for _ in 0..5 {
-        let id: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(insert.clone()))
-            .bind(job.queue.to_owned())
-            .bind(job.kind.to_owned())
-            .bind(job.payload.clone())
-            .bind(job.priority)
-            .bind(job.run_at_ms)
-            .bind(job.delay_ms)
-            .bind(job.max_attempts)
-            .bind(job.unique_key.map(str::to_owned))
-            .bind(job.timeout_ms)
-            .bind(job.limit_key.map(str::to_owned))
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(crate::backend::sqlite::error)?;
-        if let Some(id) = id {
-            return Ok(Enqueued {
-                id,
-                existing: false,
-            });
-        }
-        let existing: Option<i64> = sqlx::query_scalar(
-            "SELECT id FROM rowclaim_jobs WHERE unique_key = ? AND status IN ('ready', 'running')",
-        )
-        .bind(job.unique_key.map(str::to_owned))
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(crate::backend::sqlite::error)?;
-        if let Some(id) = existing {
-            return Ok(Enqueued { id, existing: true });
-        }
-    }
-    Err(Error::InvalidInput(format!(
-        "unique key {:?} keeps changing hands; try again",
-        job.unique_key.unwrap_or_default()
-    )))
+    Stmt::new(sql, b)
+}
+
+/// Jobs per queue and status in one statement, so that a dashboard or a metrics scrape costs
+/// one query.
+fn stats_stmt(queue: Option<&str>) -> Stmt<Sql> {
+    let mut b = B::new();
+    let only = match queue {
+        Some(q) => format!(" WHERE queue = {}", b.bind(q.to_owned())),
+        None => String::new(),
+    };
+    let sql = format!(
+        "SELECT queue, status, COUNT(*), \
+           SUM(status = 'ready' AND run_at <= {NOW}), \
+           ({NOW} - MIN(CASE WHEN status = 'ready' AND run_at <= {NOW} THEN run_at END)) \
+             / 1000.0, \
+           SUM(status = 'running' AND lease_until < {NOW}), \
+           SUM(status = 'completed' AND finished_at > {NOW} - 60000) \
+         FROM rowclaim_jobs{only} GROUP BY 1, 2"
+    );
+    Stmt::new(sql, b)
 }

@@ -328,66 +328,6 @@ impl Inspect for My {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::inspect::mentions;
-
-    fn vars(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
-
-    #[test]
-    fn statement_logging_breaks_every_strategy_and_row_or_mixed_none() {
-        for s in [Strategy::SkipLocked, Strategy::Token, Strategy::LeaseTable] {
-            let f = My::binlog_finding(
-                &vars(&[("log_bin", "ON"), ("binlog_format", "STATEMENT")]),
-                s,
-            );
-            assert_eq!(f.severity, Severity::Error, "{s}: {f:?}");
-            assert!(f.fix.as_deref().is_some_and(|x| x.contains("ROW")), "{f:?}");
-        }
-        for format in ["ROW", "MIXED"] {
-            let f = My::binlog_finding(
-                &vars(&[("log_bin", "ON"), ("binlog_format", format)]),
-                Strategy::SkipLocked,
-            );
-            assert_eq!(f.severity, Severity::Ok, "{format}");
-        }
-        let off = My::binlog_finding(
-            &vars(&[("log_bin", "OFF"), ("binlog_format", "STATEMENT")]),
-            Strategy::SkipLocked,
-        );
-        assert_eq!(off.severity, Severity::Ok);
-    }
-
-    #[test]
-    fn plans_of_both_servers_are_read() {
-        let names = ["jobs".to_owned(), "t".to_owned()];
-        // MariaDB: an index walk; MySQL 8: a full scan and a filesort.
-        let maria = serde_json::json!({"query_block": {"select_id": 1, "nested_loop": [{"table": {
-            "table_name": "t", "access_type": "index", "key": "PRIMARY",
-            "used_key_parts": ["id"], "attached_condition": "t.`status` = 'ready'"}}]}});
-        let mut j = Judge::default();
-        walk(&maria, &names, "status", &mut j);
-        assert_eq!(j.lookup().reads, Reads::Walks("PRIMARY".into()));
-        let mysql = serde_json::json!({"query_block": {"ordering_operation": {
-            "using_filesort": true, "table": {"table_name": "jobs", "access_type": "ALL"}}}});
-        let mut j = Judge::default();
-        walk(&mysql, &names, "status", &mut j);
-        assert_eq!(j.lookup().reads, Reads::Everything);
-        let served = serde_json::json!({"query_block": {"table": {"table_name": "t",
-            "access_type": "ref", "key": "jobs_ready", "used_key_parts": ["status"]}}});
-        let mut j = Judge::default();
-        walk(&served, &names, "status", &mut j);
-        assert_eq!(j.lookup().reads, Reads::Index("jobs_ready".into()));
-        assert!(mentions("t.`status` = 'ready'", "status"));
-    }
-}
-
 /// Whether the server takes writes (`read_only`).
 fn writable_finding(vars: &BTreeMap<String, String>) -> Finding {
     let on = |name: &str| vars.get(name).is_some_and(|v| v.eq_ignore_ascii_case("ON"));
@@ -519,5 +459,65 @@ fn lease_finding(
                 m.table_display
             ),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::inspect::mentions;
+
+    fn vars(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn statement_logging_breaks_every_strategy_and_row_or_mixed_none() {
+        for s in [Strategy::SkipLocked, Strategy::Token, Strategy::LeaseTable] {
+            let f = My::binlog_finding(
+                &vars(&[("log_bin", "ON"), ("binlog_format", "STATEMENT")]),
+                s,
+            );
+            assert_eq!(f.severity, Severity::Error, "{s}: {f:?}");
+            assert!(f.fix.as_deref().is_some_and(|x| x.contains("ROW")), "{f:?}");
+        }
+        for format in ["ROW", "MIXED"] {
+            let f = My::binlog_finding(
+                &vars(&[("log_bin", "ON"), ("binlog_format", format)]),
+                Strategy::SkipLocked,
+            );
+            assert_eq!(f.severity, Severity::Ok, "{format}");
+        }
+        let off = My::binlog_finding(
+            &vars(&[("log_bin", "OFF"), ("binlog_format", "STATEMENT")]),
+            Strategy::SkipLocked,
+        );
+        assert_eq!(off.severity, Severity::Ok);
+    }
+
+    #[test]
+    fn plans_of_both_servers_are_read() {
+        let names = ["jobs".to_owned(), "t".to_owned()];
+        // MariaDB: an index walk; MySQL 8: a full scan and a filesort.
+        let maria = serde_json::json!({"query_block": {"select_id": 1, "nested_loop": [{"table": {
+            "table_name": "t", "access_type": "index", "key": "PRIMARY",
+            "used_key_parts": ["id"], "attached_condition": "t.`status` = 'ready'"}}]}});
+        let mut j = Judge::default();
+        walk(&maria, &names, "status", &mut j);
+        assert_eq!(j.lookup().reads, Reads::Walks("PRIMARY".into()));
+        let mysql = serde_json::json!({"query_block": {"ordering_operation": {
+            "using_filesort": true, "table": {"table_name": "jobs", "access_type": "ALL"}}}});
+        let mut j = Judge::default();
+        walk(&mysql, &names, "status", &mut j);
+        assert_eq!(j.lookup().reads, Reads::Everything);
+        let served = serde_json::json!({"query_block": {"table": {"table_name": "t",
+            "access_type": "ref", "key": "jobs_ready", "used_key_parts": ["status"]}}});
+        let mut j = Judge::default();
+        walk(&served, &names, "status", &mut j);
+        assert_eq!(j.lookup().reads, Reads::Index("jobs_ready".into()));
+        assert!(mentions("t.`status` = 'ready'", "status"));
     }
 }

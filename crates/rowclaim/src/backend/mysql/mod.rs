@@ -84,6 +84,12 @@ impl Dialect for Sql {
         )
     }
 
+    /// A UTC `DATETIME(6)` by calendar arithmetic from the epoch: unlike `FROM_UNIXTIME`, no
+    /// session time zone is involved.
+    fn at_ms(ms: &str) -> String {
+        format!("TIMESTAMPADD(MICROSECOND, {ms} * 1000, TIMESTAMP '1970-01-01 00:00:00')")
+    }
+
     fn keep_existing(key: &str) -> String {
         format!("ON DUPLICATE KEY UPDATE {key} = {key}")
     }
@@ -261,7 +267,7 @@ const CREATE_COUNTERS: &str = "CREATE TABLE IF NOT EXISTS rowclaim_counters (
 
 impl My {
     pub(crate) async fn begin(&self) -> Result<sqlx::Transaction<'static, MySql>> {
-        Ok(self.pool.begin_with(BEGIN).await.map_err(error)?)
+        self.pool.begin_with(BEGIN).await.map_err(error)
     }
 
     /// A transaction for [`run::Transact`] (every commit here is durable).

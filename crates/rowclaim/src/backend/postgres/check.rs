@@ -107,10 +107,10 @@ impl Inspect for Pg {
                 .map_err(error)?;
         }
         let explained: Result<sqlx::types::Json<serde_json::Value>> = async {
-            Ok(b.scalar(format!("EXPLAIN (FORMAT JSON) {sql}"))?
+            b.scalar(format!("EXPLAIN (FORMAT JSON) {sql}"))?
                 .fetch_one(self.on(&mut tx))
                 .await
-                .map_err(error)?)
+                .map_err(error)
         }
         .await;
         // Nothing ran, but the settings must not outlive the look.

@@ -120,7 +120,7 @@ pub(crate) fn skip_locked_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
     match a.arms {
         Some(more) => {
             for f in more {
-                arms.push(format!("{ready} AND {}", sql::render(f, &mut b)));
+                arms.push(format!("{ready} AND {}", sql::fragment::render(f, &mut b)));
             }
         }
         None => arms.push(ready),
@@ -170,7 +170,11 @@ fn carried(l: &crate::mapping::Lifecycle, b: &mut B) -> String {
         })
         .collect();
     for (name, value) in &l.extra {
-        cols.push(format!("{} AS {}", sql::render(value, b), Sql::quote(name)));
+        cols.push(format!(
+            "{} AS {}",
+            sql::fragment::render(value, b),
+            Sql::quote(name)
+        ));
     }
     cols.join(", ")
 }

@@ -89,6 +89,12 @@ impl Dialect for Sql {
         )
     }
 
+    /// Exact for whole milliseconds: a float8 holds them exactly, and `to_timestamp` keeps
+    /// microseconds.
+    fn at_ms(ms: &str) -> String {
+        format!("to_timestamp({ms}::float8 / 1000)")
+    }
+
     fn json(b: &mut B, text: String) -> String {
         format!("CAST({} AS jsonb)", b.bind(text))
     }

@@ -8,11 +8,11 @@
 //! few named pieces, each the same meaning on every database.
 
 mod claims;
-mod fragment;
+pub(crate) mod fragment;
 mod looks;
 
 pub(crate) use claims::*;
-pub(crate) use fragment::{and_each, render};
+pub(crate) use fragment::and_each;
 pub(crate) use looks::*;
 
 use std::time::Duration;
@@ -61,6 +61,10 @@ pub(crate) trait Dialect: Sized + Send + Sync + 'static {
     fn micros_of(expr: &str) -> String;
     /// The time `us` epoch microseconds, bound, as the time type of the dialect's time columns.
     fn at_micros(b: &mut Binder<Self>, us: i64) -> String;
+    /// Epoch milliseconds `ms` (an expression: a placeholder, a column) as the type time
+    /// columns hold, whatever the session's time zone; NULL stays NULL. The counterpart of
+    /// [`Dialect::epoch_ms`]: a whole number of milliseconds comes back exactly.
+    fn at_ms(ms: &str) -> String;
     /// JSON `text`, bound, as a JSON column takes it (PostgreSQL casts it to `jsonb`; the
     /// others keep JSON as text).
     fn json(b: &mut Binder<Self>, text: String) -> String {

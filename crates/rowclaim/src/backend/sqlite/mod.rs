@@ -62,6 +62,11 @@ impl Dialect for Sql {
         format!("({} / 1000)", b.bind(us))
     }
 
+    /// Times are epoch milliseconds here already.
+    fn at_ms(ms: &str) -> String {
+        ms.to_owned()
+    }
+
     fn keep_existing(key: &str) -> String {
         format!("ON CONFLICT ({key}) DO NOTHING")
     }
@@ -188,11 +193,7 @@ impl Lite {
     /// A write transaction: takes the write lock at once (waiting up to the busy timeout), so a
     /// read inside it can never be outdated by another writer.
     pub(crate) async fn write(&self) -> Result<sqlx::Transaction<'static, Sqlite>> {
-        Ok(self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(error)?)
+        self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(error)
     }
 
     /// A transaction for [`run::Transact`]: a write transaction (every commit here is durable).
@@ -208,11 +209,11 @@ impl Lite {
         deadline_ms: i64,
     ) -> Result<bool> {
         let sql = format!("SELECT {NOW} > ?");
-        Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .bind(deadline_ms)
             .fetch_one(&mut **tx)
             .await
-            .map_err(error)?)
+            .map_err(error)
     }
 }
 
