@@ -9,12 +9,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 
 use crate::backend::{Lookup, Need, Reads, Resolved, ServerInfo};
-use crate::claim::auto_choice;
-use crate::claim::Layer;
+use crate::claim::{auto_choice, Layer};
+use crate::db::Db;
+use crate::error::{Error, Result};
 use crate::mapping::{Mapping, TableName};
 use crate::registry::RecordedSource;
 use crate::report::{Finding, Severity, Topic};
-use crate::{Db, Error, Result, Source, Strategy};
+use crate::source::Source;
+use crate::strategy::Strategy;
 
 /// What [`Db::check`] found for one source.
 #[derive(Clone, Debug, Serialize)]

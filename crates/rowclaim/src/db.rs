@@ -19,7 +19,7 @@ use crate::backend::postgres::{self, Pg};
 #[cfg(feature = "sqlite")]
 use crate::backend::sqlite::{self, Lite};
 use crate::backend::{Backend, ServerInfo};
-use crate::{DatabaseError, Error, Result};
+use crate::error::{DatabaseError, Error, Result};
 
 /// A pool of connections to PostgreSQL, MySQL/MariaDB or SQLite.
 ///
@@ -465,7 +465,7 @@ mod tests {
     #[tokio::test]
     async fn a_left_out_driver_names_its_feature() {
         let e = super::Db::connect("sqlite://x.db").await.unwrap_err();
-        assert!(matches!(e, crate::Error::Unsupported(_)), "{e:?}");
+        assert!(matches!(e, crate::error::Error::Unsupported(_)), "{e:?}");
         assert!(e.to_string().contains("cargo feature \"sqlite\""), "{e}");
     }
 
@@ -480,8 +480,11 @@ mod tests {
         let url = format!("sqlite://{}", file.display());
         let look = ConnectOptions::default().sqlite_create_if_missing(false);
         let e = Db::connect_with(&url, look.clone()).await.unwrap_err();
-        assert!(matches!(e, crate::Error::NoSqliteFile { .. }), "{e:?}");
-        assert_eq!(e.kind(), crate::ErrorKind::BadInput);
+        assert!(
+            matches!(e, crate::error::Error::NoSqliteFile { .. }),
+            "{e:?}"
+        );
+        assert_eq!(e.kind(), crate::error::ErrorKind::BadInput);
         assert_eq!(
             e.to_string(),
             format!("no SQLite database at {}", file.display())

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::RowId;
+use crate::id::RowId;
 
 /// Everything that can go wrong in rowclaim.
 ///
@@ -63,7 +63,7 @@ pub enum Error {
     #[error("strategy {strategy} cannot be used here: {reason}")]
     UnsupportedStrategy {
         /// The strategy that was asked for.
-        strategy: crate::Strategy,
+        strategy: crate::strategy::Strategy,
         /// Why, and what would work instead.
         reason: String,
     },
@@ -453,8 +453,8 @@ fn describe_ids(ids: &[RowId]) -> String {
     format!("row(s) {}{more}", shown.join(", "))
 }
 
-impl From<crate::UnknownStrategy> for Error {
-    fn from(e: crate::UnknownStrategy) -> Error {
+impl From<crate::strategy::UnknownStrategy> for Error {
+    fn from(e: crate::strategy::UnknownStrategy) -> Error {
         Error::InvalidInput(e.to_string())
     }
 }

@@ -2,8 +2,9 @@
 //! validated and quoted, status values parsed), table names, and the catalog's columns. The
 //! bottom layer: it depends on nothing but values and errors.
 
+use crate::error::{Error, Result};
+use crate::id::RowId;
 use crate::value::Kind;
-use crate::{Error, Result, RowId};
 
 /// What a column can be used for, from its declared type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -147,7 +147,7 @@ pub(crate) struct WorkerMetrics {
 
 impl WorkerMetrics {
     /// The handles of a worker on `claimer`.
-    pub(crate) fn of(claimer: &crate::Claimer) -> WorkerMetrics {
+    pub(crate) fn of(claimer: &crate::claim::Claimer) -> WorkerMetrics {
         let queue = crate::queue::served(claimer)
             .map(|q| {
                 let mut q = q.to_vec();

@@ -21,9 +21,11 @@ use serde::{Deserialize, Serialize};
 use crate::backend::dispatch;
 use crate::backend::run::Run;
 use crate::backend::sql::{Binder, Dialect, Stmt};
-use crate::error::DbKind;
+use crate::db::Db;
+use crate::error::{DbKind, Error, Result};
 use crate::mapping::{Mapping, TableName};
-use crate::{Db, Error, Result, Source, Strategy};
+use crate::source::Source;
+use crate::strategy::Strategy;
 
 /// The registry table's name.
 pub(crate) const TABLE: &str = "rowclaim_sources";

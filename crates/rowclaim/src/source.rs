@@ -3,9 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Error, Result};
 use crate::mapping::{ident, is_ident, ColType, Column, Mapping, Naming, TableName};
 use crate::value::Kind;
-use crate::{Error, Result};
 
 /// A table of work and its column mapping.
 ///
@@ -337,7 +337,7 @@ impl Live<'_> {
     /// A status value, checked as a literal and against what the status column holds: a value
     /// the column cannot hold would fail only at the first claim or settle, as the database's
     /// "value too long" about a column the user did not name.
-    fn status_value(&self, status: &Column, v: &str, what: &str) -> Result<crate::RowId> {
+    fn status_value(&self, status: &Column, v: &str, what: &str) -> Result<crate::id::RowId> {
         check_status_value(v, what)?;
         if let ColType::Text { max_len: Some(n) } = status.ty {
             let len = v.chars().count();
@@ -481,8 +481,8 @@ pub(crate) fn contained(condition: &str) -> std::result::Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::id::RowId;
     use crate::mapping::status_literal;
-    use crate::RowId;
 
     #[test]
     fn identifiers_are_validated() {

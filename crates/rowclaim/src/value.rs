@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::RowId;
+use crate::id::RowId;
 
 /// Whether a column holds integers or text: decides how ids and status values are bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,11 +14,11 @@ pub(crate) enum Kind {
 
 impl Kind {
     /// Parses `text` (from the command line or a config file) as a value of this kind.
-    pub(crate) fn parse(self, text: &str, what: &str) -> crate::Result<RowId> {
+    pub(crate) fn parse(self, text: &str, what: &str) -> crate::error::Result<RowId> {
         match self {
             Kind::Text => Ok(RowId::Text(text.to_owned())),
             Kind::Int => text.trim().parse::<i64>().map(RowId::Int).map_err(|_| {
-                crate::Error::InvalidInput(format!(
+                crate::error::Error::InvalidInput(format!(
                     "{what} {text:?} is not an integer, but its column holds integers"
                 ))
             }),
@@ -51,19 +51,19 @@ impl IdList {
         }
     }
 
-    pub(crate) fn new(kind: Kind, ids: &[RowId]) -> crate::Result<IdList> {
+    pub(crate) fn new(kind: Kind, ids: &[RowId]) -> crate::error::Result<IdList> {
         match kind {
             Kind::Int => ids
                 .iter()
                 .map(|id| match id {
                     RowId::Int(i) => Ok(*i),
                     RowId::Text(t) => t.parse().map_err(|_| {
-                        crate::Error::InvalidInput(format!(
+                        crate::error::Error::InvalidInput(format!(
                             "row id {t:?} is not an integer, but the id column holds integers"
                         ))
                     }),
                 })
-                .collect::<crate::Result<_>>()
+                .collect::<crate::error::Result<_>>()
                 .map(IdList::Int),
             Kind::Text => Ok(IdList::Text(ids.iter().map(ToString::to_string).collect())),
         }

@@ -2,9 +2,10 @@
 //! server, without claiming or writing anything. Each driver implements it in its `check.rs`,
 //! beside its claim SQL; `crate::check` turns the answers into a report.
 
+use crate::error::Result;
 use crate::mapping::{Column, Mapping};
 use crate::report::Finding;
-use crate::{Result, Strategy};
+use crate::strategy::Strategy;
 
 use super::Resolved;
 

@@ -16,9 +16,13 @@
 
 use std::time::Duration;
 
+use crate::error::Result;
+use crate::id::RowId;
+use crate::locking::{LockMode, LockWait};
 use crate::mapping::{Column, Mapping, Naming, TableName};
+use crate::report::Stats;
+use crate::strategy::Strategy;
 use crate::value::IdList;
-use crate::{LockMode, LockWait, Result, RowId, Stats, Strategy};
 
 mod inspect;
 pub(crate) mod once;
@@ -239,8 +243,8 @@ impl Held {
 }
 
 /// A held transaction handed to another database's driver (a bug).
-pub(crate) fn not_ours() -> crate::Error {
-    crate::Error::Internal("a transaction was handed to another database's driver".into())
+pub(crate) fn not_ours() -> crate::error::Error {
+    crate::error::Error::Internal("a transaction was handed to another database's driver".into())
 }
 
 /// `$body` with `$d` bound to whichever driver `$backend` is: for the one accessor of each role.

@@ -9,10 +9,12 @@ use super::sql::{
     release_refused, release_row_sql, Binder, Dialect, Stmt,
 };
 use super::{Outcome, Target};
-use crate::error::DbKind;
+use crate::error::{DbKind, Error, Result};
+use crate::id::RowId;
 use crate::mapping::{status_literal, Mapping, Naming};
+use crate::report::Stats;
+use crate::strategy::Strategy;
 use crate::value::IdList;
-use crate::{Error, Result, RowId, Stats, Strategy};
 
 /// Runs a statement that changes rows; with several named rows it commits only if all of them
 /// changed (all or nothing). A transaction of three round trips costs the server less than one
@@ -133,7 +135,7 @@ pub(crate) async fn settle_returning<R: Run + ?Sized>(
     token: &str,
     list: &IdList,
     outcome: Outcome,
-) -> Result<Option<Vec<crate::RowId>>> {
+) -> Result<Option<Vec<crate::id::RowId>>> {
     if strategy == Strategy::LeaseTable || m.owner.is_none() {
         return Ok(None);
     }

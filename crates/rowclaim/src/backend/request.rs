@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use crate::mapping::{Fragment, Mapping};
+use crate::strategy::Strategy;
 use crate::value::IdList;
-use crate::Strategy;
 
 /// A claim's request to a driver.
 pub(crate) struct ClaimArgs<'a> {
@@ -97,7 +97,7 @@ pub(crate) enum Resolved {
 
 impl Resolved {
     /// `strategy`, which must be resolved already.
-    pub(crate) fn of(strategy: Strategy) -> crate::Result<Resolved> {
+    pub(crate) fn of(strategy: Strategy) -> crate::error::Result<Resolved> {
         Ok(match strategy {
             Strategy::SkipLocked => Resolved::SkipLocked,
             Strategy::Token => Resolved::Token,
@@ -105,7 +105,7 @@ impl Resolved {
             Strategy::LeaseTable => Resolved::LeaseTable,
             Strategy::Transaction => Resolved::Transaction,
             Strategy::Auto => {
-                return Err(crate::Error::Internal(
+                return Err(crate::error::Error::Internal(
                     "strategy auto reached a driver unresolved".into(),
                 ))
             }
@@ -151,7 +151,7 @@ impl Outcome {
         )
     }
 
-    pub(crate) fn status<'m>(&self, m: &'m Mapping) -> &'m crate::RowId {
+    pub(crate) fn status<'m>(&self, m: &'m Mapping) -> &'m crate::id::RowId {
         match self {
             Outcome::Done(_) => &m.done,
             Outcome::Failed(_) => &m.failed,
@@ -174,10 +174,10 @@ pub(crate) enum Target<'a> {
 /// Which rows of a source a look at it wants (`Claimer::rows`, `Claimer::row`): values parsed
 /// to the status and id columns' kinds, to be bound.
 pub(crate) struct RowQuery {
-    pub status: Option<crate::RowId>,
-    pub id: Option<crate::RowId>,
+    pub status: Option<crate::id::RowId>,
+    pub id: Option<crate::id::RowId>,
     /// Only rows whose id sorts after this one (the next page).
-    pub after: Option<crate::RowId>,
+    pub after: Option<crate::id::RowId>,
     pub limit: i64,
 }
 

@@ -3,8 +3,7 @@
 
 use std::time::Duration;
 
-use crate::error::DbKind;
-use crate::Result;
+use crate::error::{DbKind, Result};
 
 /// Runs `$op` again while it fails with a transient error (deadlock, lock-wait timeout,
 /// serialization failure, SQLite busy), with a short growing pause; gives up after a while.
@@ -35,7 +34,7 @@ pub(crate) async fn pause(attempt: u32) {
 }
 
 /// Deadlock, lock-wait timeout, serialization failure, SQLite busy: worth running again.
-pub(crate) fn is_transient(e: &crate::Error) -> bool {
+pub(crate) fn is_transient(e: &crate::error::Error) -> bool {
     e.db_kind() == Some(DbKind::Transient)
 }
 
@@ -45,17 +44,17 @@ pub(crate) fn is_transient(e: &crate::Error) -> bool {
 pub(crate) async fn commit<DB: sqlx::Database>(
     tx: sqlx::Transaction<'_, DB>,
     what: impl FnOnce() -> String,
-    sort: fn(sqlx::Error) -> crate::DatabaseError,
+    sort: fn(sqlx::Error) -> crate::error::DatabaseError,
 ) -> Result<()> {
     tx.commit().await.map_err(|e| {
         let e = sort(e);
         if e.connection_broke() {
-            crate::Error::OutcomeUnknown {
+            crate::error::Error::OutcomeUnknown {
                 what: what(),
                 source: e,
             }
         } else {
-            crate::Error::Database(e)
+            crate::error::Error::Database(e)
         }
     })
 }

@@ -5,8 +5,8 @@
 use std::future::Future;
 
 use super::sql::{Dialect, Stmt};
+use crate::error::Result;
 use crate::value::Value;
-use crate::Result;
 
 /// A row a statement returns, read as any `sqlx::FromRow` type of the driver's database (a
 /// tuple of columns, usually).
@@ -121,8 +121,8 @@ pub(crate) enum Col {
     OptText,
 }
 
-fn none() -> crate::Error {
-    crate::Error::Internal("a statement that answers one row answered none".into())
+fn none() -> crate::error::Error {
+    crate::error::Error::Internal("a statement that answers one row answered none".into())
 }
 
 /// A driver that opens transactions: statements in one commit together or not at all.
@@ -263,30 +263,30 @@ macro_rules! binder_queries {
             async fn execute(
                 &self,
                 s: $crate::backend::sql::Stmt<$dialect>,
-            ) -> $crate::Result<u64> {
+            ) -> $crate::error::Result<u64> {
                 let q = s.binder.query(s.sql)?;
                 $crate::backend::run::binder_queries!(@with $how, self, |e, keep| {
-                    Ok(q.persistent(keep).execute(e).await.map_err(|e| $crate::Error::Database($sort(e)))?.rows_affected())
+                    Ok(q.persistent(keep).execute(e).await.map_err(|e| $crate::error::Error::Database($sort(e)))?.rows_affected())
                 })
             }
 
             async fn fetch_all<T: $crate::backend::run::Fetch<$dialect>>(
                 &self,
                 s: $crate::backend::sql::Stmt<$dialect>,
-            ) -> $crate::Result<Vec<T>> {
+            ) -> $crate::error::Result<Vec<T>> {
                 let q = s.binder.query_as::<T>(s.sql)?;
                 $crate::backend::run::binder_queries!(@with $how, self, |e, keep| {
-                    q.persistent(keep).fetch_all(e).await.map_err(|e| $crate::Error::Database($sort(e)))
+                    q.persistent(keep).fetch_all(e).await.map_err(|e| $crate::error::Error::Database($sort(e)))
                 })
             }
 
             async fn fetch_optional<T: $crate::backend::run::Fetch<$dialect>>(
                 &self,
                 s: $crate::backend::sql::Stmt<$dialect>,
-            ) -> $crate::Result<Option<T>> {
+            ) -> $crate::error::Result<Option<T>> {
                 let q = s.binder.query_as::<T>(s.sql)?;
                 $crate::backend::run::binder_queries!(@with $how, self, |e, keep| {
-                    q.persistent(keep).fetch_optional(e).await.map_err(|e| $crate::Error::Database($sort(e)))
+                    q.persistent(keep).fetch_optional(e).await.map_err(|e| $crate::error::Error::Database($sort(e)))
                 })
             }
 
@@ -294,12 +294,12 @@ macro_rules! binder_queries {
                 &self,
                 s: $crate::backend::sql::Stmt<$dialect>,
                 columns: &[$crate::backend::run::Col],
-            ) -> $crate::Result<Vec<Vec<$crate::value::Value>>> {
+            ) -> $crate::error::Result<Vec<Vec<$crate::value::Value>>> {
                 let q = s.binder.query(s.sql)?;
                 let rows = $crate::backend::run::binder_queries!(@with $how, self, |e, keep| {
-                    q.persistent(keep).fetch_all(e).await.map_err(|e| $crate::Error::Database($sort(e)))?
+                    q.persistent(keep).fetch_all(e).await.map_err(|e| $crate::error::Error::Database($sort(e)))?
                 });
-                $crate::backend::run::values(rows, columns).map_err(|e| $crate::Error::Database($sort(e)))
+                $crate::backend::run::values(rows, columns).map_err(|e| $crate::error::Error::Database($sort(e)))
             }
         }
     };
@@ -308,7 +308,7 @@ macro_rules! binder_queries {
             pub(crate) fn query<'q>(
                 self,
                 sql: String,
-            ) -> $crate::Result<
+            ) -> $crate::error::Result<
                 sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments>,
             > {
                 $crate::backend::sql::record(&sql);
@@ -318,7 +318,7 @@ macro_rules! binder_queries {
             pub(crate) fn query_as<'q, O>(
                 self,
                 sql: String,
-            ) -> $crate::Result<
+            ) -> $crate::error::Result<
                 sqlx::query::QueryAs<'q, $db, O, <$db as sqlx::Database>::Arguments>,
             >
             where
@@ -331,7 +331,7 @@ macro_rules! binder_queries {
             pub(crate) fn scalar<'q, O>(
                 self,
                 sql: String,
-            ) -> $crate::Result<
+            ) -> $crate::error::Result<
                 sqlx::query::QueryScalar<'q, $db, O, <$db as sqlx::Database>::Arguments>,
             >
             where
@@ -354,31 +354,31 @@ macro_rules! binder_queries {
             async fn commit_as(
                 self,
                 what: impl FnOnce() -> String + Send,
-            ) -> $crate::Result<()> {
+            ) -> $crate::error::Result<()> {
                 $crate::backend::commit(self.tx.into_inner(), what, $sort).await
             }
 
-            async fn commit(self) -> $crate::Result<()> {
+            async fn commit(self) -> $crate::error::Result<()> {
                 self.tx
                     .into_inner()
                     .commit()
                     .await
-                    .map_err(|e| $crate::Error::Database($sort(e)))
+                    .map_err(|e| $crate::error::Error::Database($sort(e)))
             }
 
-            async fn rollback(self) -> $crate::Result<()> {
+            async fn rollback(self) -> $crate::error::Result<()> {
                 self.tx
                     .into_inner()
                     .rollback()
                     .await
-                    .map_err(|e| $crate::Error::Database($sort(e)))
+                    .map_err(|e| $crate::error::Error::Database($sort(e)))
             }
         }
 
         impl $crate::backend::run::Transact for $driver {
             type Tx<'t> = $crate::backend::run::InTx<'t, $driver, $db>;
 
-            async fn transaction(&self, durable: bool) -> $crate::Result<Self::Tx<'_>> {
+            async fn transaction(&self, durable: bool) -> $crate::error::Result<Self::Tx<'_>> {
                 Ok($crate::backend::run::InTx::new(
                     self,
                     self.open_transaction(durable).await?,

@@ -1,9 +1,10 @@
 //! Which strategy a claimer uses: `auto`'s choice for a server and a mapping, and the check that
 //! a strategy asked for can run there.
 
-use crate::backend::ServerInfo;
+use crate::backend::{Capability, ServerInfo};
+use crate::error::{Error, Result};
 use crate::mapping::Mapping;
-use crate::{Capability, Error, Result, Strategy};
+use crate::strategy::Strategy;
 
 impl Strategy {
     /// Resolves `auto` and checks that the strategy can run on this server with this mapping.

@@ -4,8 +4,11 @@
 
 use super::{Claimer, Layer};
 use crate::backend::ServerInfo;
+use crate::db::Db;
+use crate::error::{Error, Result};
 use crate::mapping::{Mapping, TableName};
-use crate::{Db, Error, Result, Source, Strategy};
+use crate::source::Source;
+use crate::strategy::Strategy;
 
 impl Db {
     /// Checks `source` against the live table (names, columns, types), the strategy against the
@@ -112,7 +115,7 @@ impl Db {
         let probe = self.backend.catalog().probe_filter(m).await;
         match probe {
             Ok(_) => Ok(()),
-            Err(e) if e.is_connection() || e.kind() == crate::ErrorKind::Transient => Err(e),
+            Err(e) if e.is_connection() || e.kind() == crate::error::ErrorKind::Transient => Err(e),
             Err(e) => Err(Error::InvalidInput(format!(
                 "--where {condition:?} is not a condition on {table}: {e}"
             ))),

@@ -32,10 +32,14 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, Notify};
 
 use crate::backend::{retry_transient, ClaimArgs, Claimed, Held, Outcome, Resolved, ServerInfo};
-use crate::error::DbKind;
+use crate::db::Db;
+use crate::error::{DbKind, Error, Result};
+use crate::id::RowId;
+use crate::locking::{LockMode, LockWait};
 use crate::mapping::{Fragment, Lifecycle, Mapping, Naming};
+use crate::report::Stats;
+use crate::strategy::Strategy;
 use crate::value::IdList;
-use crate::{Db, Error, LockMode, LockWait, Result, RowId, Stats, Strategy};
 use fenced::{check_lease, unknown_if_cut, Change};
 
 /// The name of one claim: a fresh UUID v7. Every later change to the claim's rows is conditional

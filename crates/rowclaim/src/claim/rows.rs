@@ -4,7 +4,9 @@
 use std::time::SystemTime;
 
 use crate::backend::{retry_transient, RowQuery};
-use crate::{Claimer, Error, Result, RowId};
+use crate::claim::Claimer;
+use crate::error::{Error, Result};
+use crate::id::RowId;
 
 /// Which rows [`Claimer::rows`] returns: all of them unless narrowed, in id order, at most 50.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -114,7 +116,7 @@ impl Claimer {
     /// [`Error::Locked`] on PostgreSQL and MySQL/MariaDB, instead of waiting for it.
     pub async fn release_row(&self, id: &RowId, holder: Option<&str>) -> Result<bool> {
         let m = self.mapping();
-        if m.owner.is_none() && self.strategy() != crate::Strategy::LeaseTable {
+        if m.owner.is_none() && self.strategy() != crate::strategy::Strategy::LeaseTable {
             return Err(Error::Unsupported(format!(
                 "{} has no owner column, so its holder cannot be fenced out: a row given back \
                  now could be finished by its old holder after another worker claimed it; map \

@@ -10,9 +10,12 @@ use std::time::Duration;
 
 use crate::backend::sql::{naming, Dialect, Stmt};
 use crate::backend::{ClaimArgs, Outcome, Resolved, ServerInfo, ServerKind, Target};
+use crate::error::Result;
+use crate::id::RowId;
 use crate::mapping::{ColType, Column, Mapping};
+use crate::source::Source;
+use crate::strategy::Strategy;
 use crate::value::IdList;
-use crate::{Result, RowId, Source, Strategy};
 
 /// What a case's table holds besides id and status.
 #[derive(Clone, Copy, Debug)]

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::RowId;
+use crate::id::RowId;
 
 /// One claimed row: its id and all its columns as a JSON object (as they are after the claim).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

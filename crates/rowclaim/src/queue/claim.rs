@@ -11,9 +11,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::backend::{retry_transient, ClaimArgs};
-use crate::claim::{Claiming, Layer, More, Shape};
+use crate::claim::{Claim, Claimer, Claiming, Layer, More, Shape};
+use crate::db::Db;
+use crate::error::Result;
 use crate::mapping::{Fragment, Lifecycle, Mapping, Naming, Piece};
-use crate::{Claim, Claimer, Db, Result, Source};
+use crate::source::Source;
 
 use super::limits::LIMITED;
 use super::settings::settings;

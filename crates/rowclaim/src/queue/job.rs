@@ -293,7 +293,7 @@ impl Job {
 
     /// Reads a job out of a claimed row of `rowclaim_jobs`, moving its payload out of the row
     /// rather than copying it (the worker runtime's way: the row's data then lacks `payload`).
-    pub(crate) fn take_from_row(row: &mut crate::ClaimedRow) -> Result<Job> {
+    pub(crate) fn take_from_row(row: &mut crate::claim::ClaimedRow) -> Result<Job> {
         let payload = match row.data.as_object_mut().and_then(|o| o.remove("payload")) {
             Some(serde_json::Value::String(s)) => {
                 serde_json::from_str(&s).unwrap_or(serde_json::Value::String(s))
@@ -307,7 +307,7 @@ impl Job {
     }
 
     /// Reads a job out of a claimed row of `rowclaim_jobs`.
-    pub fn from_row(row: &crate::ClaimedRow) -> Result<Job> {
+    pub fn from_row(row: &crate::claim::ClaimedRow) -> Result<Job> {
         let d = &row.data;
         let id = match &row.id {
             RowId::Int(i) => *i,

@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use crate::backend::run::Run;
 use crate::backend::sql::{self, Binder, Dialect, Stmt};
 use crate::backend::ClaimArgs;
+use crate::error::{Error, Result};
 use crate::value::IdList;
-use crate::{Error, Result};
 
 /// The limits of one queue. Set with [`crate::Queue::limit`]; none by default.
 ///

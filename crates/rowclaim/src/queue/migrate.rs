@@ -7,7 +7,7 @@
 
 use crate::backend::run::{Fetch, Run};
 use crate::backend::sql::{Binder, Dialect, Stmt};
-use crate::Result;
+use crate::error::Result;
 
 /// What a database's schema is made of. Its migrations are lists of statements, one per
 /// version: append, never edit (they are the schema every install has).

@@ -43,8 +43,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::run::OnConn;
 use crate::backend::{retry_transient, Outcome};
-use crate::error::DbKind;
-use crate::{Claim, Claimer, Db, Error, Result, RowId, Strategy};
+use crate::claim::{Claim, Claimer};
+use crate::db::Db;
+use crate::error::{DbKind, Error, Result};
+use crate::id::RowId;
+use crate::strategy::Strategy;
 use store::store;
 
 #[cfg(feature = "mysql")]
@@ -217,7 +220,7 @@ impl Queue {
     /// [`Queue::claimer`] makes it: the strategy it uses, whether its claim reads ready jobs
     /// through the queue's index, privileges, the server's settings and the clock. Writes
     /// nothing.
-    pub async fn check(&self, queues: &[String]) -> Result<crate::CheckReport> {
+    pub async fn check(&self, queues: &[String]) -> Result<crate::check::CheckReport> {
         for q in queues {
             if q.is_empty() {
                 return Err(Error::InvalidInput("queue name must not be empty".into()));

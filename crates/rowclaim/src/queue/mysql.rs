@@ -15,7 +15,7 @@ use super::{
 use crate::backend::mysql::{error_number, lease_us, My, Sql, NOW};
 use crate::backend::run::{Finish, InTx, OnConn, Run, Transact};
 use crate::backend::sql::{Binder, Dialect, Stmt};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 type B = Binder<Sql>;
 

@@ -14,7 +14,7 @@ use super::{
 use crate::backend::postgres::{Pg, Sql};
 use crate::backend::run::{Finish, InTx, OnConn, Run, Transact};
 use crate::backend::sql::{Binder, Dialect, Stmt};
-use crate::Result;
+use crate::error::Result;
 
 type B = Binder<Sql>;
 

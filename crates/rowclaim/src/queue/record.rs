@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Serialize, Serializer};
 
 use crate::backend::sql::{Binder, Dialect};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// The states a job of the managed queue can be in.
 pub const JOB_STATUSES: &[&str] = &["ready", "running", "completed", "dead", "cancelled"];

@@ -9,8 +9,8 @@ use std::sync::Mutex;
 
 use crate::backend::run::{Col, Fetch, Finish, Run, Transact};
 use crate::backend::sql::{Dialect, Stmt};
+use crate::error::Result;
 use crate::value::Value;
-use crate::Result;
 
 pub(crate) struct Script<D> {
     log: Mutex<Vec<String>>,

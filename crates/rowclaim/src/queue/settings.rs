@@ -15,8 +15,9 @@ use super::limits::{self, QueueLimits, Rate, COLUMNS, LIMITED};
 use crate::backend::run::{Finish, Run, Transact};
 use crate::backend::sql::{Binder, Dialect, Stmt};
 use crate::backend::{dispatch, ClaimArgs};
+use crate::db::Db;
+use crate::error::Result;
 use crate::value::at_ms;
-use crate::{Db, Result};
 
 /// The settings role: pauses, limits and the limited claim, written once for every database
 /// over its driver's [`Run`].

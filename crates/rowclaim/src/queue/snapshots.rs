@@ -14,8 +14,9 @@ use crate::backend::{ClaimArgs, Outcome, Target};
 use crate::claim::snapshots::{claim_args, column, show, Builders};
 use crate::claim::Layer;
 use crate::mapping::{ColType, Column, Mapping};
+use crate::queue::{QueueLimits, Rate};
+use crate::strategy::Strategy;
 use crate::value::IdList;
-use crate::{QueueLimits, Rate, Strategy};
 
 use super::claim::{source, Jobs, Position};
 use super::limits;

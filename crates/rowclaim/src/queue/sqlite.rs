@@ -13,7 +13,7 @@ use super::{
 use crate::backend::run::{Finish, InTx, OnConn, Run, Transact};
 use crate::backend::sql::{self, Binder, Stmt};
 use crate::backend::sqlite::{Lite, Sql, NOW};
-use crate::Result;
+use crate::error::Result;
 
 type B = Binder<Sql>;
 

@@ -11,7 +11,8 @@ use super::{Admin, Enqueued, JobFilter, JobParts};
 use crate::backend::run::{Col, Fetch, Run};
 use crate::backend::sql::{Binder, Dialect, Stmt};
 use crate::backend::Backend;
-use crate::{Db, Error, Result};
+use crate::db::Db;
+use crate::error::{Error, Result};
 
 /// The store of `db`'s managed queue: the one place the queue matches on the database.
 pub(crate) fn store(db: &Db) -> &dyn QueueStore {

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::{ClaimedRow, Job, RowId, Token};
+use crate::claim::{ClaimedRow, Token};
+use crate::id::RowId;
+use crate::queue::Job;
 
 /// A boxed handler future.
 pub type TaskFuture = Pin<Box<dyn Future<Output = TaskResult> + Send + 'static>>;

@@ -15,7 +15,10 @@ use tokio::sync::watch;
 
 pub use handler::{Handler, IntoTaskResult, StopReason, Task, TaskFuture, TaskResult};
 
-use crate::{ClaimedRow, Claimer, Db, Error, Job, Result, Retention, Schedule, Scheduler};
+use crate::claim::{ClaimedRow, Claimer};
+use crate::db::Db;
+use crate::error::{Error, Result};
+use crate::queue::{Job, Retention, Schedule, Scheduler};
 use handler::{job_fn, ByKind, TaskFn};
 use runtime::{Config, Phase};
 

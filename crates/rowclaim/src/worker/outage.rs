@@ -39,7 +39,7 @@ impl Health {
     /// What to do after `error` while `what`: a connection that could not be had or broke is an
     /// outage ([`Health::unreachable`]); anything else the database said is a refusal
     /// ([`Health::refused`]).
-    pub(crate) fn failed(&self, what: &str, error: &crate::Error) {
+    pub(crate) fn failed(&self, what: &str, error: &crate::error::Error) {
         if error.is_connection() {
             self.unreachable(what, error);
         } else {

@@ -378,7 +378,7 @@ impl My {
     /// Whether the server is a node of a Galera cluster, and how synced it is.
     async fn galera_finding(&self) -> Result<Finding> {
         let server = self.server().await?;
-        if server.supports(crate::Capability::RowLocksSeenByAllWriters) {
+        if server.supports(crate::backend::Capability::RowLocksSeenByAllWriters) {
             return Ok(Finding::ok(
                 Topic::Galera,
                 "not a node of a Galera cluster (wsrep_on is off)",

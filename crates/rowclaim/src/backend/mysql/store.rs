@@ -190,7 +190,7 @@ impl ClaimStore for My {
         Ok((Held::MySql(tx), parse_rows(texts)?))
     }
 
-    async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<crate::Stats> {
+    async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<crate::report::Stats> {
         once::stats(self, m, strategy).await
     }
 

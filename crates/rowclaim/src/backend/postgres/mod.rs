@@ -23,10 +23,12 @@ use super::{
     Catalog, ClaimArgs, ClaimStore, Claimed, Claims, Held, Outcome, Resolved, ServerInfo,
     ServerKind, Target,
 };
-use crate::error::DbKind;
+use crate::error::{DbKind, Error, Result};
+use crate::id::RowId;
+use crate::locking::{LockMode, LockWait};
 use crate::mapping::{status_literal, ColType, Column, Mapping, TableName};
+use crate::strategy::Strategy;
 use crate::value::{IdList, Kind};
-use crate::{Error, LockMode, LockWait, Result, RowId, Strategy};
 use sqlx::{PgPool, Postgres, Row};
 
 type B = Binder<Sql>;
@@ -349,8 +351,8 @@ fn describe(e: &dyn sqlx::error::DatabaseError) -> Option<String> {
 
 /// This driver's errors, sorted where they are made: what its server's codes mean to rowclaim
 /// ([`classify`]) and how to word them ([`describe`]).
-pub(crate) fn sorted(e: sqlx::Error) -> crate::DatabaseError {
-    crate::DatabaseError::sorted(e, |db| (classify(db), describe(db)))
+pub(crate) fn sorted(e: sqlx::Error) -> crate::error::DatabaseError {
+    crate::error::DatabaseError::sorted(e, |db| (classify(db), describe(db)))
 }
 
 /// What `e` means to rowclaim, as this driver sorts it (for an error it handles itself).
@@ -363,11 +365,11 @@ pub(crate) fn error(e: sqlx::Error) -> Error {
     Error::Database(sorted(e))
 }
 
-impl crate::DatabaseError {
+impl crate::error::DatabaseError {
     /// An error of sqlx's PostgreSQL driver, sorted as rowclaim's PostgreSQL driver sorts its own:
     /// for code that talks to the database itself and asks what an error means
     /// ([`crate::Error::kind`] of `Error::Database` of it).
-    pub fn postgres(e: sqlx::Error) -> crate::DatabaseError {
+    pub fn postgres(e: sqlx::Error) -> crate::error::DatabaseError {
         sorted(e)
     }
 }

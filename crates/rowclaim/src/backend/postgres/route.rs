@@ -33,8 +33,7 @@ use sqlx::postgres::{
 use sqlx::{Connection, Either, Execute, Executor, Postgres};
 
 use super::target::{Target, Wanted};
-use crate::error::DbKind;
-use crate::Result;
+use crate::error::{DbKind, Result};
 
 /// A statement still unanswered this long when its caller gives it up makes the route suspect
 /// its server: the pool's own reconnects (to a crashed host: refused, retried inside sqlx until

@@ -100,7 +100,7 @@ impl ClaimStore for Pg {
         Ok((Held::Postgres(tx.into_inner()), rows))
     }
 
-    async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<crate::Stats> {
+    async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<crate::report::Stats> {
         once::stats(self, m, strategy).await
     }
 

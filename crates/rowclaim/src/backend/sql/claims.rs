@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::{and_each, no_owner, Binder, Dialect, Stmt};
 use crate::backend::{Outcome, Target};
+use crate::error::Result;
 use crate::mapping::{status_literal, Mapping};
-use crate::Result;
 
 /// Rows a claim may take: ready (and due, where rows have a due time), or claimed with an
 /// expired lease; each meeting what a layer above asks of a claimable row. This is the recheck a
@@ -214,7 +214,7 @@ pub(crate) fn extend_in_table_sql<D: Dialect>(
     lease: Duration,
 ) -> Result<Stmt<D>> {
     let Some(le) = &m.lease else {
-        return Err(crate::Error::Unsupported(format!(
+        return Err(crate::error::Error::Unsupported(format!(
             "{} has no lease column mapped, so its claims cannot be extended",
             m.table_display
         )));

@@ -11,13 +11,13 @@ use crate::mapping::{status_literal, Mapping};
 /// written for the table alone, cannot meet a column of the same name there.
 pub(crate) fn holder_columns<D: Dialect>(
     m: &Mapping,
-    strategy: crate::Strategy,
+    strategy: crate::strategy::Strategy,
     b: &mut Binder<D>,
     lease_ms: fn(&str) -> String,
     null_ms: &str,
 ) -> String {
     let (st, text) = (&m.status, D::TEXT);
-    let (owner, lease) = if strategy == crate::Strategy::LeaseTable {
+    let (owner, lease) = if strategy == crate::strategy::Strategy::LeaseTable {
         let lease_of = |b: &mut Binder<D>, what: &str| {
             format!(
                 "(SELECT {what} FROM rowclaim_leases AS l WHERE l.source = {} \
@@ -76,7 +76,7 @@ pub(crate) fn rows_sql<D: Dialect>(
 pub(crate) fn release_row_sql<D: Dialect>(
     m: &Mapping,
     b: &mut Binder<D>,
-    id: &crate::RowId,
+    id: &crate::id::RowId,
     holder: Option<&str>,
 ) -> String {
     let set = outcome_set(m, b, &Outcome::Ready);
@@ -99,7 +99,7 @@ pub(crate) fn release_row_sql<D: Dialect>(
 pub(crate) fn release_lease_sql<D: Dialect>(
     m: &Mapping,
     b: &mut Binder<D>,
-    id: &crate::RowId,
+    id: &crate::id::RowId,
     holder: Option<&str>,
 ) -> String {
     let mut delete = format!(
@@ -119,7 +119,7 @@ pub(crate) fn release_lease_sql<D: Dialect>(
 pub(crate) fn lock_row_sql<D: Dialect>(
     m: &Mapping,
     b: &mut Binder<D>,
-    id: &crate::RowId,
+    id: &crate::id::RowId,
     wait_clause: &str,
 ) -> String {
     format!(
@@ -132,8 +132,8 @@ pub(crate) fn lock_row_sql<D: Dialect>(
 
 /// A row held by the transaction strategy is locked by its claimer's open transaction: an
 /// UPDATE would wait for it, and the claimer's commit would still win.
-pub(crate) fn release_refused(m: &Mapping) -> crate::Error {
-    crate::Error::Unsupported(format!(
+pub(crate) fn release_refused(m: &Mapping) -> crate::error::Error {
+    crate::error::Error::Unsupported(format!(
         "rows of {} are claimed with the transaction strategy: the claiming process's open \
          transaction holds them, and they come back when it ends",
         m.table_display

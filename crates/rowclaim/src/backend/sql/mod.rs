@@ -17,10 +17,10 @@ pub(crate) use looks::*;
 
 use std::time::Duration;
 
+use crate::error::Result;
 use crate::mapping::{ColType, Mapping};
 use crate::value::IdList;
 pub(crate) use crate::value::Value;
-use crate::Result;
 
 /// How one database writes the pieces of SQL that differ between databases. Implemented by a
 /// zero-sized type per driver (`postgres::Sql`, `mysql::Sql`, `sqlite::Sql`).
@@ -144,10 +144,10 @@ impl<D: Dialect> Binder<D> {
     }
 
     /// Binds a status value or id as the integer or text it is.
-    pub(crate) fn value(&mut self, v: &crate::RowId) -> String {
+    pub(crate) fn value(&mut self, v: &crate::id::RowId) -> String {
         match v {
-            crate::RowId::Int(i) => self.bind(*i),
-            crate::RowId::Text(s) => self.bind(s.clone()),
+            crate::id::RowId::Int(i) => self.bind(*i),
+            crate::id::RowId::Text(s) => self.bind(s.clone()),
         }
     }
 
@@ -210,12 +210,12 @@ where
 {
     use sqlx::Arguments;
     args.add(v)
-        .map_err(|e| crate::Error::Internal(format!("a value could not be bound: {e}")))
+        .map_err(|e| crate::error::Error::Internal(format!("a value could not be bound: {e}")))
 }
 
 /// A token cannot name its rows when there is no owner column to find them by.
-pub(crate) fn no_owner(m: &Mapping) -> crate::Error {
-    crate::Error::Unsupported(format!(
+pub(crate) fn no_owner(m: &Mapping) -> crate::error::Error {
+    crate::error::Error::Unsupported(format!(
         "{} has no owner column, so a token does not say which rows it holds: name the rows \
          (--id), or map an owner column",
         m.table_display
@@ -230,6 +230,6 @@ pub(crate) fn lease_ms(lease: Duration) -> i64 {
 /// Parses a row's JSON text (MySQL and SQLite build it with `JSON_OBJECT`).
 pub(crate) fn parse_row(text: &str) -> Result<serde_json::Value> {
     serde_json::from_str(text).map_err(|e| {
-        crate::Error::Internal(format!("a row came back as invalid JSON ({e}): {text}"))
+        crate::error::Error::Internal(format!("a row came back as invalid JSON ({e}): {text}"))
     })
 }

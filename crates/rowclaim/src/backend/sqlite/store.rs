@@ -200,7 +200,7 @@ impl ClaimStore for Lite {
         ))
     }
 
-    async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<crate::Stats> {
+    async fn stats(&self, m: &Mapping, strategy: Strategy) -> Result<crate::report::Stats> {
         once::stats(self, m, strategy).await
     }
 

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use super::store::Definition;
 use super::timing::{self, Timing};
+use crate::error::{Error, Result};
 use crate::queue::NewJob;
-use crate::{Error, Result};
 
 /// What a scheduler does with ticks it missed (its database unreachable, no scheduler
 /// running) once it runs again. A tick less than [`LATE_WINDOW`](super::LATE_WINDOW) (a
@@ -401,7 +401,7 @@ mod tests {
             .zone("Nowhere/Land")
             .check()
             .unwrap_err();
-        assert_eq!(err.kind(), crate::ErrorKind::BadInput);
+        assert_eq!(err.kind(), crate::error::ErrorKind::BadInput);
         assert!(
             std::error::Error::source(&err).is_some(),
             "the zone's error is kept"

@@ -11,9 +11,10 @@ use super::store::{Firing, Stored};
 use super::timing;
 use super::LATE_WINDOW;
 use crate::backend::retry_transient;
+use crate::db::Db;
+use crate::error::Result;
 use crate::queue::store::store;
 use crate::queue::QueueStore;
-use crate::{Db, Result};
 
 /// Runs schedules: enqueues each due tick's job into the managed queue, exactly once however
 /// many schedulers run the same schedules (in this process or in others, on other machines).

@@ -6,10 +6,10 @@ use serde::Serialize;
 
 use super::{CatchUp, LATE_WINDOW};
 use crate::backend::retry_transient;
+use crate::error::{Error, Result};
 use crate::queue::record::{at_ms, rfc3339, rfc3339_opt};
 use crate::queue::store::store;
 use crate::queue::Queue;
-use crate::{Error, Result};
 
 /// A schedule as stored, from [`Queue::schedules`]. Serialised with its times as RFC 3339 in
 /// UTC with milliseconds.

@@ -8,10 +8,10 @@
 
 use crate::backend::run::{Col, Finish, Run, Transact};
 use crate::backend::sql::{Binder, Dialect, Stmt};
+use crate::error::Result;
 use crate::queue::store::EnqueueOne;
 use crate::queue::{Enqueued, NewJob};
 use crate::value::Value;
-use crate::Result;
 
 /// A definition as the store binds it.
 pub(crate) struct Definition<'a> {

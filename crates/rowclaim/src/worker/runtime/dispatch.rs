@@ -16,7 +16,7 @@ use super::supervise::supervise;
 use super::tally::{add, Counter};
 use super::{record, Config, Finished, Shared};
 use crate::backend::Outcome;
-use crate::{Claim, ClaimedRow};
+use crate::claim::{Claim, ClaimedRow};
 
 /// What the worker holds locally. Dropping it aborts every task in it.
 #[derive(Default)]
@@ -192,7 +192,7 @@ pub(super) async fn watch_paused(sh: Arc<Shared>, paused: watch::Sender<Paused>)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::RowId;
+    use crate::id::RowId;
 
     fn row(id: i64, queue: serde_json::Value) -> ClaimedRow {
         ClaimedRow {

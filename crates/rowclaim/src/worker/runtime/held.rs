@@ -9,8 +9,10 @@ use tokio::sync::watch;
 use super::lease::Lease;
 use super::settle::Settle;
 use crate::backend::Outcome;
+use crate::claim::Claim;
+use crate::error::Result;
+use crate::id::RowId;
 use crate::worker::handler::StopReason;
-use crate::{Claim, Result, RowId};
 
 /// One claim, as the runtime looks after it.
 pub(super) struct Held {

@@ -15,9 +15,11 @@ use tracing::Instrument;
 use super::dispatch::{Local, Paused};
 use super::heartbeat::heartbeat;
 use super::{sleep_until, Phase, Shared};
+use crate::claim::Claim;
+use crate::error::{Error, Result};
 use crate::metrics::secs;
+use crate::queue::Wakeups;
 use crate::worker::outage::pause;
-use crate::{Claim, Error, Result, Wakeups};
 
 /// A claim statement under way (`None`: no answer in time).
 pub(super) type Claiming = Pin<Box<dyn Future<Output = Option<Result<Claim>>> + Send>>;

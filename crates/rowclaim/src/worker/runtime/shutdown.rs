@@ -15,8 +15,9 @@ use super::dispatch::Local;
 use super::held::Held;
 use super::producer::Claiming;
 use super::{Phase, Shared};
+use crate::claim::ClaimedRow;
+use crate::id::RowId;
 use crate::worker::handler::StopReason;
-use crate::{ClaimedRow, RowId};
 
 /// Shuts the worker down after its claim loop ended (`ok`: without an error). Returns whether
 /// it was told to stop now.

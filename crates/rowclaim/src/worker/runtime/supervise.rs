@@ -16,9 +16,12 @@ use super::held::Held;
 use super::tally::{add, Counter};
 use super::{sleep_until, Finished, Shared};
 use crate::backend::Outcome;
+use crate::claim::ClaimedRow;
+use crate::error::Error;
+use crate::id::RowId;
 use crate::metrics::{secs, Running};
+use crate::queue::{backoff, Job};
 use crate::worker::handler::{StopReason, Task, TaskFuture, TaskResult};
-use crate::{backoff, ClaimedRow, Error, Job, RowId};
 
 type Switch = watch::Sender<Option<StopReason>>;
 

@@ -9,8 +9,9 @@ use tokio::time::Instant;
 
 use super::{Flushed, Settle, Settling};
 use crate::backend::Outcome;
+use crate::error::Result;
+use crate::id::RowId;
 use crate::metrics::{secs, WorkerMetrics};
-use crate::{Result, RowId};
 
 /// Most results in one flush.
 pub(super) const FLUSH_MOST: usize = 1000;

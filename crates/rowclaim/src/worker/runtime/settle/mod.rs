@@ -21,7 +21,8 @@ use tokio::sync::oneshot;
 
 use super::lease::Lease;
 use crate::backend::Outcome;
-use crate::{Error, Result, RowId};
+use crate::error::{Error, Result};
+use crate::id::RowId;
 
 /// A claim whose rows' results are written: what the settler and [`Recorder`] need of it.
 pub(super) trait Settle: Send + Sync + 'static {

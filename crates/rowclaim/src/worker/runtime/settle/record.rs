@@ -11,9 +11,10 @@ use tokio::time::Instant;
 
 use super::{Flushed, Settle, Settling};
 use crate::backend::Outcome;
+use crate::error::Error;
+use crate::id::RowId;
 use crate::worker::outage::{pause, Health};
 use crate::worker::runtime::tally::{add, Count, Tally};
-use crate::{Error, RowId};
 
 /// What recording a result needs of the worker: where results go, what it counts and whom it
 /// tells about outages, and its rules.

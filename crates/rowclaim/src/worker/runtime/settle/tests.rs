@@ -117,7 +117,7 @@ impl Settle for Fake {
 
 /// The connection broke: worth another try.
 fn broke() -> Error {
-    Error::Database(crate::DatabaseError::sorted(
+    Error::Database(crate::error::DatabaseError::sorted(
         sqlx::Error::PoolTimedOut,
         |_| (None, None),
     ))
@@ -423,7 +423,7 @@ async fn a_refusal_after_an_unanswered_try_counts_as_unconfirmed() {
     assert_eq!(w.counts(), [0, 0, 0, 1]);
     let unknown = Error::OutcomeUnknown {
         what: "a settle".into(),
-        source: crate::DatabaseError::sorted(sqlx::Error::PoolTimedOut, |_| (None, None)),
+        source: crate::error::DatabaseError::sorted(sqlx::Error::PoolTimedOut, |_| (None, None)),
     };
     let b = Fake::with(false, [Answer::Fail(unknown), Answer::Lost(vec![id(7)])]);
     w.record(true, &b).await;
