@@ -177,6 +177,18 @@ fn conclude(
         }
         _ => {}
     }
+    let ended = match ended {
+        Ended::Result(TaskResult::Snooze(_)) if !sh.claimer.snoozes() => {
+            Ended::Result(TaskResult::Failed(format!(
+                "the handler asked to run row {id} again later (a snooze, exit 75), which {} \
+                 cannot keep: it has no lease column to hold the row back in (strategy {}); \
+                 map one with --lease-column, or fail the row instead",
+                sh.claimer.table_name(),
+                sh.claimer.strategy()
+            )))
+        }
+        ended => ended,
+    };
     let (outcome, counter) = match verdict(ended, job) {
         Verdict::Record(outcome, counter) => (outcome, counter),
         Verdict::Abort(why) => {
