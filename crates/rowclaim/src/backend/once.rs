@@ -238,7 +238,14 @@ pub(crate) async fn stats<R: Run + ?Sized>(
     };
     let by_owner = match r.count_by(Stmt::new(owners, b)).await {
         // No lease table yet: no claim has been taken with it, so nothing is held or expired.
-        Err(e) if strategy == Strategy::LeaseTable && e.db_kind() == Some(DbKind::MissingTable) => {
+        // (MySQL answers a user who may not read a table as if it were missing: the same.)
+        Err(e)
+            if strategy == Strategy::LeaseTable
+                && matches!(
+                    e.db_kind(),
+                    Some(DbKind::MissingTable | DbKind::PermissionDenied)
+                ) =>
+        {
             return Ok(stats_of(by_status, Vec::new(), 0));
         }
         other => other?,

@@ -179,13 +179,17 @@ fn conclude(
     }
     let ended = match ended {
         Ended::Result(TaskResult::Snooze(_)) if !sh.claimer.snoozes() => {
-            Ended::Result(TaskResult::Failed(format!(
+            let why = format!(
                 "the handler asked to run row {id} again later (a snooze, exit 75), which {} \
-                 cannot keep: it has no lease column to hold the row back in (strategy {}); \
-                 map one with --lease-column, or fail the row instead",
+                 cannot keep: it has no lease column to hold the row back in (strategy {}), so \
+                 the row is failed instead; map one with --lease-column",
                 sh.claimer.table_name(),
                 sh.claimer.strategy()
-            )))
+            );
+            if !sh.snooze_warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!("{why}");
+            }
+            Ended::Result(TaskResult::Failed(why))
         }
         ended => ended,
     };
