@@ -136,9 +136,7 @@ fn library_exit(e: &rowclaim::Error) -> Exit {
         ErrorKind::BadInput
         | ErrorKind::MissingTable
         | ErrorKind::NotInitialised
-        | ErrorKind::PermissionDenied => {
-            exit::BAD_INPUT
-        }
+        | ErrorKind::PermissionDenied => exit::BAD_INPUT,
         ErrorKind::LeaseLost => exit::LEASE_LOST,
         ErrorKind::OutcomeUnknown => exit::OUTCOME_UNKNOWN,
         ErrorKind::LockConflict

@@ -38,9 +38,9 @@ pub const NOTHING_CLAIMED: Exit = Exit {
 pub const BAD_INPUT: Exit = Exit {
     code: 2,
     name: "bad input",
-    meaning: "usage, an invalid identifier, a missing table or column, rowclaim's own tables not \
-              set up (run `rowclaim init`), a strategy the server or table cannot do, a zero \
-              lease, a bad config file",
+    meaning: "usage, an invalid identifier, a missing table or column, an id column that is not \
+              unique, a missing privilege, rowclaim's own tables not set up (run `rowclaim \
+              init`), a strategy the server or table cannot do, a zero lease, a bad config file",
 };
 
 pub const LEASE_LOST: Exit = Exit {

@@ -185,12 +185,12 @@ impl Db {
                 ),
             )),
             Err(e) => match &e {
-                Error::IdNotUnique { fix, .. } => Ok(Finding::new(
-                    Topic::IdColumn,
-                    Severity::Error,
-                    e.to_string(),
-                )
-                .fix(fix.clone())),
+                Error::IdNotUnique { fix, .. } => {
+                    Ok(
+                        Finding::new(Topic::IdColumn, Severity::Error, e.to_string())
+                            .fix(fix.clone()),
+                    )
+                }
                 _ => Err(e),
             },
         }
@@ -368,7 +368,7 @@ impl Db {
             Ok(f) if f.severity == Severity::Error => Error::MissingPrivilege {
                 what: f.message,
                 grant: f.fix,
-                source,
+                source: Box::new(source),
             },
             _ => Error::MissingPrivilege {
                 what: format!(
@@ -376,7 +376,7 @@ impl Db {
                     m.table_display
                 ),
                 grant: None,
-                source,
+                source: Box::new(source),
             },
         }
     }

@@ -36,7 +36,7 @@ pub enum Error {
         grant: Option<String>,
         /// The database's refusal.
         #[source]
-        source: DatabaseError,
+        source: Box<DatabaseError>,
     },
 
     /// The source table does not exist.

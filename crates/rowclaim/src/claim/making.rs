@@ -80,11 +80,7 @@ impl Db {
         Err(Error::IdNotUnique {
             table: m.table_display.clone(),
             column: m.id_name.clone(),
-            fix: format!(
-                "CREATE UNIQUE INDEX {index} ON {} ({})",
-                m.table,
-                m.id
-            ),
+            fix: format!("CREATE UNIQUE INDEX {index} ON {} ({})", m.table, m.id),
         })
     }
 

@@ -208,9 +208,11 @@ fn snooze_in_lease<D: Dialect>(
 ) -> String {
     let mut set = vec![format!("{lease} = {}", D::later(b, after))];
     set.extend(m.owner.iter().map(|ow| format!("{ow} = NULL")));
-    set.extend(m.attempts.iter().map(|at| {
-        format!("{at} = CASE WHEN {at} > 0 THEN {at} - 1 ELSE 0 END")
-    }));
+    set.extend(
+        m.attempts
+            .iter()
+            .map(|at| format!("{at} = CASE WHEN {at} > 0 THEN {at} - 1 ELSE 0 END")),
+    );
     set.join(", ")
 }
 

@@ -186,7 +186,10 @@ fn conclude(
                 sh.claimer.table_name(),
                 sh.claimer.strategy()
             );
-            if !sh.snooze_warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            if !sh
+                .snooze_warned
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
                 tracing::warn!("{why}");
             }
             Ended::Result(TaskResult::Failed(why))
