@@ -188,9 +188,12 @@ pub async fn connect_tcp<Ws: WithSocket>(
 ) -> crate::Result<Ws::Output> {
     #[cfg(feature = "_rt-tokio")]
     if crate::rt::rt_tokio::available() {
-        return Ok(with_socket
-            .with_socket(tokio::net::TcpStream::connect((host, port)).await?)
-            .await);
+        let stream = tokio::net::TcpStream::connect((host, port)).await?;
+        // rowclaim patch (upstream transact-rs/sqlx#4336, not yet released): without
+        // TCP_NODELAY, Nagle's algorithm holds back the second of two small writes in a row
+        // (rustls writes each TLS record on its own) until the server's delayed ACK, ~40 ms.
+        stream.set_nodelay(true)?;
+        return Ok(with_socket.with_socket(stream).await);
     }
 
     cfg_if! {
@@ -216,7 +219,9 @@ async fn connect_tcp_async_io(host: &str, port: u16) -> crate::Result<impl Socke
     let host = host.trim_matches(&['[', ']'][..]);
 
     if let Ok(addr) = host.parse::<IpAddr>() {
-        return Ok(Async::<TcpStream>::connect((addr, port)).await?);
+        let stream = Async::<TcpStream>::connect((addr, port)).await?;
+        stream.get_ref().set_nodelay(true)?;
+        return Ok(stream);
     }
 
     let host = host.to_string();
@@ -232,7 +237,10 @@ async fn connect_tcp_async_io(host: &str, port: u16) -> crate::Result<impl Socke
     // Loop through all the Socket Addresses that the hostname resolves to
     for socket_addr in addresses {
         match Async::<TcpStream>::connect(socket_addr).await {
-            Ok(stream) => return Ok(stream),
+            Ok(stream) => {
+                stream.get_ref().set_nodelay(true)?;
+                return Ok(stream);
+            }
             Err(e) => last_err = Some(e),
         }
     }
