@@ -142,3 +142,115 @@ async fn no_tls_server_plain_by_default_refused_when_required() {
         says(&out)
     );
 }
+
+/// A port of 127.0.0.1 that nothing listens on: connections to it are refused.
+fn refusing_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a spare port");
+    listener.local_addr().expect("its address").port()
+}
+
+/// `work` started while the database is down waits for it, as it waits out an outage, says so
+/// once, and works once the server is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_waits_for_a_database_that_is_down_at_start() {
+    let pg = PrivatePostgres::start().await;
+    let url = pg.url("postgres");
+    ok(&run(&url, &["init"]).await);
+    ok(&run(&url, &["enqueue", "--queue", "a", "{}"]).await);
+    pg.stop(common::servers::StopMode::Fast).await;
+    let worker = support::rowclaim(
+        &url,
+        &["work", "--queue", "a", "--until-empty", "--", "true"],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("start rowclaim work");
+    // Several tries fail meanwhile (100 ms, 200 ms, 400 ms … apart).
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    pg.start_again().await;
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        worker.wait_with_output(),
+    )
+    .await
+    .expect("work ends once the database is back")
+    .expect("wait for rowclaim work");
+    ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.matches("waiting for the database").count(),
+        1,
+        "says once that it waits: {}",
+        says(&out)
+    );
+    assert!(err.contains("1 done"), "ran the job: {}", says(&out));
+}
+
+/// With --give-up-after, `work` waits that long for a database that is down at start, then
+/// exits 4 saying it gave up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_gives_up_on_a_database_down_at_start() {
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", refusing_port());
+    let out = run(
+        &url,
+        &[
+            "work",
+            "--queue",
+            "a",
+            "--give-up-after",
+            "1s",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(4), "{}", says(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("waiting for the database"), "{}", says(&out));
+    assert!(err.contains("gave up"), "{}", says(&out));
+}
+
+/// A server that takes the connection and never answers is given `connect_timeout` from the
+/// URL (libpq's parameter), not the default 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_timeout_in_the_url() {
+    let proxy = Proxy::start(refusing_port()).await;
+    proxy.blackhole(true);
+    for url in [
+        format!(
+            "postgres://postgres@127.0.0.1:{}/db?connect_timeout=1",
+            proxy.port()
+        ),
+        format!(
+            "mysql://root@127.0.0.1:{}/db?connect_timeout=1",
+            proxy.port()
+        ),
+    ] {
+        let out = run(&url, &["stats", "--json"]).await;
+        refused(&out, &format!("127.0.0.1:{}", proxy.port()));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("no answer within 1s"), "{}", says(&out));
+    }
+}
+
+/// A PostgreSQL URL at a MariaDB port: the message names the host and port, no password, and
+/// says it is not a PostgreSQL server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_url_at_a_mysql_port() {
+    let t = TestDb::new(Backend::MySql).await;
+    let port = t
+        .url
+        .rsplit_once(':')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .expect("port in the test URL")
+        .to_owned();
+    for mode in ["", "?sslmode=disable"] {
+        let url = format!("postgres://someone:sekret@127.0.0.1:{port}/db{mode}");
+        let out = run(&url, &["stats", "--json"]).await;
+        refused(&out, &format!("127.0.0.1:{port}"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("not a PostgreSQL server"), "{}", says(&out));
+        assert!(!err.contains("sekret"), "no password: {}", says(&out));
+    }
+}

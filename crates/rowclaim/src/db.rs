@@ -72,7 +72,8 @@ pub struct ConnectOptions {
     /// Other databases ignore it.
     pub async_commit: bool,
     /// How long [`Db::connect_with`] waits for the first connection before it reports the server
-    /// unreachable. Default 10 s. A refused connection is reported at once.
+    /// unreachable (at most [`ConnectOptions::acquire_timeout`]). Default 10 s, or
+    /// `connect_timeout=SECONDS` in the URL. A refused connection is reported within 0.2 s.
     pub connect_timeout: Duration,
     /// How long a statement waits for a connection from the pool (all busy, or the server
     /// unreachable) before it fails. Default 10 s.
@@ -135,6 +136,23 @@ impl ConnectOptions {
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout;
         self
+    }
+}
+
+/// A connection's error as PostgreSQL's driver sorts it, where a server that does not speak
+/// PostgreSQL's protocol (another database's port) is said to be none.
+#[cfg(feature = "postgres")]
+fn pg_connect_sorted(e: sqlx::Error) -> crate::error::DatabaseError {
+    match e {
+        sqlx::Error::Protocol(why) => {
+            // sqlx ends it with where in its source it was raised: "(sqlx_postgres::…:95)".
+            let why = why.rfind(" (sqlx_").map_or(why.as_str(), |at| &why[..at]);
+            postgres::sorted(sqlx::Error::Protocol(format!(
+                "not a PostgreSQL server: it does not answer as one ({why}); is this port \
+                 another database's, e.g. MySQL/MariaDB's?"
+            )))
+        }
+        e => postgres::sorted(e),
     }
 }
 
@@ -219,7 +237,7 @@ async fn connect_postgres(url: &str, opts: &ConnectOptions) -> Result<(Backend, 
             options,
             &endpoint,
             opts.connect_timeout,
-            postgres::sorted,
+            pg_connect_sorted,
         )
         .await?;
         (Route::single(pool, target.pooled, listen), endpoint)
@@ -361,7 +379,8 @@ impl Db {
     /// the host and port and says what the operating system reported.
     ///
     /// `connect_timeout=SECONDS` in a PostgreSQL or MySQL/MariaDB URL (libpq's name and unit)
-    /// sets [`ConnectOptions::connect_timeout`]; 0 waits without a limit.
+    /// sets [`ConnectOptions::connect_timeout`]; 0 sets no limit of its own. The wait for the
+    /// first connection is never longer than [`ConnectOptions::acquire_timeout`].
     pub async fn connect_with(url: &str, mut opts: ConnectOptions) -> Result<Db> {
         let scheme = url.split(':').next().unwrap_or_default();
         let url = &if scheme == "sqlite" {

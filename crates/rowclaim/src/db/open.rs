@@ -10,7 +10,7 @@ use super::redact;
 use crate::error::{DatabaseError, Error, Result};
 
 /// The URL without its `connect_timeout` parameter (which the drivers ignore), and its value:
-/// whole seconds as libpq reads them, 0 for no limit.
+/// whole seconds as libpq reads them, 0 for no limit (the pool's acquire timeout still is one).
 pub(super) fn take_connect_timeout(url: &str) -> Result<(String, Option<Duration>)> {
     let Some((base, query)) = url.split_once('?') else {
         return Ok((url.to_owned(), None));
@@ -71,11 +71,10 @@ pub(super) async fn open_pool<DB: sqlx::Database>(
         opened = &mut opened => return settle(opened),
         () = tokio::time::sleep(PROBE_AFTER) => {}
     }
-    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
     tokio::select! {
         opened = &mut opened => settle(opened),
-        looked = probe(&options, endpoint, left, sort) => {
-            looked?;
+        looked = tokio::time::timeout_at(deadline, probe(&options, endpoint, sort)) => {
+            looked.map_err(|_| no_answer(endpoint, wait, sort))??;
             settle(opened.await)
         }
     }
@@ -85,24 +84,18 @@ type ConnectionOptions<DB> = <<DB as sqlx::Database>::Connection as sqlx::Connec
 
 /// Opens one connection straight away, not through a pool (which would keep retrying a refused
 /// connection until its timeout), and closes it: the reason an unreachable server is unreachable.
-async fn probe<O>(
-    options: &O,
-    endpoint: &str,
-    wait: Duration,
-    sort: fn(sqlx::Error) -> DatabaseError,
-) -> Result<()>
+async fn probe<O>(options: &O, endpoint: &str, sort: fn(sqlx::Error) -> DatabaseError) -> Result<()>
 where
     O: sqlx::ConnectOptions,
     O::Connection: Sized,
 {
-    match tokio::time::timeout(wait, options.connect()).await {
-        Ok(Ok(conn)) => {
+    match options.connect().await {
+        Ok(conn) => {
             // Only a look; a failed goodbye changes nothing.
             let _ = sqlx::Connection::close(conn).await;
             Ok(())
         }
-        Ok(Err(e)) => Err(connect_failed(endpoint, sort(e))),
-        Err(_) => Err(no_answer(endpoint, wait, sort)),
+        Err(e) => Err(connect_failed(endpoint, sort(e))),
     }
 }
 
