@@ -397,8 +397,8 @@ async fn database_errors_said_once(t: Arc<TestDb>) {
     assert_eq!(err.matches(said).count(), 1, "said once: {err}");
 }
 
-/// A server that does not answer fails the command at once, naming what was dialled and what
-/// the operating system said, once.
+/// A server that does not answer fails a one-shot command at once, naming what was dialled and
+/// what the operating system said, once. (`work` waits for it instead: tests/connect.rs.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_is_named() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -411,7 +411,7 @@ async fn an_unreachable_server_is_named() {
         format!("mysql://root:secret@127.0.0.1:{port}/x"),
     ] {
         let out = tokio::process::Command::new(BIN)
-            .args(["--database", &url, "work", "--table", "t", "--", "true"])
+            .args(["--database", &url, "claim", "--table", "t"])
             .output()
             .await
             .unwrap();

@@ -35,6 +35,7 @@ pub mod pgbouncer;
 pub mod proxy;
 pub mod servers;
 pub mod testdb;
+pub mod tls;
 
 pub use testdb::{with_db, with_db_via, Backend, TestDb, Via};
 

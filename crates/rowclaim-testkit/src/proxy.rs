@@ -42,6 +42,7 @@ struct Shared {
     armed: Mutex<Option<Vec<u8>>>,
     fired: AtomicBool,
     open: AtomicUsize,
+    accepted: AtomicUsize,
 }
 
 /// A running proxy; dropping it closes every connection through it and stops listening.
@@ -69,6 +70,7 @@ impl Proxy {
             armed: Mutex::new(None),
             fired: AtomicBool::new(false),
             open: AtomicUsize::new(0),
+            accepted: AtomicUsize::new(0),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Proxy {
@@ -141,6 +143,11 @@ impl Proxy {
     pub fn connections(&self) -> usize {
         self.shared.open.load(Ordering::SeqCst)
     }
+
+    /// Connections the proxy has accepted since it started, closed ones included.
+    pub fn accepted(&self) -> usize {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for Proxy {
@@ -179,6 +186,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         };
         let generation = shared.ctl.borrow().cut;
         shared.open.fetch_add(1, Ordering::SeqCst);
+        shared.accepted.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(serve(OpenGuard(shared.clone()), client, generation));
     }
 }

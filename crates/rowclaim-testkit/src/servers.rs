@@ -65,6 +65,12 @@ impl PrivatePostgres {
     /// initdb in a new temp dir, then starts the server on a spare port of 127.0.0.1 and waits
     /// until it accepts connections.
     pub async fn start() -> PrivatePostgres {
+        PrivatePostgres::start_with("", &[]).await
+    }
+
+    /// [`PrivatePostgres::start`] with more lines for postgresql.conf and files put into the data
+    /// directory first (owned by the server's user, readable by it alone: a TLS key must be).
+    pub async fn start_with(conf: &str, files: &[(&str, &[u8])]) -> PrivatePostgres {
         sweep_leftovers();
         let bin = pg_bindir();
         let run_as = if is_root() {
@@ -100,13 +106,23 @@ impl PrivatePostgres {
             panic!("initdb failed ({}):\n{}", out.status, output_text(&out));
         }
         // Everything but the port (given to pg_ctl, so that a retry can change it).
-        let conf = "\n# rowclaim test harness\n\
+        let base = "\n# rowclaim test harness\n\
             listen_addresses = '127.0.0.1'\n\
             unix_socket_directories = ''\n\
             fsync = off\n\
             max_connections = 100\n\
             shared_buffers = 32MB\n";
-        append(&data.join("postgresql.conf"), conf);
+        append(&data.join("postgresql.conf"), &format!("{base}{conf}\n"));
+        for (name, bytes) in files {
+            let path = data.join(name);
+            std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("write {name}: {e}"));
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .unwrap_or_else(|e| panic!("chmod {name}: {e}"));
+            if let Some((uid, gid)) = run_as {
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid))
+                    .unwrap_or_else(|e| panic!("chown {name} to postgres: {e}"));
+            }
+        }
 
         pg.first_launch("private PostgreSQL").await;
         pg

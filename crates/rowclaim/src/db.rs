@@ -19,7 +19,12 @@ use crate::backend::postgres::{self, Pg};
 #[cfg(feature = "sqlite")]
 use crate::backend::sqlite::{self, Lite};
 use crate::backend::{Backend, ServerInfo};
-use crate::error::{DatabaseError, Error, Result};
+use crate::error::{Error, Result};
+
+mod open;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use open::open_pool;
+use open::take_connect_timeout;
 
 /// A pool of connections to PostgreSQL, MySQL/MariaDB or SQLite.
 ///
@@ -67,7 +72,8 @@ pub struct ConnectOptions {
     /// Other databases ignore it.
     pub async_commit: bool,
     /// How long [`Db::connect_with`] waits for the first connection before it reports the server
-    /// unreachable. Default 10 s. A refused connection is reported at once.
+    /// unreachable (at most [`ConnectOptions::acquire_timeout`]). Default 10 s, or
+    /// `connect_timeout=SECONDS` in the URL. A refused connection is reported within 0.2 s.
     pub connect_timeout: Duration,
     /// How long a statement waits for a connection from the pool (all busy, or the server
     /// unreachable) before it fails. Default 10 s.
@@ -133,34 +139,20 @@ impl ConnectOptions {
     }
 }
 
-/// Opens one connection straight away (not through a pool, which would keep retrying a refused
-/// connection until its timeout), so that an unreachable server is reported at once with what
-/// was dialled and what the operating system said.
-async fn probe<O>(
-    options: &O,
-    endpoint: &str,
-    wait: Duration,
-    sort: fn(sqlx::Error) -> DatabaseError,
-) -> Result<()>
-where
-    O: sqlx::ConnectOptions,
-    O::Connection: Sized,
-{
-    let failed = |e| Error::Connect {
-        endpoint: endpoint.to_owned(),
-        source: sort(e),
-    };
-    match tokio::time::timeout(wait, options.connect()).await {
-        Ok(Ok(conn)) => {
-            // The pool opens its own connections; a failed goodbye changes nothing.
-            let _ = sqlx::Connection::close(conn).await;
-            Ok(())
+/// A connection's error as PostgreSQL's driver sorts it, where a server that does not speak
+/// PostgreSQL's protocol (another database's port) is said to be none.
+#[cfg(feature = "postgres")]
+fn pg_connect_sorted(e: sqlx::Error) -> crate::error::DatabaseError {
+    match e {
+        sqlx::Error::Protocol(why) => {
+            // sqlx ends it with where in its source it was raised: "(sqlx_postgres::…:95)".
+            let why = why.rfind(" (sqlx_").map_or(why.as_str(), |at| &why[..at]);
+            postgres::sorted(sqlx::Error::Protocol(format!(
+                "not a PostgreSQL server: it does not answer as one ({why}); is this port \
+                 another database's, e.g. MySQL/MariaDB's?"
+            )))
         }
-        Ok(Err(e)) => Err(failed(e)),
-        Err(_) => Err(failed(sqlx::Error::Io(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("no answer within {}", humantime::format_duration(wait)),
-        )))),
+        e => postgres::sorted(e),
     }
 }
 
@@ -240,8 +232,14 @@ async fn connect_postgres(url: &str, opts: &ConnectOptions) -> Result<(Backend, 
     let (route, endpoint) = if target.hosts.len() == 1 {
         let options = target.hosts[0].1.clone();
         let endpoint = pg_endpoint(&options);
-        probe(&options, &endpoint, opts.connect_timeout, postgres::sorted).await?;
-        let pool = pool_options.connect_lazy_with(options);
+        let pool = open_pool(
+            pool_options,
+            options,
+            &endpoint,
+            opts.connect_timeout,
+            pg_connect_sorted,
+        )
+        .await?;
         (Route::single(pool, target.pooled, listen), endpoint)
     } else {
         let endpoint = format!("PostgreSQL at {}", target.label());
@@ -290,11 +288,17 @@ async fn connect_mysql(url: &str, opts: &ConnectOptions) -> Result<(Backend, Str
     let url = url.replacen("mariadb:", "mysql:", 1);
     let options = MySqlConnectOptions::from_str(&url).map_err(bad_url)?;
     let endpoint = my_endpoint(&options);
-    probe(&options, &endpoint, opts.connect_timeout, mysql::sorted).await?;
-    let pool = MySqlPoolOptions::new()
+    let pool_options = MySqlPoolOptions::new()
         .max_connections(opts.max_connections)
-        .acquire_timeout(opts.acquire_timeout)
-        .connect_lazy_with(options);
+        .acquire_timeout(opts.acquire_timeout);
+    let pool = open_pool(
+        pool_options,
+        options,
+        &endpoint,
+        opts.connect_timeout,
+        mysql::sorted,
+    )
+    .await?;
     Ok((Backend::MySql(My::new(pool)), endpoint))
 }
 
@@ -373,8 +377,19 @@ impl Db {
     ///
     /// A server that cannot be reached fails here at once, with an [`Error::Connect`] that names
     /// the host and port and says what the operating system reported.
-    pub async fn connect_with(url: &str, opts: ConnectOptions) -> Result<Db> {
+    ///
+    /// `connect_timeout=SECONDS` in a PostgreSQL or MySQL/MariaDB URL (libpq's name and unit)
+    /// sets [`ConnectOptions::connect_timeout`]; 0 sets no limit of its own. The wait for the
+    /// first connection is never longer than [`ConnectOptions::acquire_timeout`].
+    pub async fn connect_with(url: &str, mut opts: ConnectOptions) -> Result<Db> {
         let scheme = url.split(':').next().unwrap_or_default();
+        let url = &if scheme == "sqlite" {
+            url.to_owned()
+        } else {
+            let (url, timeout) = take_connect_timeout(url)?;
+            opts.connect_timeout = timeout.unwrap_or(opts.connect_timeout);
+            url
+        };
         let (backend, endpoint) = match scheme {
             "postgres" | "postgresql" => connect_postgres(url, &opts).await?,
             "mysql" | "mariadb" => connect_mysql(url, &opts).await?,

@@ -458,6 +458,22 @@ impl Error {
     }
 }
 
+impl Error {
+    /// Whether the server could not be reached at all (refused, no answer, the connection cut,
+    /// the server starting up or shutting down): an outage, which may end, as opposed to a
+    /// wrong URL, login or certificate, which will not.
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            Error::Connect { source, .. } => match source.sqlx() {
+                sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
+                sqlx::Error::Database(_) => source.connection_broke(),
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+}
+
 fn describe_field(field: &str, value: &str, problem: &str) -> String {
     if value.is_empty() {
         format!("{field}: {problem}")

@@ -147,7 +147,7 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
     if let Some(listen) = &a.listen_database {
         opts = opts.listen_database(listen.clone());
     }
-    let claimer = super::claimer_keeping(url, &a.source, opts, a.completed, &a.kinds).await?;
+    let claimer = claimer_waiting(url, &a, opts).await?;
     super::say_strategy(&claimer, a.source.strategy);
     let queue = claimer.db().queue();
     if let Some(addr) = a.metrics {
@@ -227,6 +227,37 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
     }
     crate::say::say!("{summary}");
     Ok(())
+}
+
+/// Connects and checks the source; a server that cannot be reached is waited for as the
+/// worker waits out an outage (said once; tried again after 100 ms, doubling up to 5 s), until
+/// --give-up-after has passed.
+async fn claimer_waiting(
+    url: &str,
+    a: &WorkArgs,
+    opts: rowclaim::ConnectOptions,
+) -> Result<rowclaim::Claimer, CliError> {
+    let since = std::time::Instant::now();
+    let mut pause = Duration::from_millis(100);
+    let mut said = false;
+    loop {
+        let tried = super::claimer_keeping(url, &a.source, opts.clone(), a.completed, &a.kinds);
+        let e = match tried.await {
+            Err(CliError::Library(e)) if e.is_unreachable() => e,
+            other => return other,
+        };
+        let lasted = since.elapsed();
+        if a.give_up_after.is_some_and(|limit| lasted >= limit) {
+            let last = e.to_string();
+            return Err(rowclaim::Error::GaveUp { lasted, last }.into());
+        }
+        if !said {
+            crate::say::say!("{e}; waiting for the database (--give-up-after sets how long)");
+            said = true;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(5));
+    }
 }
 
 /// `keep` or `delete`, for `--completed`.
