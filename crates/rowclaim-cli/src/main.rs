@@ -6,11 +6,13 @@
 //! - `exit.rs`: the exit codes, written down once (for `--help`, the README and the errors).
 //! - `run_command.rs`: the worker handler behind `work`, which runs a COMMAND per row.
 //! - `signals.rs`: how `work` stops on SIGINT, SIGTERM and SIGHUP.
+//! - `env_file.rs`: the `.env` file read before the flags.
 //! - `say.rs`: informational lines on stderr, which `--quiet` silences.
 //!
 //! `rowclaim bench` is the `rowclaim-bench` crate; `cmd/bench.rs` only hands it over.
 
 mod cmd;
+mod env_file;
 mod error;
 mod exit;
 #[cfg(feature = "otel")]
@@ -30,11 +32,9 @@ pub use error::CliError;
 fn main() -> ExitCode {
     // Before the flags are read, so that DATABASE_URL and the like may come from it. Only the
     // current directory's: a .env further up belongs to some other project.
-    if let Err(e) = dotenvy::from_path(".env") {
-        if !e.not_found() {
-            eprintln!("rowclaim: .env in the current directory: {e}");
-            return exit::BAD_INPUT.into();
-        }
+    if let Err(e) = env_file::load() {
+        eprintln!("rowclaim: {e}");
+        return exit::BAD_INPUT.into();
     }
     let matches = cmd::Cli::command().get_matches();
     let mut cli = cmd::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());

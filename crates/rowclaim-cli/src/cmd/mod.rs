@@ -278,19 +278,15 @@ fn name_the_database(e: CliError, url: &str) -> CliError {
     }
 }
 
-/// `url` as it may be shown: without a password and without the query (which may hold one).
+/// `url` as it may be shown: without a password (however malformed the URL) and without the
+/// query (which may hold one).
 fn shown_url(url: &str) -> String {
-    let url = url.split('?').next().unwrap_or_default();
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let (scheme, rest) = url.split_at(scheme_end);
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{scheme}{user}@{host}")
-        }
-        None => url.to_owned(),
+    let shown = rowclaim::redacted_url(url);
+    // After the userinfo, which the library masked whole (it may hold a `?`).
+    let query = shown.find('@').map_or(0, |at| at + 1);
+    match shown[query..].find('?') {
+        Some(q) => shown[..query + q].to_owned(),
+        None => shown,
     }
 }
 
@@ -341,7 +337,11 @@ mod tests {
     fn shown_urls_hold_no_password() {
         let shown =
             super::shown_url("postgres://app:s3cret@db:5432/app?password=x&sslmode=require");
-        assert_eq!(shown, "postgres://app@db:5432/app");
+        assert_eq!(shown, "postgres://app:***@db:5432/app");
+        assert_eq!(
+            super::shown_url("postgres//app:s3cret@db/app?x"),
+            "postgres//***@db/app"
+        );
         assert_eq!(
             super::shown_url("mysql://root@h/test"),
             "mysql://root@h/test"
