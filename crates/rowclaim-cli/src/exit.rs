@@ -32,7 +32,8 @@ pub const NOTHING_CLAIMED: Exit = Exit {
     code: 1,
     name: "nothing claimed",
     meaning: "`claim`: nothing was claimable; `jobs show`: no such job; `jobs retry/cancel`: no \
-              job was changed; `schedule forget`: no such schedule",
+              job was changed; `queue pause/resume`: the queue was paused already, or not paused; \
+              `schedule forget`: no such schedule",
 };
 
 pub const BAD_INPUT: Exit = Exit {

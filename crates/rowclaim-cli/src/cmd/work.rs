@@ -137,11 +137,18 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
                    own table with --where";
         return Err(CliError::BadInput(why.into()));
     }
+    if a.source.config.is_some() && a.source.queues.is_empty() && a.source.source.is_none() {
+        let why = "--config is read for --source NAME, or for the schedules of `work --queue`; \
+                   this run uses neither";
+        return Err(CliError::BadInput(why.into()));
+    }
     // The config file's schedules of the queues served, checked before connecting.
     let schedules = if a.no_schedules || a.source.queues.is_empty() {
         Vec::new()
     } else {
-        super::schedule::from_config(&a.source.config, &a.source.queues, false)?
+        // ./rowclaim.toml may be missing (no schedules); a file named by --config must exist.
+        let named = a.source.config.is_some();
+        super::schedule::from_config(a.source.config_file(), &a.source.queues, named)?
     };
     let mut opts = rowclaim::ConnectOptions::default().max_connections(connections.max(2));
     if let Some(listen) = &a.listen_database {
@@ -184,7 +191,10 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
         worker = worker.batch(n);
     }
     if !schedules.is_empty() {
-        crate::say::say!("{}", super::schedule::running(&schedules, &a.source.config));
+        crate::say::say!(
+            "{}",
+            super::schedule::running(&schedules, a.source.config_file())
+        );
     }
     for s in schedules {
         worker = worker.schedule(s);
