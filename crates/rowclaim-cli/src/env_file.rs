@@ -22,42 +22,38 @@ pub fn load() -> Result<(), String> {
     }
 }
 
-/// Where `entry` (as dotenvy gave it: one line, or several for a quoted value) fails at
-/// `index` (a byte position in it), said by line number and key.
+/// Where `entry` (as dotenvy gave it: a line, a value, or several lines of a quoted value)
+/// fails at `index` (a byte position in it), said by line number, column and key.
 fn line_error(text: &str, entry: &str, index: usize) -> String {
     let start = text.find(entry.trim_end()).unwrap_or(0);
+    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
     let first_line = text[..start].matches('\n').count() + 1;
-    let key = entry
-        .split(['=', '\n'])
+    let line_text = text[line_start..].lines().next().unwrap_or_default();
+    let key = line_text
+        .split('=')
         .next()
         .unwrap_or_default()
         .trim()
         .trim_start_matches("export ")
         .trim();
-    let key = if key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !key.is_empty() {
+    let key = if !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
         format!(" ({key}=…)")
     } else {
         String::new()
     };
-    let open_quote = index >= entry.trim_end().len() && entry.trim_end().contains('\n');
-    if open_quote || (index >= entry.len() && ["\"", "'"].iter().any(|q| entry.contains(q))) {
+    let unclosed = entry.trim_end().contains('\n')
+        || (index >= entry.trim_end().len() && entry.contains(['"', '\'']));
+    if unclosed {
         return format!(
             "line {first_line}{key}: a quote opened there is never closed; close it (the value \
              is not shown: it may hold a password)"
         );
     }
-    let before = &entry[..index.min(entry.len())];
-    let line = first_line + before.matches('\n').count();
-    let column = before
-        .rsplit('\n')
-        .next()
-        .unwrap_or_default()
-        .chars()
-        .count()
-        + 1;
+    let pos = (start + index).min(text.len());
+    let column = text[line_start..pos].chars().count() + 1;
     format!(
-        "line {line}{key}, column {column}: not KEY=VALUE; quote a value that holds spaces, # or \
-         quotes (the value is not shown: it may hold a password)"
+        "line {first_line}{key}, column {column}: not KEY=VALUE; quote a value that holds \
+         spaces, # or quotes (the value is not shown: it may hold a password)"
     )
 }
 
@@ -68,7 +64,7 @@ mod tests {
     #[test]
     fn lines_are_numbered_and_values_not_shown() {
         let text = "A=1\n# note\nB=postgres://u:pw@h/d x y\n";
-        let said = line_error(text, "B=postgres://u:pw@h/d x y", 22);
+        let said = line_error(text, "postgres://u:pw@h/d x y", 20);
         assert!(said.starts_with("line 3 (B=…), column 23:"), "{said}");
         assert!(!said.contains("pw"), "{said}");
         let text = "A=1\nDATABASE_URL=\"postgres://u:pw@h/db\n";

@@ -28,9 +28,10 @@ pub struct EnqueueArgs {
     /// Run no earlier than this long from now, e.g. 10s, 5m.
     #[arg(long, value_name = "DURATION", value_parser = super::values::duration_or_zero, allow_hyphen_values = true, conflicts_with = "run_at")]
     delay: Option<Duration>,
-    /// Run no earlier than this time, e.g. 2026-12-01T08:00:00Z.
-    #[arg(long, value_name = "RFC3339", value_parser = humantime::parse_rfc3339_weak)]
-    run_at: Option<std::time::SystemTime>,
+    /// Run no earlier than this time, e.g. 2026-12-01T08:00:00Z or 2026-12-01T09:00:00+01:00.
+    /// A time without an offset is read as UTC (and the time taken is said).
+    #[arg(long, value_name = "RFC3339", value_parser = super::values::run_at)]
+    run_at: Option<super::values::RunAt>,
     /// Runs before the job is dead.
     #[arg(long, value_name = "N", default_value_t = rowclaim::DEFAULT_MAX_ATTEMPTS as u32, value_parser = super::values::count, allow_hyphen_values = true)]
     max_attempts: u32,
@@ -63,7 +64,7 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
             job = job.delay(d);
         }
         if let Some(t) = a.run_at {
-            job = job.run_at(t);
+            job = job.run_at(t.at);
         }
         if let Some(k) = &a.unique_key {
             job = job.unique_key(k);
@@ -76,6 +77,10 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
         }
         job
     };
+    if let Some(t) = a.run_at.filter(|t| t.naive) {
+        let utc = humantime::format_rfc3339_seconds(t.at);
+        say!("--run-at has no offset: read as UTC, {utc}");
+    }
     let db = Db::connect(url).await?;
     let queue = db.queue();
     if let Some(text) = &a.json {

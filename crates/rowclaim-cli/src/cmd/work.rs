@@ -25,8 +25,8 @@ pub struct WorkArgs {
     /// renewed. Claims then come in batches of about N/2: for short commands, a few hundred.
     #[arg(long, value_name = "N", default_value = "0", value_parser = super::values::count_or_zero, allow_hyphen_values = true)]
     prefetch: u32,
-    /// How long a claim holds its rows without a heartbeat, e.g. 30s, 5m.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::values::duration, allow_hyphen_values = true)]
+    /// How long a claim holds its rows without a heartbeat, e.g. 30s, 5m (at most 7d).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::values::lease, allow_hyphen_values = true)]
     lease: Duration,
     /// Commands run at once.
     #[arg(long, value_name = "N", default_value = "1", value_parser = super::values::count, allow_hyphen_values = true)]
