@@ -74,7 +74,22 @@ pub fn init_logging_with(verbose: u8, quiet: bool, extra: Option<ExtraLayer>) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
-    // `rowclaim::audit` (AUDIT) at info in every case.
+    let stderr = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // Where a line comes from in the code helps when debugging (-v), not otherwise.
+        .with_target(verbose > 0 && !quiet)
+        .with_filter(log_filter(verbose, quiet));
+    tracing_subscriber::registry()
+        .with(extra)
+        .with(stderr)
+        .init();
+}
+
+/// What the stderr log shows at a verbosity: `--quiet` errors only, by default warnings, `-v`
+/// what rowclaim decides, `-vv` every retry and the driver's own warnings; `ROWCLAIM_LOG` (an
+/// `EnvFilter`) overrides them. [`AUDIT`] is at info in every case but `ROWCLAIM_LOG`'s.
+pub fn log_filter(verbose: u8, quiet: bool) -> tracing_subscriber::EnvFilter {
     let level = match (quiet, verbose) {
         (true, _) => "error,rowclaim::audit=info",
         // sqlx warns about every broken connection it tests and every slow statement, SQL text
@@ -83,18 +98,8 @@ pub fn init_logging_with(verbose: u8, quiet: bool, extra: Option<ExtraLayer>) {
         (false, 1) => "info,rowclaim=debug,sqlx=error",
         (false, _) => "debug,rowclaim=trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ROWCLAIM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let stderr = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        // Where a line comes from in the code helps when debugging (-v), not otherwise.
-        .with_target(verbose > 0 && !quiet)
-        .with_filter(filter);
-    tracing_subscriber::registry()
-        .with(extra)
-        .with(stderr)
-        .init();
+    tracing_subscriber::EnvFilter::try_from_env("ROWCLAIM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level))
 }
 
 #[derive(Subcommand, Debug)]

@@ -7,6 +7,7 @@
 //! - `run_command.rs`: the worker handler behind `work`, which runs a COMMAND per row.
 //! - `signals.rs`: how `work` stops on SIGINT, SIGTERM and SIGHUP.
 //! - `env_file.rs`: the `.env` file read before the flags.
+//! - `log.rs`: the log on stderr (the library's events too), in the same `rowclaim: …` voice.
 //! - `say.rs`: informational lines on stderr, which `--quiet` silences.
 //!
 //! `rowclaim bench` is the `rowclaim-bench` crate; `cmd/bench.rs` only hands it over.
@@ -15,6 +16,7 @@ mod cmd;
 mod env_file;
 mod error;
 mod exit;
+mod log;
 #[cfg(feature = "otel")]
 mod otel;
 mod prometheus;
@@ -53,7 +55,7 @@ fn main() -> ExitCode {
     };
     #[cfg(not(feature = "otel"))]
     let export = None;
-    rowclaim_bench::init_logging_with(cli.verbose, cli.quiet, export);
+    log::init(cli.verbose, cli.quiet, export);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
