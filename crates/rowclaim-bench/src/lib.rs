@@ -559,6 +559,13 @@ pub(crate) fn parse_strategy(s: &str) -> std::result::Result<Strategy, String> {
     s.parse::<Strategy>().map_err(|e| e.to_string())
 }
 
+/// A strategy by name, for `--strategy`: completion scripts offer the names, not file names.
+pub(crate) fn strategy_names() -> impl clap::builder::TypedValueParser<Value = Strategy> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(Strategy::ALL.map(Strategy::name))
+        .try_map(|s: String| parse_strategy(&s))
+}
+
 /// `1.5k`, `20k`, `1.2M`: a count for a chart's axis.
 pub(crate) fn short_count(n: f64) -> String {
     let (v, unit) = if n.abs() >= 1e6 {

@@ -27,7 +27,7 @@ mod signals;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{CommandFactory, FromArgMatches};
+use clap::FromArgMatches;
 
 pub use error::CliError;
 
@@ -38,7 +38,7 @@ fn main() -> ExitCode {
         eprintln!("rowclaim: {e}");
         return exit::BAD_INPUT.into();
     }
-    let matches = cmd::Cli::command().get_matches();
+    let matches = cmd::help::command().get_matches();
     let mut cli = cmd::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // Only a --database typed on this command line, not DATABASE_URL from the environment.
     cli.database_given =

@@ -1,6 +1,7 @@
 //! `rowclaim enqueue`: add jobs to the managed queue, one from the argument or many from JSON
 //! lines on stdin (all or nothing).
 
+use std::io::Write;
 use std::time::Duration;
 
 use clap::Args;
@@ -47,7 +48,8 @@ pub struct EnqueueArgs {
     /// after 5m") and is retried like any failure. Default: the worker's --timeout.
     #[arg(long, value_name = "DURATION", value_parser = super::values::duration, allow_hyphen_values = true)]
     timeout: Option<Duration>,
-    /// The payload; without it, one payload per line is read from stdin.
+    /// The payload; without it, one payload per line is read from stdin. Prints each job's id as
+    /// one JSON line, {"id":…,"existing":…}, in the order of the input.
     #[arg(value_name = "JSON")]
     json: Option<String>,
 }
@@ -129,8 +131,8 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
     }
     progress.set_message(format!("enqueueing {} jobs", jobs.len()));
     progress.enable_steady_tick(Duration::from_millis(200));
-    let added = match queue.enqueue_many(&jobs).await {
-        Ok(n) => n,
+    let done = match queue.enqueue_all(&jobs).await {
+        Ok(done) => done,
         Err(rowclaim::Error::PayloadTooLarge { job, bytes, limit }) => {
             let line = lines.get(job.wrapping_sub(1)).copied().unwrap_or(job);
             return Err(CliError::BadInput(format!(
@@ -141,6 +143,15 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
         Err(e) => return Err(e.into()),
     };
     progress.finish_and_clear();
+    // Each job's id, one JSON line per job, as for a job given as the argument.
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for job in &done {
+        let text =
+            serde_json::to_string(job).map_err(|e| CliError::io("writing the job")(e.into()))?;
+        writeln!(out, "{text}").map_err(CliError::io("writing to stdout"))?;
+    }
+    out.flush().map_err(CliError::io("writing to stdout"))?;
+    let added = done.iter().filter(|j| !j.existing).count();
     say!("enqueued {added} jobs on queue {}", a.queue);
     Ok(())
 }

@@ -65,16 +65,18 @@ pub struct SourceArgs {
     /// The config file (default: ./rowclaim.toml): its [source.NAME] for --source; with
     /// `work --queue`, its [schedule.NAME] of the queues served. A missing ./rowclaim.toml has
     /// none; a file named here must exist.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", value_hint = clap::ValueHint::FilePath)]
     pub config: Option<PathBuf>,
-    /// How rows are claimed: auto, skip-locked, token, optimistic, lease-table, transaction.
-    #[arg(long, value_name = "S", default_value = "auto", value_parser = parse_strategy)]
+    /// How rows are claimed.
+    #[arg(long, value_name = "S", default_value = "auto", value_parser = strategies())]
     pub strategy: Strategy,
 }
 
-fn parse_strategy(s: &str) -> Result<Strategy, String> {
-    s.parse()
-        .map_err(|e: rowclaim::UnknownStrategy| e.to_string())
+/// The strategies by name, which completion scripts offer (not file names).
+fn strategies() -> impl clap::builder::TypedValueParser<Value = Strategy> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(Strategy::ALL.map(Strategy::name))
+        .try_map(|s: String| s.parse::<Strategy>())
 }
 
 #[derive(serde::Deserialize)]

@@ -54,7 +54,7 @@ pub struct WorkArgs {
     output_limit: u32,
     /// With --queue: what becomes of completed jobs: keep (as `completed`, until `jobs prune`)
     /// or delete.
-    #[arg(long, value_name = "WHAT", default_value = "keep", value_parser = parse_retention)]
+    #[arg(long, value_name = "WHAT", default_value = "keep", value_parser = retentions())]
     completed: Retention,
     /// With --queue: run only jobs of this kind (repeat, or a comma list, for several). Jobs of
     /// other kinds are left for other workers: they are never claimed.
@@ -237,6 +237,13 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
     }
     crate::say::say!("{summary}");
     Ok(())
+}
+
+/// `keep` or `delete`, for `--completed` (which completion scripts offer).
+fn retentions() -> impl clap::builder::TypedValueParser<Value = Retention> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["keep", "delete"])
+        .try_map(|s: String| parse_retention(&s))
 }
 
 /// `keep` or `delete`, for `--completed`.
