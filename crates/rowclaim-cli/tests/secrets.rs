@@ -177,3 +177,49 @@ async fn no_message_shows_a_password_from_a_url() {
     );
     eprintln!("{paths:#?}");
 }
+
+/// Commands that succeed with a password in the URL (the test server trusts any) say nothing of
+/// it either, at -vv: connecting, claiming, working, checking, the bench.
+async fn succeeding(t: std::sync::Arc<rowclaim_testkit::TestDb>) {
+    t.jobs(3).await;
+    let url = t
+        .url
+        .replacen("postgres@", &format!("postgres:{SECRET}@"), 1);
+    assert!(url.contains(SECRET), "{url}");
+    let claim = [&["claim"][..], &support::TABLE[..]].concat();
+    let check = [&["check"][..], &support::TABLE[..]].concat();
+    let runs: [&[&str]; 9] = [
+        &["init"],
+        &["enqueue", "--queue", "q", "{}"],
+        &["work", "--queue", "q", "--until-empty", "--", "true"],
+        &["stats"],
+        &["jobs", "list"],
+        &["queue", "pause", "q"],
+        &claim,
+        &check,
+        &["bench", "drain", "--rows", "20", "--workers", "2"],
+    ];
+    for args in runs {
+        let mut c = support::rowclaim(&url, &[&["-vv"][..], args].concat());
+        let out = c.output().await.expect("run rowclaim");
+        // `check` may exit 7 or 8 for what it found; none of these fails otherwise.
+        assert!(
+            matches!(out.status.code(), Some(0 | 7 | 8)),
+            "{args:?}: {out:?}"
+        );
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !text.contains(SECRET),
+            "{args:?} showed the password:\n{text}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_that_succeed_show_no_password_either() {
+    rowclaim_testkit::with_db(rowclaim_testkit::Backend::Postgres, succeeding).await;
+}
