@@ -25,7 +25,7 @@ pub fn load() -> Result<(), String> {
 /// Where `entry` (as dotenvy gave it: a line, a value, or several lines of a quoted value)
 /// fails at `index` (a byte position in it), said by line number, column and key.
 fn line_error(text: &str, entry: &str, index: usize) -> String {
-    let start = text.find(entry.trim_end()).unwrap_or(0);
+    let start = entry_start(text, entry.trim_end());
     let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
     let first_line = text[..start].matches('\n').count() + 1;
     let line_text = text[line_start..].lines().next().unwrap_or_default();
@@ -57,13 +57,24 @@ fn line_error(text: &str, entry: &str, index: usize) -> String {
     )
 }
 
+/// Where `entry` is in `text`: its first occurrence outside a comment line (0 if none).
+fn entry_start(text: &str, entry: &str) -> usize {
+    text.match_indices(entry)
+        .map(|(at, _)| at)
+        .find(|&at| {
+            let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+            !text[line_start..].trim_start().starts_with('#')
+        })
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::line_error;
 
     #[test]
     fn lines_are_numbered_and_values_not_shown() {
-        let text = "A=1\n# note\nB=postgres://u:pw@h/d x y\n";
+        let text = "A=1\n# note postgres://u:pw@h/d x y\nB=postgres://u:pw@h/d x y\n";
         let said = line_error(text, "postgres://u:pw@h/d x y", 20);
         assert!(said.starts_with("line 3 (B=…), column 23:"), "{said}");
         assert!(!said.contains("pw"), "{said}");

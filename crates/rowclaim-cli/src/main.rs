@@ -40,9 +40,12 @@ fn main() -> ExitCode {
     }
     let matches = cmd::help::command().get_matches();
     let mut cli = cmd::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    // Only a --database typed on this command line, not DATABASE_URL from the environment.
-    cli.database_given =
-        matches.value_source("database") == Some(clap::parser::ValueSource::CommandLine);
+    // Only a --database typed on this command line, not DATABASE_URL from the environment
+    // (`demo` has a hidden --database of its own, so that the global one is not in its help).
+    let typed = |m: &clap::ArgMatches| {
+        m.value_source("database") == Some(clap::parser::ValueSource::CommandLine)
+    };
+    cli.database_given = typed(&matches) || matches.subcommand_matches("demo").is_some_and(typed);
     say::set_quiet(cli.quiet);
     #[cfg(feature = "otel")]
     let (export, flush) = match otel::layer() {

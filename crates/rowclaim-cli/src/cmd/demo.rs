@@ -32,13 +32,14 @@ pub struct DemoArgs {
     #[arg(long, value_name = "PATH", value_hint = clap::ValueHint::FilePath)]
     keep: Option<PathBuf>,
     /// Refused: the demo makes a database of its own (hidden; it keeps the global --database
-    /// out of this command's help, and is how a --database after `demo` is seen).
+    /// out of this command's help; `main` sees whether it was typed).
     #[arg(long, hide = true)]
+    #[allow(dead_code)]
     database: Option<String>,
 }
 
 pub async fn run(a: DemoArgs, database_given: bool) -> Result<(), CliError> {
-    if database_given || a.database.is_some() {
+    if database_given {
         // The demo drops its own table into the file it makes; it never touches yours.
         let why = "demo makes a SQLite database of its own and takes no --database; use --keep \
                    PATH to keep it";
