@@ -39,7 +39,8 @@ pub const BAD_INPUT: Exit = Exit {
     name: "bad input",
     meaning: "usage, an invalid identifier, a missing table or column, rowclaim's own tables not \
               set up (run `rowclaim init`), a strategy the server or table cannot do, a zero \
-              lease, a bad config file",
+              lease or one over 7 days, a port in use, a bad config file or a missing one named \
+              by `--config`",
 };
 
 pub const LEASE_LOST: Exit = Exit {
