@@ -133,9 +133,10 @@ impl CliError {
 fn library_exit(e: &rowclaim::Error) -> Exit {
     match e.kind() {
         // A missing table is for the user to fix: a typo in --table, or `rowclaim init` not run.
-        ErrorKind::BadInput | ErrorKind::MissingTable | ErrorKind::NotInitialised => {
-            exit::BAD_INPUT
-        }
+        ErrorKind::BadInput
+        | ErrorKind::MissingTable
+        | ErrorKind::NotInitialised
+        | ErrorKind::PermissionDenied => exit::BAD_INPUT,
         ErrorKind::LeaseLost => exit::LEASE_LOST,
         ErrorKind::OutcomeUnknown => exit::OUTCOME_UNKNOWN,
         ErrorKind::LockConflict

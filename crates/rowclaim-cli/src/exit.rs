@@ -37,10 +37,10 @@ pub const NOTHING_CLAIMED: Exit = Exit {
 pub const BAD_INPUT: Exit = Exit {
     code: 2,
     name: "bad input",
-    meaning: "usage, an invalid identifier, a missing table or column, rowclaim's own tables not \
-              set up (run `rowclaim init`), a strategy the server or table cannot do, a zero \
-              lease or one over 7 days, a port in use, a bad config file or a missing one named \
-              by `--config`",
+    meaning: "usage, an invalid identifier, a missing table or column, an id column that is not \
+              unique, a missing privilege, rowclaim's own tables not set up (run `rowclaim \
+              init`), a strategy the server or table cannot do, a zero lease or one over 7 days, \
+              a port in use, a bad config file or a missing one named by `--config`",
 };
 
 pub const LEASE_LOST: Exit = Exit {

@@ -105,17 +105,35 @@ impl Db {
         // A table a layer above owns (the managed queue's) has no record: its mapping is the
         // layer's, the same for every claimer.
         let owned = m.lifecycle.is_some();
-        let record = if owned {
-            None
-        } else {
-            self.record_of(&m).await?
+        // A record this user may not read is a finding (and the privileges finding names the
+        // grant), not the end of the check.
+        let (record, unreadable) = match owned {
+            true => (None, None),
+            false => match self.record_of(&m).await {
+                Err(e) if e.kind() == crate::error::ErrorKind::PermissionDenied => (None, Some(e)),
+                other => (other?, None),
+            },
         };
 
         let (auto, auto_reason) = auto_following(&server, &m, record.as_ref());
         let (strategy, said) = strategy_finding(asked, &server, &m, auto, &auto_reason)?;
         let mut findings = vec![said];
-        if !owned {
+        if let Some(e) = unreadable {
+            findings.push(Finding::new(
+                Topic::Registry,
+                Severity::Error,
+                format!(
+                    "this user may not read {}, where the mapping every claimer of {} must agree \
+                     on is kept ({e}): claims fail without it (the privileges finding names the \
+                     grant)",
+                    crate::registry::TABLE,
+                    m.table_display
+                ),
+            ));
+            findings.push(self.id_finding(&m).await?);
+        } else if !owned {
             findings.push(self.registry_finding(&m, strategy, record.as_ref()).await?);
+            findings.push(self.id_finding(&m).await?);
         }
         let resolved = Resolved::of(strategy)?;
         let leases_exist = self.table_exists("rowclaim_leases").await?;
@@ -154,6 +172,28 @@ impl Db {
     async fn table_exists(&self, name: &str) -> Result<bool> {
         let table = TableName::parse(name)?;
         Ok(!self.backend.catalog().columns(&table).await?.is_empty())
+    }
+
+    /// Whether the id column names one row: claimers refuse a table where it may not.
+    async fn id_finding(&self, m: &Mapping) -> Result<Finding> {
+        match self.id_unique(m).await {
+            Ok(()) => Ok(Finding::ok(
+                Topic::IdColumn,
+                format!(
+                    "{}.{} names one row (a primary key or a unique index of its own)",
+                    m.table_display, m.id_name
+                ),
+            )),
+            Err(e) => match &e {
+                Error::IdNotUnique { fix, .. } => {
+                    Ok(
+                        Finding::new(Topic::IdColumn, Severity::Error, e.to_string())
+                            .fix(fix.clone()),
+                    )
+                }
+                _ => Err(e),
+            },
+        }
     }
 
     /// The mapping against the table's record: agrees, none yet, or differs (claimers with this
@@ -302,6 +342,43 @@ impl Db {
         } else {
             finding.fix(grants.join(" "))
         })
+    }
+
+    /// A claim refused for want of a privilege ([`crate::ErrorKind::PermissionDenied`]), explained as
+    /// `check` would: which privilege on which table, and the GRANT that gives it. Any other
+    /// error, and one the catalog cannot explain, comes back as it was.
+    pub(crate) async fn explain_denied(
+        &self,
+        m: &Mapping,
+        strategy: Strategy,
+        recorded: bool,
+        e: Error,
+    ) -> Error {
+        let Error::Database(source) = e else {
+            return e;
+        };
+        if source.db_kind() != Some(crate::error::DbKind::PermissionDenied) {
+            return Error::Database(source);
+        }
+        let leases_exist = self.table_exists("rowclaim_leases").await.unwrap_or(true);
+        match self
+            .privileges_finding(m, strategy, recorded, leases_exist)
+            .await
+        {
+            Ok(f) if f.severity == Severity::Error => Error::MissingPrivilege {
+                what: f.message,
+                grant: f.fix,
+                source: Box::new(source),
+            },
+            _ => Error::MissingPrivilege {
+                what: format!(
+                    "this user lacks a privilege that claims on {} need",
+                    m.table_display
+                ),
+                grant: None,
+                source: Box::new(source),
+            },
+        }
     }
 
     /// The database's clock against this machine's, measured around one query.

@@ -26,6 +26,19 @@ pub enum Error {
         value: String,
     },
 
+    /// The database refused a claim for want of a privilege; says which, and the statement that
+    /// grants it when the catalog tells.
+    #[error("{what}{}", .grant.as_ref().map(|g| format!("; to grant it: {g}")).unwrap_or_default())]
+    MissingPrivilege {
+        /// What the user lacks, and what needs it.
+        what: String,
+        /// The statement (or statements) that grant it.
+        grant: Option<String>,
+        /// The database's refusal.
+        #[source]
+        source: Box<DatabaseError>,
+    },
+
     /// The source table does not exist.
     #[error("table {table} does not exist")]
     MissingTable {
@@ -57,6 +70,22 @@ pub enum Error {
         expected: &'static str,
         /// The type the database reports.
         found: String,
+    },
+
+    /// The id column does not name one row: two rows may share an id, and every strategy takes
+    /// and settles rows by id.
+    #[error(
+        "column {table}.{column} is not unique: it is not the table's primary key and has no \
+         unique index of its own, so one id could name two rows and a claim take both; make it \
+         unique ({fix}), or give a column that is with --id-column"
+    )]
+    IdNotUnique {
+        /// The table, as it was named.
+        table: String,
+        /// The id column.
+        column: String,
+        /// The statement that makes it unique.
+        fix: String,
     },
 
     /// The strategy cannot run on this server or with this mapping.
@@ -340,6 +369,9 @@ pub enum ErrorKind {
     /// rowclaim's own tables (the managed queue's, the schedules') are missing or older than
     /// this rowclaim: run `rowclaim init`.
     NotInitialised,
+    /// The database refused a statement for want of a privilege: a configuration error, not an
+    /// outage (workers stop rather than retry it; the `rowclaim` command exits 2).
+    PermissionDenied,
     /// A bug in rowclaim.
     Internal,
     /// Any other database error.
@@ -362,6 +394,8 @@ pub(crate) enum DbKind {
     /// The server takes no writes (a standby, or after a failover the old primary): like a lost
     /// connection, worth retrying once the writable server is reached.
     ReadOnly,
+    /// The user lacks a privilege the statement needs (or, on SQLite, may not write the file).
+    PermissionDenied,
 }
 
 fn database_kind(e: &DatabaseError) -> ErrorKind {
@@ -370,6 +404,7 @@ fn database_kind(e: &DatabaseError) -> ErrorKind {
         Some(DbKind::LockConflict) => ErrorKind::LockConflict,
         Some(DbKind::MissingTable) => ErrorKind::MissingTable,
         Some(DbKind::ConnectionGone | DbKind::ReadOnly) => ErrorKind::ConnectionGone,
+        Some(DbKind::PermissionDenied) => ErrorKind::PermissionDenied,
         Some(DbKind::MissingColumn) | None => ErrorKind::Other,
     }
 }
@@ -381,6 +416,7 @@ impl Error {
             Error::InvalidIdentifier { .. }
             | Error::MissingColumn { .. }
             | Error::WrongColumnType { .. }
+            | Error::IdNotUnique { .. }
             | Error::UnsupportedStrategy { .. }
             | Error::Unsupported(_)
             | Error::InvalidInput(_)
@@ -397,6 +433,7 @@ impl Error {
             Error::NotInitialised { .. } => ErrorKind::NotInitialised,
             Error::GaveUp { .. } | Error::HandlerAborted(_) => ErrorKind::Stopped,
             Error::Internal(_) => ErrorKind::Internal,
+            Error::MissingPrivilege { .. } => ErrorKind::PermissionDenied,
             Error::Database(e) => database_kind(e),
         }
     }

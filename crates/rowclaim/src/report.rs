@@ -47,6 +47,8 @@ pub enum Topic {
     Strategy,
     /// The table's mapping against the one its first claim recorded (`rowclaim_sources`).
     Registry,
+    /// Whether the id column names one row (a primary key or a unique index of its own).
+    IdColumn,
     /// Whether the statement that finds ready rows reads them through an index.
     ClaimIndex,
     /// What the connection's user may do to the tables claims touch.
@@ -73,6 +75,7 @@ impl Topic {
         match self {
             Topic::Strategy => "strategy",
             Topic::Registry => "registry",
+            Topic::IdColumn => "id-column",
             Topic::ClaimIndex => "claim-index",
             Topic::Privileges => "privileges",
             Topic::Writable => "writable",

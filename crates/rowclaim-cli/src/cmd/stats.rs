@@ -2,7 +2,7 @@
 
 use clap::Args;
 
-use super::source_args::SourceArgs;
+use super::source_args::{SourceArgs, Target};
 use crate::error::CliError;
 
 #[derive(Args, Debug)]
@@ -61,7 +61,12 @@ async fn queue_stats(url: &str, a: StatsArgs) -> Result<(), CliError> {
 
 /// A table of the user's: rows per status, claimed rows per owner, expired leases.
 async fn table_stats(url: &str, a: StatsArgs) -> Result<(), CliError> {
-    let claimer = super::claimer(url, &a.source, 2).await?;
+    // Only looks: no table is made, no mapping recorded, so a read-only user can run it.
+    let Target::Table(source) = a.source.target()? else {
+        return queue_stats(url, a).await;
+    };
+    let db = rowclaim::Db::connect(url).await?;
+    let claimer = db.reader(*source, a.source.strategy).await?;
     let stats = claimer.stats().await?;
     if a.json {
         return print_json(&stats);

@@ -504,13 +504,17 @@ pub async fn one_mapping_per_table(t: Arc<TestDb>) {
     ] {
         assert!(text.contains(part), "{part:?} missing from: {text}");
     }
-    // A different ready value, and another lease column, are refused too.
+    // A different ready value, and another id column (unique, as every id column must be), are
+    // refused too.
+    t.exec("ALTER TABLE jobs ADD COLUMN alt_id BIGINT").await;
+    t.exec("UPDATE jobs SET alt_id = id").await;
+    t.exec("CREATE UNIQUE INDEX jobs_alt_id ON jobs (alt_id)").await;
     for (bad, what) in [
         (
             full_source().status_values("new", "claimed", "done", "failed"),
             "ready value",
         ),
-        (full_source().id_column("priority"), "id column"),
+        (full_source().id_column("alt_id"), "id column"),
     ] {
         let err = match db.claimer(bad, Strategy::Auto).await {
             Ok(c) => c.claim(1, lease).await.map(|_| ()).unwrap_err(),

@@ -58,6 +58,10 @@ pub(crate) trait Catalog: Send + Sync {
     /// The table's name as the catalog resolves it (`schema.table`), so that every spelling of one
     /// table (`jobs`, `public.jobs`, `JOBS`) keys the same leases.
     async fn table_key(&self, table: &TableName) -> Result<String>;
+    /// Whether `column` alone names one row of the table: its primary key, or a unique index on
+    /// that column only (not partial, not on an expression). Every strategy takes and settles
+    /// rows by id, so an id two rows share would be taken and settled twice.
+    async fn id_unique(&self, table: &TableName, column: &str) -> Result<bool>;
     /// Creates `rowclaim_leases` if it is missing (lease-table strategy).
     async fn ensure_lease_table(&self) -> Result<()>;
     /// Creates `rowclaim_sources`, the source registry, if it is missing.

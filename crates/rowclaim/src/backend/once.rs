@@ -236,7 +236,20 @@ pub(crate) async fn stats<R: Run + ?Sized>(
             "SELECT CAST({owner} AS {text}), COUNT(*) FROM {t} WHERE {st} = {c}{filter} GROUP BY 1"
         )
     };
-    let by_owner = r.count_by(Stmt::new(owners, b)).await?;
+    let by_owner = match r.count_by(Stmt::new(owners, b)).await {
+        // No lease table yet: no claim has been taken with it, so nothing is held or expired.
+        // (MySQL answers a user who may not read a table as if it were missing: the same.)
+        Err(e)
+            if strategy == Strategy::LeaseTable
+                && matches!(
+                    e.db_kind(),
+                    Some(DbKind::MissingTable | DbKind::PermissionDenied)
+                ) =>
+        {
+            return Ok(stats_of(by_status, Vec::new(), 0));
+        }
+        other => other?,
+    };
     let mut b = Binder::new();
     let expired = if strategy == Strategy::LeaseTable {
         let s = b.bind(m.source_key.clone());
@@ -253,8 +266,17 @@ pub(crate) async fn stats<R: Run + ?Sized>(
         Some(sql) => r.count(Stmt::new(sql, b)).await?,
         None => 0,
     };
+    Ok(stats_of(by_status, by_owner, expired))
+}
+
+/// Stats from the counts: rows per status, claimed rows per owner, expired leases.
+fn stats_of(
+    by_status: Vec<(Option<String>, i64)>,
+    by_owner: Vec<(Option<String>, i64)>,
+    expired: i64,
+) -> Stats {
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    Ok(Stats {
+    Stats {
         by_status: by_status
             .into_iter()
             .map(|(s, n)| (s.unwrap_or_else(|| "(null)".into()), count(n)))
@@ -264,7 +286,7 @@ pub(crate) async fn stats<R: Run + ?Sized>(
             .map(|(o, n)| (o.unwrap_or_else(|| "(no owner)".into()), count(n)))
             .collect(),
         expired_leases: count(expired),
-    })
+    }
 }
 
 /// Runs the source's filter on its table in a statement that reads no row: the database says

@@ -23,8 +23,34 @@ impl Db {
     /// extends or reports writes no record.
     pub async fn claimer(&self, source: Source, strategy: Strategy) -> Result<Claimer> {
         let (mapping, chosen, server) = self.checked_mapping(&source, strategy, None).await?;
-        let (chosen, recorded) = self.check_recorded(&mapping, chosen, strategy).await?;
-        self.claimer_of(mapping, chosen, server, recorded).await
+        self.id_unique(&mapping).await?;
+        let made = match self.check_recorded(&mapping, chosen, strategy).await {
+            Ok((chosen, recorded)) => {
+                self.claimer_of(mapping.clone(), chosen, server, recorded)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match made {
+            // Reading the record or making the lease table was refused: say which privilege.
+            Err(e) if e.kind() == crate::error::ErrorKind::PermissionDenied => {
+                Err(self.explain_denied(&mapping, chosen, false, e).await)
+            }
+            made => made,
+        }
+    }
+
+    /// A claimer that only looks ([`Claimer::stats`], [`Claimer::backlog`], reading rows): the
+    /// source is checked as for [`Db::claimer`], but nothing is created and no record is
+    /// needed, so it works for a user who may only read. A record it may not read is taken as
+    /// none. Claim with a claimer made by [`Db::claimer`].
+    pub async fn reader(&self, source: Source, strategy: Strategy) -> Result<Claimer> {
+        let (mapping, chosen, server) = self.checked_mapping(&source, strategy, None).await?;
+        let (chosen, recorded) = match self.check_recorded(&mapping, chosen, strategy).await {
+            Err(e) if e.kind() == crate::error::ErrorKind::PermissionDenied => (chosen, false),
+            other => other?,
+        };
+        Claimer::new(self.clone(), mapping, chosen, server, recorded)
     }
 
     /// A claimer of a table that `layer` owns (the managed queue's): its mapping completed by
@@ -40,6 +66,22 @@ impl Db {
             .await?;
         let claimer = self.claimer_of(mapping, chosen, server, true).await?;
         Ok(claimer.shaped(layer.shape()))
+    }
+
+    /// Refuses a table whose id column could name two rows ([`Error::IdNotUnique`]). A table a
+    /// layer owns has its id as its primary key, and is not asked.
+    pub(crate) async fn id_unique(&self, m: &Mapping) -> Result<()> {
+        let table = TableName::parse(&m.table_display)?;
+        if self.backend.catalog().id_unique(&table, &m.id_name).await? {
+            return Ok(());
+        }
+        // Both parts are checked identifiers, so the name needs no quotes.
+        let index = format!("{}_{}_unique", table.name, m.id_name);
+        Err(Error::IdNotUnique {
+            table: m.table_display.clone(),
+            column: m.id_name.clone(),
+            fix: format!("CREATE UNIQUE INDEX {index} ON {} ({})", m.table, m.id),
+        })
     }
 
     /// A claimer of a checked mapping, with the lease table made when its strategy needs it.

@@ -229,6 +229,17 @@ impl Claimer {
         self.inner.strategy == Strategy::LeaseTable || self.inner.m.lease.is_some()
     }
 
+    /// Whether a row given back "for later" (a snooze) can wait on this source: the managed
+    /// queue keeps when a job is due; a table of one's own holds the row back in its lease
+    /// column (claimed by nobody until the lease ends), which the lease-table and transaction
+    /// strategies do not use.
+    pub(crate) fn snoozes(&self) -> bool {
+        let i = &self.inner;
+        i.m.lifecycle.is_some()
+            || (i.m.lease.is_some()
+                && !matches!(i.strategy, Strategy::LeaseTable | Strategy::Transaction))
+    }
+
     /// The server this claimer works on.
     pub fn server(&self) -> &ServerInfo {
         &self.inner.server
@@ -267,9 +278,17 @@ impl Claimer {
             return Err(Error::InvalidInput("batch must be at least 1".into()));
         }
         check_lease(lease)?;
-        match &self.inner.shape {
+        let claimed = match &self.inner.shape {
             Some(shape) => shape.claim(self, batch, lease).await,
             None => self.claim_with(Claiming::plain(batch, lease)).await,
+        };
+        match claimed {
+            Err(e) if e.kind() == crate::error::ErrorKind::PermissionDenied => {
+                let i = &self.inner;
+                let recorded = i.recorded.load(Ordering::Relaxed);
+                Err(i.db.explain_denied(&i.m, i.strategy, recorded, e).await)
+            }
+            claimed => claimed,
         }
     }
 

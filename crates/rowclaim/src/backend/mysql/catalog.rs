@@ -95,6 +95,25 @@ impl Catalog for My {
         })
     }
 
+    async fn id_unique(&self, table: &TableName, column: &str) -> Result<bool> {
+        // A unique index of one column: NON_UNIQUE = 0, and no second column in it.
+        let found: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.STATISTICS s \
+             WHERE s.TABLE_SCHEMA = COALESCE(?, DATABASE()) AND s.TABLE_NAME = ? \
+               AND s.NON_UNIQUE = 0 AND s.COLUMN_NAME = ? AND s.SEQ_IN_INDEX = 1 \
+               AND NOT EXISTS (SELECT 1 FROM information_schema.STATISTICS o \
+                 WHERE o.TABLE_SCHEMA = s.TABLE_SCHEMA AND o.TABLE_NAME = s.TABLE_NAME \
+                   AND o.INDEX_NAME = s.INDEX_NAME AND o.SEQ_IN_INDEX > 1)",
+        )
+        .bind(table.schema.clone())
+        .bind(table.name.clone())
+        .bind(column.to_owned())
+        .fetch_one(&self.pool)
+        .await
+        .map_err(error)?;
+        Ok(found > 0)
+    }
+
     async fn ensure_lease_table(&self) -> Result<()> {
         // On a Galera cluster DDL from several nodes at once can abort one another (1213).
         crate::backend::retry_transient!(self.create_lease_table().await)

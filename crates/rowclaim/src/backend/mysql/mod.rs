@@ -355,6 +355,9 @@ fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
         // 1053 server shutdown, 1927 connection killed, 2006/2013 server gone or lost, 4031
         // disconnected for inactivity, 1040 too many connections.
         1040 | 1053 | 1927 | 2006 | 2013 | 4031 => Some(DbKind::ConnectionGone),
+        // 1142 a table privilege, 1143 a column privilege, 1044 the database, 1227 a global one
+        // (SUPER, …) missing.
+        1142 | 1143 | 1044 | 1227 => Some(DbKind::PermissionDenied),
         _ => None,
     }
 }

@@ -69,6 +69,20 @@ impl Catalog for Pg {
         })
     }
 
+    async fn id_unique(&self, table: &TableName, column: &str) -> Result<bool> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_index i \
+               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+               WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indnkeyatts = 1 \
+                 AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = $2)",
+        )
+        .bind(table.quoted(Sql::quote))
+        .bind(column.to_owned())
+        .fetch_one(self.exec())
+        .await
+        .map_err(error)
+    }
+
     async fn ensure_lease_table(&self) -> Result<()> {
         // CREATE … IF NOT EXISTS is not safe against a concurrent create (a duplicate key in the
         // catalog): take turns on an advisory lock, in one transaction.

@@ -318,6 +318,8 @@ fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
         "57P01" | "57P02" | "57P03" | "57P05" | "25P03" => Some(DbKind::ConnectionGone),
         // read_only_sql_transaction: a standby, or the old primary after a failover.
         "25006" => Some(DbKind::ReadOnly),
+        // insufficient_privilege.
+        "42501" => Some(DbKind::PermissionDenied),
         _ => None,
     }
 }

@@ -154,6 +154,10 @@ pub(crate) fn change_sql(m: &Mapping, set: Option<&str>, cond: &str) -> String {
 /// The SET list that settles rows. A row given back loses its owner and lease; a retried row
 /// runs again `after` from now; errors and finishing times go where the mapping has columns.
 pub(crate) fn outcome_set<D: Dialect>(m: &Mapping, b: &mut Binder<D>, outcome: &Outcome) -> String {
+    let life = m.lifecycle.as_ref();
+    if let (Outcome::Snooze { after }, None, Some(le)) = (outcome, life, &m.lease) {
+        return snooze_in_lease(m, b, le, *after);
+    }
     let mut set = vec![format!(
         "{} = {}",
         m.status,
@@ -166,7 +170,6 @@ pub(crate) fn outcome_set<D: Dialect>(m: &Mapping, b: &mut Binder<D>, outcome: &
         set.extend(m.owner.iter().map(|ow| format!("{ow} = NULL")));
         set.extend(m.lease.iter().map(|le| format!("{le} = NULL")));
     }
-    let life = m.lifecycle.as_ref();
     if let (Outcome::Retry { after, .. } | Outcome::Snooze { after }, Some(l)) = (outcome, life) {
         set.push(format!("{} = {}", l.due, D::later(b, *after)));
     }
@@ -189,6 +192,27 @@ pub(crate) fn outcome_set<D: Dialect>(m: &Mapping, b: &mut Binder<D>, outcome: &
     if matches!(outcome, Outcome::Done(_) | Outcome::Failed(_)) {
         set.push(format!("{} = {}", l.finished, D::NOW));
     }
+    set.join(", ")
+}
+
+/// A snoozed row of a table of one's own, which has no column for when a row is due: it stays
+/// claimed, by nobody (no owner, so no token holds it), until its lease, set to `after` from
+/// now, ends; then claims take it as a row whose lease expired. The claim's attempt is taken
+/// back, as that claim adds one again. Only for strategies that keep claims in the table
+/// ([`crate::claim::Claimer::snoozes`]).
+fn snooze_in_lease<D: Dialect>(
+    m: &Mapping,
+    b: &mut Binder<D>,
+    lease: &str,
+    after: Duration,
+) -> String {
+    let mut set = vec![format!("{lease} = {}", D::later(b, after))];
+    set.extend(m.owner.iter().map(|ow| format!("{ow} = NULL")));
+    set.extend(
+        m.attempts
+            .iter()
+            .map(|at| format!("{at} = CASE WHEN {at} > 0 THEN {at} - 1 ELSE 0 END")),
+    );
     set.join(", ")
 }
 

@@ -64,6 +64,27 @@ impl Catalog for Lite {
         })
     }
 
+    async fn id_unique(&self, table: &TableName, column: &str) -> Result<bool> {
+        // A primary key of this column alone (an INTEGER PRIMARY KEY is the rowid and has no
+        // index to list), or a unique, whole-table index of it alone.
+        let schema = table.schema.clone().unwrap_or_else(|| "main".into());
+        let found: i64 = sqlx::query_scalar(
+            "SELECT (SELECT COUNT(*) = 1 AND SUM(name = ?3 COLLATE NOCASE) = 1 \
+                     FROM pragma_table_info(?1, ?2) WHERE pk > 0) \
+                 OR EXISTS (SELECT 1 FROM pragma_index_list(?1, ?2) l \
+                     WHERE l.\"unique\" AND NOT l.partial \
+                       AND (SELECT COUNT(*) FROM pragma_index_info(l.name, ?2)) = 1 \
+                       AND (SELECT name FROM pragma_index_info(l.name, ?2)) = ?3 COLLATE NOCASE)",
+        )
+        .bind(table.name.clone())
+        .bind(schema)
+        .bind(column.to_owned())
+        .fetch_one(&self.pool)
+        .await
+        .map_err(error)?;
+        Ok(found != 0)
+    }
+
     async fn ensure_lease_table(&self) -> Result<()> {
         for sql in [CREATE_LEASES, CREATE_LEASES_TOKEN] {
             sqlx::query(sql).execute(&self.pool).await.map_err(error)?;

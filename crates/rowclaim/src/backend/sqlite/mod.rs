@@ -227,6 +227,8 @@ fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
     match code & 0xff {
         // SQLITE_BUSY, SQLITE_LOCKED.
         5 | 6 => Some(DbKind::Transient),
+        // SQLITE_READONLY (the file, its directory or a `mode=ro` URL), SQLITE_AUTH.
+        8 | 23 => Some(DbKind::PermissionDenied),
         _ if e.message().contains("no such table") => Some(DbKind::MissingTable),
         _ if e.message().contains("has no column named")
             || e.message().contains("no such column") =>

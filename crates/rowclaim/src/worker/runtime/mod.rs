@@ -128,6 +128,8 @@ struct Shared {
     closing: AtomicBool,
     /// Stopping now: a result gets one try, not retries until its lease ends.
     hurry: AtomicBool,
+    /// A snooze this source cannot keep has been warned of (once per worker).
+    snooze_warned: AtomicBool,
     /// Results go to the settler, which writes them in batches.
     settles: mpsc::UnboundedSender<Settling<Held>>,
 }
@@ -154,6 +156,7 @@ impl Shared {
             fatal_set: Notify::new(),
             closing: AtomicBool::new(false),
             hurry: AtomicBool::new(false),
+            snooze_warned: AtomicBool::new(false),
         }
     }
 

@@ -147,9 +147,9 @@ impl Producer {
                 }
                 ControlFlow::Continue(())
             }
-            Some(Err(e)) if !e.is_connection() && !matches!(e, Error::Database(_)) => {
-                ControlFlow::Break(Err(e))
-            }
+            // Input or configuration to fix (a missing privilege among them) stops the worker:
+            // waiting would not mend it. Other database errors are retried like an outage.
+            Some(Err(e)) if stops(&e) => ControlFlow::Break(Err(e)),
             failed => self.failed(sh, failed),
         }
     }
@@ -180,6 +180,12 @@ impl Producer {
         self.failures += 1;
         ControlFlow::Continue(())
     }
+}
+
+/// Whether a claim's error stops the worker rather than being retried.
+fn stops(e: &Error) -> bool {
+    e.kind() == crate::error::ErrorKind::PermissionDenied
+        || !(e.is_connection() || matches!(e, Error::Database(_)))
 }
 
 /// The answer of the claim under way; never, when there is none.

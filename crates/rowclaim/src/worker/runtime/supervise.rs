@@ -177,6 +177,25 @@ fn conclude(
         }
         _ => {}
     }
+    let ended = match ended {
+        Ended::Result(TaskResult::Snooze(_)) if !sh.claimer.snoozes() => {
+            let why = format!(
+                "the handler asked to run row {id} again later (a snooze, exit 75), which {} \
+                 cannot keep: it has no lease column to hold the row back in (strategy {}), so \
+                 the row is failed instead; map one with --lease-column",
+                sh.claimer.table_name(),
+                sh.claimer.strategy()
+            );
+            if !sh
+                .snooze_warned
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::warn!("{why}");
+            }
+            Ended::Result(TaskResult::Failed(why))
+        }
+        ended => ended,
+    };
     let (outcome, counter) = match verdict(ended, job) {
         Verdict::Record(outcome, counter) => (outcome, counter),
         Verdict::Abort(why) => {
