@@ -57,7 +57,7 @@ pub struct ContentionArgs {
         long,
         value_name = "S,S,…",
         value_delimiter = ',',
-        value_parser = super::parse_strategy,
+        value_parser = super::strategy_names(),
         conflicts_with = "queue"
     )]
     strategies: Vec<Strategy>,

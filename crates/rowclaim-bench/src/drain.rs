@@ -59,7 +59,7 @@ pub struct DrainArgs {
     batch: u32,
     /// Strategy for the own table: auto, skip-locked, token, optimistic, lease-table,
     /// transaction [default: auto]. The managed queue picks its own.
-    #[arg(long, value_parser = super::parse_strategy)]
+    #[arg(long, value_parser = super::strategy_names())]
     strategy: Option<Strategy>,
     /// Drain the managed queue (rowclaim_jobs, queue "bench") instead of a table of its own.
     #[arg(long)]

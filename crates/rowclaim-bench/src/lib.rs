@@ -25,6 +25,7 @@ mod contention;
 mod drain;
 mod error;
 mod latency;
+mod logging;
 mod plain;
 mod recorder;
 mod scale;
@@ -47,55 +48,10 @@ use serde::Serialize;
 
 pub(crate) use error::{bad, check_failed, Context};
 pub use error::{BenchError, Result};
+pub use logging::{
+    init_logging, init_logging_with, init_quiet_logging, log_filter, ExtraLayer, AUDIT,
+};
 pub use recorder::prometheus_recorder;
-
-/// The log target of what an operator did through `rowclaim dashboard` (logins, actions, refused
-/// requests): logged at every verbosity, `--quiet` included, because it is the audit trail.
-pub const AUDIT: &str = "rowclaim::audit";
-
-/// Logging on stderr for `rowclaim` and `rowclaim-bench` alike: `-v` says what rowclaim decides,
-/// `-vv` every retry; `ROWCLAIM_LOG` (an `EnvFilter`) overrides both.
-pub fn init_logging(verbose: u8) {
-    init_logging_with(verbose, false, None);
-}
-
-/// Logging for `--quiet`: errors only (`ROWCLAIM_LOG` still overrides).
-pub fn init_quiet_logging() {
-    init_logging_with(0, true, None);
-}
-
-/// A subscriber layer installed beside the stderr log, with its own filter: the `rowclaim`
-/// command's OpenTelemetry export.
-pub type ExtraLayer =
-    Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync + 'static>;
-
-/// [`init_logging`] (or, `quiet`, [`init_quiet_logging`]) with `extra` beside the stderr log.
-pub fn init_logging_with(verbose: u8, quiet: bool, extra: Option<ExtraLayer>) {
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    use tracing_subscriber::Layer;
-    // `rowclaim::audit` (AUDIT) at info in every case.
-    let level = match (quiet, verbose) {
-        (true, _) => "error,rowclaim::audit=info",
-        // sqlx warns about every broken connection it tests and every slow statement, SQL text
-        // and all (a bulk fill is slow by design); an outage is rowclaim's to report, once.
-        (false, 0) => "warn,sqlx=error,rowclaim::audit=info",
-        (false, 1) => "info,rowclaim=debug,sqlx=error",
-        (false, _) => "debug,rowclaim=trace",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ROWCLAIM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let stderr = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        // Where a line comes from in the code helps when debugging (-v), not otherwise.
-        .with_target(verbose > 0 && !quiet)
-        .with_filter(filter);
-    tracing_subscriber::registry()
-        .with(extra)
-        .with(stderr)
-        .init();
-}
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
@@ -552,6 +508,13 @@ pub(crate) fn parse_retention(s: &str) -> std::result::Result<rowclaim::Retentio
 /// Parses a strategy for clap.
 pub(crate) fn parse_strategy(s: &str) -> std::result::Result<Strategy, String> {
     s.parse::<Strategy>().map_err(|e| e.to_string())
+}
+
+/// A strategy by name, for `--strategy`: completion scripts offer the names, not file names.
+pub(crate) fn strategy_names() -> impl clap::builder::TypedValueParser<Value = Strategy> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(Strategy::ALL.map(Strategy::name))
+        .try_map(|s: String| parse_strategy(&s))
 }
 
 /// `1.5k`, `20k`, `1.2M`: a count for a chart's axis.

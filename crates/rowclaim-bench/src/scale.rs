@@ -58,7 +58,7 @@ pub struct ScaleArgs {
     workers: u32,
     /// Strategy for the own table: auto, skip-locked, token, optimistic, lease-table,
     /// transaction [default: auto]. The managed queue picks its own.
-    #[arg(long, value_parser = super::parse_strategy, conflicts_with = "queue")]
+    #[arg(long, value_parser = super::strategy_names(), conflicts_with = "queue")]
     strategy: Option<Strategy>,
     /// Fill and claim from the managed queue (rowclaim_jobs, queue "bench") instead of a table of
     /// its own.

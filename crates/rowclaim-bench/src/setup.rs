@@ -35,9 +35,10 @@ pub(crate) fn kind(url: &str) -> Result<Kind> {
         "postgres" | "postgresql" => Ok(Kind::Postgres),
         "mysql" | "mariadb" => Ok(Kind::MySql),
         "sqlite" => Ok(Kind::Sqlite),
-        other => Err(crate::error::bad(format!(
-            "--database: unknown scheme {other:?}; use postgres://, mysql:// (or mariadb://) \
-             or sqlite://"
+        _ => Err(crate::error::bad(format!(
+            "--database {:?}: unknown scheme; use postgres://, mysql:// (or mariadb://) or \
+             sqlite://",
+            rowclaim::redacted_url(url)
         ))),
     }
 }

@@ -47,7 +47,7 @@ pub struct WorkerArgs {
     #[arg(long)]
     table: bool,
     /// Strategy for --table: auto, skip-locked, token, optimistic, lease-table [default: auto].
-    #[arg(long, value_parser = super::parse_strategy, requires = "table")]
+    #[arg(long, value_parser = super::strategy_names(), requires = "table")]
     strategy: Option<Strategy>,
     /// PostgreSQL: claims and settles commit without waiting for the WAL flush.
     #[arg(long)]

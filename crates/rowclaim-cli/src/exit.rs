@@ -1,11 +1,9 @@
 //! The exit codes of `rowclaim`, written down once.
 //!
-//! [`TABLE`] is the only list: `--help` prints it ([`AFTER_HELP`]), the README's "Exit codes"
-//! section is the same table in Markdown (a test below compares the two, so that changing one and
-//! not the other fails), and [`crate::error::CliError::exit_code`] says which error exits with
+//! [`TABLE`] is the only list: the top level's `--help` prints it ([`help_table`]), the README's
+//! "Exit codes" section is the same table in Markdown (a test below compares the two, so that
+//! changing one and not the other fails), and [`crate::error::CliError::exit_code`] says which error exits with
 //! which. Scripts depend on these numbers: never renumber one, only add.
-
-use std::sync::LazyLock;
 
 /// One exit code: its number, a short name, and what it means to whoever runs `rowclaim`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,7 +30,8 @@ pub const NOTHING_CLAIMED: Exit = Exit {
     code: 1,
     name: "nothing claimed",
     meaning: "`claim`: nothing was claimable; `jobs show`: no such job; `jobs retry/cancel`: no \
-              job was changed; `schedule forget`: no such schedule",
+              job was changed; `queue pause/resume`: the queue was paused already, or not paused; \
+              `schedule forget`: no such schedule",
 };
 
 pub const BAD_INPUT: Exit = Exit {
@@ -40,7 +39,8 @@ pub const BAD_INPUT: Exit = Exit {
     name: "bad input",
     meaning: "usage, an invalid identifier, a missing table or column, an id column that is not \
               unique, a missing privilege, rowclaim's own tables not set up (run `rowclaim \
-              init`), a strategy the server or table cannot do, a zero lease, a bad config file",
+              init`), a strategy the server or table cannot do, a zero lease or one over 7 days, \
+              a port in use, a bad config file or a missing one named by `--config`",
 };
 
 pub const LEASE_LOST: Exit = Exit {
@@ -108,20 +108,11 @@ pub const TABLE: [Exit; 10] = [
     INTERRUPTED,
 ];
 
-/// The text under every command's `--help`: the exit codes, and where the database comes from.
-pub static AFTER_HELP: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "{}\nThe database comes from --database, else $DATABASE_URL (also read from ./.env),\n\
-         else sqlite://rowclaim.db here.",
-        help_table()
-    )
-});
-
 /// Help lines are wrapped here (clap's own limit is 100 columns).
 const HELP_WIDTH: usize = 96;
 
 /// `Exit codes:` and one entry per code, `  2    bad input: usage, …`, wrapped under its text.
-fn help_table() -> String {
+pub fn help_table() -> String {
     let mut out = String::from("Exit codes:\n");
     for e in TABLE {
         let text = format!("{}: {}", e.name, e.meaning.replace('`', ""));
@@ -184,16 +175,31 @@ mod tests {
         assert_eq!(codes, sorted);
     }
 
+    /// The top level's `--help` lists every code, within the width; a command's `-h` and
+    /// `--help` do not repeat the table, but say where it is.
     #[test]
     fn help_names_every_code_within_the_width() {
-        let help = AFTER_HELP.as_str();
+        let help = crate::cmd::help::command().render_long_help().to_string();
         for e in TABLE {
             assert!(
                 help.contains(&format!("\n  {:<5}{}:", e.code, e.name)),
                 "{help}"
             );
         }
-        assert!(help.lines().all(|l| l.len() <= HELP_WIDTH + 4), "{help}");
-        assert!(!help.contains('`'), "{help}");
+        let table = help_table();
+        assert!(table.lines().all(|l| l.len() <= HELP_WIDTH + 4), "{table}");
+        assert!(!table.contains('`'), "{table}");
+        let short = crate::cmd::help::command().render_help().to_string();
+        assert!(!short.contains("130  interrupted"), "{short}");
+        let mut cmd = crate::cmd::help::command();
+        for name in ["work", "claim", "complete", "jobs"] {
+            let sub = cmd.find_subcommand_mut(name).expect("a command");
+            for help in [sub.render_help(), sub.render_long_help()] {
+                let help = help.to_string();
+                assert!(!help.contains("130  interrupted"), "{name}: {help}");
+                assert!(help.contains("Examples:"), "{name}: {help}");
+                assert!(help.contains("rowclaim --help"), "{name}: {help}");
+            }
+        }
     }
 }

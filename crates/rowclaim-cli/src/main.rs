@@ -6,13 +6,17 @@
 //! - `exit.rs`: the exit codes, written down once (for `--help`, the README and the errors).
 //! - `run_command.rs`: the worker handler behind `work`, which runs a COMMAND per row.
 //! - `signals.rs`: how `work` stops on SIGINT, SIGTERM and SIGHUP.
+//! - `env_file.rs`: the `.env` file read before the flags.
+//! - `log.rs`: the log on stderr (the library's events too), in the same `rowclaim: …` voice.
 //! - `say.rs`: informational lines on stderr, which `--quiet` silences.
 //!
 //! `rowclaim bench` is the `rowclaim-bench` crate; `cmd/bench.rs` only hands it over.
 
 mod cmd;
+mod env_file;
 mod error;
 mod exit;
+mod log;
 #[cfg(feature = "otel")]
 mod otel;
 mod prometheus;
@@ -23,24 +27,25 @@ mod signals;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{CommandFactory, FromArgMatches};
+use clap::FromArgMatches;
 
 pub use error::CliError;
 
 fn main() -> ExitCode {
     // Before the flags are read, so that DATABASE_URL and the like may come from it. Only the
     // current directory's: a .env further up belongs to some other project.
-    if let Err(e) = dotenvy::from_path(".env") {
-        if !e.not_found() {
-            eprintln!("rowclaim: .env in the current directory: {e}");
-            return exit::BAD_INPUT.into();
-        }
+    if let Err(e) = env_file::load() {
+        eprintln!("rowclaim: {e}");
+        return exit::BAD_INPUT.into();
     }
-    let matches = cmd::Cli::command().get_matches();
+    let matches = cmd::help::command().get_matches();
     let mut cli = cmd::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    // Only a --database typed on this command line, not DATABASE_URL from the environment.
-    cli.database_given =
-        matches.value_source("database") == Some(clap::parser::ValueSource::CommandLine);
+    // Only a --database typed on this command line, not DATABASE_URL from the environment
+    // (`demo` has a hidden --database of its own, so that the global one is not in its help).
+    let typed = |m: &clap::ArgMatches| {
+        m.value_source("database") == Some(clap::parser::ValueSource::CommandLine)
+    };
+    cli.database_given = typed(&matches) || matches.subcommand_matches("demo").is_some_and(typed);
     say::set_quiet(cli.quiet);
     #[cfg(feature = "otel")]
     let (export, flush) = match otel::layer() {
@@ -53,7 +58,7 @@ fn main() -> ExitCode {
     };
     #[cfg(not(feature = "otel"))]
     let export = None;
-    rowclaim_bench::init_logging_with(cli.verbose, cli.quiet, export);
+    log::init(cli.verbose, cli.quiet, export);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {

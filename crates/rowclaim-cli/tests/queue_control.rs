@@ -34,8 +34,15 @@ async fn pause_across_workers(t: Arc<TestDb>) {
     let said = run_ok(&url, &["queue", "pause", "p", "--json"], "").await;
     let said: serde_json::Value = serde_json::from_str(said.trim()).expect("JSON");
     assert_eq!(said["changed"], true, "{said}");
-    let again = run_ok(&url, &["queue", "pause", "p"], "").await;
-    assert!(again.is_empty(), "the notice goes to stderr: {again}");
+    // Paused already: nothing changed, exit 1 (as `jobs retry` of a job that is not dead).
+    let again = support::run_fed(&url, &["queue", "pause", "p"], "").await;
+    assert_eq!(again.status.code(), Some(1), "{again:?}");
+    assert!(
+        again.stdout.is_empty(),
+        "the notice goes to stderr: {again:?}"
+    );
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert!(said.contains("queue p was paused already"), "{said}");
 
     let command = format!(
         "echo \"$ROWCLAIM_QUEUE $ROWCLAIM_ID\" >> '{}'",

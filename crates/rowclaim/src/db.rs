@@ -458,18 +458,9 @@ impl From<SqlitePool> for Db {
     }
 }
 
-/// Hides a password in a URL before it goes into a message.
+/// Hides a password in a URL before it goes into a message, however malformed the URL.
 fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
+    crate::redact::redacted_url(url)
 }
 
 #[cfg(test)]

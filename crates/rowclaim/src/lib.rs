@@ -67,6 +67,7 @@ mod locking;
 mod mapping;
 pub mod metrics;
 mod queue;
+mod redact;
 pub mod registry;
 mod report;
 mod source;
@@ -88,6 +89,7 @@ pub use queue::{
     Scheduler, SchedulerReport, Wakeups, DEFAULT_MAX_ATTEMPTS, JOB_STATUSES, LATE_WINDOW,
     MAX_CATCH_UP, MAX_RATE_PERIOD,
 };
+pub use redact::redacted_url;
 pub use report::{Finding, Severity, Stats, Topic};
 pub use source::Source;
 pub use strategy::{Strategy, UnknownStrategy};

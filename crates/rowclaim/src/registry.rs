@@ -422,12 +422,29 @@ impl Db {
         }
     }
 
-    /// Says once that rowclaim created one of its own tables in the user's database.
+    /// Says once that rowclaim created one of its own tables in the user's database: once per
+    /// table and database in this process, however many claimers (a bench's workers, say) met
+    /// it missing at the same time.
     pub(crate) fn announce_created(&self, table: &str, why: &str) {
-        tracing::warn!(
-            "rowclaim created table {table} in the database ({}), {why}",
-            self.endpoint()
-        );
+        static SAID: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+        let key = (self.endpoint().to_owned(), table.to_owned());
+        // A poisoned lock only held this list: say it again rather than not at all.
+        let first = SAID
+            .lock()
+            .map(|mut said| {
+                let new = !said.contains(&key);
+                if new {
+                    said.push(key);
+                }
+                new
+            })
+            .unwrap_or(true);
+        if first {
+            tracing::warn!(
+                "rowclaim created table {table} in the database ({}), {why}",
+                self.endpoint()
+            );
+        }
     }
 
     /// The mapping recorded for `table`, if any (see the [module docs](crate::registry)).

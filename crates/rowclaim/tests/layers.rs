@@ -30,7 +30,7 @@ const LAYERS: &[Layer] = &[
     Layer {
         name: "values",
         modules: &[
-            "value", "id", "mapping", "error", "strategy", "locking", "report", "wait",
+            "value", "id", "mapping", "error", "strategy", "locking", "report", "wait", "redact",
         ],
     },
     // 2. Drivers: one module per database, the SQL of each strategy for that dialect.

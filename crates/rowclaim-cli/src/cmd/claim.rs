@@ -16,8 +16,8 @@ pub struct ClaimArgs {
     /// Rows to claim at most.
     #[arg(long, value_name = "N", default_value = "1", value_parser = super::values::count, allow_hyphen_values = true)]
     batch: u32,
-    /// How long the claim holds the rows, e.g. 30s, 5m.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::values::duration, allow_hyphen_values = true)]
+    /// How long the claim holds the rows, e.g. 30s, 5m (at most 7d).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::values::lease, allow_hyphen_values = true)]
     lease: Duration,
 }
 

@@ -24,12 +24,18 @@ pub struct DemoArgs {
     /// Rows each claim takes.
     #[arg(long, value_name = "N", default_value = "10", value_parser = super::values::count, allow_hyphen_values = true)]
     batch: u32,
-    /// auto, token, optimistic, lease-table or transaction (SQLite has no skip-locked).
-    #[arg(long, default_value = "auto")]
+    /// How rows are claimed (SQLite has no skip-locked).
+    #[arg(long, value_name = "S", default_value = "auto",
+          value_parser = ["auto", "token", "optimistic", "lease-table", "transaction"])]
     strategy: String,
     /// Keep the demo database at PATH (default: a temporary file, removed afterwards).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", value_hint = clap::ValueHint::FilePath)]
     keep: Option<PathBuf>,
+    /// Refused: the demo makes a database of its own (hidden; it keeps the global --database
+    /// out of this command's help; `main` sees whether it was typed).
+    #[arg(long, hide = true)]
+    #[allow(dead_code)]
+    database: Option<String>,
 }
 
 pub async fn run(a: DemoArgs, database_given: bool) -> Result<(), CliError> {

@@ -1,6 +1,7 @@
 //! `rowclaim enqueue`: add jobs to the managed queue, one from the argument or many from JSON
 //! lines on stdin (all or nothing).
 
+use std::io::Write;
 use std::time::Duration;
 
 use clap::Args;
@@ -28,9 +29,10 @@ pub struct EnqueueArgs {
     /// Run no earlier than this long from now, e.g. 10s, 5m.
     #[arg(long, value_name = "DURATION", value_parser = super::values::duration_or_zero, allow_hyphen_values = true, conflicts_with = "run_at")]
     delay: Option<Duration>,
-    /// Run no earlier than this time, e.g. 2026-12-01T08:00:00Z.
-    #[arg(long, value_name = "RFC3339", value_parser = humantime::parse_rfc3339_weak)]
-    run_at: Option<std::time::SystemTime>,
+    /// Run no earlier than this time, e.g. 2026-12-01T08:00:00Z or 2026-12-01T09:00:00+01:00.
+    /// A time without an offset is read as UTC (and the time taken is said).
+    #[arg(long, value_name = "RFC3339", value_parser = super::values::run_at)]
+    run_at: Option<super::values::RunAt>,
     /// Runs before the job is dead.
     #[arg(long, value_name = "N", default_value_t = rowclaim::DEFAULT_MAX_ATTEMPTS as u32, value_parser = super::values::count, allow_hyphen_values = true)]
     max_attempts: u32,
@@ -46,7 +48,8 @@ pub struct EnqueueArgs {
     /// after 5m") and is retried like any failure. Default: the worker's --timeout.
     #[arg(long, value_name = "DURATION", value_parser = super::values::duration, allow_hyphen_values = true)]
     timeout: Option<Duration>,
-    /// The payload; without it, one payload per line is read from stdin.
+    /// The payload; without it, one payload per line is read from stdin. Prints each job's id as
+    /// one JSON line, {"id":…,"existing":…}, in the order of the input.
     #[arg(value_name = "JSON")]
     json: Option<String>,
 }
@@ -63,7 +66,7 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
             job = job.delay(d);
         }
         if let Some(t) = a.run_at {
-            job = job.run_at(t);
+            job = job.run_at(t.at);
         }
         if let Some(k) = &a.unique_key {
             job = job.unique_key(k);
@@ -76,6 +79,10 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
         }
         job
     };
+    if let Some(t) = a.run_at.filter(|t| t.naive) {
+        let utc = humantime::format_rfc3339_seconds(t.at);
+        say!("--run-at has no offset: read as UTC, {utc}");
+    }
     let db = Db::connect(url).await?;
     let queue = db.queue();
     if let Some(text) = &a.json {
@@ -124,8 +131,8 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
     }
     progress.set_message(format!("enqueueing {} jobs", jobs.len()));
     progress.enable_steady_tick(Duration::from_millis(200));
-    let added = match queue.enqueue_many(&jobs).await {
-        Ok(n) => n,
+    let done = match queue.enqueue_all(&jobs).await {
+        Ok(done) => done,
         Err(rowclaim::Error::PayloadTooLarge { job, bytes, limit }) => {
             let line = lines.get(job.wrapping_sub(1)).copied().unwrap_or(job);
             return Err(CliError::BadInput(format!(
@@ -136,6 +143,15 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
         Err(e) => return Err(e.into()),
     };
     progress.finish_and_clear();
+    // Each job's id, one JSON line per job, as for a job given as the argument.
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for job in &done {
+        let text =
+            serde_json::to_string(job).map_err(|e| CliError::io("writing the job")(e.into()))?;
+        writeln!(out, "{text}").map_err(CliError::io("writing to stdout"))?;
+    }
+    out.flush().map_err(CliError::io("writing to stdout"))?;
+    let added = done.iter().filter(|j| !j.existing).count();
     say!("enqueued {added} jobs on queue {}", a.queue);
     Ok(())
 }

@@ -11,8 +11,8 @@ use crate::error::CliError;
 pub struct ExtendArgs {
     #[command(flatten)]
     token: TokenArgs,
-    /// The new lease, from now.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::values::duration, allow_hyphen_values = true)]
+    /// The new lease, from now (at most 7d).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::values::lease, allow_hyphen_values = true)]
     lease: Duration,
 }
 

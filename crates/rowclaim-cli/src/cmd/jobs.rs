@@ -53,7 +53,7 @@ pub enum JobsCommand {
 pub async fn run(url: &str, op: JobsCommand) -> Result<(), CliError> {
     let db = Db::connect(url).await?;
     let queue = db.queue();
-    let (changed, what) = match op {
+    let (changed, what, id) = match op {
         JobsCommand::List {
             queues,
             kinds,
@@ -81,8 +81,8 @@ pub async fn run(url: &str, op: JobsCommand) -> Result<(), CliError> {
             println!("{text}");
             return Ok(());
         }
-        JobsCommand::Retry { id } => (u64::from(queue.retry(id).await?), "retried"),
-        JobsCommand::Cancel { id } => (u64::from(queue.cancel(id).await?), "cancelled"),
+        JobsCommand::Retry { id } => (u64::from(queue.retry(id).await?), "retried", id),
+        JobsCommand::Cancel { id } => (u64::from(queue.cancel(id).await?), "cancelled", id),
         JobsCommand::Prune { older_than } => {
             let n = queue.prune(older_than).await?;
             crate::say::say!("pruned {n} job(s)");
@@ -92,8 +92,24 @@ pub async fn run(url: &str, op: JobsCommand) -> Result<(), CliError> {
     let said = format!("{what} {changed} job(s)");
     if changed == 0 {
         // Exit 1: a script retrying or cancelling learns that the job was not in that state.
-        return Err(CliError::NothingClaimed(said));
+        return Err(CliError::NothingClaimed(
+            why_unchanged(&queue, id, what).await?,
+        ));
     }
     crate::say::say!("{said}");
     Ok(())
+}
+
+/// Why `jobs retry` or `jobs cancel` of job `id` changed nothing: no such job, or the state it
+/// is in and the states the command takes.
+async fn why_unchanged(queue: &rowclaim::Queue, id: i64, what: &str) -> Result<String, CliError> {
+    let (verb, takes) = if what == "retried" {
+        ("retried", "only a dead or cancelled job can be retried")
+    } else {
+        ("cancelled", "only a ready or running job can be cancelled")
+    };
+    Ok(match queue.get(id).await? {
+        None => format!("{verb} no job: there is no job {id}"),
+        Some(job) => format!("{verb} no job: job {id} is {} ({takes})", job.status),
+    })
 }

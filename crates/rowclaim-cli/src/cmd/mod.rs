@@ -14,6 +14,7 @@ mod dashboard;
 mod demo;
 mod enqueue;
 mod extend;
+pub(crate) mod help;
 mod init;
 mod jobs;
 pub(crate) mod queue;
@@ -29,7 +30,6 @@ use clap::{Parser, Subcommand};
 use rowclaim::{Claimer, Db, Retention};
 
 use crate::error::CliError;
-use crate::exit;
 use crate::say::say;
 use source_args::{SourceArgs, Target};
 
@@ -39,21 +39,22 @@ use source_args::{SourceArgs, Target};
 /// Works on PostgreSQL, MySQL 8 / MariaDB 10.6+ and SQLite, on a table you already have: an id
 /// column and a status column are all it needs; owner, lease and attempts columns unlock more.
 #[derive(Parser, Debug)]
-#[command(name = "rowclaim", version, after_help = exit::AFTER_HELP.as_str(), max_term_width = 100)]
+#[command(name = "rowclaim", version, max_term_width = 100)]
 pub struct Cli {
     /// Database URL: postgres://user@host/db, mysql://user@host/db (also MariaDB),
     /// sqlite://path/to/file.db. DATABASE_URL may also come from a .env file in the current
     /// directory (the environment wins). Without either: sqlite://rowclaim.db in the current
     /// directory, and rowclaim says so.
-    #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
+    #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true,
+          value_hint = clap::ValueHint::Url, help_heading = GLOBAL)]
     pub database: Option<String>,
     /// Print only results and errors: no "strategy auto chose …", progress or summaries.
-    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    #[arg(short, long, global = true, conflicts_with = "verbose", help_heading = GLOBAL)]
     pub quiet: bool,
     /// Log more on stderr (-v: what rowclaim decides, -vv: every retry and the database
     /// driver's own warnings, slow statements included). ROWCLAIM_LOG, a tracing filter such
     /// as "rowclaim=debug,sqlx=warn", overrides -v, -vv and --quiet.
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, help_heading = GLOBAL)]
     pub verbose: u8,
     /// Whether --database was given on the command line (set after parsing).
     #[arg(skip)]
@@ -82,28 +83,21 @@ pub enum Command {
     /// and lets running commands finish within --grace; then they are stopped and their rows
     /// given back. A second signal (a second or more after the first) stops them at once and
     /// exits 130.
-    #[command(after_help = exit::AFTER_HELP.as_str())]
     Work(work::WorkArgs),
     /// Claim rows and print them as JSON lines, each with its token: {"token":…,"id":…,"row":{…}}.
     /// Settle them later with complete, fail or release --token. Exits 1 when nothing was claimable.
-    #[command(after_help = exit::AFTER_HELP.as_str())]
     Claim(claim::ClaimArgs),
     /// Mark rows a token holds as done.
-    #[command(after_help = exit::AFTER_HELP.as_str())]
     Complete(settle::TokenArgs),
     /// Mark rows a token holds as failed.
-    #[command(after_help = exit::AFTER_HELP.as_str())]
     Fail(settle::TokenArgs),
     /// Give rows a token holds back: ready to be claimed again.
-    #[command(after_help = exit::AFTER_HELP.as_str())]
     Release(settle::TokenArgs),
     /// Push the lease of rows a token holds to now + --lease (by the database's clock).
-    #[command(after_help = exit::AFTER_HELP.as_str())]
     Extend(extend::ExtendArgs),
     /// Show rows per status, claimed rows per owner, and expired leases; without a table, the
     /// managed queue's jobs per queue and status, the oldest ready job's wait and the jobs
     /// completed in the last minute.
-    #[command(after_help = exit::AFTER_HELP.as_str())]
     Stats(stats::StatsArgs),
     /// Check what claims on a source would meet on the live database, writing nothing: the
     /// strategy auto picks and why; whether the claim's statement finds ready rows through an
@@ -112,35 +106,32 @@ pub enum Command {
     /// format (statement-based logging breaks claims), Galera and the lease column's type; the
     /// database's clock against this one. Exits 7 when something makes claims slow, 8 when
     /// something makes them fail or lose exclusivity.
-    #[command(after_help = exit::AFTER_HELP.as_str())]
     Check(check::CheckArgs),
     /// Create or migrate the managed job queue (table rowclaim_jobs). Idempotent; safe to run
     /// from several processes at once.
-    #[command(after_help = exit::AFTER_HELP.as_str())]
     Init(init::InitArgs),
     /// Look at and change jobs of the managed queue: list, show, retry a dead or cancelled job,
     /// cancel a ready or running one, prune finished ones. show, retry and cancel exit 1 when
     /// there was no such job to show or change.
-    #[command(subcommand, after_help = exit::AFTER_HELP.as_str())]
+    #[command(subcommand)]
     Jobs(jobs::JobsCommand),
     /// A queue of the managed queue as a whole: pause it (workers start none of its jobs),
     /// resume it, list the queues with their jobs per state and whether they are paused.
-    #[command(subcommand, after_help = exit::AFTER_HELP.as_str())]
+    #[command(subcommand)]
     Queue(queue::QueueCommand),
     /// Schedules of the managed queue: cron expressions (in a time zone) and fixed intervals,
     /// written as [schedule.NAME] tables in rowclaim.toml. `work --queue Q` runs those whose
     /// queue it serves; `schedule run` runs them without a worker; any number of schedulers may
     /// run the same schedules, and each tick is enqueued once. list shows the stored schedules,
     /// forget removes one no scheduler runs any more.
-    #[command(subcommand, after_help = exit::AFTER_HELP.as_str())]
+    #[command(subcommand)]
     Schedule(schedule::ScheduleCommand),
     /// The mapping each table's claimers agree on, recorded by the first claim on it: list the
     /// records, replace one when every claimer moves to a new mapping, forget one.
-    #[command(subcommand, after_help = exit::AFTER_HELP.as_str())]
+    #[command(subcommand)]
     Source(source::SourceCommand),
     /// Add jobs to the managed queue: one JSON payload as the argument, or JSON lines on stdin
     /// (all or nothing: one malformed line adds none, and the error names its line).
-    #[command(after_help = exit::AFTER_HELP.as_str())]
     Enqueue(enqueue::EnqueueArgs),
     /// Measure, on whatever --database points at: `drain` (jobs per second and claim latency;
     /// --plain for the yardstick of a hand-written queue), `latency` (enqueue to start),
@@ -162,10 +153,10 @@ pub enum Command {
     /// is with the bearer token a scraper presents. Only the login token opens a session; every
     /// action also needs the session's CSRF token. Plain HTTP, so on a loopback address only,
     /// unless --behind-tls-proxy.
-    #[command(after_help = exit::AFTER_HELP.as_str())]
     Dashboard(dashboard::DashboardArgs),
-    /// Print a completion script for SHELL on stdout, e.g.
-    /// `rowclaim completions bash > ~/.local/share/bash-completion/completions/rowclaim`.
+    /// Print a completion script for SHELL on stdout, e.g. `mkdir -p
+    /// ~/.local/share/bash-completion/completions && rowclaim completions bash >
+    /// ~/.local/share/bash-completion/completions/rowclaim`. Takes no --database.
     Completions(completions::CompletionsArgs),
 }
 
@@ -186,6 +177,9 @@ impl Command {
         }
     }
 }
+
+/// The help heading of the flags every command takes.
+const GLOBAL: &str = "Global options";
 
 /// The database when neither --database nor DATABASE_URL names one.
 const DEFAULT_DATABASE: &str = "sqlite://rowclaim.db";
@@ -278,19 +272,15 @@ fn name_the_database(e: CliError, url: &str) -> CliError {
     }
 }
 
-/// `url` as it may be shown: without a password and without the query (which may hold one).
+/// `url` as it may be shown: without a password (however malformed the URL) and without the
+/// query (which may hold one).
 fn shown_url(url: &str) -> String {
-    let url = url.split('?').next().unwrap_or_default();
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let (scheme, rest) = url.split_at(scheme_end);
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{scheme}{user}@{host}")
-        }
-        None => url.to_owned(),
+    let shown = rowclaim::redacted_url(url);
+    // After the userinfo, which the library masked whole (it may hold a `?`).
+    let query = shown.find('@').map_or(0, |at| at + 1);
+    match shown[query..].find('?') {
+        Some(q) => shown[..query + q].to_owned(),
+        None => shown,
     }
 }
 
@@ -341,7 +331,11 @@ mod tests {
     fn shown_urls_hold_no_password() {
         let shown =
             super::shown_url("postgres://app:s3cret@db:5432/app?password=x&sslmode=require");
-        assert_eq!(shown, "postgres://app@db:5432/app");
+        assert_eq!(shown, "postgres://app:***@db:5432/app");
+        assert_eq!(
+            super::shown_url("postgres//app:s3cret@db/app?x"),
+            "postgres//***@db/app"
+        );
         assert_eq!(
             super::shown_url("mysql://root@h/test"),
             "mysql://root@h/test"

@@ -5,15 +5,17 @@ use clap::{Args, Subcommand};
 use rowclaim::Db;
 
 use crate::error::CliError;
+use crate::say::say;
 
 #[derive(Subcommand, Debug)]
 pub enum QueueCommand {
     /// Pause queue Q: from now on no worker claims a job of it, jobs a worker claimed ahead go
     /// back at its next heartbeat (a third of its lease), and running jobs finish. Jobs can
-    /// still be enqueued. Nothing changes when it is paused already (said, exit 0).
+    /// still be enqueued. A queue with no jobs yet may be paused ahead (said). Nothing changes
+    /// when it is paused already (said, exit 1).
     Pause(NameArgs),
     /// Let workers claim jobs of queue Q again (listening workers wake at once). Nothing
-    /// changes when it is not paused (said, exit 0).
+    /// changes when it is not paused (said, exit 1).
     Resume(NameArgs),
     /// Set queue Q's limits, enforced in the database across every worker on every machine:
     /// how many of its jobs run at once, how many with one limit key (`enqueue --limit-key`)
@@ -56,7 +58,7 @@ pub struct NameArgs {
     /// The queue.
     #[arg(value_name = "Q")]
     queue: String,
-    /// Say what happened as one JSON object: {"queue", "paused", "changed"}.
+    /// Say what happened as one JSON object: {"queue", "paused", "changed", "has_jobs"}.
     #[arg(long)]
     json: bool,
 }
@@ -82,21 +84,53 @@ pub async fn run(url: &str, cmd: QueueCommand) -> Result<(), CliError> {
     } else {
         queue.resume(&a.queue).await?
     };
+    // A name nobody has used (a typo, say) is worth a word: pausing it ahead is allowed.
+    let has_jobs = !queue
+        .list(
+            &rowclaim::JobFilter::new()
+                .queues(vec![a.queue.clone()])
+                .limit(1),
+        )
+        .await?
+        .is_empty();
     if a.json {
-        return super::print_json_line(&serde_json::json!({
+        super::print_json_line(&serde_json::json!({
             "queue": a.queue,
             "paused": pause,
             "changed": changed,
-        }));
+            "has_jobs": has_jobs,
+        }))?;
+        if changed {
+            return Ok(());
+        }
     }
     let q = &a.queue;
-    let said = match (pause, changed) {
-        (true, true) => format!("paused queue {q}: workers start none of its jobs until resumed"),
-        (true, false) => format!("queue {q} was paused already"),
-        (false, true) => format!("resumed queue {q}"),
-        (false, false) => format!("queue {q} was not paused"),
+    let no_jobs = if has_jobs {
+        ""
+    } else {
+        " (no queue of that name has jobs: check the name)"
     };
-    crate::say::say!("{said}");
+    match (pause, changed) {
+        (true, true) if has_jobs => {
+            say!("paused queue {q}: workers start none of its jobs until resumed")
+        }
+        (true, true) => say!(
+            "no queue named {q} has jobs; paused it anyway, so jobs enqueued to it later wait \
+             until `rowclaim queue resume {q}`"
+        ),
+        (false, true) => say!("resumed queue {q}"),
+        // Exit 1, as for `jobs retry` of a job that was not dead: nothing was changed.
+        (true, false) => {
+            return Err(CliError::NothingClaimed(format!(
+                "queue {q} was paused already{no_jobs}"
+            )))
+        }
+        (false, false) => {
+            return Err(CliError::NothingClaimed(format!(
+                "queue {q} was not paused{no_jobs}"
+            )))
+        }
+    }
     Ok(())
 }
 
@@ -122,8 +156,8 @@ async fn limit(db: &Db, a: LimitArgs) -> Result<(), CliError> {
     }
     let q = &a.queue;
     match describe(&limits) {
-        Some(l) => crate::say::say!("queue {q} limited to {l}"),
-        None => crate::say::say!("queue {q} has no limits"),
+        Some(l) => say!("queue {q} limited to {l}"),
+        None => say!("queue {q} has no limits"),
     }
     Ok(())
 }

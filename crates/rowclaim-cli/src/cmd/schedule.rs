@@ -286,8 +286,12 @@ fn build(name: &str, c: ScheduleConfig) -> Result<Schedule, String> {
     let mut s = match (c.cron, c.every) {
         (Some(cron), None) => Schedule::cron(name, cron),
         (None, Some(every)) => {
-            let d =
-                humantime::parse_duration(&every).map_err(|e| format!("every {every:?}: {e}"))?;
+            let d = super::values::duration(&every).map_err(|e| {
+                format!(
+                    "every {every:?}: {e}; write every = \"15m\" (a positive duration: 30s, 5m, \
+                     1h 30m)"
+                )
+            })?;
             Schedule::every(name, d)
         }
         (Some(_), Some(_)) => return Err("has both cron and every: give one".into()),

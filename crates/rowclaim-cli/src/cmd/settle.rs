@@ -55,6 +55,13 @@ where
     F: FnOnce(Claimer, Token, Vec<RowId>) -> Fut,
     Fut: std::future::Future<Output = rowclaim::Result<u64>>,
 {
+    // Hidden from these commands' help (see `help.rs`): they pick no rows to claim.
+    if a.source.order_by.is_some() || a.source.filter.is_some() {
+        return Err(CliError::BadInput(format!(
+            "--order-by and --where choose the rows a claim takes; {verb} changes the rows the \
+             token holds: drop them"
+        )));
+    }
     let claimer = super::claimer(url, &a.source, 2).await?;
     let token: Token = a.token.parse()?;
     let ids = a

@@ -3,12 +3,15 @@
 //! from `rowclaim.toml`, or the managed queue (`--queue`).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 use rowclaim::{Source, Strategy};
 
 use crate::error::CliError;
+
+/// The config file when --config names none.
+const DEFAULT_CONFIG: &str = "rowclaim.toml";
 
 /// The table to work on and how its columns map. Either --table (with the column flags) or
 /// --source NAME from the config file.
@@ -59,18 +62,21 @@ pub struct SourceArgs {
     /// Use the source NAME from the config file ([source.NAME] in ./rowclaim.toml).
     #[arg(long, value_name = "NAME")]
     pub source: Option<String>,
-    /// The config file: its [source.NAME] for --source; with `work --queue`, its
-    /// [schedule.NAME] of the queues served (a missing file has none).
-    #[arg(long, value_name = "PATH", default_value = "rowclaim.toml")]
-    pub config: PathBuf,
-    /// How rows are claimed: auto, skip-locked, token, optimistic, lease-table, transaction.
-    #[arg(long, value_name = "S", default_value = "auto", value_parser = parse_strategy)]
+    /// The config file (default: ./rowclaim.toml): its [source.NAME] for --source; with
+    /// `work --queue`, its [schedule.NAME] of the queues served. A missing ./rowclaim.toml has
+    /// none; a file named here must exist.
+    #[arg(long, value_name = "PATH", value_hint = clap::ValueHint::FilePath)]
+    pub config: Option<PathBuf>,
+    /// How rows are claimed.
+    #[arg(long, value_name = "S", default_value = "auto", value_parser = strategies())]
     pub strategy: Strategy,
 }
 
-fn parse_strategy(s: &str) -> Result<Strategy, String> {
-    s.parse()
-        .map_err(|e: rowclaim::UnknownStrategy| e.to_string())
+/// The strategies by name, which completion scripts offer (not file names).
+fn strategies() -> impl clap::builder::TypedValueParser<Value = Strategy> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(Strategy::ALL.map(Strategy::name))
+        .try_map(|s: String| s.parse::<Strategy>())
 }
 
 #[derive(serde::Deserialize)]
@@ -95,6 +101,11 @@ impl SourceArgs {
         self.table.is_some() || self.source.is_some() || !self.queues.is_empty()
     }
 
+    /// The config file: --config, else ./rowclaim.toml.
+    pub fn config_file(&self) -> &Path {
+        self.config.as_deref().unwrap_or(Path::new(DEFAULT_CONFIG))
+    }
+
     /// What the flags name: the managed queue, a configured source, or a table and its columns.
     pub fn target(&self) -> Result<Target, CliError> {
         if !self.queues.is_empty() {
@@ -109,8 +120,9 @@ impl SourceArgs {
 
     fn to_source(&self) -> Result<Source, CliError> {
         if let Some(name) = &self.source {
-            let path = self.config.display();
-            let text = std::fs::read_to_string(&self.config).map_err(|e| {
+            let config = self.config_file();
+            let path = config.display();
+            let text = std::fs::read_to_string(config).map_err(|e| {
                 CliError::BadInput(format!("--source {name}: cannot read {path}: {e}"))
             })?;
             let mut file: ConfigFile = toml::from_str(&text).map_err(|e| {

@@ -45,6 +45,57 @@ pub fn duration_or_zero(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (e.g. 30s, 5m, 1h 30m)"))
 }
 
+/// The longest lease a flag takes: a worker that dies holds its rows this long at most.
+pub const MAX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// A lease: longer than zero, at most [`MAX_LEASE`] (7 days). A job that runs longer keeps its
+/// rows by renewing a shorter lease (`work` does, `extend` by hand).
+pub fn lease(s: &str) -> Result<Duration, String> {
+    let d = duration(s)?;
+    if d > MAX_LEASE {
+        return Err(
+            "at most 7d: a lease is how long the rows of a worker that dies wait before \
+                    another may claim them; a longer job keeps a shorter lease renewed (`work` \
+                    does it by itself, `extend` by hand)"
+                .into(),
+        );
+    }
+    Ok(d)
+}
+
+/// A time to run at, as given: RFC 3339 with `Z` or an offset; one without (`2026-12-01 08:00`)
+/// is read as UTC, and `naive` says so, for the command to say which time it took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunAt {
+    pub at: std::time::SystemTime,
+    pub naive: bool,
+}
+
+/// A time for --run-at: `2026-12-01T08:00:00Z`, `2026-12-01T09:00:00+01:00`, or without an
+/// offset (UTC).
+pub fn run_at(s: &str) -> Result<RunAt, String> {
+    let text = s.trim();
+    if let Ok(t) = text.parse::<jiff::Timestamp>() {
+        return Ok(RunAt {
+            at: std::time::SystemTime::from(t),
+            naive: false,
+        });
+    }
+    let civil: jiff::civil::DateTime = text.parse().map_err(|_| {
+        "not a time: write 2026-12-01T08:00:00Z, or with an offset (2026-12-01T09:00:00+01:00); \
+         a time without one is read as UTC"
+            .to_owned()
+    })?;
+    let t = civil
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .map_err(|e| e.to_string())?
+        .timestamp();
+    Ok(RunAt {
+        at: std::time::SystemTime::from(t),
+        naive: true,
+    })
+}
+
 /// A rate: so many jobs per period, e.g. 100/1m, 5/1s, 10/s (a bare unit is one of it).
 pub fn rate(s: &str) -> Result<rowclaim::Rate, String> {
     let (n, per) = s
@@ -66,6 +117,25 @@ pub fn rate(s: &str) -> Result<rowclaim::Rate, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leases_are_capped() {
+        assert_eq!(lease("7d"), Ok(MAX_LEASE));
+        assert!(lease("100000d").unwrap_err().contains("at most 7d"));
+        assert!(lease("0s").is_err());
+    }
+
+    #[test]
+    fn run_at_takes_offsets_and_reads_naive_times_as_utc() {
+        let utc = run_at("2026-12-01T08:00:00Z").unwrap();
+        assert!(!utc.naive);
+        assert_eq!(run_at("2026-12-01T09:00:00+01:00").unwrap().at, utc.at);
+        let naive = run_at("2026-12-01 08:00:00").unwrap();
+        assert!(naive.naive);
+        assert_eq!(naive.at, utc.at);
+        assert_eq!(run_at("2026-12-01T08:00").unwrap().at, utc.at);
+        assert!(run_at("tomorrow").unwrap_err().contains("read as UTC"));
+    }
 
     #[test]
     fn rates() {

@@ -25,8 +25,8 @@ pub struct WorkArgs {
     /// renewed. Claims then come in batches of about N/2: for short commands, a few hundred.
     #[arg(long, value_name = "N", default_value = "0", value_parser = super::values::count_or_zero, allow_hyphen_values = true)]
     prefetch: u32,
-    /// How long a claim holds its rows without a heartbeat, e.g. 30s, 5m.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::values::duration, allow_hyphen_values = true)]
+    /// How long a claim holds its rows without a heartbeat, e.g. 30s, 5m (at most 7d).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::values::lease, allow_hyphen_values = true)]
     lease: Duration,
     /// Commands run at once.
     #[arg(long, value_name = "N", default_value = "1", value_parser = super::values::count, allow_hyphen_values = true)]
@@ -54,7 +54,7 @@ pub struct WorkArgs {
     output_limit: u32,
     /// With --queue: what becomes of completed jobs: keep (as `completed`, until `jobs prune`)
     /// or delete.
-    #[arg(long, value_name = "WHAT", default_value = "keep", value_parser = parse_retention)]
+    #[arg(long, value_name = "WHAT", default_value = "keep", value_parser = retentions())]
     completed: Retention,
     /// With --queue: run only jobs of this kind (repeat, or a comma list, for several). Jobs of
     /// other kinds are left for other workers: they are never claimed.
@@ -137,11 +137,18 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
                    own table with --where";
         return Err(CliError::BadInput(why.into()));
     }
+    if a.source.config.is_some() && a.source.queues.is_empty() && a.source.source.is_none() {
+        let why = "--config is read for --source NAME, or for the schedules of `work --queue`; \
+                   this run uses neither";
+        return Err(CliError::BadInput(why.into()));
+    }
     // The config file's schedules of the queues served, checked before connecting.
     let schedules = if a.no_schedules || a.source.queues.is_empty() {
         Vec::new()
     } else {
-        super::schedule::from_config(&a.source.config, &a.source.queues, false)?
+        // ./rowclaim.toml may be missing (no schedules); a file named by --config must exist.
+        let named = a.source.config.is_some();
+        super::schedule::from_config(a.source.config_file(), &a.source.queues, named)?
     };
     let mut opts = rowclaim::ConnectOptions::default().max_connections(connections.max(2));
     if let Some(listen) = &a.listen_database {
@@ -184,7 +191,10 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
         worker = worker.batch(n);
     }
     if !schedules.is_empty() {
-        crate::say::say!("{}", super::schedule::running(&schedules, &a.source.config));
+        crate::say::say!(
+            "{}",
+            super::schedule::running(&schedules, a.source.config_file())
+        );
     }
     for s in schedules {
         worker = worker.schedule(s);
@@ -258,6 +268,13 @@ async fn claimer_waiting(
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_secs(5));
     }
+}
+
+/// `keep` or `delete`, for `--completed` (which completion scripts offer).
+fn retentions() -> impl clap::builder::TypedValueParser<Value = Retention> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["keep", "delete"])
+        .try_map(|s: String| parse_retention(&s))
 }
 
 /// `keep` or `delete`, for `--completed`.

@@ -508,7 +508,8 @@ pub async fn one_mapping_per_table(t: Arc<TestDb>) {
     // refused too.
     t.exec("ALTER TABLE jobs ADD COLUMN alt_id BIGINT").await;
     t.exec("UPDATE jobs SET alt_id = id").await;
-    t.exec("CREATE UNIQUE INDEX jobs_alt_id ON jobs (alt_id)").await;
+    t.exec("CREATE UNIQUE INDEX jobs_alt_id ON jobs (alt_id)")
+        .await;
     for (bad, what) in [
         (
             full_source().status_values("new", "claimed", "done", "failed"),

@@ -146,12 +146,18 @@ impl Queue {
     /// Enqueues many jobs in one transaction: all of them or, on any error, none. Returns how many
     /// new jobs were added (jobs whose unique key was pending already are not added).
     pub async fn enqueue_many(&self, jobs: &[NewJob]) -> Result<u64> {
+        let got = self.enqueue_all(jobs).await?;
+        Ok(got.iter().filter(|e| !e.existing).count() as u64)
+    }
+
+    /// [`Queue::enqueue_many`], returning one [`Enqueued`] per job given (`existing` for a
+    /// job whose unique key was pending already: the id is that job's).
+    pub async fn enqueue_all(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
         for (i, job) in jobs.iter().enumerate() {
             job.check()
                 .map_err(|e| Error::InvalidInput(format!("job {}: {e}", i + 1)))?;
         }
-        let got = retry_transient!(store(&self.db).enqueue(jobs).await).map_err(not_initialised)?;
-        Ok(got.iter().filter(|e| !e.existing).count() as u64)
+        retry_transient!(store(&self.db).enqueue(jobs).await).map_err(not_initialised)
     }
 
     /// Enqueues a job inside the caller's PostgreSQL transaction: it exists only if that

@@ -90,9 +90,10 @@ pub async fn run(url: &str, a: DashboardArgs) -> Result<(), CliError> {
         a.read_only,
         history::History::default(),
     ));
-    let listener = tokio::net::TcpListener::bind(a.listen)
-        .await
-        .map_err(CliError::io("listening on --listen"))?;
+    // A port in use is the user's to change, as for `work --metrics`: exit 2, flag and port named.
+    let listener = tokio::net::TcpListener::bind(a.listen).await.map_err(|e| {
+        CliError::BadInput(format!("--listen {}: cannot listen there: {e}", a.listen))
+    })?;
     let at = listener
         .local_addr()
         .map_err(CliError::io("listening on --listen"))?;
