@@ -58,7 +58,16 @@ const COMMANDS: &[&[&str]] = &[
     &["init"],
     &["jobs", "list"],
     &["claim", "--table", "nope"],
-    &["work", "--queue", "q", "--until-empty", "--", "true"],
+    &[
+        "work",
+        "--queue",
+        "q",
+        "--until-empty",
+        "--give-up-after",
+        "1s",
+        "--",
+        "true",
+    ],
     &["bench", "latency", "--jobs", "1"],
 ];
 
@@ -191,7 +200,16 @@ async fn succeeding(t: std::sync::Arc<rowclaim_testkit::TestDb>) {
     let runs: [&[&str]; 9] = [
         &["init"],
         &["enqueue", "--queue", "q", "{}"],
-        &["work", "--queue", "q", "--until-empty", "--", "true"],
+        &[
+            "work",
+            "--queue",
+            "q",
+            "--until-empty",
+            "--give-up-after",
+            "1s",
+            "--",
+            "true",
+        ],
         &["stats"],
         &["jobs", "list"],
         &["queue", "pause", "q"],
