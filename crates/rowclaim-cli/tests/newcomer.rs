@@ -238,6 +238,31 @@ async fn snooze_waits(t: Arc<TestDb>) {
     assert_eq!(t.count(failed).await, 1, "{said}");
 }
 
+/// A claim with a wrong mapping finds nothing and records nothing: the mapping meant claims
+/// next, instead of being refused as differing from the wrong one.
+async fn an_empty_claim_records_nothing(t: Arc<TestDb>) {
+    t.exec("CREATE TABLE plain (id BIGINT PRIMARY KEY, status VARCHAR(20) NOT NULL)")
+        .await;
+    t.exec("INSERT INTO plain (id, status) VALUES (1, 'ready'), (2, 'ready')")
+        .await;
+    let wrong = [
+        "claim",
+        "--table",
+        "plain",
+        "--ready",
+        "0",
+        "--claimed",
+        "1",
+    ];
+    let out = output(&t.url, &wrong).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let out = output(&t.url, &["claim", "--table", "plain"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // Now recorded: the wrong mapping is refused.
+    let out = output(&t.url, &wrong).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
 macro_rules! newcomer_cases {
     ($backend:expr) => {
         use super::*;
@@ -255,6 +280,11 @@ macro_rules! newcomer_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn stats_makes_nothing_and_needs_only_reading() {
             with_db($backend, stats_only_looks).await
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_claim_that_finds_nothing_records_no_mapping() {
+            with_db($backend, an_empty_claim_records_nothing).await
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -297,6 +297,13 @@ impl Claimer {
     pub(crate) async fn claim_with(&self, how: Claiming<'_>) -> Result<Claim> {
         let i = &self.inner;
         if !i.recorded.load(Ordering::Relaxed) {
+            // The first claim that can take rows records the mapping. One that would find
+            // nothing (a wrong ready value, an empty table) records nothing, so that it cannot
+            // lock out the mapping that was meant; with nothing to take there is nothing to
+            // guard. (The count is of ready and claimed rows: it errs towards recording.)
+            if !self.backlog().await?.has_work() {
+                return self.new_claim(Token::new(), Vec::new(), None, how.lease, Instant::now());
+            }
             i.db.record(&i.m, i.strategy).await?;
             i.recorded.store(true, Ordering::Relaxed);
         }
