@@ -514,7 +514,8 @@ async fn output_and_snooze(t: Arc<TestDb>) {
     );
     assert_eq!(snoozed.output, None);
 
-    // A row of your own table: back at once, its attempts column as before the claim.
+    // A row of your own table waits out its snooze in its lease column, claimed by nobody, its
+    // attempt taken back; then it is claimed again as a row whose lease ended.
     t.jobs(1).await;
     let claimer = own_claimer(&t).await;
     let own_runs = Arc::new(AtomicUsize::new(0));
@@ -524,7 +525,7 @@ async fn output_and_snooze(t: Arc<TestDb>) {
             let r = r.clone();
             async move {
                 Ok::<_, String>(if r.fetch_add(1, Ordering::SeqCst) == 0 {
-                    TaskResult::Snooze(Duration::from_secs(3600))
+                    TaskResult::Snooze(Duration::from_millis(1500))
                 } else {
                     TaskResult::Done
                 })
@@ -536,6 +537,7 @@ async fn output_and_snooze(t: Arc<TestDb>) {
         .await
         .unwrap();
     assert_eq!((report.completed, report.snoozed), (1, 1), "{report:?}");
+    assert_eq!(own_runs.load(Ordering::SeqCst), 2);
     assert_eq!(
         t.count("SELECT COUNT(*) FROM jobs WHERE status = 'done' AND attempts = 1")
             .await,
