@@ -74,7 +74,10 @@ pub(crate) async fn release_row<R: Transact + ?Sized>(
         Some(delete) => {
             let gone = tx.execute(delete).await?;
             if gone == 0 && holder.is_some() {
-                // Not held by that holder (any more): nothing to give back.
+                // Not held by that holder (any more): nothing to give back. Roll back now: a
+                // transaction only dropped keeps the row's lock until the pool gets to it, and
+                // the next release on another connection would find the row locked.
+                tx.rollback().await?;
                 return Ok(0);
             }
             gone
