@@ -8,27 +8,14 @@ mod support;
 
 use std::process::Output;
 
-struct Scratch {
-    dir: tempfile::TempDir,
-    url: String,
-}
+use support::{stderr, Scratch};
 
 fn scratch() -> Scratch {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let url = format!("sqlite://{}", dir.path().join("rules.db").display());
-    Scratch { dir, url }
+    Scratch::new("rules.db")
 }
 
 async fn run(s: &Scratch, args: &[&str]) -> Output {
-    support::rowclaim(&s.url, args)
-        .current_dir(s.dir.path())
-        .output()
-        .await
-        .expect("run rowclaim")
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    s.run(args).await
 }
 
 #[tokio::test]

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::{with_db, Backend, TestDb};
 use serde_json::Value;
+use support::stderr;
 
 async fn output(url: &str, args: &[&str]) -> Output {
     let run = support::rowclaim(url, args).output();
@@ -19,10 +20,6 @@ async fn output(url: &str, args: &[&str]) -> Output {
         .await
         .unwrap_or_else(|_| panic!("rowclaim {args:?} ends within 2 minutes"))
         .expect("run rowclaim")
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// How many of rowclaim's own tables the test's database holds.

@@ -7,27 +7,14 @@ mod support;
 
 use std::process::Output;
 
-struct Scratch {
-    dir: tempfile::TempDir,
-    url: String,
-}
+use support::{stderr, Scratch};
 
 fn scratch() -> Scratch {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let url = format!("sqlite://{}", dir.path().join("said.db").display());
-    Scratch { dir, url }
+    Scratch::new("said.db")
 }
 
 async fn run(s: &Scratch, args: &[&str]) -> Output {
-    support::rowclaim(&s.url, args)
-        .current_dir(s.dir.path())
-        .output()
-        .await
-        .expect("run rowclaim")
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    s.run(args).await
 }
 
 #[tokio::test]
@@ -58,14 +45,18 @@ async fn a_config_file_named_must_exist() {
     assert!(stderr(&out).contains("--config"), "{out:?}");
 }
 
-#[tokio::test]
-async fn pause_and_resume_say_what_they_found() {
+/// A scratch database with the queue set up and job 1 ready in queue mail.
+async fn with_one_mail_job() -> Scratch {
     let s = scratch();
     assert!(run(&s, &["init"]).await.status.success());
-    assert!(run(&s, &["enqueue", "--queue", "mail", "{}"])
-        .await
-        .status
-        .success());
+    let out = run(&s, &["enqueue", "--queue", "mail", "{}"]).await;
+    assert!(out.status.success(), "{out:?}");
+    s
+}
+
+#[tokio::test]
+async fn pause_and_resume_say_what_they_found() {
+    let s = with_one_mail_job().await;
     // A queue nobody has used: paused ahead, said so.
     let out = run(&s, &["queue", "pause", "maill"]).await;
     assert_eq!(out.status.code(), Some(0), "{out:?}");
@@ -102,12 +93,7 @@ async fn pause_and_resume_say_what_they_found() {
 
 #[tokio::test]
 async fn retry_and_cancel_say_why_nothing_changed() {
-    let s = scratch();
-    assert!(run(&s, &["init"]).await.status.success());
-    assert!(run(&s, &["enqueue", "--queue", "mail", "{}"])
-        .await
-        .status
-        .success());
+    let s = with_one_mail_job().await;
     let out = run(&s, &["jobs", "retry", "42"]).await;
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(stderr(&out).contains("there is no job 42"), "{out:?}");

@@ -52,22 +52,26 @@ fn failing_urls(pg_host: &str, my_host: &str) -> Vec<String> {
     ]
 }
 
+/// A worker that drains queue q and ends: after at most 1 s of an unreachable database, for
+/// `work` waits for one that is down at its start.
+const WORK: &[&str] = &[
+    "work",
+    "--queue",
+    "q",
+    "--until-empty",
+    "--give-up-after",
+    "1s",
+    "--",
+    "true",
+];
+
 /// The commands a URL reaches, each connecting its own way.
 const COMMANDS: &[&[&str]] = &[
     &["stats"],
     &["init"],
     &["jobs", "list"],
     &["claim", "--table", "nope"],
-    &[
-        "work",
-        "--queue",
-        "q",
-        "--until-empty",
-        "--give-up-after",
-        "1s",
-        "--",
-        "true",
-    ],
+    WORK,
     &["bench", "latency", "--jobs", "1"],
 ];
 
@@ -200,16 +204,7 @@ async fn succeeding(t: std::sync::Arc<rowclaim_testkit::TestDb>) {
     let runs: [&[&str]; 9] = [
         &["init"],
         &["enqueue", "--queue", "q", "{}"],
-        &[
-            "work",
-            "--queue",
-            "q",
-            "--until-empty",
-            "--give-up-after",
-            "1s",
-            "--",
-            "true",
-        ],
+        WORK,
         &["stats"],
         &["jobs", "list"],
         &["queue", "pause", "q"],

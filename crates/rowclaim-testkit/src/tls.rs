@@ -19,18 +19,7 @@ impl TestCa {
     /// A new CA (an EC P-256 key, valid for two days).
     pub fn new() -> TestCa {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir for a test CA: {e}"));
-        openssl(
-            dir.path(),
-            &[
-                "ecparam",
-                "-name",
-                "prime256v1",
-                "-genkey",
-                "-noout",
-                "-out",
-                "ca.key",
-            ],
-        );
+        ec_key(dir.path(), "ca.key");
         openssl(
             dir.path(),
             &[
@@ -62,18 +51,7 @@ impl TestCa {
     /// A server certificate this CA signed for the DNS name `host` (and no other name).
     pub fn server_cert(&self, host: &str) -> ServerCert {
         let d = self.dir.path();
-        openssl(
-            d,
-            &[
-                "ecparam",
-                "-name",
-                "prime256v1",
-                "-genkey",
-                "-noout",
-                "-out",
-                "server.key",
-            ],
-        );
+        ec_key(d, "server.key");
         let subject = format!("/CN={host}");
         openssl(
             d,
@@ -139,5 +117,21 @@ fn openssl(dir: &Path, args: &[&str]) {
         out.status.success(),
         "openssl {args:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// An EC P-256 private key in `dir`, named `name`.
+fn ec_key(dir: &Path, name: &str) {
+    openssl(
+        dir,
+        &[
+            "ecparam",
+            "-name",
+            "prime256v1",
+            "-genkey",
+            "-noout",
+            "-out",
+            name,
+        ],
     );
 }

@@ -130,9 +130,10 @@ impl Db {
                     m.table_display
                 ),
             ));
-            findings.push(self.id_finding(&m).await?);
         } else if !owned {
             findings.push(self.registry_finding(&m, strategy, record.as_ref()).await?);
+        }
+        if !owned {
             findings.push(self.id_finding(&m).await?);
         }
         let resolved = Resolved::of(strategy)?;
@@ -345,8 +346,8 @@ impl Db {
     }
 
     /// A claim refused for want of a privilege ([`crate::ErrorKind::PermissionDenied`]), explained as
-    /// `check` would: which privilege on which table, and the GRANT that gives it. Any other
-    /// error, and one the catalog cannot explain, comes back as it was.
+    /// `check` would: which privilege on which table, and the GRANT that gives it (none when the
+    /// catalog cannot tell). Any other error comes back as it was.
     pub(crate) async fn explain_denied(
         &self,
         m: &Mapping,

@@ -96,3 +96,33 @@ pub async fn stop(workers: Vec<tokio::process::Child>) {
         let _ = w.wait().await;
     }
 }
+
+/// A command's stderr, as text.
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A SQLite file in a directory of its own, for tests of rules the CLI keeps alike on every
+/// database; commands run in that directory.
+pub struct Scratch {
+    pub dir: tempfile::TempDir,
+    pub url: String,
+}
+
+impl Scratch {
+    /// A new directory holding (once a command opens it) the database file `file`.
+    pub fn new(file: &str) -> Scratch {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}", dir.path().join(file).display());
+        Scratch { dir, url }
+    }
+
+    /// Runs `rowclaim ARGS…` on the scratch database, in its directory, to its end.
+    pub async fn run(&self, args: &[&str]) -> Output {
+        rowclaim(&self.url, args)
+            .current_dir(self.dir.path())
+            .output()
+            .await
+            .expect("run rowclaim")
+    }
+}

@@ -24,18 +24,14 @@ impl Db {
     pub async fn claimer(&self, source: Source, strategy: Strategy) -> Result<Claimer> {
         let (mapping, chosen, server) = self.checked_mapping(&source, strategy, None).await?;
         self.id_unique(&mapping).await?;
-        let made = match self.check_recorded(&mapping, chosen, strategy).await {
-            Ok((chosen, recorded)) => {
-                self.claimer_of(mapping.clone(), chosen, server, recorded)
-                    .await
-            }
-            Err(e) => Err(e),
+        let made = async {
+            let (chosen, recorded) = self.check_recorded(&mapping, chosen, strategy).await?;
+            self.claimer_of(mapping.clone(), chosen, server, recorded)
+                .await
         };
-        match made {
-            // Reading the record or making the lease table was refused: say which privilege.
-            Err(e) if e.kind() == crate::error::ErrorKind::PermissionDenied => {
-                Err(self.explain_denied(&mapping, chosen, false, e).await)
-            }
+        // Reading the record or making the lease table may be refused: say which privilege.
+        match made.await {
+            Err(e) => Err(self.explain_denied(&mapping, chosen, false, e).await),
             made => made,
         }
     }

@@ -283,7 +283,8 @@ impl Claimer {
             None => self.claim_with(Claiming::plain(batch, lease)).await,
         };
         match claimed {
-            Err(e) if e.kind() == crate::error::ErrorKind::PermissionDenied => {
+            // A refusal for want of a privilege says which, and the GRANT.
+            Err(e) => {
                 let i = &self.inner;
                 let recorded = i.recorded.load(Ordering::Relaxed);
                 Err(i.db.explain_denied(&i.m, i.strategy, recorded, e).await)

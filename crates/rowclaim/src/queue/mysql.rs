@@ -7,7 +7,7 @@ use sqlx::MySql;
 
 use super::migrate::{migrate, Component, Schema};
 use super::record::{records_sql, RecordRow};
-use super::store::{admin_stmt, first_int, EnqueueOne, UNIQUE_TRIES};
+use super::store::{admin_stmt, first_int, UNIQUE_TRIES};
 use super::{
     Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
     StatsRow,
@@ -219,24 +219,12 @@ fn id_of(id: u64) -> Result<i64> {
     i64::try_from(id).map_err(|_| Error::InvalidInput("job id is out of range".into()))
 }
 
-impl EnqueueOne for InTx<'_, My, MySql> {
-    async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued> {
-        enqueue_one(self, job).await
-    }
-}
-
-impl EnqueueOne for OnConn<'_, MySql> {
-    async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued> {
-        enqueue_one(self, job).await
-    }
-}
-
-#[cfg(test)]
-impl EnqueueOne for super::script::Step<'_, Sql> {
-    async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued> {
-        enqueue_one(self, job).await
-    }
-}
+super::store::enqueue_one_by!(
+    InTx<'_, My, MySql>,
+    OnConn<'_, MySql>,
+    #[cfg(test)]
+    super::script::Step<'_, Sql>,
+);
 
 /// The stand-in database of the snapshots gives every insert the id 1.
 #[cfg(test)]

@@ -6,7 +6,7 @@ use sqlx::Postgres;
 
 use super::migrate::{migrate, Component, Schema};
 use super::record::{records_sql, RecordRow};
-use super::store::{admin_stmt, insert_unless_pending, EnqueueOne};
+use super::store::{admin_stmt, insert_unless_pending};
 use super::{
     Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
     StatsRow,
@@ -131,24 +131,12 @@ impl QueueStore for Pg {
     }
 }
 
-impl EnqueueOne for InTx<'_, Pg, Postgres> {
-    async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued> {
-        enqueue_one(self, job).await
-    }
-}
-
-impl EnqueueOne for OnConn<'_, Postgres> {
-    async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued> {
-        enqueue_one(self, job).await
-    }
-}
-
-#[cfg(test)]
-impl EnqueueOne for super::script::Step<'_, Sql> {
-    async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued> {
-        enqueue_one(self, job).await
-    }
-}
+super::store::enqueue_one_by!(
+    InTx<'_, Pg, Postgres>,
+    OnConn<'_, Postgres>,
+    #[cfg(test)]
+    super::script::Step<'_, Sql>,
+);
 
 /// Concurrent inits take turns on this lock (see `init`).
 const INIT_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('rowclaim_init'))";

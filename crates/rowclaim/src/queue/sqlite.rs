@@ -5,7 +5,7 @@ use sqlx::Sqlite;
 
 use super::migrate::{migrate, Component, Schema};
 use super::record::{records_sql, RecordRow};
-use super::store::{admin_stmt, insert_unless_pending, EnqueueOne};
+use super::store::{admin_stmt, insert_unless_pending};
 use super::{
     Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
     StatsRow,
@@ -75,24 +75,12 @@ impl QueueStore for Lite {
     }
 }
 
-impl EnqueueOne for InTx<'_, Lite, Sqlite> {
-    async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued> {
-        enqueue_one(self, job).await
-    }
-}
-
-impl EnqueueOne for OnConn<'_, Sqlite> {
-    async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued> {
-        enqueue_one(self, job).await
-    }
-}
-
-#[cfg(test)]
-impl EnqueueOne for super::script::Step<'_, Sql> {
-    async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued> {
-        enqueue_one(self, job).await
-    }
-}
+super::store::enqueue_one_by!(
+    InTx<'_, Lite, Sqlite>,
+    OnConn<'_, Sqlite>,
+    #[cfg(test)]
+    super::script::Step<'_, Sql>,
+);
 
 impl Schema for Sql {
     const SCHEMA_TABLE: &'static str = "CREATE TABLE IF NOT EXISTS rowclaim_schema \

@@ -64,6 +64,26 @@ pub(crate) trait EnqueueOne: Run {
     async fn enqueue_one(&self, job: &JobParts<'_>) -> Result<Enqueued>;
 }
 
+/// [`EnqueueOne`] for each of a database's runners, by its module's `enqueue_one` (a free
+/// function generic over the runner: the same statements in a transaction, on a caller's
+/// connection, or in a test's script).
+macro_rules! enqueue_one_by {
+    ($($(#[$attr:meta])* $runner:ty),+ $(,)?) => {
+        $(
+            $(#[$attr])*
+            impl $crate::queue::store::EnqueueOne for $runner {
+                async fn enqueue_one(
+                    &self,
+                    job: &$crate::queue::JobParts<'_>,
+                ) -> $crate::error::Result<$crate::queue::Enqueued> {
+                    enqueue_one(self, job).await
+                }
+            }
+        )+
+    };
+}
+pub(crate) use enqueue_one_by;
+
 /// How often a unique job is inserted again when its pending twin finished between the
 /// insert that met it and the look-up.
 pub(crate) const UNIQUE_TRIES: usize = 5;

@@ -175,9 +175,7 @@ pub(crate) fn outcome_set<D: Dialect>(m: &Mapping, b: &mut Binder<D>, outcome: &
     }
     // A snooze, or a row that never started, is no attempt: the claim's is taken back.
     if let (Outcome::Snooze { .. } | Outcome::Unstarted, Some(at)) = (outcome, &m.attempts) {
-        set.push(format!(
-            "{at} = CASE WHEN {at} > 0 THEN {at} - 1 ELSE 0 END"
-        ));
+        set.push(attempt_taken_back(at));
     }
     let Some(l) = life else {
         return set.join(", ");
@@ -208,12 +206,13 @@ fn snooze_in_lease<D: Dialect>(
 ) -> String {
     let mut set = vec![format!("{lease} = {}", D::later(b, after))];
     set.extend(m.owner.iter().map(|ow| format!("{ow} = NULL")));
-    set.extend(
-        m.attempts
-            .iter()
-            .map(|at| format!("{at} = CASE WHEN {at} > 0 THEN {at} - 1 ELSE 0 END")),
-    );
+    set.extend(m.attempts.iter().map(|at| attempt_taken_back(at)));
     set.join(", ")
+}
+
+/// The attempts column `at` one lower (never below 0): the claim's attempt taken back.
+fn attempt_taken_back(at: &str) -> String {
+    format!("{at} = CASE WHEN {at} > 0 THEN {at} - 1 ELSE 0 END")
 }
 
 /// Settles the rows `target` of `token`, held in the table (not in the lease table): moves them

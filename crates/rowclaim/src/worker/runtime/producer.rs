@@ -182,10 +182,11 @@ impl Producer {
     }
 }
 
-/// Whether a claim's error stops the worker rather than being retried.
+/// Whether a claim's error stops the worker rather than being retried: anything but a lost
+/// connection or a database error. A missing privilege arrives explained
+/// ([`Error::MissingPrivilege`], by the claimer) and so stops the worker too.
 fn stops(e: &Error) -> bool {
-    e.kind() == crate::error::ErrorKind::PermissionDenied
-        || !(e.is_connection() || matches!(e, Error::Database(_)))
+    !(e.is_connection() || matches!(e, Error::Database(_)))
 }
 
 /// The answer of the claim under way; never, when there is none.
