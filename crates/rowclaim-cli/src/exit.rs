@@ -60,8 +60,9 @@ pub const FAILURE: Exit = Exit {
 pub const INCOMPLETE: Exit = Exit {
     code: 5,
     name: "incomplete",
-    meaning: "`work --until-empty` finished, but some rows failed, died, were lost to another \
-              worker or were given up during an outage",
+    meaning: "`work --until-empty` finished, but some rows it took ended failed or dead, or were \
+              lost or given up and not finished since (rows given up during an outage that \
+              another claim then finished are counted in the summary, not here)",
 };
 
 pub const OUTCOME_UNKNOWN: Exit = Exit {

@@ -344,6 +344,7 @@ pub fn summary_json(r: &WorkerReport) -> serde_json::Value {
         "snoozed": r.snoozed,
         "lost": r.lost,
         "given_up": r.given_up,
+        "finished_later": r.finished_later,
         "unconfirmed": r.unconfirmed,
         "outages": r.outages,
         "interrupted": r.interrupted,
@@ -365,8 +366,14 @@ pub fn summary(r: &WorkerReport) -> String {
     }
     if r.given_up > 0 {
         line.push_str(&format!(
-            ", {} given up during an outage (they come back when their lease ends)",
+            ", {} given up (their lease could not be kept; they come back when it ends)",
             r.given_up
+        ));
+    }
+    if r.finished_later > 0 {
+        line.push_str(&format!(
+            ", {} of those lost or given up finished later",
+            r.finished_later
         ));
     }
     if r.unconfirmed > 0 {

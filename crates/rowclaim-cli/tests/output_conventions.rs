@@ -406,6 +406,7 @@ async fn every_result_can_be_json() {
             "released",
             "lost",
             "given_up",
+            "finished_later",
             "unconfirmed",
             "outages",
         ] {

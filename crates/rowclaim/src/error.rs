@@ -385,6 +385,10 @@ pub(crate) enum DbKind {
     Transient,
     /// A `NOWAIT` lock found the row locked.
     LockConflict,
+    /// A statement waited for another transaction's lock until it gave up (SQLite busy after
+    /// its busy timeout): the database answers, someone else holds the lock. Not an outage, and
+    /// not worth running again at once: the wait was long already.
+    LockWait,
     /// The statement named a table that does not exist.
     MissingTable,
     /// The statement named a column that does not exist (a table of an older schema).
@@ -400,7 +404,7 @@ pub(crate) enum DbKind {
 
 fn database_kind(e: &DatabaseError) -> ErrorKind {
     match e.db_kind() {
-        Some(DbKind::Transient) => ErrorKind::Transient,
+        Some(DbKind::Transient | DbKind::LockWait) => ErrorKind::Transient,
         Some(DbKind::LockConflict) => ErrorKind::LockConflict,
         Some(DbKind::MissingTable) => ErrorKind::MissingTable,
         Some(DbKind::ConnectionGone | DbKind::ReadOnly) => ErrorKind::ConnectionGone,

@@ -74,8 +74,8 @@ pub struct WorkArgs {
     #[arg(long, requires = "until_empty")]
     wait_scheduled: bool,
     /// At the end, also print the summary as one JSON object, the last line on stdout:
-    /// {"done":…,"failed":…,"retried":…,"released":…,"lost":…,"given_up":…,"unconfirmed":…,
-    /// "outages":…,"interrupted":…}.
+    /// {"done":…,"failed":…,"retried":…,"released":…,"lost":…,"given_up":…,"finished_later":…,
+    /// "unconfirmed":…,"outages":…,"interrupted":…}.
     #[arg(long)]
     json: bool,
     /// How long to wait before looking again when nothing was claimable. With --queue on

@@ -286,4 +286,14 @@ impl Backend {
     pub(crate) fn inspect(&self) -> &dyn Inspect {
         dispatch!(self, d => d)
     }
+
+    /// Whether the database is a file with one writer at a time and no network (SQLite): a
+    /// statement that takes long waits for the write lock; it always answers in the end.
+    pub(crate) fn one_writer(&self) -> bool {
+        #[cfg(feature = "sqlite")]
+        if let Backend::Sqlite(_) = self {
+            return true;
+        }
+        false
+    }
 }

@@ -65,7 +65,7 @@ pub(crate) async fn release_row<R: Transact + ?Sized>(
             // MariaDB answers NOWAIT on a locked row with its lock-wait timeout (1205), which
             // is transient elsewhere; PostgreSQL and MySQL with a lock conflict of their own.
             match e.db_kind() {
-                Some(DbKind::LockConflict | DbKind::Transient) => Error::Locked,
+                Some(DbKind::LockConflict | DbKind::Transient | DbKind::LockWait) => Error::Locked,
                 _ => e,
             }
         })?;

@@ -31,6 +31,10 @@ pub(crate) struct Claimed<H> {
     /// Whether candidates were seen but all were taken by others first (optimistic, lease-table):
     /// the caller tries again instead of reporting "nothing to claim".
     pub lost_race: bool,
+    /// When the claim got the write lock it waited for (SQLite), if the driver knows: the
+    /// lease, computed by statements after it by the database's clock, runs from no earlier
+    /// than this, which may be well after the claim was sent.
+    pub locked_at: Option<std::time::Instant>,
 }
 
 impl<H> Claimed<H> {
@@ -40,6 +44,7 @@ impl<H> Claimed<H> {
             rows: Vec::new(),
             held: None,
             lost_race: false,
+            locked_at: None,
         }
     }
 
@@ -75,12 +80,21 @@ impl<H> Claimed<H> {
         }
     }
 
+    /// The same answer, its lease counted from `at`, when the claim got the write lock.
+    pub(crate) fn locked_at(self, at: std::time::Instant) -> Claimed<H> {
+        Claimed {
+            locked_at: Some(at),
+            ..self
+        }
+    }
+
     /// The same answer with the driver's transaction wrapped for the rest of the crate.
     pub(crate) fn map_held<T>(self, f: impl FnOnce(H) -> T) -> Claimed<T> {
         Claimed {
             rows: self.rows,
             held: self.held.map(f),
             lost_race: self.lost_race,
+            locked_at: self.locked_at,
         }
     }
 }
@@ -130,8 +144,8 @@ pub(crate) enum Outcome {
     /// Given back to run again after a delay without using an attempt: ready, the claim's
     /// attempt taken back, run-at moved on (where there is a column for each).
     Snooze { after: Duration },
-    /// Given back before it started (its queue was paused): ready at once, the claim's attempt
-    /// taken back, its place in the order kept.
+    /// Given back before it started (its queue was paused, or the worker stopped): ready at
+    /// once, the claim's attempt taken back, its place in the order kept.
     Unstarted,
 }
 

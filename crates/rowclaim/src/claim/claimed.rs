@@ -57,8 +57,8 @@ impl Claim {
     }
 
     /// When the claim was taken, by this process's monotonic clock: the moment its statement was
-    /// sent, so that `claimed_at() + lease()` is never later than the deadline the database keeps
-    /// (for scheduling heartbeats).
+    /// sent (on SQLite: when it had the write lock), so that `claimed_at() + lease()` is never
+    /// later than the deadline the database keeps (for scheduling heartbeats).
     pub fn claimed_at(&self) -> Instant {
         self.claimed_at
     }
@@ -226,9 +226,10 @@ impl Claim {
     }
 
     /// Gives back rows of this claim that never started, in one statement where the strategy
-    /// allows. Returns the rows it could not give back because the claim no longer held them.
+    /// allows: ready, with the claim's attempt taken back (they never ran), in their place.
+    /// Returns the rows it could not give back because the claim no longer held them.
     pub(crate) async fn release_rows(&self, ids: &[RowId]) -> Result<Vec<RowId>> {
-        self.settle_rows(ids, Outcome::Ready).await
+        self.settle_rows(ids, Outcome::Unstarted).await
     }
 
     /// Moves rows of this claim to `outcome`, in one statement where the strategy allows (the

@@ -353,11 +353,13 @@ impl Claimer {
                     continue;
                 }
             }
+            // Rows a layer adds are leased by later statements: the earliest start holds for all.
+            let from = claimed.locked_at.unwrap_or(sent);
             let mut rows = claimed.rows;
             if let Some(more) = how.more {
                 self.add_more(more, &args, &mut rows).await?;
             }
-            return self.new_claim(token, rows, claimed.held, how.lease, sent);
+            return self.new_claim(token, rows, claimed.held, how.lease, from);
         }
     }
 

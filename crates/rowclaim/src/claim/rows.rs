@@ -100,6 +100,23 @@ impl Claimer {
         Ok(self.look(&q).await?.into_iter().next())
     }
 
+    /// How many of the rows `ids` ended done: their status is the done value, or, for a source
+    /// that deletes done rows (a managed queue keeping no completed jobs), they are gone. One
+    /// look per row: for the few rows a worker let go, not for a table.
+    pub(crate) async fn ended_done(&self, ids: &[RowId]) -> Result<u64> {
+        let m = self.mapping();
+        let done = m.done.to_string();
+        let mut n = 0;
+        for id in ids {
+            match self.row(id).await? {
+                Some(row) if row.status == done => n += 1,
+                None if m.deletes_done() => n += 1,
+                _ => {}
+            }
+        }
+        Ok(n)
+    }
+
     /// Gives the claimed row `id` back: ready again, its owner and lease cleared; for a source
     /// whose claims are kept in `rowclaim_leases`, its lease there is removed. With `holder`
     /// (a claim token, as [`SourceRow::owner`] showed it), only while that claim still holds the

@@ -103,10 +103,14 @@ pub struct WorkerReport {
     /// Rows that stopped being this worker's: their lease expired and another worker took them,
     /// or they were cancelled; their results, if any, were refused.
     pub lost: u64,
-    /// Rows given up during an outage: a result that could not be recorded before the lease
-    /// would end, or a claimed row not started because its lease could not be confirmed. They
-    /// come back when their lease ends and run again.
+    /// Rows given up: a result that could not be recorded before the lease would end (an
+    /// outage, or a wait for a lock as long as the lease), or a claimed row not started because
+    /// its lease could not be confirmed. They come back when their lease ends and run again.
     pub given_up: u64,
+    /// Of the rows lost or given up, those that ended done all the same (another claim, or a
+    /// later one of this worker, finished them). Looked at only by a worker that ran until
+    /// nothing was left ([`Worker::until_empty`]), as it ends; 0 otherwise.
+    pub finished_later: u64,
     /// Results sent just as the connection broke and refused when sent again: most likely
     /// recorded the first time. (If not, the row comes back through its lease.)
     pub unconfirmed: u64,
@@ -117,9 +121,10 @@ pub struct WorkerReport {
 }
 
 impl WorkerReport {
-    /// Rows that did not end well: failed, dead, lost or given up.
+    /// Rows that did not end well: failed, dead, or lost or given up and not known to have
+    /// been finished later ([`WorkerReport::finished_later`]).
     pub fn troubled(&self) -> u64 {
-        self.failed + self.dead + self.lost + self.given_up
+        self.failed + self.dead + (self.lost + self.given_up).saturating_sub(self.finished_later)
     }
 }
 

@@ -24,15 +24,20 @@ impl Lite {
     /// The `token` strategy on SQLite: one statement ([`token_sql`]) under the write lock:
     /// nobody else can take the same rows.
     async fn token(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
+        // The write lock first, in a statement of its own, so that the lease is counted from
+        // when it was had rather than from before a wait for it.
+        let mut tx = self.write().await?;
+        let locked_at = std::time::Instant::now();
         let Stmt { sql, binder } = token_sql(a);
         let rows = parse_rows(
             binder
                 .scalar(sql)?
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *tx)
                 .await
                 .map_err(error)?,
         )?;
-        Ok(Claimed::rows(rows))
+        tx.commit().await.map_err(error)?;
+        Ok(Claimed::rows(rows).locked_at(locked_at))
     }
 
     /// The `optimistic` strategy on SQLite: candidates read without the write lock
@@ -64,6 +69,7 @@ impl Lite {
     async fn lease_table(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         let m = a.m;
         let mut tx = self.write().await?;
+        let locked_at = std::time::Instant::now();
         let mut b = B::new();
         let sql = lease_candidates(m, &mut b, i64::from(a.batch), true);
         let found: Vec<String> = b.scalar(sql)?.fetch_all(&mut *tx).await.map_err(error)?;
@@ -87,7 +93,7 @@ impl Lite {
                 .map_err(error)?,
         )?;
         tx.commit().await.map_err(error)?;
-        Ok(Claimed::rows(rows))
+        Ok(Claimed::rows(rows).locked_at(locked_at))
     }
 
     /// The `transaction` strategy on SQLite: hold the write lock while the rows are processed;
@@ -95,6 +101,7 @@ impl Lite {
     /// before each later write.
     async fn in_transaction(&self, a: &ClaimArgs<'_>) -> Result<Claimed<Tx>> {
         let mut tx = self.write().await?;
+        let locked_at = std::time::Instant::now();
         let Stmt { sql, binder } = deadline_sql(a.lease);
         let deadline_ms: i64 = binder
             .scalar(sql)?
@@ -110,7 +117,7 @@ impl Lite {
         } else {
             Some(LiteHeld { tx, deadline_ms })
         };
-        Ok(Claimed::held(rows, held))
+        Ok(Claimed::held(rows, held).locked_at(locked_at))
     }
 }
 

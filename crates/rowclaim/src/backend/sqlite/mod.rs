@@ -225,7 +225,9 @@ fn classify(e: &dyn sqlx::error::DatabaseError) -> Option<DbKind> {
     e.try_downcast_ref::<sqlx::sqlite::SqliteError>()?;
     let code: i64 = e.code().and_then(|c| c.parse().ok()).unwrap_or(0);
     match code & 0xff {
-        // SQLITE_BUSY, SQLITE_LOCKED.
+        // SQLITE_BUSY itself: the busy handler waited its time for another connection's lock.
+        _ if code == 5 => Some(DbKind::LockWait),
+        // SQLITE_BUSY_RECOVERY and _SNAPSHOT (no wait: the read is outdated), SQLITE_LOCKED.
         5 | 6 => Some(DbKind::Transient),
         // SQLITE_READONLY (the file, its directory or a `mode=ro` URL), SQLITE_AUTH.
         8 | 23 => Some(DbKind::PermissionDenied),

@@ -169,7 +169,7 @@ impl ClaimStore for Lite {
                     .map_err(error)?;
                 // Busy with no busy wait is exactly "locked by another writer".
                 locked.map_err(|e| match error_kind(&e) {
-                    Some(DbKind::Transient) => Error::Locked,
+                    Some(DbKind::Transient | DbKind::LockWait) => Error::Locked,
                     _ => error(e),
                 })?;
                 tx

@@ -13,7 +13,7 @@ use tracing::Instrument;
 
 use super::held::Held;
 use super::supervise::supervise;
-use super::tally::{add, Counter};
+use super::tally::Counter;
 use super::{record, Config, Finished, Shared};
 use crate::backend::Outcome;
 use crate::claim::{Claim, ClaimedRow};
@@ -53,14 +53,14 @@ impl Local {
             };
             if !held.claim.is_open(&row.id) {
                 // A heartbeat found it taken over, or gave it up, before it started.
-                add(sh.tally.gone(&held.lease));
+                sh.tally.gone(&held.lease, std::slice::from_ref(&row.id));
             } else if paused.borrow().holds(&row) {
                 self.record(sh, unstarted(held, &row));
             } else if !held.lease.may_start(sh.renews) {
                 // Its lease could not be confirmed in time: another worker may hold it by now.
                 tracing::debug!("row {}: not started, its lease may have ended", row.id);
                 held.give_up(std::slice::from_ref(&row.id));
-                add(&sh.tally.given_up);
+                sh.tally.gave_up(std::slice::from_ref(&row.id));
             } else {
                 self.start(sh, held, row);
             }

@@ -76,10 +76,7 @@ async fn renew(sh: &Shared, held: &Held, due: Instant, give_up_at: Instant) -> b
             }
         }
         Ok(Err(e)) => sh.health.failed("renewing leases", &e),
-        Err(_) => {
-            sh.health
-                .unreachable("renewing leases", &"no answer in time");
-        }
+        Err(_) => sh.health.no_answer("renewing leases"),
     }
     m.renewal_failed.increment(1);
     false

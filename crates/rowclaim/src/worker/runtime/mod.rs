@@ -144,7 +144,11 @@ impl Shared {
         let metrics = WorkerMetrics::of(&claimer);
         Shared {
             settles,
-            health: Health::new(claimer.db().endpoint(), metrics.outages.clone()),
+            health: Health::new(
+                claimer.db().endpoint(),
+                claimer.db().backend.one_writer(),
+                metrics.outages.clone(),
+            ),
             managed: crate::queue::served(&claimer).is_some(),
             renews: claimer.claims_expire() || claimer.strategy() == Strategy::Transaction,
             claimer,
@@ -161,9 +165,20 @@ impl Shared {
     }
 
     /// The longest one renewal, result or flush may take before it counts as lost and is tried
-    /// again: a third of the lease, at least 2 s.
+    /// again: a third of the lease, at least 2 s. On SQLite, the lease: a statement there is
+    /// never lost, only waiting for the write lock, and one cut short may still go through
+    /// after its answer was given up on (a result then looks refused when tried again). The
+    /// lease's end still bounds every try.
     fn attempt_most(&self) -> Duration {
+        if self.one_writer() {
+            return self.cfg.lease.max(Duration::from_secs(2));
+        }
         (self.cfg.lease / 3).max(Duration::from_secs(2))
+    }
+
+    /// Whether the database is SQLite (see [`crate::backend::Backend::one_writer`]).
+    fn one_writer(&self) -> bool {
+        self.claimer.db().backend.one_writer()
     }
 
     /// How long one renewal or result may take: [`Shared::attempt_most`], and never past
@@ -280,5 +295,31 @@ pub(crate) async fn run(
         return Err(e);
     }
     outcome?;
-    Ok(sh.tally.report(sh.health.outages(), interrupted))
+    let mut report = sh.tally.report(sh.health.outages(), interrupted);
+    if sh.cfg.until_empty && !interrupted {
+        report.finished_later = finished_later(&sh).await;
+    }
+    Ok(report)
+}
+
+/// After an `--until-empty` run found nothing left: how many of the rows this worker gave up or
+/// lost ended done all the same. Nothing is ready or claimed any more, so each has ended. A
+/// look that fails counts none (the run then reports them as not known to be done).
+async fn finished_later(sh: &Shared) -> u64 {
+    let (ids, _unkept) = sh.tally.let_go();
+    if ids.is_empty() {
+        return 0;
+    }
+    let look = sh.claimer.ended_done(&ids);
+    match tokio::time::timeout(sh.claim_timeout(), look).await {
+        Ok(Ok(n)) => n,
+        Ok(Err(e)) => {
+            tracing::warn!("looking at how the rows given up ended: {e}");
+            0
+        }
+        Err(_) => {
+            tracing::warn!("looking at how the rows given up ended: no answer in time");
+            0
+        }
+    }
 }

@@ -127,7 +127,7 @@ async fn release_waiting(sh: &Shared, waiting: VecDeque<(Arc<Held>, ClaimedRow)>
             Ok(Ok(lost)) => {
                 let released = ids.len() - lost.len();
                 sh.tally.released.add(released as u64);
-                sh.tally.lost.add(lost.len() as u64);
+                sh.tally.lost(&lost);
             }
             failed => {
                 if let Ok(Err(e)) = failed {
@@ -138,7 +138,7 @@ async fn release_waiting(sh: &Shared, waiting: VecDeque<(Arc<Held>, ClaimedRow)>
                     );
                 }
                 held.give_up(&ids);
-                sh.tally.given_up.add(ids.len() as u64);
+                sh.tally.gave_up(&ids);
             }
         }
     }

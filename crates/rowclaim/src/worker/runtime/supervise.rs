@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::held::Held;
-use super::tally::{add, Counter};
+use super::tally::Counter;
 use super::{sleep_until, Finished, Shared};
 use crate::backend::Outcome;
 use crate::claim::ClaimedRow;
@@ -45,7 +45,7 @@ pub(super) async fn supervise(
     // Checked after registering, so that no stop can fall between the check and the start.
     if !held.claim.is_open(&id) {
         unregister(&held, &id);
-        add(sh.tally.gone(&held.lease));
+        sh.tally.gone(&held.lease, std::slice::from_ref(&id));
         return None;
     }
     if sh.closing.load(Ordering::SeqCst) {
@@ -210,7 +210,7 @@ fn conclude(
                      was cancelled)"
                 );
             }
-            add(sh.tally.gone(&held.lease));
+            sh.tally.gone(&held.lease, std::slice::from_ref(&id));
             return None;
         }
     };

@@ -1,10 +1,16 @@
 //! The worker's report: one count per way a row can end, each also recorded as its metric.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use super::lease::Lease;
+use crate::id::RowId;
 use crate::metrics::WorkerMetrics;
 use crate::worker::WorkerReport;
+
+/// The most ids of rows let go that a worker keeps to look at when it ends. Past that, the rest
+/// count as not known to have ended well.
+const LET_GO_KEPT: usize = 10_000;
 
 /// One count of the worker's report, also recorded as its metric.
 pub(super) struct Count {
@@ -40,6 +46,9 @@ pub(super) struct Tally {
     pub(super) lost: Count,
     pub(super) given_up: Count,
     pub(super) unconfirmed: Count,
+    /// The ids of rows given up or lost (at most [`LET_GO_KEPT`]): an `--until-empty` run looks
+    /// at how they ended once nothing is left to do.
+    let_go: Mutex<Vec<RowId>>,
 }
 
 pub(super) fn add(counter: &Count) {
@@ -69,6 +78,7 @@ impl Tally {
             lost: Count::new(&m.leases_lost),
             given_up: Count::new(&m.given_up),
             unconfirmed: Count::new(&m.unconfirmed),
+            let_go: Mutex::default(),
         }
     }
 
@@ -86,6 +96,7 @@ impl Tally {
             lost: c(),
             given_up: c(),
             unconfirmed: c(),
+            let_go: Mutex::default(),
         }
     }
 
@@ -100,14 +111,44 @@ impl Tally {
         }
     }
 
-    /// Where a row of a claim under `lease` that is gone counts: given up when this worker let
-    /// the whole claim go itself, lost when another worker (or a cancel) took it.
-    pub(super) fn gone(&self, lease: &Lease) -> &Count {
+    /// Rows of a claim under `lease` that are gone: given up when this worker let the whole
+    /// claim go itself, lost when another worker (or a cancel) took them.
+    pub(super) fn gone(&self, lease: &Lease, ids: &[RowId]) {
         if lease.abandoned() {
-            &self.given_up
+            self.gave_up(ids);
         } else {
-            &self.lost
+            self.lost(ids);
         }
+    }
+
+    /// Rows this worker gave up: they come back through their lease.
+    pub(super) fn gave_up(&self, ids: &[RowId]) {
+        self.given_up.add(ids.len() as u64);
+        self.keep(ids);
+    }
+
+    /// Rows another worker (or a cancel) took from this one.
+    pub(super) fn lost(&self, ids: &[RowId]) {
+        self.lost.add(ids.len() as u64);
+        self.keep(ids);
+    }
+
+    fn keep(&self, ids: &[RowId]) {
+        let mut kept = self.let_go.lock().unwrap_or_else(|p| p.into_inner());
+        let room = LET_GO_KEPT.saturating_sub(kept.len());
+        kept.extend(ids.iter().take(room).cloned());
+    }
+
+    /// The rows given up or lost whose ids were kept, and how many were not.
+    pub(super) fn let_go(&self) -> (Vec<RowId>, u64) {
+        let kept = self
+            .let_go
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let all = self.given_up.get() + self.lost.get();
+        let unkept = all.saturating_sub(kept.len() as u64);
+        (kept, unkept)
     }
 
     pub(super) fn report(&self, outages: u64, interrupted: bool) -> WorkerReport {
@@ -121,6 +162,7 @@ impl Tally {
             lost: self.lost.get(),
             given_up: self.given_up.get(),
             unconfirmed: self.unconfirmed.get(),
+            finished_later: 0,
             outages,
             interrupted,
         }

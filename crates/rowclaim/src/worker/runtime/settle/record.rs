@@ -111,16 +111,15 @@ impl<T: Settle> Recorder<'_, T> {
             Flushed::Failed(e) => {
                 tracing::warn!("row {id}: its result could not be recorded: {e}");
                 target.give_up(std::slice::from_ref(id));
-                add(&self.tally.given_up);
+                self.tally.gave_up(std::slice::from_ref(id));
             }
             Flushed::TimedOut => {
                 *uncertain = true;
                 if target.abandon_if_unsure().await {
-                    add(&self.tally.given_up);
+                    self.tally.gave_up(std::slice::from_ref(id));
                     return ControlFlow::Break(());
                 }
-                self.health
-                    .unreachable("recording results", &"no answer in time");
+                self.health.no_answer("recording results");
                 return ControlFlow::Continue(());
             }
         }
@@ -141,7 +140,7 @@ impl<T: Settle> Recorder<'_, T> {
                  (its lease expired and another worker took it, or it was cancelled)"
             );
         }
-        add(self.tally.gone(target.lease()));
+        self.tally.gone(target.lease(), std::slice::from_ref(id));
     }
 
     /// The result could not be recorded in time: the row is let go.
@@ -155,6 +154,6 @@ impl<T: Settle> Recorder<'_, T> {
             );
         }
         target.give_up(std::slice::from_ref(id));
-        add(&self.tally.given_up);
+        self.tally.gave_up(std::slice::from_ref(id));
     }
 }

@@ -312,7 +312,7 @@ impl World {
         let (tx, settler) = start(Duration::ZERO);
         World {
             tally: Tally::detached(),
-            health: Health::new("fake", metrics::Counter::noop()),
+            health: Health::new("fake", false, metrics::Counter::noop()),
             hurry: AtomicBool::new(false),
             tx,
             _settler: settler,
