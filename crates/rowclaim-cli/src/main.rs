@@ -9,6 +9,8 @@
 //! - `env_file.rs`: the `.env` file read before the flags.
 //! - `log.rs`: the log on stderr (the library's events too), in the same `rowclaim: …` voice.
 //! - `say.rs`: informational lines on stderr, which `--quiet` silences.
+//! - `secret.rs`: tokens read from files and checked in constant time (the dashboard's, and
+//!   `work --metrics-token-file`'s bearer token).
 //!
 //! `rowclaim bench` is the `rowclaim-bench` crate; `cmd/bench.rs` only hands it over.
 
@@ -22,6 +24,7 @@ mod otel;
 mod prometheus;
 mod run_command;
 mod say;
+mod secret;
 mod signals;
 
 use std::process::ExitCode;

@@ -23,6 +23,7 @@ use rowclaim::{Claimer, Queue};
 use tokio::sync::Mutex;
 
 use crate::error::CliError;
+use crate::secret::Bearer;
 
 /// The longest a scrape shows database gauges as they were (and the least time between two
 /// reads of them).
@@ -110,16 +111,27 @@ pub fn router(endpoint: Arc<Endpoint>) -> Router {
     )
 }
 
-/// Serves `/metrics` on `addr` in the background (`work --metrics`); the listener is bound
-/// before this returns, so a bad address is an error now, naming the flag. Returns the address
-/// bound (port 0 picks one).
-pub async fn serve(addr: SocketAddr, endpoint: Arc<Endpoint>) -> Result<SocketAddr, CliError> {
+/// Serves `/metrics` on `addr` in the background (`work --metrics`), to requests with the
+/// `bearer` token when there is one; the listener is bound before this returns, so a bad
+/// address is an error now, naming the flag. Returns the address bound (port 0 picks one).
+pub async fn serve(
+    addr: SocketAddr,
+    endpoint: Arc<Endpoint>,
+    bearer: Option<Bearer>,
+) -> Result<SocketAddr, CliError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| CliError::BadInput(format!("--metrics {addr}: cannot listen there: {e}")))?;
     let bound = listener.local_addr().unwrap_or(addr);
+    let mut app = router(endpoint);
+    if let Some(bearer) = bearer {
+        let check = move |req: axum::extract::Request, next: axum::middleware::Next| {
+            bearer.clone().require(req, next)
+        };
+        app = app.layer(axum::middleware::from_fn(check));
+    }
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router(endpoint)).await {
+        if let Err(e) = axum::serve(listener, app).await {
             tracing::error!("serving metrics on {bound}: {e}");
         }
     });

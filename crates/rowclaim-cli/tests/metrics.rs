@@ -13,9 +13,18 @@ use std::time::Duration;
 use common::{with_db, Backend, TestDb};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-/// Starts `rowclaim work --metrics 127.0.0.1:0 …` and returns it with the address it said.
-async fn worker_with_metrics(url: &str, args: &[&str]) -> (tokio::process::Child, String) {
-    let mut all = vec!["work", "--metrics", "127.0.0.1:0"];
+/// A running `rowclaim work` and where it serves its metrics.
+struct Serving {
+    child: tokio::process::Child,
+    /// `host:port` to connect to (a wildcard address said is reached on loopback).
+    addr: String,
+    /// The worker's whole stderr, once it has ended.
+    stderr: tokio::task::JoinHandle<String>,
+}
+
+/// Starts `rowclaim work ARGS…` (which give --metrics) and waits for the address it says.
+async fn serving(url: &str, args: &[&str]) -> Serving {
+    let mut all = vec!["work"];
     all.extend_from_slice(args);
     let mut child = support::rowclaim(url, &all)
         .stdout(Stdio::null())
@@ -23,27 +32,54 @@ async fn worker_with_metrics(url: &str, args: &[&str]) -> (tokio::process::Child
         .spawn()
         .expect("start rowclaim work");
     let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(60), async {
+    let (addr, mut said) = tokio::time::timeout(Duration::from_secs(60), async {
+        let mut said = String::new();
         while let Some(line) = lines.next_line().await.expect("read stderr") {
+            said.push_str(&line);
+            said.push('\n');
             if let Some(rest) = line.strip_prefix("rowclaim: metrics at http://") {
-                return rest.trim_end_matches("/metrics").to_owned();
+                let addr = rest.split("/metrics").next().unwrap_or(rest);
+                return (addr.replace("0.0.0.0:", "127.0.0.1:"), said);
             }
         }
-        panic!("rowclaim work ended without saying where its metrics are");
+        panic!("rowclaim work ended without saying where its metrics are:\n{said}");
     })
     .await
     .expect("the metrics address is said within a minute");
     // Keep draining stderr so the worker never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, addr)
+    let stderr = tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            said.push_str(&line);
+            said.push('\n');
+        }
+        said
+    });
+    Serving {
+        child,
+        addr,
+        stderr,
+    }
 }
 
-/// One scrape: the status line's code and the body.
-async fn scrape(addr: &str) -> (u16, String) {
+/// Starts `rowclaim work --metrics 127.0.0.1:0 …` and returns it with the address it said.
+async fn worker_with_metrics(url: &str, args: &[&str]) -> (tokio::process::Child, String) {
+    let mut all = vec!["--metrics", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    let s = serving(url, &all).await;
+    (s.child, s.addr)
+}
+
+/// One scrape, with this `Authorization` header if any: the status code, the head (lower
+/// case) and the body.
+async fn scrape_as(addr: &str, authorization: Option<&str>) -> (u16, String, String) {
     let mut conn = tokio::net::TcpStream::connect(addr)
         .await
         .expect("connect to /metrics");
-    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let auth = authorization
+        .map(|a| format!("Authorization: {a}\r\n"))
+        .unwrap_or_default();
+    let request =
+        format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n");
     conn.write_all(request.as_bytes()).await.expect("send");
     let mut raw = String::new();
     conn.read_to_string(&mut raw).await.expect("read");
@@ -53,12 +89,9 @@ async fn scrape(addr: &str) -> (u16, String) {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .expect("a status code");
-    assert!(
-        head.to_ascii_lowercase()
-            .contains("content-type: text/plain"),
-        "{head}"
-    );
-    (code, body.to_owned())
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("content-type: text/plain"), "{head}");
+    (code, head, body.to_owned())
 }
 
 /// Samples by series (name and labels as written), summed over series that differ only in
@@ -92,9 +125,19 @@ fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
 /// Scrapes until `done` holds (at most 3 minutes: the suite runs on a loaded machine) and
 /// returns that scrape.
 async fn scrape_until(addr: &str, what: &str, done: impl Fn(&str) -> bool) -> String {
+    scrape_until_as(addr, None, what, done).await
+}
+
+/// [`scrape_until`], sending this `Authorization` header.
+async fn scrape_until_as(
+    addr: &str,
+    authorization: Option<&str>,
+    what: &str,
+    done: impl Fn(&str) -> bool,
+) -> String {
     let mut last = String::new();
     for _ in 0..360 {
-        let (code, body) = scrape(addr).await;
+        let (code, _, body) = scrape_as(addr, authorization).await;
         assert_eq!(code, 200, "{body}");
         if done(&body) {
             return body;
@@ -254,6 +297,159 @@ async fn own_table_metrics(t: Arc<TestDb>) {
         "an own table's series have an empty queue label"
     );
     stop(worker).await;
+}
+
+/// What the tests' token files hold.
+const TOKEN: &str = "metrics-token-0123456789abcdef";
+
+/// A token file holding `text`, in `dir`: its path.
+fn token_file(dir: &tempfile::TempDir, text: &str) -> String {
+    let path = dir.path().join("metrics.token");
+    std::fs::write(&path, text).expect("write the token file");
+    path.display().to_string()
+}
+
+/// `work --metrics ADDR --metrics-token-file PATH ARGS…` on the harness table, its COMMAND
+/// reading the row and succeeding, at -vv so that every log line has its chance to show the
+/// token.
+async fn guarded_worker(url: &str, addr: &str, path: &str) -> Serving {
+    let mut args = vec!["-vv", "--metrics", addr, "--metrics-token-file", path];
+    args.extend(support::TABLE);
+    args.extend(["--poll", "200ms", "--", "sh", "-c", "cat >/dev/null"]);
+    serving(url, &args).await
+}
+
+/// Every harness row done: the worker's counter and the table's gauge.
+fn all_done(rows: f64) -> impl Fn(&str) -> bool {
+    move |b: &str| {
+        value(b, "rowclaim_jobs_completed_total", &[]) == Some(rows)
+            && value(b, "rowclaim_source_rows", &[("status", "done")]) == Some(rows)
+    }
+}
+
+/// Stops the worker and returns its stderr, which must not hold the token.
+async fn stop_said(s: Serving) -> String {
+    stop(s.child).await;
+    let said = s.stderr.await.expect("stderr read to its end");
+    assert!(!said.contains(TOKEN), "the token in the log:\n{said}");
+    said
+}
+
+/// Rows of the harness table never claimed: ready, no owner, no attempt.
+async fn untouched(t: &TestDb) -> i64 {
+    t.count("SELECT COUNT(*) FROM jobs WHERE status = 'ready' AND owner IS NULL AND attempts = 0")
+        .await
+}
+
+/// `rowclaim work EXTRA… --until-empty -- true` on the harness table, to its end.
+async fn work_until_empty(url: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["work"];
+    args.extend_from_slice(extra);
+    args.extend(support::TABLE);
+    args.extend(["--until-empty", "--", "true"]);
+    support::rowclaim(url, &args)
+        .output()
+        .await
+        .expect("run rowclaim work")
+}
+
+/// With --metrics-token-file, /metrics answers only the token: none or a wrong one (a prefix of
+/// it too) is 401 with `WWW-Authenticate: Bearer`; the token is 200 with the metrics. The
+/// token is in no log line, at -vv, nor in a refusal.
+async fn token_guards_the_scrape(t: Arc<TestDb>) {
+    t.jobs(3).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = token_file(&dir, &format!("{TOKEN}\n"));
+    let s = guarded_worker(&t.url, "127.0.0.1:0", &path).await;
+    let wrong = format!("Bearer {}", &TOKEN[..TOKEN.len() - 1]);
+    for auth in [
+        None,
+        Some("Bearer nope-nope-nope-nope"),
+        Some(wrong.as_str()),
+    ] {
+        let (code, head, body) = scrape_as(&s.addr, auth).await;
+        assert_eq!(code, 401, "{auth:?}: {head}\n{body}");
+        assert!(head.contains("www-authenticate: bearer"), "{head}");
+        assert!(body.contains("Authorization: Bearer"), "{body}");
+        assert!(
+            !body.contains("rowclaim_") && !body.contains(TOKEN),
+            "{body}"
+        );
+    }
+    let right = format!("Bearer {TOKEN}");
+    let body = scrape_until_as(&s.addr, Some(&right), "3 rows done", all_done(3.0)).await;
+    assert_eq!(value(&body, "rowclaim_database_up", &[]), Some(1.0));
+    let said = stop_said(s).await;
+    assert!(
+        said.contains(&format!("(Authorization: Bearer, the token in {path})")),
+        "{said}"
+    );
+}
+
+/// Beyond loopback without a token file, `work` refuses to start (exit 2, naming both flags and
+/// the fix) before it claims anything; an empty or missing token file likewise; with a token
+/// file it serves there.
+async fn beyond_loopback_needs_a_token(t: Arc<TestDb>) {
+    t.jobs(3).await;
+    for addr in ["0.0.0.0:0", "[::]:0", "192.0.2.1:9464"] {
+        let out = work_until_empty(&t.url, &["--metrics", addr]).await;
+        assert_eq!(out.status.code(), Some(2), "{addr}: {out:?}");
+        let said = support::stderr(&out);
+        assert!(
+            said.contains(&format!("--metrics {addr}: not a loopback address"))
+                && said.contains("give --metrics-token-file PATH")
+                && said.contains("serve on 127.0.0.1"),
+            "{said}"
+        );
+        assert_eq!(untouched(&t).await, 3, "{addr}: nothing claimed");
+    }
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let missing = dir.path().join("none").display().to_string();
+    let empty = token_file(&dir, " \n");
+    for (path, why) in [
+        (&missing, "cannot read the token file"),
+        (&empty, "is empty"),
+    ] {
+        let out = work_until_empty(
+            &t.url,
+            &["--metrics", "0.0.0.0:0", "--metrics-token-file", path],
+        )
+        .await;
+        assert_eq!(out.status.code(), Some(2), "{path}: {out:?}");
+        let said = support::stderr(&out);
+        assert!(
+            said.contains(&format!("--metrics-token-file {path}: "))
+                && said.contains(why)
+                && said.contains("openssl rand -hex 32"),
+            "{said}"
+        );
+        assert_eq!(untouched(&t).await, 3, "{path}: nothing claimed");
+    }
+    let out = work_until_empty(&t.url, &["--metrics-token-file", &empty]).await;
+    assert_eq!(out.status.code(), Some(2), "needs --metrics: {out:?}");
+    assert!(
+        support::stderr(&out).contains("--metrics <ADDR>"),
+        "{out:?}"
+    );
+    assert_eq!(untouched(&t).await, 3);
+
+    let path = token_file(&dir, &format!("  {TOKEN}  \n"));
+    let s = guarded_worker(&t.url, "0.0.0.0:0", &path).await;
+    assert_eq!(scrape_as(&s.addr, None).await.0, 401);
+    let right = format!("Bearer {TOKEN}");
+    scrape_until_as(&s.addr, Some(&right), "3 rows done", all_done(3.0)).await;
+    stop_said(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_metrics_token_guards_the_scrape() {
+    with_db(Backend::Sqlite, token_guards_the_scrape).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_metrics_beyond_loopback_needs_a_token() {
+    with_db(Backend::Sqlite, beyond_loopback_needs_a_token).await
 }
 
 macro_rules! metrics_cases {

@@ -3,6 +3,8 @@
 //! heartbeats, time limits and outages; `run_command.rs` is the handler that runs the COMMAND,
 //! `signals.rs` turns signals into the runtime's drain and stop.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
@@ -12,6 +14,7 @@ use super::source_args::SourceArgs;
 use crate::error::CliError;
 use crate::prometheus;
 use crate::run_command::{self, RunCommand};
+use crate::secret::Bearer;
 use crate::signals::{stop_on_signal, StopSignals};
 
 #[derive(Args, Debug)]
@@ -99,8 +102,19 @@ pub struct WorkArgs {
     /// picks one, and the address is said): this worker's claims, results, latencies and
     /// in-flight jobs, plus the queue's (or table's) counts read from the database at most
     /// every 5 s.
+    ///
+    /// An address beyond loopback (not 127.0.0.0/8 or ::1) is refused without
+    /// --metrics-token-file: the metrics name queues, tables and job kinds.
     #[arg(long, value_name = "ADDR")]
-    metrics: Option<std::net::SocketAddr>,
+    metrics: Option<SocketAddr>,
+    /// With --metrics: answer only requests that send `Authorization: Bearer <token>`, the
+    /// token in this file; others get 401. Needed to serve beyond loopback.
+    ///
+    /// The token is the file's first line, at least 16 characters (e.g. `openssl rand -hex 32 >
+    /// PATH`); it is never printed or logged. A Prometheus scrape config sends it with
+    /// `authorization: {credentials_file: PATH}`.
+    #[arg(long, value_name = "PATH", requires = "metrics")]
+    metrics_token_file: Option<PathBuf>,
     /// With --queue: do not run the schedules of the config file (--config) whose jobs go to
     /// the queues served. Without it they run beside the worker, until it starts to stop; any
     /// number of workers may run them, and each tick is enqueued once.
@@ -142,6 +156,8 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
                    this run uses neither";
         return Err(CliError::BadInput(why.into()));
     }
+    // Before connecting: a worker that would serve its metrics unguarded claims nothing.
+    let metrics = metrics_guard(&a)?;
     // The config file's schedules of the queues served, checked before connecting.
     let schedules = if a.no_schedules || a.source.queues.is_empty() {
         Vec::new()
@@ -157,7 +173,7 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
     let claimer = claimer_waiting(url, &a, opts).await?;
     super::say_strategy(&claimer, a.source.strategy);
     let queue = claimer.db().queue();
-    if let Some(addr) = a.metrics {
+    if let Some((addr, bearer)) = metrics {
         let watched = if a.source.queues.is_empty() {
             prometheus::Watched {
                 queue: None,
@@ -169,8 +185,16 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
                 sources: prometheus::fixed(Vec::new()),
             }
         };
-        let bound = prometheus::serve(addr, prometheus::Endpoint::new(watched)?).await?;
-        crate::say::say!("metrics at http://{bound}/metrics");
+        let endpoint = prometheus::Endpoint::new(watched)?;
+        let bound = prometheus::serve(addr, endpoint, bearer).await?;
+        // The file is named, never the token: stderr may be kept in a journal.
+        match &a.metrics_token_file {
+            Some(path) => crate::say::say!(
+                "metrics at http://{bound}/metrics (Authorization: Bearer, the token in {})",
+                path.display()
+            ),
+            None => crate::say::say!("metrics at http://{bound}/metrics"),
+        }
     }
     let mut worker = rowclaim::Worker::for_claimer(claimer)
         .handler(RunCommand {
@@ -237,6 +261,28 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
     }
     crate::say::say!("{summary}");
     Ok(())
+}
+
+/// `--metrics`' address and the token that guards it, read before connecting. Without a token
+/// only loopback is served: the metrics name tables, queues and job kinds, which are not for
+/// whoever can reach the port.
+fn metrics_guard(a: &WorkArgs) -> Result<Option<(SocketAddr, Option<Bearer>)>, CliError> {
+    let Some(addr) = a.metrics else {
+        return Ok(None);
+    };
+    let bearer = match &a.metrics_token_file {
+        Some(path) => Some(Bearer::from_file(path, "--metrics-token-file")?),
+        None if addr.ip().is_loopback() => None,
+        None => {
+            return Err(CliError::BadInput(format!(
+                "--metrics {addr}: not a loopback address, and without --metrics-token-file \
+                 anyone who can reach it reads the metrics; give --metrics-token-file PATH (a \
+                 file holding the token scrapers send as `Authorization: Bearer <token>`), or \
+                 serve on 127.0.0.1 (or ::1)"
+            )))
+        }
+    };
+    Ok(Some((addr, bearer)))
 }
 
 /// Connects and checks the source; a server that cannot be reached is waited for as the

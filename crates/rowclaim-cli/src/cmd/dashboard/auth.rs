@@ -14,8 +14,9 @@ use rowclaim_bench::AUDIT;
 use serde::Deserialize;
 
 use super::layout::layout_bare;
-use super::sessions::{ended_cookie, same_secret};
+use super::sessions::ended_cookie;
 use super::state::{State as St, Who};
+use crate::secret::{bearer_of, bearer_refused, same_secret};
 
 /// Largest form a POST may send: the dashboard's forms hold a CSRF token and little else.
 const FORM_LIMIT: usize = 16 * 1024;
@@ -145,24 +146,16 @@ pub async fn require_bearer_or_session(
     req: Request,
     next: Next,
 ) -> Response {
-    let bearer = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|t| state.auth.is_metrics_token(t.trim()));
+    let bearer = bearer_of(req.headers()).is_some_and(|t| state.auth.is_metrics_token(t));
     if req.method() != Method::GET {
         return StatusCode::METHOD_NOT_ALLOWED.into_response();
     }
     if bearer || state.auth.session(req.headers()).is_some() {
         return next.run(req).await;
     }
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, "Bearer")],
+    bearer_refused(
         "the dashboard's metrics token is required: Authorization: Bearer <metrics token>\n",
     )
-        .into_response()
 }
 
 /// The POST checks; the request comes back with its body read (to find the CSRF token) and put

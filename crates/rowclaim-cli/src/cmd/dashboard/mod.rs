@@ -34,7 +34,7 @@ use clap::Args;
 use rowclaim::{ConnectOptions, Db};
 
 use crate::error::CliError;
-use sessions::same_secret;
+use crate::secret::{random_hex, read_token_file, same_secret};
 
 #[derive(Args, Debug)]
 pub struct DashboardArgs {
@@ -61,9 +61,6 @@ pub struct DashboardArgs {
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = super::values::duration, allow_hyphen_values = true)]
     pub sample_every: Duration,
 }
-
-/// Shortest token accepted from --token-file.
-const MIN_TOKEN: usize = 16;
 
 pub async fn run(url: &str, a: DashboardArgs) -> Result<(), CliError> {
     if !a.listen.ip().is_loopback() && !a.behind_tls_proxy {
@@ -167,23 +164,13 @@ fn recorded_sources(state: state::State) -> crate::prometheus::SourceList {
     })
 }
 
-/// The token in `path` (`flag`'s file: its first line, trimmed, long enough to be a secret), or
-/// a random one without a file.
+/// The token in `path` (`flag`'s file, see [`read_token_file`]), or a random one without a file.
 fn token_from(path: Option<&std::path::Path>, flag: &str) -> Result<String, CliError> {
-    let Some(path) = path else {
-        return sessions::random_hex(32).map_err(|e| CliError::Io {
+    match path {
+        Some(path) => read_token_file(path, flag),
+        None => random_hex(32).map_err(|e| CliError::Io {
             what: "making a token from the operating system's random numbers",
             source: std::io::Error::other(e.to_string()),
-        });
-    };
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| CliError::BadInput(format!("{flag} {}: {e}", path.display())))?;
-    let token = text.lines().next().unwrap_or_default().trim().to_owned();
-    if token.chars().count() < MIN_TOKEN {
-        return Err(CliError::BadInput(format!(
-            "{flag} {}: the token must have at least {MIN_TOKEN} characters",
-            path.display()
-        )));
+        }),
     }
-    Ok(token)
 }

@@ -3,15 +3,16 @@
 //! The token printed at start (or read from `--token-file`) is exchanged once, at
 //! `/login?token=…`, for a session cookie (HttpOnly, SameSite=Strict, Secure behind a TLS
 //! proxy). A session carries its own CSRF token, which every form posts back. Tokens are
-//! compared in constant time, so that response times do not spell them out. The routes that
-//! log in and out, and the checks every request passes, are `auth.rs`'s.
+//! compared in constant time (`crate::secret`), so that response times do not spell them out.
+//! The routes that log in and out, and the checks every request passes, are `auth.rs`'s.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::http::{header, HeaderMap};
-use subtle::ConstantTimeEq;
+
+use crate::secret::{random_hex, same_secret};
 
 /// The session cookie's name.
 const COOKIE: &str = "rowclaim_session";
@@ -123,22 +124,6 @@ pub fn ended_cookie() -> String {
     format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
 }
 
-/// `n` random bytes from the operating system, as hex.
-pub fn random_hex(n: usize) -> Result<String, getrandom::Error> {
-    let mut bytes = vec![0u8; n];
-    getrandom::fill(&mut bytes)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// Whether two secrets are equal, taking as long whatever the first difference and whatever
-/// their lengths: their digests are compared (a comparison of the texts themselves would end at
-/// once on a length mismatch, telling the length of an operator's token).
-pub fn same_secret(a: &str, b: &str) -> bool {
-    use sha2::{Digest, Sha256};
-    let (a, b) = (Sha256::digest(a.as_bytes()), Sha256::digest(b.as_bytes()));
-    a[..].ct_eq(&b[..]).into()
-}
-
 fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
     headers
         .get_all(header::COOKIE)
@@ -148,17 +133,4 @@ fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
         .filter_map(|kv| kv.trim().split_once('='))
         .find(|(k, _)| *k == name)
         .map(|(_, v)| v)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn secrets_compare_whole() {
-        assert!(same_secret("abc", "abc"));
-        assert!(!same_secret("abc", "abd"));
-        assert!(!same_secret("abc", "ab"));
-        assert_eq!(random_hex(32).unwrap().len(), 64);
-    }
 }
