@@ -955,6 +955,87 @@ where
     table_row(scenario, backend, 3 * FAULT_ROWS, 0, reruns, &recover);
 }
 
+/// `rowclaim work --until-empty` through a crash (immediate restart) of the server mid-drain:
+/// every row ends done, so every worker exits 0, whatever it gave up or lost on the way; what
+/// it let go and saw finished later is in its summary (issue 25: it used to exit 5).
+async fn until_empty_through_a_restart(backend: Backend) {
+    let site = Arc::new(Site::start(backend).await);
+    site.db.jobs(FAULT_ROWS as i64).await;
+    site.db.jobs_table("tx_jobs", FAULT_ROWS as i64).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("runs.log");
+    let progress = Progress {
+        samples: Arc::default(),
+        total: 2 * FAULT_ROWS as i64,
+    };
+    let sampler = {
+        let (p, site) = (progress.clone(), site.clone());
+        tokio::spawn(async move {
+            loop {
+                if let (Some(a), Some(b)) = (
+                    site.db.try_count(OWN_DONE).await,
+                    site.db.try_count(TX_DONE).await,
+                ) {
+                    p.samples.lock().unwrap().push((now_us(), a + b));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let lease = format!("{}s", FAULT_LEASE.as_secs());
+    let own = |strategy| [&TABLE[..], &["--strategy", strategy]].concat();
+    // A transaction claim loses its rows with its session: the restart makes those workers
+    // give rows up, which the other one then finishes.
+    let tx = || vec!["--table", "tx_jobs", "--strategy", "transaction"];
+    let sources = [own("skip-locked"), own("token"), tx(), tx()];
+    let workers: Vec<_> = sources
+        .iter()
+        .map(|source| {
+            let options = [
+                "--concurrency",
+                "3",
+                "--lease",
+                &lease,
+                "--poll",
+                "200ms",
+                "--until-empty",
+                "--json",
+            ];
+            let mut c = work(&site.url, source, &options, &log, "sleep 0.05");
+            c.stdout(Stdio::piped()).stderr(Stdio::piped());
+            c.spawn().expect("start a worker")
+        })
+        .collect();
+    progress.reach(0.3).await;
+    site.server.restart(StopMode::Immediate).await;
+    let mut let_go = 0;
+    for (i, w) in workers.into_iter().enumerate() {
+        let out = tokio::time::timeout(Duration::from_secs(300), w.wait_with_output())
+            .await
+            .expect("the worker ends within 5 minutes")
+            .expect("wait for the worker");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "worker {i}: {err}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let summary: serde_json::Value = stdout
+            .lines()
+            .last()
+            .and_then(|l| serde_json::from_str(l).ok())
+            .unwrap_or_else(|| panic!("worker {i}: no summary on stdout: {stdout}"));
+        let count = |key: &str| summary[key].as_u64().expect("a count");
+        // Every row ended done, so each one let go was finished later.
+        let gone = count("lost") + count("given_up");
+        assert_eq!(count("finished_later"), gone, "worker {i}: {summary}");
+        let_go += gone;
+    }
+    sampler.abort();
+    assert_eq!(site.db.count(OWN_DONE).await, FAULT_ROWS as i64);
+    assert_eq!(site.db.count(TX_DONE).await, FAULT_ROWS as i64);
+    eprintln!(
+        "{backend:?}: the workers let {let_go} row(s) go at the restart; all were finished later"
+    );
+}
+
 /// The server restarts twice mid-run: a clean (fast) shutdown, then a crash (immediate).
 async fn restarts(site: Arc<Site>, progress: Progress) -> Vec<Window> {
     progress.reach(0.2).await;
@@ -1091,6 +1172,10 @@ macro_rules! server_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn an_enqueue_whose_commit_answer_is_lost_says_so() {
             enqueue_commit_cut($backend).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn until_empty_exits_0_after_a_restart_when_every_row_is_done() {
+            until_empty_through_a_restart($backend).await
         }
     };
 }
