@@ -436,6 +436,16 @@ async fn shutdown_now(t: Arc<TestDb>) {
             .await,
         5
     );
+    // The rows that never started keep their attempt; the two that ran used one each.
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE attempts = 0").await,
+        3,
+        "rows given back unstarted lost an attempt"
+    );
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE attempts = 1").await,
+        2
+    );
 }
 
 /// A handler that cannot run at all stops the worker with that error; the row goes back.
