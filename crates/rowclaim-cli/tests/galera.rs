@@ -6,7 +6,8 @@
 //! Asserts invariants, never timings: every row done, none lost, and with leases far longer
 //! than the run and no worker failing, every row run exactly once. Also: the server says it is
 //! a Galera node, `transaction` is refused with the reason, and three `rowclaim init`s at once
-//! (one per node) all succeed.
+//! (one per node) all succeed; a limited queue worked from every node keeps its limits across
+//! the cluster; `check` on a node names the cluster and its state.
 
 use rowclaim_testkit as common;
 mod support;
@@ -165,6 +166,142 @@ async fn one_worker_per_node(
     rate
 }
 
+/// Jobs of the limited queue: two keys of `LIMITED / 2` each.
+const LIMITED: usize = 60;
+
+/// A queue limited to 2 running at once and 1 per key, worked by one `rowclaim work` per node:
+/// the limits hold across the cluster (a limited claim takes its queue's row lock, and two
+/// nodes' claims conflict at commit), and every job runs once.
+async fn limited_queue_across_nodes(cluster: &GaleraCluster, admin: &str) {
+    let db = TestDb::on(Backend::MySql, admin).await;
+    let name = db.url.rsplit('/').next().expect("a database in the URL");
+    let url = cluster.url(0, name);
+    assert!(run_fed(&url, &["init"], "").await.status.success());
+    let limit = [
+        "queue",
+        "limit",
+        "lq",
+        "--concurrency",
+        "2",
+        "--key-concurrency",
+        "1",
+    ];
+    let out = run_fed(&url, &limit, "").await;
+    assert!(out.status.success(), "queue limit: {}", text(&out));
+    let lines: String = (0..LIMITED / 2).map(|i| format!("{{\"n\":{i}}}\n")).collect();
+    for key in ["a", "b"] {
+        let args = ["enqueue", "--queue", "lq", "--limit-key", key];
+        let out = run_fed(&url, &args, &lines).await;
+        assert!(out.status.success(), "enqueue: {}", text(&out));
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("runs.log");
+    let cmd = format!(
+        "echo \"S $ROWCLAIM_ID ${{EPOCHREALTIME/./}}\" >> {log}; sleep 0.05; \
+         echo \"E $ROWCLAIM_ID ${{EPOCHREALTIME/./}}\" >> {log}",
+        log = log.display()
+    );
+    let workers: Vec<_> = (0..cluster.len())
+        .map(|i| {
+            let args = [
+                "work",
+                "--queue",
+                "lq",
+                "--lease",
+                LEASE,
+                "--concurrency",
+                "4",
+                "--poll",
+                "100ms",
+                "--until-empty",
+                "--",
+                "bash",
+                "-c",
+                &cmd,
+            ];
+            let mut c = rowclaim(&cluster.url(i, name), &args);
+            c.stdout(Stdio::piped()).stderr(Stdio::piped());
+            c.spawn().expect("start a worker")
+        })
+        .collect();
+    for (i, w) in workers.into_iter().enumerate() {
+        let out = tokio::time::timeout(std::time::Duration::from_secs(180), w.wait_with_output())
+            .await
+            .unwrap_or_else(|_| panic!("limited queue: worker {i} did not finish in 3 minutes"))
+            .expect("wait for a worker");
+        assert!(out.status.success(), "limited queue: node {i}: {}", text(&out));
+    }
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'completed'")
+            .await,
+        LIMITED as i64
+    );
+    let keys: HashMap<String, String> = db
+        .strings("SELECT CONCAT(CAST(id AS CHAR), ' ', limit_key) FROM rowclaim_jobs")
+        .await
+        .into_iter()
+        .flatten()
+        .filter_map(|l| l.split_once(' ').map(|(i, k)| (i.to_owned(), k.to_owned())))
+        .collect();
+    // Each run's start and end, in time order: the most running at once, overall and per key.
+    let text = std::fs::read_to_string(&log).expect("the runs' log");
+    let mut events: Vec<(u64, bool, String)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(' ');
+            let (what, id, at) = (f.next()?, f.next()?, f.next()?.parse().ok()?);
+            Some((at, what == "S", id.to_owned()))
+        })
+        .collect();
+    // At one instant an end goes before a start (false < true).
+    events.sort();
+    let starts = events.iter().filter(|e| e.1).count();
+    assert_eq!(starts, LIMITED, "every job ran once");
+    let (mut running, mut most) = (0i64, 0i64);
+    let mut per_key: HashMap<&str, i64> = HashMap::new();
+    let mut most_per_key = 0;
+    for (_, start, id) in &events {
+        let key = keys.get(id).map_or("?", String::as_str);
+        let step = if *start { 1 } else { -1 };
+        running += step;
+        let k = per_key.entry(key).or_default();
+        *k += step;
+        most = most.max(running);
+        most_per_key = most_per_key.max(*k);
+    }
+    assert!(most <= 2, "{most} ran at once in a queue limited to 2");
+    assert!(most_per_key <= 1, "{most_per_key} of one key ran at once (limit 1)");
+    eprintln!("galera: limited queue: most at once {most} (limit 2), per key {most_per_key} (1)");
+}
+
+/// `check` on a node of the cluster says what it is and that it is synced, as advice.
+async fn check_on_a_node(cluster: &GaleraCluster, admin: &str) {
+    let db = TestDb::on(Backend::MySql, admin).await;
+    db.jobs(10).await;
+    let name = db.url.rsplit('/').next().expect("a database in the URL");
+    let args = [&["check", "--json"][..], &TABLE[..]].concat();
+    let out = run_fed(&cluster.url(2, name), &args, "").await;
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("check --json printed no JSON ({e}): {}", text(&out)));
+    let galera = report["findings"]
+        .as_array()
+        .and_then(|f| f.iter().find(|f| f["name"] == "galera"))
+        .unwrap_or_else(|| panic!("no galera finding: {report:#}"));
+    assert_eq!(galera["severity"], "advice", "{report:#}");
+    let message = galera["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("3-node Galera cluster (Synced)"),
+        "{report:#}"
+    );
+    assert_ne!(out.status.code(), Some(8), "check called a Galera node unsafe: {report:#}");
+    let strategy = report["findings"]
+        .as_array()
+        .and_then(|f| f.iter().find(|f| f["name"] == "strategy"))
+        .map(|f| f["message"].to_string())
+        .unwrap_or_default();
+    assert!(!strategy.contains("chose transaction"), "{report:#}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn galera_cluster() {
     let t = Instant::now();
@@ -294,6 +431,8 @@ async fn galera_cluster() {
         ROWS
     );
     rates.push(format!("queue {rate:.0}"));
+    limited_queue_across_nodes(&cluster, &admin).await;
+    check_on_a_node(&cluster, &admin).await;
     // For comparison (printed, not asserted): one worker on one node of the cluster.
     let db = TestDb::on(Backend::MySql, &admin).await;
     db.jobs(ROWS).await;

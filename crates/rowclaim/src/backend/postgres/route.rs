@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use futures_core::future::BoxFuture;
 use futures_core::stream::BoxStream;
 use futures_util::{FutureExt, StreamExt, TryStreamExt};
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{
     PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgQueryResult, PgRow, PgStatement,
     PgTypeInfo,
@@ -67,6 +68,10 @@ struct Failover {
     current: tokio::sync::Mutex<usize>,
     /// A search for the writable host is under way (one at a time).
     searching: AtomicBool,
+    /// Told when the pool moves: statements still waiting for a connection of the old pool (sqlx
+    /// retries a refused connect inside `acquire` until its timeout, and closing the pool does
+    /// not stop that) give up at once, and the caller's retry goes to the new pool.
+    moved: tokio::sync::Notify,
 }
 
 impl Route {
@@ -98,6 +103,7 @@ impl Route {
             connect_timeout,
             current: tokio::sync::Mutex::new(current),
             searching: AtomicBool::new(false),
+            moved: tokio::sync::Notify::new(),
         });
         Route {
             pool: RwLock::new(pool),
@@ -140,11 +146,31 @@ impl Route {
         On { conn, route: self }
     }
 
+    /// A connection of the pool statements go to now. Waiting for one ends when the pool moves
+    /// ([`Failover::moved`]) with [`sqlx::Error::PoolClosed`]: nothing was sent, and the
+    /// caller's retry goes to the new pool.
+    async fn acquire(&self) -> sqlx::Result<PoolConnection<Postgres>> {
+        let Some(f) = &self.failover else {
+            return self.pool().acquire().await;
+        };
+        let moved = f.moved.notified();
+        tokio::pin!(moved);
+        // Listening before the pool is read: a move after this wakes us; one before, we see.
+        moved.as_mut().enable();
+        let pool = self.pool();
+        tokio::select! {
+            conn = pool.acquire() => conn,
+            () = moved => Err(sqlx::Error::PoolClosed),
+        }
+    }
+
     /// Starts a transaction.
     pub(crate) async fn begin(self: &Arc<Self>) -> Result<sqlx::Transaction<'static, Postgres>> {
-        let pool = self.pool();
         let mut watch = self.watch();
-        let begun = pool.begin().await;
+        let begun = match self.acquire().await {
+            Ok(conn) => sqlx::Transaction::begin(conn, None).await,
+            Err(e) => Err(e),
+        };
         if let Some(w) = &mut watch {
             w.answered = true;
         }
@@ -238,8 +264,9 @@ impl Route {
             f.hosts[found].0
         );
         *current = found;
-        // Statements still running on the old pool finish or fail there; its idle
-        // connections close now.
+        // Statements waiting for a connection of the old pool go to the new one; those
+        // running on it finish or fail there; its idle connections close now.
+        f.moved.notify_waiters();
         tokio::spawn(async move { old.close().await });
         true
     }
@@ -363,22 +390,22 @@ type Step = Either<PgQueryResult, PgRow>;
 impl Exec {
     async fn steps<'q, E: Execute<'q, Postgres> + 'q>(self, query: E) -> sqlx::Result<Vec<Step>> {
         let route = self.0;
-        let pool = route.pool();
         let mut watch = route.watch();
-        let result = if route.pooled {
-            async {
-                let mut tx = pool.begin().await?;
+        let result = async {
+            let mut conn = route.acquire().await?;
+            if route.pooled {
+                let mut tx = sqlx::Acquire::begin(&mut *conn).await?;
                 let steps: Vec<Step> = tx
                     .fetch_many(Prepared { query, keep: false })
                     .try_collect()
                     .await?;
                 tx.commit().await?;
                 Ok(steps)
+            } else {
+                conn.fetch_many(query).try_collect().await
             }
-            .await
-        } else {
-            pool.fetch_many(query).try_collect().await
-        };
+        }
+        .await;
         if let Some(w) = &mut watch {
             w.answered = true;
         }
