@@ -166,7 +166,8 @@ async fn one_worker_per_node(
     rate
 }
 
-/// Jobs of the limited queue: two keys of `LIMITED / 2` each.
+/// Jobs of the limited queue: three keys of `LIMITED / 3` each (so that the limit of 2 at once,
+/// not only the one per key, holds them back).
 const LIMITED: usize = 60;
 
 /// A queue limited to 2 running at once and 1 per key, worked by one `rowclaim work` per node:
@@ -188,8 +189,10 @@ async fn limited_queue_across_nodes(cluster: &GaleraCluster, admin: &str) {
     ];
     let out = run_fed(&url, &limit, "").await;
     assert!(out.status.success(), "queue limit: {}", text(&out));
-    let lines: String = (0..LIMITED / 2).map(|i| format!("{{\"n\":{i}}}\n")).collect();
-    for key in ["a", "b"] {
+    let lines: String = (0..LIMITED / 3)
+        .map(|i| format!("{{\"n\":{i}}}\n"))
+        .collect();
+    for key in ["a", "b", "c"] {
         let args = ["enqueue", "--queue", "lq", "--limit-key", key];
         let out = run_fed(&url, &args, &lines).await;
         assert!(out.status.success(), "enqueue: {}", text(&out));
@@ -229,7 +232,11 @@ async fn limited_queue_across_nodes(cluster: &GaleraCluster, admin: &str) {
             .await
             .unwrap_or_else(|_| panic!("limited queue: worker {i} did not finish in 3 minutes"))
             .expect("wait for a worker");
-        assert!(out.status.success(), "limited queue: node {i}: {}", text(&out));
+        assert!(
+            out.status.success(),
+            "limited queue: node {i}: {}",
+            text(&out)
+        );
     }
     assert_eq!(
         db.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'completed'")
@@ -270,7 +277,10 @@ async fn limited_queue_across_nodes(cluster: &GaleraCluster, admin: &str) {
         most_per_key = most_per_key.max(*k);
     }
     assert!(most <= 2, "{most} ran at once in a queue limited to 2");
-    assert!(most_per_key <= 1, "{most_per_key} of one key ran at once (limit 1)");
+    assert!(
+        most_per_key <= 1,
+        "{most_per_key} of one key ran at once (limit 1)"
+    );
     eprintln!("galera: limited queue: most at once {most} (limit 2), per key {most_per_key} (1)");
 }
 
@@ -293,7 +303,11 @@ async fn check_on_a_node(cluster: &GaleraCluster, admin: &str) {
         message.contains("3-node Galera cluster (Synced)"),
         "{report:#}"
     );
-    assert_ne!(out.status.code(), Some(8), "check called a Galera node unsafe: {report:#}");
+    assert_ne!(
+        out.status.code(),
+        Some(8),
+        "check called a Galera node unsafe: {report:#}"
+    );
     let strategy = report["findings"]
         .as_array()
         .and_then(|f| f.iter().find(|f| f["name"] == "strategy"))

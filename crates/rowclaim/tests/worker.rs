@@ -438,12 +438,14 @@ async fn shutdown_now(t: Arc<TestDb>) {
     );
     // The rows that never started keep their attempt; the two that ran used one each.
     assert_eq!(
-        t.count("SELECT COUNT(*) FROM jobs WHERE attempts = 0").await,
+        t.count("SELECT COUNT(*) FROM jobs WHERE attempts = 0")
+            .await,
         3,
         "rows given back unstarted lost an attempt"
     );
     assert_eq!(
-        t.count("SELECT COUNT(*) FROM jobs WHERE attempts = 1").await,
+        t.count("SELECT COUNT(*) FROM jobs WHERE attempts = 1")
+            .await,
         2
     );
 }
