@@ -105,6 +105,10 @@ impl Settle for Held {
         Held::give_up(self, ids);
     }
 
+    async fn settled_as(&self, id: &RowId, outcome: &Outcome) -> bool {
+        self.claim.settled_as(id, outcome).await.unwrap_or(false)
+    }
+
     async fn abandon_if_unsure(&self) -> bool {
         Held::abandon_if_unsure(self).await
     }

@@ -43,6 +43,12 @@ pub(super) trait Settle: Send + Sync + 'static {
     /// lease ends) and stops their jobs, if running.
     fn give_up(&self, ids: &[RowId]);
 
+    /// After a write whose answer was lost and a retry the claim refused: whether the row
+    /// shows `outcome` written by this claim (its status, and this claim's token still in its
+    /// owner column; or gone, where done rows are deleted), so that the first write went
+    /// through. False when that cannot be told.
+    fn settled_as(&self, id: &RowId, outcome: &Outcome) -> impl Future<Output = bool> + Send;
+
     /// After a write that went unanswered: a claim that cannot tell what state it is in (a held
     /// transaction) gives every row up and stops their jobs. Returns whether it did; other claims
     /// go on, and the write is tried again.

@@ -57,7 +57,7 @@ impl<T: Settle> Recorder<'_, T> {
             let flushed = tokio::time::timeout(limit, self.send(target, id, outcome.clone()))
                 .await
                 .unwrap_or(Flushed::TimedOut);
-            let answered = self.answered(target, id, flushed, &mut uncertain, counter);
+            let answered = self.answered(target, id, &outcome, flushed, &mut uncertain, counter);
             if answered.await.is_break() {
                 return;
             }
@@ -93,6 +93,7 @@ impl<T: Settle> Recorder<'_, T> {
         &self,
         target: &T,
         id: &RowId,
+        outcome: &Outcome,
         flushed: Flushed,
         uncertain: &mut bool,
         counter: &Count,
@@ -102,7 +103,7 @@ impl<T: Settle> Recorder<'_, T> {
                 self.health.answered();
                 add(counter);
             }
-            Flushed::Lost => self.lost(target, id, *uncertain),
+            Flushed::Lost => self.lost(target, id, outcome, *uncertain, counter).await,
             Flushed::Failed(e) if e.is_connection() || matches!(*e, Error::Database(_)) => {
                 *uncertain |= matches!(*e, Error::OutcomeUnknown { .. });
                 self.health.failed("recording results", &e);
@@ -126,9 +127,21 @@ impl<T: Settle> Recorder<'_, T> {
         ControlFlow::Break(())
     }
 
-    /// The claim no longer held the row when its result came.
-    fn lost(&self, target: &T, id: &RowId, uncertain: bool) {
+    /// The claim no longer held the row when its result came. After a try whose answer was
+    /// lost, the row is looked at: showing this claim's outcome, the first try went through.
+    async fn lost(
+        &self,
+        target: &T,
+        id: &RowId,
+        outcome: &Outcome,
+        uncertain: bool,
+        counter: &Count,
+    ) {
         if uncertain {
+            if target.settled_as(id, outcome).await {
+                tracing::debug!("row {id}: its result was recorded before the connection broke");
+                return add(counter);
+            }
             tracing::debug!(
                 "row {id}: its result was most likely recorded before the connection broke"
             );

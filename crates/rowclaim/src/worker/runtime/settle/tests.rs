@@ -45,6 +45,8 @@ struct Fake {
     /// Holds a transaction: an unanswered write gives the whole claim up.
     transaction: bool,
     abandoned: AtomicUsize,
+    /// What the row shows when looked at after a lost answer: this claim's outcome or not.
+    shows_ours: AtomicBool,
 }
 
 impl Fake {
@@ -61,6 +63,7 @@ impl Fake {
             given_up: Mutex::default(),
             transaction,
             abandoned: AtomicUsize::new(0),
+            shows_ours: AtomicBool::new(false),
         })
     }
 
@@ -104,6 +107,10 @@ impl Settle for Fake {
 
     fn give_up(&self, ids: &[RowId]) {
         self.given_up.lock().unwrap().extend_from_slice(ids);
+    }
+
+    async fn settled_as(&self, _id: &RowId, _outcome: &Outcome) -> bool {
+        self.shows_ours.load(Ordering::SeqCst)
     }
 
     async fn abandon_if_unsure(&self) -> bool {
@@ -432,6 +439,20 @@ async fn a_refusal_after_an_unanswered_try_counts_as_unconfirmed() {
     let c = Fake::with(false, [Answer::Fail(broke()), Answer::Lost(vec![id(7)])]);
     w.record(true, &c).await;
     assert_eq!(w.counts(), [0, 1, 0, 2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refusal_after_an_unanswered_try_of_a_row_showing_our_result_counts_it_recorded() {
+    let w = World::new();
+    let a = Fake::with(false, [Answer::Hang, Answer::Lost(vec![id(7)])]);
+    a.shows_ours.store(true, Ordering::SeqCst);
+    w.record(true, &a).await;
+    assert_eq!(w.counts(), [1, 0, 0, 0]);
+    // Looked at only after an unanswered try: a plain refusal is a lost row.
+    let b = Fake::with(false, [Answer::Lost(vec![id(7)])]);
+    b.shows_ours.store(true, Ordering::SeqCst);
+    w.record(true, &b).await;
+    assert_eq!(w.counts(), [1, 1, 0, 0]);
 }
 
 #[tokio::test(start_paused = true)]
