@@ -749,3 +749,76 @@ async fn bad_settings_are_refused() {
     })
     .await;
 }
+
+/// A result whose answer never came in time (the settle ran on at the server, slowed down by a
+/// trigger past the try's time limit, and committed) is tried again; the retry finds the row
+/// done under this claim's token and counts it done, not "unconfirmed".
+async fn slow_settle_counts_done(t: Arc<TestDb>) {
+    t.jobs(4).await;
+    match t.backend {
+        Backend::Postgres => {
+            t.exec(
+                "CREATE FUNCTION slow_done() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+                 IF NEW.id = 1 AND NEW.status = 'done' AND OLD.status <> 'done' THEN \
+                 PERFORM pg_sleep(3); END IF; RETURN NEW; END $$",
+            )
+            .await;
+            t.exec(
+                "CREATE TRIGGER slow_done BEFORE UPDATE ON jobs FOR EACH ROW \
+                 EXECUTE FUNCTION slow_done()",
+            )
+            .await;
+        }
+        _ => {
+            t.exec(
+                "CREATE TRIGGER slow_done BEFORE UPDATE ON jobs FOR EACH ROW BEGIN \
+                 IF NEW.id = 1 AND NEW.status = 'done' AND OLD.status <> 'done' THEN DO SLEEP(3); \
+                 END IF; END",
+            )
+            .await;
+        }
+    }
+    let claimer = t
+        .db()
+        .await
+        .claimer(own_table(), Strategy::Token)
+        .await
+        .unwrap();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    // A lease of 6 s: one try of a result may take 2 s, so the 3 s settle is cut off once.
+    let report = Worker::for_claimer(claimer)
+        .handle_rows(move |_row| {
+            r.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, String>(()) }
+        })
+        .concurrency(4)
+        .lease(Duration::from_secs(6))
+        .until_empty(true)
+        .run(std::future::pending())
+        .await
+        .unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 4, "no row ran twice");
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE status = 'done'")
+            .await,
+        4
+    );
+    assert_eq!(
+        (report.completed, report.unconfirmed, report.lost, report.given_up),
+        (4, 0, 0, 0),
+        "{report:?}"
+    );
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_cut_off_but_recorded_counts_done_postgres() {
+    with_db(Backend::Postgres, slow_settle_counts_done).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_cut_off_but_recorded_counts_done_mysql() {
+    with_db(Backend::MySql, slow_settle_counts_done).await;
+}
