@@ -74,6 +74,37 @@ fn text(out: &Output) -> String {
     )
 }
 
+/// `rowclaim work SOURCE… --until-empty -- bash -c CMD` on node `i`, database `name`, as
+/// `$WORKER=node<i>`, its output kept.
+fn node_worker(
+    cluster: &GaleraCluster,
+    i: usize,
+    name: &str,
+    source: &[&str],
+    cmd: &str,
+) -> tokio::process::Child {
+    let mut args = vec!["work"];
+    args.extend(source);
+    args.extend([
+        "--lease",
+        LEASE,
+        "--concurrency",
+        "4",
+        "--poll",
+        "100ms",
+        "--until-empty",
+        "--",
+        "bash",
+        "-c",
+        cmd,
+    ]);
+    let mut c = rowclaim(&cluster.url(i, name), &args);
+    c.env("WORKER", format!("node{i}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c.spawn().expect("start a worker")
+}
+
 /// One `rowclaim work … --until-empty` on each of the first `nodes` nodes over `source`, all at
 /// once; then every row must have run exactly once, to its end. Returns the rows per second of
 /// the whole run.
@@ -93,28 +124,7 @@ async fn one_worker_per_node(
     let name = db.url.rsplit('/').next().expect("a database in the URL");
     let started = Instant::now();
     let workers: Vec<_> = (0..nodes)
-        .map(|i| {
-            let mut args = vec!["work"];
-            args.extend(source);
-            args.extend([
-                "--lease",
-                LEASE,
-                "--concurrency",
-                "4",
-                "--poll",
-                "100ms",
-                "--until-empty",
-                "--",
-                "bash",
-                "-c",
-                &cmd,
-            ]);
-            let mut c = rowclaim(&cluster.url(i, name), &args);
-            c.env("WORKER", format!("node{i}"))
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            c.spawn().expect("start a worker")
-        })
+        .map(|i| node_worker(cluster, i, name, source, &cmd))
         .collect();
     let mut said = Vec::new();
     for (i, w) in workers.into_iter().enumerate() {
@@ -205,27 +215,7 @@ async fn limited_queue_across_nodes(cluster: &GaleraCluster, admin: &str) {
         log = log.display()
     );
     let workers: Vec<_> = (0..cluster.len())
-        .map(|i| {
-            let args = [
-                "work",
-                "--queue",
-                "lq",
-                "--lease",
-                LEASE,
-                "--concurrency",
-                "4",
-                "--poll",
-                "100ms",
-                "--until-empty",
-                "--",
-                "bash",
-                "-c",
-                &cmd,
-            ];
-            let mut c = rowclaim(&cluster.url(i, name), &args);
-            c.stdout(Stdio::piped()).stderr(Stdio::piped());
-            c.spawn().expect("start a worker")
-        })
+        .map(|i| node_worker(cluster, i, name, &["--queue", "lq"], &cmd))
         .collect();
     for (i, w) in workers.into_iter().enumerate() {
         let out = tokio::time::timeout(std::time::Duration::from_secs(180), w.wait_with_output())

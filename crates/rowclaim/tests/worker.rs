@@ -805,7 +805,12 @@ async fn slow_settle_counts_done(t: Arc<TestDb>) {
         4
     );
     assert_eq!(
-        (report.completed, report.unconfirmed, report.lost, report.given_up),
+        (
+            report.completed,
+            report.unconfirmed,
+            report.lost,
+            report.given_up
+        ),
         (4, 0, 0, 0),
         "{report:?}"
     );
