@@ -301,9 +301,10 @@ async fn failover(death: Death, sync: bool, work: Work) {
             )
         }
     };
-    // A lease of 5 s: its statements are cut off (after 2–5 s) before the pool's own acquire timeout
-    // (10 s) could report anything, so a silent server is found only by what the route notices.
-    args.extend(["--concurrency", "4", "--lease", "5s"]);
+    // A lease of 8 s: its statements are cut off (after 2.7–8 s) before the pool's own acquire
+    // timeout (10 s) could report anything, so a silent server is found only by what the route
+    // notices; and results sent at the fault reach the new primary well inside it.
+    args.extend(["--concurrency", "4", "--lease", "8s"]);
     let count = |db: &str, sql: &'static str| {
         let db = db.to_owned();
         async move {
@@ -394,6 +395,15 @@ async fn failover(death: Death, sync: bool, work: Work) {
          fault, the first row started {resumed} ms after the promotion",
         (promoted_at - killed_at) / 1000
     );
+    // With a synchronous standby nothing the old primary acknowledged is lost, and every job
+    // here runs to its end and sends its result: the result is retried on the new primary within
+    // its lease, or found there already, so no row runs twice.
+    if sync {
+        assert_eq!(
+            reruns, 0,
+            "{case}: rows whose result was sent ran again:\n{said}"
+        );
+    }
     // Results are written in batches after a run ends: one may still be on its way for a while.
     const RESULT_IN_FLIGHT_US: u64 = 10_000_000;
     for (id, list) in &runs {
