@@ -51,6 +51,11 @@ pub use server::{Capability, ServerInfo};
 /// The catalog role: what the server is and what a table looks like.
 #[async_trait::async_trait]
 pub(crate) trait Catalog: Send + Sync {
+    /// Whether the database is a file with one writer at a time and no network (SQLite): a
+    /// statement that takes long waits for the write lock; it always answers in the end.
+    fn one_writer(&self) -> bool {
+        false
+    }
     /// The server and its version.
     async fn server(&self) -> Result<ServerInfo>;
     /// The table's columns; empty when the table does not exist.
@@ -287,13 +292,8 @@ impl Backend {
         dispatch!(self, d => d)
     }
 
-    /// Whether the database is a file with one writer at a time and no network (SQLite): a
-    /// statement that takes long waits for the write lock; it always answers in the end.
+    /// Whether the database is SQLite's one-writer file ([`Catalog::one_writer`]).
     pub(crate) fn one_writer(&self) -> bool {
-        #[cfg(feature = "sqlite")]
-        if let Backend::Sqlite(_) = self {
-            return true;
-        }
-        false
+        self.catalog().one_writer()
     }
 }

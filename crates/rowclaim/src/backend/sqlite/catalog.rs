@@ -4,6 +4,10 @@ use super::*;
 
 #[async_trait::async_trait]
 impl Catalog for Lite {
+    fn one_writer(&self) -> bool {
+        true
+    }
+
     fn naming(&self) -> crate::mapping::Naming {
         once::naming(self)
     }
