@@ -753,6 +753,7 @@ async fn bad_settings_are_refused() {
 /// A result whose answer never came in time (the settle ran on at the server, slowed down by a
 /// trigger past the try's time limit, and committed) is tried again; the retry finds the row
 /// done under this claim's token and counts it done, not "unconfirmed".
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 async fn slow_settle_counts_done(t: Arc<TestDb>) {
     t.jobs(4).await;
     match t.backend {
