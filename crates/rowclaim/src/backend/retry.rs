@@ -1,5 +1,6 @@
-//! Running a statement again when the database asks for it, and committing when the connection
-//! may break under the commit.
+//! Running a statement again when the database asks for it, beginning a transaction that a
+//! cancelled caller cannot leave half-begun, and committing when the connection may break under
+//! the commit.
 
 use std::time::Duration;
 
@@ -36,6 +37,22 @@ pub(crate) async fn pause(attempt: u32) {
 /// Deadlock, lock-wait timeout, serialization failure, SQLite busy: worth running again.
 pub(crate) fn is_transient(e: &crate::error::Error) -> bool {
     e.db_kind() == Some(DbKind::Transient)
+}
+
+/// Starts a transaction with `begin` on a task of its own, so that a caller that stops waiting
+/// (a statement's time limit, a worker stopping) cannot cancel it halfway: sqlx counts a
+/// transaction only once its BEGIN has answered, and a BEGIN cancelled after the server ran it
+/// would leave the pooled connection inside a transaction nobody knows of, which every later
+/// statement on it joins and nobody commits (seen on MariaDB after a SIGSTOP). A transaction
+/// begun for a caller who left is dropped by the task, which rolls it back.
+pub(crate) async fn begin_whole<DB, F>(begin: F) -> sqlx::Result<sqlx::Transaction<'static, DB>>
+where
+    DB: sqlx::Database,
+    F: std::future::Future<Output = sqlx::Result<sqlx::Transaction<'static, DB>>> + Send + 'static,
+{
+    tokio::spawn(begin)
+        .await
+        .unwrap_or(Err(sqlx::Error::WorkerCrashed))
 }
 
 /// Commits `tx`. When the connection breaks while the COMMIT is under way, nobody knows whether it

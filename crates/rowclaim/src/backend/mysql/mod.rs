@@ -269,7 +269,10 @@ const CREATE_COUNTERS: &str = "CREATE TABLE IF NOT EXISTS rowclaim_counters (
 
 impl My {
     pub(crate) async fn begin(&self) -> Result<sqlx::Transaction<'static, MySql>> {
-        self.pool.begin_with(BEGIN).await.map_err(error)
+        let pool = self.pool.clone();
+        super::retry::begin_whole(async move { pool.begin_with(BEGIN).await })
+            .await
+            .map_err(error)
     }
 
     /// A transaction for [`run::Transact`] (every commit here is durable).

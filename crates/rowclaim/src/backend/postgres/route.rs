@@ -164,13 +164,15 @@ impl Route {
         }
     }
 
-    /// Starts a transaction.
+    /// Starts a transaction, whole or not at all ([`crate::backend::retry::begin_whole`]).
     pub(crate) async fn begin(self: &Arc<Self>) -> Result<sqlx::Transaction<'static, Postgres>> {
         let mut watch = self.watch();
-        let begun = match self.acquire().await {
-            Ok(conn) => sqlx::Transaction::begin(conn, None).await,
-            Err(e) => Err(e),
-        };
+        let route = self.clone();
+        let begun = crate::backend::retry::begin_whole(async move {
+            let conn = route.acquire().await?;
+            sqlx::Transaction::begin(conn, None).await
+        })
+        .await;
         if let Some(w) = &mut watch {
             w.answered = true;
         }
