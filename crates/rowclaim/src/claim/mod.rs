@@ -135,12 +135,13 @@ pub(crate) trait Layer: Send + Sync {
 #[async_trait::async_trait]
 pub(crate) trait More: Send + Sync {
     /// Adds to `rows` up to `args.batch` rows in all, claimed under `args.token` with its
-    /// lease. When it fails it has changed nothing.
+    /// lease; returns the instant the added rows' lease runs from at the earliest (`None`:
+    /// none added). When it fails it has changed nothing.
     async fn claim_more(
         &self,
         args: &ClaimArgs<'_>,
         rows: &mut Vec<serde_json::Value>,
-    ) -> Result<()>;
+    ) -> Result<Option<Instant>>;
 }
 
 /// One claim as a layer above asks for it ([`Claimer::claim_with`]).
@@ -353,12 +354,18 @@ impl Claimer {
                     continue;
                 }
             }
-            // Rows a layer adds are leased by later statements: the earliest start holds for all.
-            let from = claimed.locked_at.unwrap_or(sent);
+            let own = claimed.locked_at.unwrap_or(sent);
             let mut rows = claimed.rows;
-            if let Some(more) = how.more {
-                self.add_more(more, &args, &mut rows).await?;
-            }
+            let had_own = !rows.is_empty();
+            let added = match how.more {
+                Some(more) => self.add_more(more, &args, &mut rows).await?,
+                None => None,
+            };
+            // The earliest start holds for all: the source's own claim's when it took rows (a
+            // layer's rows are leased by later statements), else the added rows' own. A claim
+            // of limited queues only must not count its wait for SQLite's write lock against
+            // the lease, or rows that arrive with most of it left are given up unstarted.
+            let from = if had_own { own } else { added.unwrap_or(own) };
             return self.new_claim(token, rows, claimed.held, how.lease, from);
         }
     }
@@ -372,7 +379,8 @@ impl Claimer {
         }
     }
 
-    /// Adds the rows a layer above claims beside the source's own. Rows claimed already are this
+    /// Adds the rows a layer above claims beside the source's own; returns when the added rows'
+    /// lease runs from, if known (see [`More::claim_more`]). Rows claimed already are this
     /// claim's, committed under its token: failing the claim would leave them held by nobody
     /// until their lease ran out (and a claim of more that failed changed nothing).
     async fn add_more(
@@ -380,15 +388,16 @@ impl Claimer {
         more: &dyn More,
         args: &ClaimArgs<'_>,
         rows: &mut Vec<serde_json::Value>,
-    ) -> Result<()> {
+    ) -> Result<Option<Instant>> {
         if rows.len() >= args.batch as usize {
-            return Ok(());
+            return Ok(None);
         }
         match more.claim_more(args, rows).await {
-            Ok(()) => Ok(()),
+            Ok(from) => Ok(from),
             Err(e) if !rows.is_empty() => {
+                // Unknown for what was added before the failure: the caller's earlier start.
                 tracing::warn!(error = %e, "claiming more rows for a claim failed");
-                Ok(())
+                Ok(None)
             }
             Err(e) => Err(e),
         }

@@ -267,7 +267,8 @@ impl More for Limited<'_> {
         &self,
         args: &ClaimArgs<'_>,
         rows: &mut Vec<serde_json::Value>,
-    ) -> Result<()> {
+    ) -> Result<Option<Instant>> {
+        let mut from: Option<Instant> = None;
         for queue in &self.queues {
             let taken = u32::try_from(rows.len()).unwrap_or(args.batch);
             let left = args.batch.saturating_sub(taken);
@@ -279,11 +280,14 @@ impl More for Limited<'_> {
                 ..*args
             };
             let store = settings(self.db);
-            rows.extend(retry_transient!(
-                store.claim_limited(&args, queue, self.kinds).await
-            )?);
+            let (taken, at) =
+                retry_transient!(store.claim_limited(&args, queue, self.kinds).await)?;
+            if !taken.is_empty() {
+                from = Some(from.map_or(at, |f| f.min(at)));
+            }
+            rows.extend(taken);
         }
-        Ok(())
+        Ok(from)
     }
 }
 

@@ -7,7 +7,7 @@
 //! ahead before that are given back at its next look at the paused queues (every heartbeat);
 //! jobs already running finish.
 
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
 
@@ -34,13 +34,14 @@ pub(crate) trait Settings: Send + Sync {
     /// The queues with limits that are not paused.
     async fn limited_queues(&self) -> Result<Vec<String>>;
     /// Claims what the limits of `queue` allow (jobs of `kinds`, all when empty), in a
-    /// transaction of its own (SQLite's takes the write lock).
+    /// transaction of its own (SQLite's takes the write lock): the rows, and the instant their
+    /// lease runs from at the earliest.
     async fn claim_limited(
         &self,
         a: &ClaimArgs<'_>,
         queue: &str,
         kinds: &[String],
-    ) -> Result<Vec<serde_json::Value>>;
+    ) -> Result<(Vec<serde_json::Value>, Instant)>;
 }
 
 #[async_trait::async_trait]
@@ -70,11 +71,20 @@ impl<R: Transact + Send + Sync> Settings for R {
         a: &ClaimArgs<'_>,
         queue: &str,
         kinds: &[String],
-    ) -> Result<Vec<serde_json::Value>> {
+    ) -> Result<(Vec<serde_json::Value>, Instant)> {
+        let asked = Instant::now();
         let tx = self.transaction(false).await?;
+        // The mark sets the lease by the database's clock after BEGIN. On SQLite BEGIN took
+        // the write lock, which may have been a long wait: the lease runs from no earlier
+        // than now, not from before that wait. (Elsewhere BEGIN waits for nothing.)
+        let from = if R::Sql::ONE_WRITER {
+            Instant::now()
+        } else {
+            asked
+        };
         let rows = limits::claim(&tx, a, queue, kinds).await?;
         tx.commit().await?;
-        Ok(rows)
+        Ok((rows, from))
     }
 }
 

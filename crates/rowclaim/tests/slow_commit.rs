@@ -1,0 +1,141 @@
+//! A claim that SQLite committed reaches the worker that asked for it, and its rows run on
+//! their first attempt, however long the claim waited for the write lock and then for its
+//! COMMIT (issue 25 item 1).
+//!
+//! Under load a SQLite COMMIT can take seconds after it was sent: in WAL mode it may carry an
+//! fsync (the WAL header after a restart, or an automatic checkpoint), and a busy disk makes
+//! that slow, while other claims wait for the write lock behind it. The runtime once gave a
+//! claim up at its time limit and dropped it: the COMMIT went through all the same, and its rows
+//! stayed claimed by nobody until their lease ran out, then ran again as a second attempt. A
+//! limited claim also counted its wait for the write lock against its lease, so rows that came
+//! back with most of their lease left were given up unstarted.
+//!
+//! Both waits are made here on purpose and in order, not by luck: another connection holds the
+//! write lock, then a reader holds the claim's COMMIT back (the file is in rollback-journal
+//! mode, where a COMMIT waits for readers to finish; in WAL mode it would wait for the fsync).
+
+#![cfg(feature = "sqlite")]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rowclaim::{Db, NewJob, QueueLimits, Retention, Worker};
+use serde_json::json;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use sqlx::{Connection, SqliteConnection};
+
+const JOBS: i64 = 10;
+/// The worker's lease, and (before the fix) its claim's time limit.
+const LEASE: Duration = Duration::from_secs(12);
+/// How long after the worker starts the other writer keeps the write lock: the claim's wait for
+/// it, over a quarter of the lease.
+const WRITER_HOLDS: Duration = Duration::from_millis(6500);
+/// How long after the worker starts the reader holds the claim's COMMIT back: past the claim's
+/// old time limit (the lease), and less than three quarters of the lease after the claim had
+/// the write lock.
+const READER_HOLDS: Duration = Duration::from_millis(13000);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limited_claim_with_a_slow_commit_is_handed_out_and_runs_once() {
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let options = SqliteConnectOptions::new()
+        .filename(dir.path().join("slow-commit.db"))
+        .create_if_missing(true)
+        // A COMMIT here waits for readers: the test decides when it ends.
+        .journal_mode(SqliteJournalMode::Delete)
+        // Longer than any wait below: no statement gives up.
+        .busy_timeout(Duration::from_secs(60));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options.clone())
+        .await
+        .expect("a pool");
+    let db = Db::from(pool);
+    let q = db.queue();
+    q.init().await.expect("init");
+    let jobs: Vec<NewJob> = (0..JOBS)
+        .map(|n| NewJob::new(json!({ "n": n })).queue("slow"))
+        .collect();
+    q.enqueue_many(&jobs).await.expect("enqueue");
+    // A limit that never binds: the jobs go through the limited claim.
+    q.limit("slow", &QueueLimits::default().concurrency(1000))
+        .await
+        .expect("limit");
+
+    // Made before the locks are taken: the worker's first write under them is its claim.
+    let claimer = db
+        .queue()
+        .claimer_with(&["slow".to_owned()], Retention::Keep)
+        .await
+        .expect("a claimer");
+
+    // Another writer holds the write lock: the worker's first claim waits for it.
+    let mut writer = SqliteConnection::connect_with(&options)
+        .await
+        .expect("the writer");
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut writer)
+        .await
+        .expect("the write lock");
+    // A reader in a transaction: the claim's COMMIT waits until it ends.
+    let mut reader = SqliteConnection::connect_with(&options)
+        .await
+        .expect("the reader");
+    sqlx::query("BEGIN")
+        .execute(&mut reader)
+        .await
+        .expect("BEGIN");
+    let _: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM rowclaim_jobs")
+        .fetch_one(&mut reader)
+        .await
+        .expect("a read");
+
+    // Every run of a handler: the job's id and its attempt.
+    let runs: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
+    let seen = runs.clone();
+    let worker = Worker::for_claimer(claimer)
+        .handle_rows(move |row| {
+            let seen = seen.clone();
+            async move {
+                let n = |k: &str| row.data[k].as_i64().unwrap_or(-1);
+                seen.lock().expect("runs").push((n("id"), n("attempts")));
+                Ok::<_, String>(())
+            }
+        })
+        // One claim takes every job.
+        .concurrency(JOBS as usize)
+        .lease(LEASE)
+        .poll(Duration::from_millis(100))
+        .until_empty(true);
+    let started = tokio::time::Instant::now();
+    let running = tokio::spawn(worker.run(std::future::pending()));
+
+    tokio::time::sleep_until(started + WRITER_HOLDS).await;
+    sqlx::query("ROLLBACK")
+        .execute(&mut writer)
+        .await
+        .expect("the write lock let go");
+    tokio::time::sleep_until(started + READER_HOLDS).await;
+    sqlx::query("COMMIT")
+        .execute(&mut reader)
+        .await
+        .expect("the read ended");
+
+    let report = tokio::time::timeout(Duration::from_secs(120), running)
+        .await
+        .expect("the worker ends")
+        .expect("the worker task")
+        .expect("the worker");
+    let mut runs = runs.lock().expect("runs").clone();
+    runs.sort_unstable();
+    let want: Vec<(i64, i64)> = runs.iter().map(|(id, _)| (*id, 1)).collect();
+    assert_eq!(runs.len(), JOBS as usize, "each job ran once: {runs:?}");
+    assert_eq!(runs, want, "each on its first attempt");
+    assert_eq!(report.completed, JOBS as u64, "{report:?}");
+    assert_eq!(report.troubled(), 0, "nothing given up or lost: {report:?}");
+    let attempts: i64 = sqlx::query_scalar("SELECT SUM(attempts) FROM rowclaim_jobs")
+        .fetch_one(&mut reader)
+        .await
+        .expect("attempts");
+    assert_eq!(attempts, JOBS, "one claim of each job");
+}
