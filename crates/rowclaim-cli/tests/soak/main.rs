@@ -13,7 +13,8 @@
 //!
 //! Knobs (environment): ROWCLAIM_SOAK_SECS, ROWCLAIM_SOAK_DIR, ROWCLAIM_SOAK_FAULT_EVERY (seconds
 //! between faults; default a sixth of the run, at most 60), ROWCLAIM_SOAK_RATE (jobs per minute
-//! per backend, default 240), ROWCLAIM_SOAK_SEED.
+//! per backend, default 240), ROWCLAIM_SOAK_SEED, ROWCLAIM_SOAK_FAULTS (the kinds to draw from,
+//! comma-separated: restart, cut, black-hole, kill, stop, pgbouncer, promote; default all).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -61,6 +62,8 @@ struct Config {
     seed: u64,
     warm_up: Duration,
     dir: PathBuf,
+    /// The fault kinds to draw from (ROWCLAIM_SOAK_FAULTS); empty: all.
+    only: Vec<FaultKind>,
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -83,6 +86,15 @@ impl Config {
             // Long enough for the allocator and the pools to settle; a quarter of a short run.
             warm_up: Duration::from_secs((secs / 4).min(60)),
             dir,
+            only: std::env::var("ROWCLAIM_SOAK_FAULTS")
+                .unwrap_or_default()
+                .split(',')
+                .filter(|s| !s.trim().is_empty())
+                .map(|s| {
+                    FaultKind::from_name(s.trim())
+                        .unwrap_or_else(|| panic!("ROWCLAIM_SOAK_FAULTS: no fault {s:?}"))
+                })
+                .collect(),
         }
     }
 }
@@ -196,6 +208,7 @@ async fn soak(mut rig: Rig) {
         dir.display()
     );
     let url = rig.url();
+    eprintln!("soak {name}: {}", rig.servers());
     {
         let db = rowclaim::Db::connect(&url).await.expect("connect for init");
         db.queue().init().await.expect("rowclaim init");
@@ -250,7 +263,15 @@ async fn soak(mut rig: Rig) {
         }
         if now >= next_fault && now + Duration::from_secs(5) < end {
             // A shuffled deck of the kinds: random order, every kind before any repeats.
-            let kinds = rig.kinds();
+            let kinds: Vec<FaultKind> = rig
+                .kinds()
+                .into_iter()
+                .filter(|k| cfg.only.is_empty() || cfg.only.contains(k))
+                .collect();
+            if kinds.is_empty() {
+                next_fault = end;
+                continue;
+            }
             deck.retain(|k| kinds.contains(k));
             if deck.is_empty() {
                 deck = kinds;
@@ -354,7 +375,21 @@ async fn do_fault(rig: &mut Rig, crew: &mut Crew, kind: FaultKind, rng: &mut Rng
     let mut worker = None;
     let detail = match kind {
         FaultKind::KillWorker | FaultKind::StopWorker => {
-            let live = crew.live();
+            // ROWCLAIM_SOAK_VICTIM=cli|lib: only workers of that kind (to reproduce a finding).
+            let only = std::env::var("ROWCLAIM_SOAK_VICTIM").unwrap_or_default();
+            let mut live = crew.live();
+            let of_kind: Vec<usize> = live
+                .iter()
+                .copied()
+                .filter(|&i| match only.as_str() {
+                    "cli" => crew.procs[i].kind == Kind::Cli,
+                    "lib" => crew.procs[i].kind == Kind::Library,
+                    _ => true,
+                })
+                .collect();
+            if !of_kind.is_empty() {
+                live = of_kind;
+            }
             let i = live[rng.below(live.len() as u64) as usize];
             let (name, kind_of, url) = {
                 let p = &crew.procs[i];

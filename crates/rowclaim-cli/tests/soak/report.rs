@@ -47,20 +47,23 @@ impl Fault {
     }
 }
 
-/// Results are sent in batches after a run ends and retried until its lease would end: a run
-/// that ended up to a lease (plus a second) before a fault began may have had its result in
-/// flight. A run that began just after a fault may still meet what it left behind (a broken
-/// connection found on use, a pool still reconnecting): a few seconds after its end count too.
-pub fn overlaps(run: &Run, fault: &Fault, lease: Duration) -> bool {
+/// Whether a fault can explain why `run` had to run again: it was done to the run's worker (or
+/// to the servers or the network), and the run was going on during it, or ended at most
+/// [`SLACK`] before it began (its result may still have been on its way), or began at most
+/// [`SLACK`] after it ended (a broken connection found on first use afterwards).
+pub fn overlaps(run: &Run, fault: &Fault) -> bool {
     if let Some(w) = &fault.worker {
         if *w != run.worker {
             return false;
         }
     }
-    let before = lease.as_micros() as u64 + 1_000_000;
-    let after = 5_000_000;
-    run.start <= fault.end + after && run.end.is_none_or(|e| e + before >= fault.start)
+    let slack = SLACK.as_micros() as u64;
+    run.start <= fault.end + slack && run.end.is_none_or(|e| e + slack >= fault.start)
 }
+
+/// Results are sent at once (settle delay zero) and recorded within milliseconds when nothing
+/// is wrong: three seconds leave room for a loaded machine, and no more.
+pub const SLACK: Duration = Duration::from_secs(3);
 
 /// Runs per job id from a log of `S|E <id> <µs> <worker> <attempt>` lines.
 pub fn read_runs(log: &Path) -> HashMap<i64, Vec<Run>> {
@@ -221,7 +224,7 @@ impl Soak {
         .unwrap();
         if lost > 0 {
             failures.push(format!(
-                "{lost} job(s) lost: missing seqs {:?}, not completed {:?}, never ran {:?}",
+                "{lost} job(s) lost: missing seqs {}, not completed {}, never ran {}",
                 first(&missing),
                 first(&not_done),
                 first(&never_ran)
@@ -239,7 +242,7 @@ impl Soak {
                 let hit: Vec<String> = self
                     .faults
                     .iter()
-                    .filter(|f| overlaps(earlier, f, self.lease))
+                    .filter(|f| overlaps(earlier, f))
                     .map(|f| f.describe(t0))
                     .collect();
                 let run = format!(
@@ -385,7 +388,11 @@ impl Soak {
         }
 
         writeln!(s, "\n## Throughput per minute\n").unwrap();
-        writeln!(s, "| minute | enqueued | completed | runs started | faults |").unwrap();
+        writeln!(
+            s,
+            "| minute | enqueued | completed | runs started | faults |"
+        )
+        .unwrap();
         writeln!(s, "|---|---|---|---|---|").unwrap();
         for m in self.minutes() {
             writeln!(
@@ -536,7 +543,13 @@ impl Soak {
         // Line: enqueued.
         let pts: Vec<String> = minutes
             .iter()
-            .map(|m| format!("{:.1},{:.1}", x(m.minute as f64 + 0.5), y(m.enqueued as f64)))
+            .map(|m| {
+                format!(
+                    "{:.1},{:.1}",
+                    x(m.minute as f64 + 0.5),
+                    y(m.enqueued as f64)
+                )
+            })
             .collect();
         writeln!(
             s,

@@ -37,6 +37,20 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
+    /// The kind named `name` (ROWCLAIM_SOAK_FAULTS).
+    pub fn from_name(name: &str) -> Option<FaultKind> {
+        Some(match name {
+            "restart" => FaultKind::Restart,
+            "cut" => FaultKind::Cut,
+            "black-hole" => FaultKind::BlackHole,
+            "kill" => FaultKind::KillWorker,
+            "stop" => FaultKind::StopWorker,
+            "pgbouncer" => FaultKind::PgBouncerRestart,
+            "promote" => FaultKind::Promote,
+            _ => return None,
+        })
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             FaultKind::Restart => "server restart (immediate)",
@@ -118,6 +132,25 @@ impl Rig {
                 pg.to_standby.port()
             ),
             Rig::Mariadb(my) => format!("mysql://root@127.0.0.1:{}/{DB}", my.proxy.port()),
+        }
+    }
+
+    /// Where the servers listen, for someone looking at them during a run.
+    pub fn servers(&self) -> String {
+        match self {
+            Rig::Postgres(pg) => format!(
+                "primary on port {}, standby on {}, proxies {} and {}, PgBouncer {}",
+                pg.primary.port(),
+                pg.standby.port(),
+                pg.to_primary.port(),
+                pg.to_standby.port(),
+                pg.bouncer.port
+            ),
+            Rig::Mariadb(my) => format!(
+                "MariaDB on port {}, proxy {}",
+                my.server.port(),
+                my.proxy.port()
+            ),
         }
     }
 

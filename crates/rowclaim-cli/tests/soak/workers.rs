@@ -86,19 +86,26 @@ pub fn spawn(kind: Kind, name: &str, url: &str, log: &Path, dir: &Path, lease: D
         Kind::Library => {
             let exe = std::env::current_exe().expect("the test binary's path");
             let mut c = Command::new(exe);
-            c.args(["--exact", "worker_process", "--nocapture", "--test-threads=1"])
-                .env("SOAK_URL", url)
-                .env("SOAK_LOG", log)
-                .env("SOAK_LEASE_SECS", lease.as_secs().to_string())
-                .stdin(Stdio::null())
-                .kill_on_drop(true);
+            c.args([
+                "--exact",
+                "worker_process",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("SOAK_URL", url)
+            .env("SOAK_LOG", log)
+            .env("SOAK_LEASE_SECS", lease.as_secs().to_string())
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
             c
         }
     };
     cmd.env("SOAK_WORKER", name)
         .stdout(Stdio::null())
         .stderr(Stdio::from(err));
-    let child = cmd.spawn().unwrap_or_else(|e| panic!("start worker {name}: {e}"));
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("start worker {name}: {e}"));
     let pid = child.id().expect("a new worker has a pid");
     Proc {
         name: name.to_owned(),
