@@ -648,7 +648,7 @@ fn letter(kind: FaultKind) -> &'static str {
 
 fn nice_ceiling(v: f64) -> f64 {
     let mag = 10f64.powf(v.max(1.0).log10().floor());
-    for m in [1.0, 2.0, 2.5, 5.0, 10.0] {
+    for m in [1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0] {
         if m * mag >= v {
             return m * mag;
         }
