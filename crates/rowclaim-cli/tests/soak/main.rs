@@ -13,7 +13,8 @@
 //!
 //! Knobs (environment): ROWCLAIM_SOAK_SECS, ROWCLAIM_SOAK_DIR, ROWCLAIM_SOAK_FAULT_EVERY (seconds
 //! between faults; default a sixth of the run, at most 60), ROWCLAIM_SOAK_RATE (jobs per minute
-//! per backend, default 240), ROWCLAIM_SOAK_SEED, ROWCLAIM_SOAK_FAULTS (the kinds to draw from,
+//! per backend, default 240), ROWCLAIM_SOAK_SEED, ROWCLAIM_SOAK_LEASE (seconds, default 10),
+//! ROWCLAIM_SOAK_FAULTS (the kinds to draw from,
 //! comma-separated: restart, cut, black-hole, kill, stop, pgbouncer, promote; default all).
 
 #[path = "../support/mod.rs"]
@@ -33,8 +34,11 @@ use rig::{FaultKind, Rig};
 use support::now_us;
 use workers::{Kind, Proc};
 
-/// Leases of the soak's workers: a black hole (3–6 s) is shorter, a SIGSTOP longer.
-const LEASE: Duration = Duration::from_secs(10);
+/// Leases of the soak's workers (ROWCLAIM_SOAK_LEASE seconds, default 10): a black hole (3–6 s)
+/// is shorter, a SIGSTOP longer.
+fn lease() -> Duration {
+    Duration::from_secs(env_u64("ROWCLAIM_SOAK_LEASE").unwrap_or(10).max(1))
+}
 
 /// Not a test: the library worker process the soak starts (this binary run again with
 /// SOAK_URL set). Without it, it does nothing.
@@ -182,7 +186,7 @@ impl Crew {
             },
             self.spawned
         );
-        let p = workers::spawn(kind, &name, url, &self.log, &self.dir, LEASE);
+        let p = workers::spawn(kind, &name, url, &self.log, &self.dir, lease());
         self.procs.push(p);
     }
 
@@ -338,7 +342,7 @@ async fn soak(mut rig: Rig) {
         },
         seed: cfg.seed,
         secs: cfg.secs,
-        lease: LEASE,
+        lease: lease(),
         t0,
         warm_up: cfg.warm_up,
         faults: faults.lock().unwrap().clone(),
@@ -407,7 +411,7 @@ async fn do_fault(rig: &mut Rig, crew: &mut Crew, kind: FaultKind, rng: &mut Rng
                 let p = &crew.procs[i];
                 p.signal("STOP");
                 // Past its lease: its rows are taken over meanwhile.
-                let pause = LEASE + Duration::from_secs(5);
+                let pause = lease() + Duration::from_secs(5);
                 tokio::time::sleep(pause).await;
                 p.signal("CONT");
                 format!("{} s", pause.as_secs())
