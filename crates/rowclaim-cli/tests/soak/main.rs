@@ -113,8 +113,9 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
+    /// From the high half: the low bits of xorshift64* are its weakest.
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        (self.next() >> 32) % n.max(1)
     }
 }
 

@@ -238,11 +238,16 @@ impl Soak {
         ids.sort();
         for id in ids {
             let list = &self.runs[id];
-            for earlier in &list[..list.len() - 1] {
+            for (i, earlier) in list[..list.len() - 1].iter().enumerate() {
+                // A run that never ended was over by the time the next run began.
+                let bounded = Run {
+                    end: earlier.end.or(Some(list[i + 1].start)),
+                    ..earlier.clone()
+                };
                 let hit: Vec<String> = self
                     .faults
                     .iter()
-                    .filter(|f| overlaps(earlier, f))
+                    .filter(|f| overlaps(&bounded, f))
                     .map(|f| f.describe(t0))
                     .collect();
                 let run = format!(
