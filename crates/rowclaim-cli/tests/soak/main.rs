@@ -20,6 +20,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod plot;
 mod report;
 mod rig;
 mod workers;
