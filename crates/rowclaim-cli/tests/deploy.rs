@@ -264,13 +264,7 @@ async fn failover(death: Death, sync: bool, work: Work) {
     let primary = PrivatePostgres::start().await;
     let standby = PrivatePostgres::standby_of(&primary).await;
     if sync {
-        primary
-            .admin_sql("ALTER SYSTEM SET synchronous_standby_names = 'standby'")
-            .await;
-        primary
-            .admin_sql("ALTER SYSTEM SET synchronous_commit = 'remote_apply'")
-            .await;
-        primary.admin_sql("SELECT pg_reload_conf()").await;
+        primary.replicate_synchronously().await;
     }
     // The black hole stands in front of the primary; the standby replicates directly.
     let proxy = Proxy::start(primary.port()).await;

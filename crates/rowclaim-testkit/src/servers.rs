@@ -228,6 +228,16 @@ impl PrivatePostgres {
         }
     }
 
+    /// Makes this primary wait for its standby (`standby_of`) to apply every commit before it
+    /// answers (`remote_apply`): a promotion then loses nothing a client was told of.
+    pub async fn replicate_synchronously(&self) {
+        self.admin_sql("ALTER SYSTEM SET synchronous_standby_names = 'standby'")
+            .await;
+        self.admin_sql("ALTER SYSTEM SET synchronous_commit = 'remote_apply'")
+            .await;
+        self.admin_sql("SELECT pg_reload_conf()").await;
+    }
+
     /// Runs `sql` (simple protocol, several statements allowed) as the superuser.
     pub async fn admin_sql(&self, sql: &str) {
         let mut c = self.admin().await;

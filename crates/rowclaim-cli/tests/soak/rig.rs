@@ -87,13 +87,7 @@ impl Rig {
     pub async fn postgres() -> Rig {
         let primary = PrivatePostgres::start().await;
         let standby = PrivatePostgres::standby_of(&primary).await;
-        primary
-            .admin_sql("ALTER SYSTEM SET synchronous_standby_names = 'standby'")
-            .await;
-        primary
-            .admin_sql("ALTER SYSTEM SET synchronous_commit = 'remote_apply'")
-            .await;
-        primary.admin_sql("SELECT pg_reload_conf()").await;
+        primary.replicate_synchronously().await;
         primary.create_database(DB).await;
         let to_primary = Proxy::start(primary.port()).await;
         let to_standby = Proxy::start(standby.port()).await;
