@@ -396,7 +396,9 @@ impl Exec {
         let result = async {
             let mut conn = route.acquire().await?;
             if route.pooled {
-                let mut tx = sqlx::Acquire::begin(&mut *conn).await?;
+                // Whole or not at all, as every transaction here (`begin_whole`).
+                let begin = sqlx::Transaction::begin(conn, None);
+                let mut tx = crate::backend::retry::begin_whole(begin).await?;
                 let steps: Vec<Step> = tx
                     .fetch_many(Prepared { query, keep: false })
                     .try_collect()
