@@ -676,6 +676,35 @@ struct Progress {
 }
 
 impl Progress {
+    /// Samples, every 100 ms through a direct connection, the sum of `done` (counts of done
+    /// rows, [`FAULT_ROWS`] each in the end); the sampler runs until aborted.
+    fn sample(
+        site: Arc<Site>,
+        done: &'static [&'static str],
+    ) -> (Progress, tokio::task::JoinHandle<()>) {
+        let progress = Progress {
+            samples: Arc::default(),
+            total: (done.len() * FAULT_ROWS) as i64,
+        };
+        let p = progress.clone();
+        let sampler = tokio::spawn(async move {
+            loop {
+                let mut sum = Some(0);
+                for sql in done {
+                    sum = match (sum, site.db.try_count(sql).await) {
+                        (Some(s), Some(n)) => Some(s + n),
+                        _ => None,
+                    };
+                }
+                if let Some(n) = sum {
+                    p.samples.lock().unwrap().push((now_us(), n));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        (progress, sampler)
+    }
+
     fn latest(&self) -> i64 {
         self.samples.lock().unwrap().last().map_or(0, |s| s.1)
     }
@@ -854,25 +883,7 @@ where
         tokio::spawn(lib_queue.run(std::future::pending())),
     ];
 
-    let progress = Progress {
-        samples: Arc::default(),
-        total: 3 * FAULT_ROWS as i64,
-    };
-    let sampler = {
-        let (p, site) = (progress.clone(), site.clone());
-        tokio::spawn(async move {
-            loop {
-                if let (Some(a), Some(b), Some(c)) = (
-                    site.db.try_count(OWN_DONE).await,
-                    site.db.try_count(TX_DONE).await,
-                    site.db.try_count(QUEUE_DONE).await,
-                ) {
-                    p.samples.lock().unwrap().push((now_us(), a + b + c));
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        })
-    };
+    let (progress, sampler) = Progress::sample(site.clone(), &[OWN_DONE, TX_DONE, QUEUE_DONE]);
 
     let windows = fault(site.clone(), progress.clone()).await;
     let stderr_of = |i: usize| {
@@ -964,24 +975,7 @@ async fn until_empty_through_a_restart(backend: Backend) {
     site.db.jobs_table("tx_jobs", FAULT_ROWS as i64).await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("runs.log");
-    let progress = Progress {
-        samples: Arc::default(),
-        total: 2 * FAULT_ROWS as i64,
-    };
-    let sampler = {
-        let (p, site) = (progress.clone(), site.clone());
-        tokio::spawn(async move {
-            loop {
-                if let (Some(a), Some(b)) = (
-                    site.db.try_count(OWN_DONE).await,
-                    site.db.try_count(TX_DONE).await,
-                ) {
-                    p.samples.lock().unwrap().push((now_us(), a + b));
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        })
-    };
+    let (progress, sampler) = Progress::sample(site.clone(), &[OWN_DONE, TX_DONE]);
     let lease = format!("{}s", FAULT_LEASE.as_secs());
     let own = |strategy| [&TABLE[..], &["--strategy", strategy]].concat();
     // A transaction claim loses its rows with its session: the restart makes those workers

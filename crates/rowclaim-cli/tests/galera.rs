@@ -298,12 +298,12 @@ async fn check_on_a_node(cluster: &GaleraCluster, admin: &str) {
         Some(8),
         "check called a Galera node unsafe: {report:#}"
     );
-    let strategy = report["findings"]
-        .as_array()
-        .and_then(|f| f.iter().find(|f| f["name"] == "strategy"))
-        .map(|f| f["message"].to_string())
-        .unwrap_or_default();
-    assert!(!strategy.contains("chose transaction"), "{report:#}");
+    // The transaction strategy is refused on Galera: auto picks another, and checks for it.
+    let auto = report["auto"].as_str().unwrap_or_default();
+    assert!(
+        !auto.is_empty() && auto != "transaction" && report["strategy"] == auto,
+        "{report:#}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

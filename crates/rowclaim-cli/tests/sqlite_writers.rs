@@ -119,24 +119,23 @@ async fn transaction_claimers_take_turns() {
     four_workers(&t, &ran, "transaction", "3s").await;
 }
 
-/// Token claims while the application holds the write lock for 6 s: the workers wait for it
-/// (their lease of 15 s outlasts the wait, which is longer than a third of it: a statement
-/// on SQLite is not cut at a third of the lease as on a server) and carry on.
-#[tokio::test]
-async fn token_claimers_wait_out_a_long_writer() {
+/// Workers of `strategy` while the application holds the write lock for 6 s: they wait for it
+/// (their lease of 15 s outlasts the wait, which is longer than a third of it: a statement on
+/// SQLite is not cut at a third of the lease as on a server) and carry on.
+async fn wait_out_a_long_writer(strategy: &str) {
     let (t, ran) = setup().await;
     let writer = long_writer(&t, Duration::from_millis(500), Duration::from_secs(6));
-    four_workers(&t, &ran, "token", "15s").await;
+    four_workers(&t, &ran, strategy, "15s").await;
     let left = writer.await.expect("the writer");
     assert!(left > 0, "the writer came after the work was done");
 }
 
-/// The same with the lease table.
+#[tokio::test]
+async fn token_claimers_wait_out_a_long_writer() {
+    wait_out_a_long_writer("token").await;
+}
+
 #[tokio::test]
 async fn lease_table_claimers_wait_out_a_long_writer() {
-    let (t, ran) = setup().await;
-    let writer = long_writer(&t, Duration::from_millis(500), Duration::from_secs(6));
-    four_workers(&t, &ran, "lease-table", "15s").await;
-    let left = writer.await.expect("the writer");
-    assert!(left > 0, "the writer came after the work was done");
+    wait_out_a_long_writer("lease-table").await;
 }

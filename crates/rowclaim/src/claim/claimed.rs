@@ -225,23 +225,11 @@ impl Claim {
         result
     }
 
-    /// Whether the row `id` shows `outcome` written by this claim: done or failed with this
-    /// claim's token still in its owner column (a settle keeps it there), or gone where done
-    /// rows are deleted. For a write whose answer was lost: the row then needs nothing more.
-    /// False for outcomes that clear the owner (nothing tells whose they were).
+    /// Whether the row `id` shows `outcome` written by this claim ([`Claimer::shows`] with its
+    /// token): for a write whose answer was lost, the row then needs nothing more.
     pub(crate) async fn settled_as(&self, id: &RowId, outcome: &Outcome) -> Result<bool> {
-        if !matches!(outcome, Outcome::Done(_) | Outcome::Failed(_)) {
-            return Ok(false);
-        }
-        let m = self.claimer.mapping();
         let token = self.token.to_string();
-        Ok(match self.claimer.row(id).await? {
-            Some(row) => {
-                row.status == outcome.status(m).to_string()
-                    && row.owner.as_deref() == Some(token.as_str())
-            }
-            None => outcome.deletes(m),
-        })
+        self.claimer.shows(id, outcome, Some(&token)).await
     }
 
     /// Gives back rows of this claim that never started, in one statement where the strategy

@@ -3,7 +3,7 @@
 
 use std::time::SystemTime;
 
-use crate::backend::{retry_transient, RowQuery};
+use crate::backend::{retry_transient, Outcome, RowQuery};
 use crate::claim::Claimer;
 use crate::error::{Error, Result};
 use crate::id::RowId;
@@ -100,21 +100,36 @@ impl Claimer {
         Ok(self.look(&q).await?.into_iter().next())
     }
 
-    /// How many of the rows `ids` ended done: their status is the done value, or, for a source
-    /// that deletes done rows (a managed queue keeping no completed jobs), they are gone. One
+    /// How many of the rows `ids` ended done ([`Claimer::shows`], whoever finished them). One
     /// look per row: for the few rows a worker let go, not for a table.
     pub(crate) async fn ended_done(&self, ids: &[RowId]) -> Result<u64> {
-        let m = self.mapping();
-        let done = m.done.to_string();
         let mut n = 0;
         for id in ids {
-            match self.row(id).await? {
-                Some(row) if row.status == done => n += 1,
-                None if m.deletes_done() => n += 1,
-                _ => {}
-            }
+            n += u64::from(self.shows(id, &Outcome::Done(None), None).await?);
         }
         Ok(n)
+    }
+
+    /// Whether the row `id` ended as `outcome` (done or failed; not outcomes that give it back):
+    /// its status is that outcome's, with `owner`'s token still in its owner column when one is
+    /// named (a settle keeps it there); or, done where done rows are deleted, it is gone.
+    pub(crate) async fn shows(
+        &self,
+        id: &RowId,
+        outcome: &Outcome,
+        owner: Option<&str>,
+    ) -> Result<bool> {
+        if !matches!(outcome, Outcome::Done(_) | Outcome::Failed(_)) {
+            return Ok(false);
+        }
+        let m = self.mapping();
+        Ok(match self.row(id).await? {
+            Some(row) => {
+                row.status == outcome.status(m).to_string()
+                    && owner.is_none_or(|o| row.owner.as_deref() == Some(o))
+            }
+            None => outcome.deletes(m),
+        })
     }
 
     /// Gives the claimed row `id` back: ready again, its owner and lease cleared; for a source

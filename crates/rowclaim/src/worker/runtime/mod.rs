@@ -306,20 +306,18 @@ pub(crate) async fn run(
 /// lost ended done all the same. Nothing is ready or claimed any more, so each has ended. A
 /// look that fails counts none (the run then reports them as not known to be done).
 async fn finished_later(sh: &Shared) -> u64 {
-    let (ids, _unkept) = sh.tally.let_go();
+    let ids = sh.tally.let_go();
     if ids.is_empty() {
         return 0;
     }
-    let look = sh.claimer.ended_done(&ids);
-    match tokio::time::timeout(sh.claim_timeout(), look).await {
-        Ok(Ok(n)) => n,
-        Ok(Err(e)) => {
-            tracing::warn!("looking at how the rows given up ended: {e}");
-            0
-        }
-        Err(_) => {
-            tracing::warn!("looking at how the rows given up ended: no answer in time");
-            0
-        }
-    }
+    let why = match tokio::time::timeout(sh.claim_timeout(), sh.claimer.ended_done(&ids)).await {
+        Ok(Ok(n)) => return n,
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "no answer in time".to_owned(),
+    };
+    tracing::warn!(
+        "looking at how the {} row(s) given up or lost ended: {why}",
+        ids.len()
+    );
+    0
 }

@@ -8,9 +8,9 @@ use crate::id::RowId;
 use crate::metrics::WorkerMetrics;
 use crate::worker::WorkerReport;
 
-/// The most ids of rows let go that a worker keeps to look at when it ends. Past that, the rest
-/// count as not known to have ended well.
-const LET_GO_KEPT: usize = 10_000;
+/// The most ids of rows let go that a worker keeps to look at when it ends (one look each, within
+/// one claim's time limit). Past that, the rest count as not known to have ended well.
+const LET_GO_KEPT: usize = 1_000;
 
 /// One count of the worker's report, also recorded as its metric.
 pub(super) struct Count {
@@ -139,16 +139,13 @@ impl Tally {
         kept.extend(ids.iter().take(room).cloned());
     }
 
-    /// The rows given up or lost whose ids were kept, and how many were not.
-    pub(super) fn let_go(&self) -> (Vec<RowId>, u64) {
-        let kept = self
-            .let_go
+    /// The ids kept of the rows given up or lost ([`LET_GO_KEPT`] at most: the others count as
+    /// not known to have finished, since `finished_later` only counts rows looked at).
+    pub(super) fn let_go(&self) -> Vec<RowId> {
+        self.let_go
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        let all = self.given_up.get() + self.lost.get();
-        let unkept = all.saturating_sub(kept.len() as u64);
-        (kept, unkept)
+            .clone()
     }
 
     pub(super) fn report(&self, outages: u64, interrupted: bool) -> WorkerReport {
