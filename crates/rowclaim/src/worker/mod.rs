@@ -423,15 +423,10 @@ impl Worker {
                 "timeout must be longer than zero".into(),
             ));
         }
-        let concurrency = self.concurrency;
-        let prefetch = self.prefetch.unwrap_or(concurrency);
-        let room = concurrency + prefetch;
-        let batch = self.batch.unwrap_or(room.min(u32::MAX as usize) as u32);
         Ok(Config {
-            concurrency,
-            batch,
-            most: room.max(batch as usize),
-            refill: prefetch / 2,
+            concurrency: self.concurrency,
+            prefetch: self.prefetch,
+            batch: self.batch,
             lease: self.lease,
             poll: self.poll,
             grace: self.grace,

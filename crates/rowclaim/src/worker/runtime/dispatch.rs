@@ -14,27 +14,46 @@ use tracing::Instrument;
 use super::held::Held;
 use super::supervise::supervise;
 use super::tally::Counter;
-use super::{record, Config, Finished, Shared};
+use super::pace::Pace;
+use super::supervise::Ran;
+use super::results::record;
+use super::{Finished, Shared};
 use crate::backend::Outcome;
 use crate::claim::{Claim, ClaimedRow};
 
 /// What the worker holds locally. Dropping it aborts every task in it.
-#[derive(Default)]
 pub(super) struct Local {
     /// Claimed rows waiting for a slot, in the order they were claimed.
     pub(super) waiting: VecDeque<(Arc<Held>, ClaimedRow)>,
     /// Supervisors of started rows. A job's slot is free once its handler ended; its result is
     /// recorded in the background, in batches, and counts against the rows the worker may hold.
-    pub(super) jobs: JoinSet<Option<Finished>>,
-    /// Results being recorded.
-    pub(super) records: JoinSet<()>,
+    pub(super) jobs: JoinSet<Ran>,
     /// Heartbeats of claims.
     pub(super) beats: JoinSet<()>,
     /// Claims with rows still open.
     pub(super) helds: Vec<Arc<Held>>,
+    /// How far ahead to claim.
+    pace: Pace,
 }
 
 impl Local {
+    pub(super) fn new(sh: &Shared) -> Local {
+        let cfg = &sh.cfg;
+        // A claim of the transaction strategy holds a connection and a transaction for as long
+        // as its rows wait: it claims ahead only as far as it was told (by default, the slots).
+        let prefetch = match cfg.prefetch {
+            None if sh.holds_transactions() => Some(cfg.concurrency),
+            prefetch => prefetch,
+        };
+        Local {
+            waiting: VecDeque::new(),
+            jobs: JoinSet::new(),
+            beats: JoinSet::new(),
+            helds: Vec::new(),
+            pace: Pace::new(cfg.concurrency, prefetch, cfg.batch, cfg.lease),
+        }
+    }
+
     /// Takes a claim's rows into the queue.
     pub(super) fn hold(&mut self, sh: &Shared, mut claim: Claim) -> Arc<Held> {
         let rows = claim.take_rows();
@@ -83,16 +102,20 @@ impl Local {
 
     /// Records a result in the background.
     pub(super) fn record(&mut self, sh: &Arc<Shared>, finished: Finished) {
-        self.records.spawn(record(sh.clone(), finished));
+        record(sh, finished);
     }
 
     /// A supervisor ended: the result it left, if any, is recorded.
     pub(super) fn job_ended(
         &mut self,
         sh: &Arc<Shared>,
-        ended: Result<Option<Finished>, JoinError>,
+        ended: Result<Ran, JoinError>,
     ) {
-        if let Ok(Some(finished)) = ended {
+        let Ok(ran) = ended else { return };
+        if let Some(took) = ran.took {
+            self.pace.job_took(took);
+        }
+        if let Some(finished) = ran.finished {
             self.record(sh, finished);
         }
     }
@@ -110,24 +133,16 @@ impl Local {
         while self.beats.try_join_next().is_some() {}
     }
 
-    /// How many rows to claim now, if any (see [`wanted`]).
-    pub(super) fn wants(&self, cfg: &Config) -> Option<usize> {
-        let holding = self.jobs.len() + self.waiting.len() + self.records.len();
-        wanted(cfg, holding, self.waiting.len())
+    /// How many rows to claim now, if any (see [`Pace::wants`]).
+    pub(super) fn wants(&self, sh: &Shared) -> Option<usize> {
+        let holding = self.jobs.len() + self.waiting.len() + sh.results.open();
+        self.pace.wants(holding, self.waiting.len())
     }
 
     /// Nothing running, waiting or being recorded.
-    pub(super) fn is_idle(&self) -> bool {
-        self.jobs.is_empty() && self.waiting.is_empty() && self.records.is_empty()
+    pub(super) fn is_idle(&self, sh: &Shared) -> bool {
+        self.jobs.is_empty() && self.waiting.is_empty() && sh.results.open() == 0
     }
-}
-
-/// How many rows to claim while the worker holds `holding` rows (running, waiting, or being
-/// recorded), `waiting` of them for a slot: what it may still hold, at most a batch, once few
-/// enough wait (so that claims come in batches).
-fn wanted(cfg: &Config, holding: usize, waiting: usize) -> Option<usize> {
-    let room = cfg.most.saturating_sub(holding).min(cfg.batch as usize);
-    (room > 0 && waiting <= cfg.refill).then_some(room)
 }
 
 /// The managed queues that are paused, as a worker last looked.
@@ -226,33 +241,5 @@ mod tests {
         // Nothing paused: nothing goes back.
         assert!(Paused::default().take_from(&mut waiting).is_empty());
         assert_eq!(waiting.len(), 3);
-    }
-
-    fn config(most: usize, batch: u32, refill: usize) -> Config {
-        Config {
-            concurrency: 4,
-            batch,
-            most,
-            refill,
-            lease: Duration::from_secs(30),
-            poll: Duration::from_secs(1),
-            grace: Duration::from_secs(1),
-            timeout: None,
-            give_up_after: None,
-            until_empty: false,
-            wait_scheduled: false,
-            settle_delay: Duration::ZERO,
-        }
-    }
-
-    #[test]
-    fn claims_ask_for_the_room_left_at_most_a_batch_once_few_rows_wait() {
-        let cfg = config(20, 8, 4);
-        assert_eq!(wanted(&cfg, 0, 0), Some(8), "a batch at most");
-        assert_eq!(wanted(&cfg, 15, 2), Some(5), "the room left");
-        assert_eq!(wanted(&cfg, 10, 4), Some(8));
-        assert_eq!(wanted(&cfg, 10, 5), None, "more than refill wait");
-        assert_eq!(wanted(&cfg, 20, 0), None, "no room");
-        assert_eq!(wanted(&cfg, 25, 0), None, "no room");
     }
 }

@@ -19,7 +19,8 @@
 //!   end; written against the small [`settle::Settle`] trait, which [`Held`] implements.
 //! - [`shutdown`]: drain, grace period, stop now, rows not started given back.
 //!
-//! [`held`] is one claim as the runtime looks after it, [`tally`] the report's counts.
+//! [`held`] is one claim as the runtime looks after it, [`tally`] the report's counts, [`pace`]
+//! how far ahead it claims.
 //!
 //! Time rules, all by this process's monotonic clock:
 //! - a claim's lease is *confirmed* at the moment the claim (or the last successful renewal) was
@@ -39,7 +40,9 @@ mod dispatch;
 mod heartbeat;
 mod held;
 mod lease;
+mod pace;
 mod producer;
+mod results;
 mod settle;
 mod shutdown;
 mod supervise;
@@ -65,6 +68,7 @@ use crate::queue::Wakeups;
 use crate::strategy::Strategy;
 use dispatch::{watch_paused, Local, Paused};
 use held::Held;
+use results::Results;
 use producer::{listen, Producer};
 use settle::{settler, FlushMetrics, Recorder, Settling};
 use tally::{Counter, Tally};
@@ -72,13 +76,10 @@ use tally::{Counter, Tally};
 /// What the runtime was asked to do.
 pub(crate) struct Config {
     pub concurrency: usize,
-    /// Most rows per claim statement.
-    pub batch: u32,
-    /// Most rows held at once: running plus waiting for a slot.
-    pub most: usize,
-    /// Claim again only once the rows waiting for a slot are this few (half the prefetch), so
-    /// that claims come in batches rather than a row each time a job ends.
-    pub refill: usize,
+    /// Rows claimed ahead of the running ones: set, or `None` to adapt (see [`pace`]).
+    pub prefetch: Option<usize>,
+    /// Most rows per claim statement: set, or `None` for the room left.
+    pub batch: Option<u32>,
     pub lease: Duration,
     pub poll: Duration,
     pub grace: Duration,
@@ -130,6 +131,8 @@ struct Shared {
     hurry: AtomicBool,
     /// A snooze this source cannot keep has been warned of (once per worker).
     snooze_warned: AtomicBool,
+    /// Results on their way to the database.
+    results: Results,
     /// Results go to the settler, which writes them in batches.
     settles: mpsc::UnboundedSender<Settling<Held>>,
 }
@@ -161,6 +164,7 @@ impl Shared {
             closing: AtomicBool::new(false),
             hurry: AtomicBool::new(false),
             snooze_warned: AtomicBool::new(false),
+            results: Results::default(),
         }
     }
 
@@ -229,18 +233,6 @@ impl Shared {
     }
 }
 
-/// Records a finished row's result (see [`Recorder::record`]).
-async fn record(sh: Arc<Shared>, finished: Finished) {
-    let Finished {
-        held,
-        id,
-        outcome,
-        counter,
-    } = finished;
-    let counter = sh.tally.of(counter);
-    sh.recorder().record(&held, &id, outcome, counter).await;
-}
-
 /// A task that is aborted when this handle is dropped, so that nothing outlives the worker.
 struct AbortOnDrop<T>(JoinHandle<T>);
 
@@ -285,7 +277,7 @@ pub(crate) async fn run(
         .managed
         .then(|| AbortOnDrop(tokio::spawn(watch_paused(sh.clone(), paused_tx))));
 
-    let mut local = Local::default();
+    let mut local = Local::new(&sh);
     let mut producer = Producer::new(paused, wake);
     let outcome = producer.run(&sh, &mut local, &mut phase).await;
     let under_way = producer.under_way();

@@ -79,7 +79,7 @@ impl Producer {
 
     fn claim_if_wanted(&mut self, sh: &Arc<Shared>, local: &Local) {
         let quiet = self.claiming.is_none() && self.idle_until.is_none() && self.retry_at.is_none();
-        if let Some(most) = local.wants(&sh.cfg).filter(|_| quiet) {
+        if let Some(most) = local.wants(sh).filter(|_| quiet) {
             self.claiming = Some(Box::pin(claim_rows(sh.clone(), most as u32)));
         }
     }
@@ -98,7 +98,7 @@ impl Producer {
             Some(ended) = local.jobs.join_next(), if !local.jobs.is_empty() => {
                 local.job_ended(sh, ended);
             }
-            Some(_) = local.records.join_next(), if !local.records.is_empty() => {
+            () = sh.results.one_through(), if sh.results.open() > 0 => {
                 if sh.cfg.until_empty {
                     // A recorded result may have put its row back (a retry, a release): look
                     // again.
@@ -135,7 +135,7 @@ impl Producer {
                 sh.health.claims_work();
                 (self.failures, self.failing_since) = (0, None);
                 if claim.is_empty() {
-                    if sh.cfg.until_empty && local.is_idle() && no_work_left(sh).await {
+                    if sh.cfg.until_empty && local.is_idle(sh) && no_work_left(sh).await {
                         return ControlFlow::Break(Ok(()));
                     }
                     self.idle_until = Some(Instant::now() + sh.cfg.poll);

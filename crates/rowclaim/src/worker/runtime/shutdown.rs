@@ -95,11 +95,11 @@ async fn wait_for_supervisors(sh: &Arc<Shared>, mut local: Local) {
         while let Some(ended) = local.jobs.join_next().await {
             local.job_ended(sh, ended);
         }
-        while local.records.join_next().await.is_some() {}
+        sh.results.all_through().await;
     })
     .await;
     local.jobs.abort_all();
-    local.records.abort_all();
+    sh.results.abandon();
     local.beats.abort_all();
 }
 

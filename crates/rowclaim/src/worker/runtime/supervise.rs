@@ -25,12 +25,26 @@ use crate::worker::handler::{StopReason, Task, TaskFuture, TaskResult};
 
 type Switch = watch::Sender<Option<StopReason>>;
 
+/// How a supervisor ended: the result to record, if any, and how long the handler ran when it
+/// ended by itself (the claiming [`Pace`](super::pace::Pace) follows it).
+pub(super) struct Ran {
+    pub(super) finished: Option<Finished>,
+    pub(super) took: Option<Duration>,
+}
+
 /// Runs one row: the handler on this task, watched for its time limit and for stop requests.
-/// Returns the result to record, if any.
-pub(super) async fn supervise(
+pub(super) async fn supervise(sh: Arc<Shared>, held: Arc<Held>, row: ClaimedRow) -> Ran {
+    let mut took = None;
+    let finished = run_row(sh, held, row, &mut took).await;
+    Ran { finished, took }
+}
+
+/// Runs one row; returns the result to record, if any.
+async fn run_row(
     sh: Arc<Shared>,
     held: Arc<Held>,
     mut row: ClaimedRow,
+    took: &mut Option<Duration>,
 ) -> Option<Finished> {
     let id = row.id.clone();
     let job = match job_of(sh.managed, &mut row) {
@@ -59,7 +73,7 @@ pub(super) async fn supervise(
         token: *held.claim.token(),
         stop: stop.clone(),
     };
-    let ended = run_handler(&sh, task, limit, &switch, stop).await;
+    let ended = run_handler(&sh, task, limit, &switch, stop, took).await;
     unregister(&held, &id);
     conclude(&sh, held, id, job.as_ref(), ended)
 }
@@ -116,6 +130,7 @@ async fn run_handler(
     limit: Option<Duration>,
     switch: &Switch,
     mut stop: watch::Receiver<Option<StopReason>>,
+    took: &mut Option<Duration>,
 ) -> Ended {
     // The handler runs inside this task (dropping its future stops it); a panic, also one in
     // the call that makes the future, is caught and becomes the job's failure.
@@ -129,7 +144,10 @@ async fn run_handler(
     let ended = tokio::select! {
         // A result that is there wins over a stop that came at the same moment.
         biased;
-        r = &mut run => with_stop(ended_as(r), *switch.borrow()),
+        r = &mut run => {
+            *took = Some(started.elapsed());
+            with_stop(ended_as(r), *switch.borrow())
+        }
         reason = async { stop.wait_for(Option::is_some).await.ok().and_then(|r| *r) } => {
             wind_down(sh, run).await;
             Ended::Stopped(reason.unwrap_or(StopReason::Shutdown))

@@ -3,11 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{Flushed, Settle, Settling};
+use super::{Flushed, Reply, Settle, Settling};
 use crate::backend::Outcome;
 use crate::error::Result;
 use crate::id::RowId;
@@ -99,7 +99,7 @@ pub(in crate::worker::runtime) async fn settler<T: Settle>(
     }
 }
 
-type Replies = Vec<(RowId, oneshot::Sender<Flushed>)>;
+type Replies = Vec<(RowId, Reply)>;
 
 /// One flush: the batch's statements, one per claim and outcome, side by side.
 pub(super) async fn flush<T: Settle>(batch: Vec<Settling<T>>, limit: Duration, m: FlushMetrics) {
@@ -133,7 +133,7 @@ fn answer(rows: Replies, result: Option<Result<Vec<RowId>>>) {
     let failed = match result {
         Some(Ok(lost)) => {
             for (id, reply) in rows {
-                let _ = reply.send(if lost.contains(&id) {
+                reply.send(if lost.contains(&id) {
                     Flushed::Lost
                 } else {
                     Flushed::Recorded
@@ -145,7 +145,7 @@ fn answer(rows: Replies, result: Option<Result<Vec<RowId>>>) {
         None => None,
     };
     for (_, reply) in rows {
-        let _ = reply.send(match &failed {
+        reply.send(match &failed {
             Some(e) => Flushed::Failed(e.clone()),
             None => Flushed::TimedOut,
         });

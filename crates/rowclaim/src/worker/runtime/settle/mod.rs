@@ -56,16 +56,37 @@ pub(super) trait Settle: Send + Sync + 'static {
 }
 
 /// One row's result on its way to the settler.
-pub(super) struct Settling<T> {
-    pub(super) target: Arc<T>,
-    pub(super) id: RowId,
-    pub(super) outcome: Outcome,
-    pub(super) reply: oneshot::Sender<Flushed>,
+pub(in crate::worker::runtime) struct Settling<T> {
+    pub(in crate::worker::runtime) target: Arc<T>,
+    pub(in crate::worker::runtime) id: RowId,
+    pub(in crate::worker::runtime) outcome: Outcome,
+    pub(in crate::worker::runtime) reply: Reply,
+}
+
+/// Where the answer about one result goes.
+pub(in crate::worker::runtime) enum Reply {
+    /// To a [`Recorder`] waiting for it, which tries again if need be.
+    Wait(oneshot::Sender<Flushed>),
+    /// A first try sent without anyone waiting: the settler calls this with the answer. Most
+    /// results are recorded at the first try, so most need no task and no channel of their own;
+    /// the call starts a [`Recorder`] for those that do not.
+    Then(Box<dyn FnOnce(Flushed) + Send>),
+}
+
+impl Reply {
+    fn send(self, flushed: Flushed) {
+        match self {
+            Reply::Wait(to) => {
+                let _ = to.send(flushed);
+            }
+            Reply::Then(then) => then(flushed),
+        }
+    }
 }
 
 /// What became of a result sent to the settler.
 #[derive(Debug)]
-pub(super) enum Flushed {
+pub(in crate::worker::runtime) enum Flushed {
     Recorded,
     /// The claim no longer held the row: nothing was changed.
     Lost,

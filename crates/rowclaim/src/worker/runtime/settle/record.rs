@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::{Flushed, Settle, Settling};
+use super::{Flushed, Reply, Settle, Settling};
 use crate::backend::Outcome;
 use crate::error::Error;
 use crate::id::RowId;
@@ -35,6 +35,7 @@ impl<T: Settle> Recorder<'_, T> {
     /// Records a row's outcome through the settler, retrying while the database fails, until the
     /// lease would end (a source whose claims never expire: until the worker stops now); then
     /// gives the row up, and it comes back through its lease. `counter` counts it once recorded.
+    #[cfg(test)]
     pub(in crate::worker::runtime) async fn record(
         &self,
         target: &Arc<T>,
@@ -42,21 +43,61 @@ impl<T: Settle> Recorder<'_, T> {
         outcome: Outcome,
         counter: &Count,
     ) {
+        self.record_from(target, id, outcome, counter, None).await;
+    }
+
+    /// Goes on recording a row's outcome after its first try, sent without a recorder, was
+    /// answered `first` (see [`Reply::Then`]).
+    pub(in crate::worker::runtime) async fn record_after(
+        &self,
+        target: &Arc<T>,
+        id: &RowId,
+        outcome: Outcome,
+        counter: &Count,
+        first: Flushed,
+    ) {
+        self.record_from(target, id, outcome, counter, Some(first))
+            .await;
+    }
+
+    /// Whether a result is still worth sending: its lease has not ended (or it has none). One
+    /// that is not is given up.
+    pub(in crate::worker::runtime) fn worth_sending(&self, target: &T, id: &RowId) -> bool {
+        let ended = self.renews && Instant::now() >= target.lease().end();
+        if ended {
+            self.give_up(target, id);
+        }
+        !ended
+    }
+
+    async fn record_from(
+        &self,
+        target: &Arc<T>,
+        id: &RowId,
+        outcome: Outcome,
+        counter: &Count,
+        mut answer: Option<Flushed>,
+    ) {
         let mut failures = 0u32;
         // A try whose answer was lost may have gone through: a refusal after it proves nothing.
         let mut uncertain = false;
         loop {
             let deadline = self.renews.then(|| target.lease().end());
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return self.give_up(target, id);
-            }
-            let limit = deadline.map_or(self.attempt_most, |d| {
-                d.saturating_duration_since(Instant::now())
-                    .min(self.attempt_most)
-            });
-            let flushed = tokio::time::timeout(limit, self.send(target, id, outcome.clone()))
-                .await
-                .unwrap_or(Flushed::TimedOut);
+            let flushed = match answer.take() {
+                Some(flushed) => flushed,
+                None => {
+                    if !self.worth_sending(target, id) {
+                        return;
+                    }
+                    let limit = deadline.map_or(self.attempt_most, |d| {
+                        d.saturating_duration_since(Instant::now())
+                            .min(self.attempt_most)
+                    });
+                    tokio::time::timeout(limit, self.send(target, id, outcome.clone()))
+                        .await
+                        .unwrap_or(Flushed::TimedOut)
+                }
+            };
             let answered = self.answered(target, id, &outcome, flushed, &mut uncertain, counter);
             if answered.await.is_break() {
                 return;
@@ -72,6 +113,12 @@ impl<T: Settle> Recorder<'_, T> {
         }
     }
 
+    /// A result was recorded.
+    pub(in crate::worker::runtime) fn recorded(&self, counter: &Count) {
+        self.health.answered();
+        add(counter);
+    }
+
     /// Sends a row's result to the settler and waits for what became of it.
     async fn send(&self, target: &Arc<T>, id: &RowId, outcome: Outcome) -> Flushed {
         let (reply, answer) = oneshot::channel();
@@ -79,7 +126,7 @@ impl<T: Settle> Recorder<'_, T> {
             target: target.clone(),
             id: id.clone(),
             outcome,
-            reply,
+            reply: Reply::Wait(reply),
         };
         if self.settles.send(settling).is_err() {
             return Flushed::TimedOut; // the settler is gone: the worker is over
@@ -99,10 +146,7 @@ impl<T: Settle> Recorder<'_, T> {
         counter: &Count,
     ) -> ControlFlow<()> {
         match flushed {
-            Flushed::Recorded => {
-                self.health.answered();
-                add(counter);
-            }
+            Flushed::Recorded => self.recorded(counter),
             Flushed::Lost => self.lost(target, id, outcome, *uncertain, counter).await,
             Flushed::Failed(e) if e.is_connection() || matches!(*e, Error::Database(_)) => {
                 *uncertain |= matches!(*e, Error::OutcomeUnknown { .. });

@@ -150,7 +150,7 @@ fn send(
         target: target.clone(),
         id: id(n),
         outcome,
-        reply,
+        reply: Reply::Wait(reply),
     };
     assert!(tx.send(settling).is_ok(), "the settler is gone");
     answer

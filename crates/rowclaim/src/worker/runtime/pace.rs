@@ -1,0 +1,179 @@
+//! How far ahead the worker claims. With a prefetch the user set, that many rows wait claimed
+//! beyond the running ones. Without one, the worker claims ahead about [`AHEAD`] of work: it
+//! measures how long its jobs take and holds as many rows as its slots get through in that time,
+//! at least one and at most [`MOST_AHEAD`]. Short jobs then come in claims of hundreds, a few
+//! commits for many jobs, and long jobs one at a time, so that one worker does not keep rows
+//! from the others while they wait.
+
+use std::time::Duration;
+
+/// The work a worker claims ahead of its free slots, when its prefetch is not set. A row waits
+/// about this long for a slot before it starts, on top of the time its claim took.
+pub(super) const AHEAD: Duration = Duration::from_secs(1);
+
+/// Most rows claimed ahead when the prefetch is not set: as many as one flush of results writes.
+pub(super) const MOST_AHEAD: usize = 1000;
+
+/// How much of each new job's time goes into the mean: it follows a change of job within a few
+/// dozen jobs.
+const WEIGHT: f64 = 0.05;
+
+/// The worker's claiming pace.
+#[derive(Debug)]
+pub(super) struct Pace {
+    concurrency: usize,
+    /// Rows claimed ahead: the user's, or `None` to adapt.
+    prefetch: Option<usize>,
+    /// Most rows per claim: the user's, or the room left.
+    batch: Option<u32>,
+    /// The work claimed ahead when adapting: [`AHEAD`], shorter for short leases.
+    ahead: Duration,
+    /// Mean time of a job's handler, in seconds (exponentially weighted), once one has ended.
+    job_secs: Option<f64>,
+}
+
+impl Pace {
+    pub(super) fn new(
+        concurrency: usize,
+        prefetch: Option<usize>,
+        batch: Option<u32>,
+        lease: Duration,
+    ) -> Pace {
+        Pace {
+            concurrency,
+            prefetch,
+            batch,
+            // Rows that wait must start well inside their lease, renewed or not.
+            ahead: AHEAD.min(lease / 10),
+            job_secs: None,
+        }
+    }
+
+    /// A job's handler ran for `took`.
+    pub(super) fn job_took(&mut self, took: Duration) {
+        if self.prefetch.is_some() {
+            return;
+        }
+        let secs = took.as_secs_f64();
+        self.job_secs = Some(match self.job_secs {
+            None => secs,
+            Some(mean) => mean + WEIGHT * (secs - mean),
+        });
+    }
+
+    /// Rows to claim ahead of the running ones now. Until a job has ended, as many as the slots.
+    pub(super) fn prefetch(&self) -> usize {
+        if let Some(p) = self.prefetch {
+            return p;
+        }
+        let Some(mean) = self.job_secs else {
+            return self.concurrency;
+        };
+        // The rows the slots get through in `ahead`; a job of no measurable time counts a
+        // microsecond.
+        let rows = self.concurrency as f64 * self.ahead.as_secs_f64() / mean.max(1e-6);
+        (rows.min(MOST_AHEAD as f64) as usize).max(1)
+    }
+
+    /// How many rows to claim while the worker holds `holding` rows (running, waiting, or being
+    /// recorded), `waiting` of them for a slot: what it may still hold, at most a batch, once no
+    /// more than half the prefetch wait (so that claims come in batches).
+    pub(super) fn wants(&self, holding: usize, waiting: usize) -> Option<usize> {
+        let prefetch = self.prefetch();
+        let room = self.concurrency + prefetch;
+        let batch = self
+            .batch
+            .map_or(room, |b| usize::try_from(b).unwrap_or(usize::MAX));
+        let left = room.max(batch).saturating_sub(holding).min(batch);
+        (left > 0 && waiting <= prefetch / 2).then_some(left)
+    }
+
+    /// Most rows the worker holds at once, as the pace stands now.
+    #[cfg(test)]
+    fn most(&self) -> usize {
+        let room = self.concurrency + self.prefetch();
+        self.batch.map_or(room, |b| room.max(b as usize))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn a_set_prefetch_and_batch_are_kept() {
+        let mut pace = Pace::new(4, Some(16), Some(8), LEASE);
+        pace.job_took(Duration::from_micros(5));
+        assert_eq!(pace.prefetch(), 16);
+        assert_eq!(pace.wants(0, 0), Some(8), "a batch at most");
+        assert_eq!(pace.wants(15, 2), Some(5), "the room left");
+        assert_eq!(pace.wants(10, 8), Some(8));
+        assert_eq!(pace.wants(10, 9), None, "more than half the prefetch wait");
+        assert_eq!(pace.wants(20, 0), None, "no room");
+        assert_eq!(pace.wants(25, 0), None, "no room");
+    }
+
+    #[test]
+    fn before_any_job_ended_it_claims_ahead_as_many_as_the_slots() {
+        let pace = Pace::new(8, None, None, LEASE);
+        assert_eq!(pace.prefetch(), 8);
+        assert_eq!(pace.wants(0, 0), Some(16));
+    }
+
+    #[test]
+    fn short_jobs_grow_it_to_a_second_of_work_and_at_most_a_flush() {
+        let mut pace = Pace::new(8, None, None, LEASE);
+        pace.job_took(Duration::from_millis(20));
+        // 8 slots × 1 s / 20 ms
+        assert_eq!(pace.prefetch(), 400);
+        assert_eq!(pace.wants(0, 0), Some(408));
+        for _ in 0..200 {
+            pace.job_took(Duration::from_micros(3));
+        }
+        assert_eq!(pace.prefetch(), MOST_AHEAD);
+        assert_eq!(pace.most(), 8 + MOST_AHEAD);
+    }
+
+    #[test]
+    fn long_jobs_shrink_it_to_one_row_ahead() {
+        let mut pace = Pace::new(8, None, None, LEASE);
+        for _ in 0..100 {
+            pace.job_took(Duration::from_micros(10));
+        }
+        assert_eq!(pace.prefetch(), MOST_AHEAD);
+        for _ in 0..200 {
+            pace.job_took(Duration::from_secs(20));
+        }
+        assert_eq!(pace.prefetch(), 1, "one row waits, not a worker's worth");
+        assert_eq!(pace.wants(8, 0), Some(1));
+        assert_eq!(pace.wants(9, 1), None, "the row ahead is there");
+    }
+
+    #[test]
+    fn a_short_lease_claims_less_ahead() {
+        let mut pace = Pace::new(2, None, None, Duration::from_secs(2));
+        pace.job_took(Duration::from_millis(10));
+        // 2 slots × 200 ms (a tenth of the lease) / 10 ms
+        assert_eq!(pace.prefetch(), 40);
+    }
+
+    #[test]
+    fn a_slow_job_holds_it_back_until_short_ones_bring_it_back() {
+        let mut pace = Pace::new(8, None, None, LEASE);
+        for _ in 0..100 {
+            pace.job_took(Duration::from_millis(10));
+        }
+        assert_eq!(pace.prefetch(), 800);
+        // The mean is of time, so that a mix of short and long jobs claims no more than a
+        // second of work ahead: one slow job makes it careful at once.
+        pace.job_took(Duration::from_secs(1));
+        let after = pace.prefetch();
+        assert!((100..200).contains(&after), "{after}");
+        for _ in 0..100 {
+            pace.job_took(Duration::from_millis(10));
+        }
+        assert!(pace.prefetch() >= 750, "{}", pace.prefetch());
+    }
+}
