@@ -25,9 +25,10 @@ pub struct WorkArgs {
     #[arg(long, value_name = "N", value_parser = super::values::count, allow_hyphen_values = true)]
     batch: Option<u32>,
     /// Rows to claim ahead, beyond the running ones, waiting for a free slot with their leases
-    /// renewed. Claims then come in batches of about N/2: for short commands, a few hundred.
-    #[arg(long, value_name = "N", default_value = "0", value_parser = super::values::count_or_zero, allow_hyphen_values = true)]
-    prefetch: u32,
+    /// renewed; claims then come in batches of about N/2. Default: about a second of work, as
+    /// the commands' mean run time says (1 to 1,000 rows); with --strategy transaction, 0.
+    #[arg(long, value_name = "N", value_parser = super::values::count_or_zero, allow_hyphen_values = true)]
+    prefetch: Option<u32>,
     /// How long a claim holds its rows without a heartbeat, e.g. 30s, 5m (at most 7d).
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::values::lease, allow_hyphen_values = true)]
     lease: Duration,
@@ -127,14 +128,17 @@ pub struct WorkArgs {
 
 pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
     let concurrency = a.concurrency as usize;
-    let prefetch = a.prefetch as usize;
+    let transaction = a.source.strategy == rowclaim::Strategy::Transaction;
+    // A claim of the transaction strategy holds a connection for as long as its rows wait: it
+    // claims ahead only when told to.
+    let prefetch = a.prefetch.map(|n| n as usize).or(transaction.then_some(0));
     // Connections: results go in batches, so a few beside the running commands serve claims,
     // heartbeats, results and LISTEN; with the transaction strategy each claim holds one for as
     // long as its rows wait.
-    let ahead = if a.source.strategy == rowclaim::Strategy::Transaction {
-        prefetch
-    } else {
-        prefetch.min(32)
+    let ahead = match prefetch {
+        Some(n) if transaction => n,
+        Some(n) => n.min(32),
+        None => 32,
     };
     let connections = (concurrency + ahead + 3).min(u32::MAX as usize) as u32;
     if a.completed == Retention::Delete && a.source.queues.is_empty() {
@@ -204,13 +208,15 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
             output_limit: a.output_limit as usize,
         })
         .concurrency(concurrency)
-        .prefetch(prefetch)
         .lease(a.lease)
         .poll(a.poll)
         .grace(a.grace)
         .until_empty(a.until_empty)
         .wait_scheduled(a.wait_scheduled)
         .listen(!a.no_listen);
+    if let Some(n) = prefetch {
+        worker = worker.prefetch(n);
+    }
     if let Some(n) = a.batch {
         worker = worker.batch(n);
     }

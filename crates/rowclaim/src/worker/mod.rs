@@ -261,9 +261,13 @@ impl Worker {
     /// Rows claimed ahead, beyond those running, to wait in a local queue for a free slot. Their
     /// leases are renewed like the running ones'. The worker claims again once half of them have
     /// started, so claims come in batches of about `n / 2` rows: the larger, the fewer statements
-    /// per job (short jobs run several times faster with a few hundred), but the more rows one
-    /// worker keeps from the others while they wait. Default: the concurrency (`rowclaim work`:
-    /// 0, since commands are slow next to a claim).
+    /// per job, but the more rows one worker keeps from the others while they wait.
+    ///
+    /// Default: about a second of work. The worker measures how long its jobs take and claims
+    /// ahead as many rows as its slots get through in a second (a tenth of the lease, if that is
+    /// shorter): 1,000 at most for jobs of a millisecond or less, one for jobs of a second or
+    /// more; as many as the concurrency until the first job ended. With the transaction
+    /// strategy, whose claims hold a connection while their rows wait: the concurrency.
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = Some(n);
         self

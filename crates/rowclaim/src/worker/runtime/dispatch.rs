@@ -4,19 +4,22 @@
 //! lease may have ended (given up: another worker may hold it by now).
 
 use std::collections::{HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::watch;
-use tokio::task::{JoinError, JoinSet};
+use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use super::held::Held;
-use super::supervise::supervise;
-use super::tally::Counter;
 use super::pace::Pace;
-use super::supervise::Ran;
 use super::results::record;
+use super::supervise::supervise;
+use super::supervise::Ran;
+use super::tally::Counter;
 use super::{Finished, Shared};
 use crate::backend::Outcome;
 use crate::claim::{Claim, ClaimedRow};
@@ -27,7 +30,7 @@ pub(super) struct Local {
     pub(super) waiting: VecDeque<(Arc<Held>, ClaimedRow)>,
     /// Supervisors of started rows. A job's slot is free once its handler ended; its result is
     /// recorded in the background, in batches, and counts against the rows the worker may hold.
-    pub(super) jobs: JoinSet<Ran>,
+    pub(super) jobs: Jobs,
     /// Heartbeats of claims.
     pub(super) beats: JoinSet<()>,
     /// Claims with rows still open.
@@ -47,7 +50,7 @@ impl Local {
         };
         Local {
             waiting: VecDeque::new(),
-            jobs: JoinSet::new(),
+            jobs: Jobs::default(),
             beats: JoinSet::new(),
             helds: Vec::new(),
             pace: Pace::new(cfg.concurrency, prefetch, cfg.batch, cfg.lease),
@@ -97,7 +100,7 @@ impl Local {
             attempt = tracing::field::Empty,
         );
         self.jobs
-            .spawn(supervise(sh.clone(), held, row).instrument(span));
+            .push(supervise(sh.clone(), held, row).instrument(span));
     }
 
     /// Records a result in the background.
@@ -106,17 +109,19 @@ impl Local {
     }
 
     /// A supervisor ended: the result it left, if any, is recorded.
-    pub(super) fn job_ended(
-        &mut self,
-        sh: &Arc<Shared>,
-        ended: Result<Ran, JoinError>,
-    ) {
-        let Ok(ran) = ended else { return };
+    pub(super) fn job_ended(&mut self, sh: &Arc<Shared>, ran: Ran) {
         if let Some(took) = ran.took {
             self.pace.job_took(took);
         }
         if let Some(finished) = ran.finished {
             self.record(sh, finished);
+        }
+    }
+
+    /// Jobs that ended while something else was awaited (see [`Jobs::beside`]).
+    pub(super) fn ended(&mut self, sh: &Arc<Shared>, ended: Vec<Ran>) {
+        for ran in ended {
+            self.job_ended(sh, ran);
         }
     }
 
@@ -142,6 +147,50 @@ impl Local {
     /// Nothing running, waiting or being recorded.
     pub(super) fn is_idle(&self, sh: &Shared) -> bool {
         self.jobs.is_empty() && self.waiting.is_empty() && sh.results.open() == 0
+    }
+}
+
+/// The running jobs' supervisors, driven side by side by the claim loop's own task: a job costs
+/// no task of its own, no wake-up of another thread to start it and none to learn that it
+/// ended. A handler that computes for long without awaiting holds up the claim loop (and the
+/// other jobs) meanwhile; such work belongs on `tokio::task::spawn_blocking`. Dropping it stops
+/// every job in it.
+#[derive(Default)]
+pub(super) struct Jobs(FuturesUnordered<Pin<Box<dyn Future<Output = Ran> + Send>>>);
+
+impl Jobs {
+    pub(super) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn push(&mut self, job: impl Future<Output = Ran> + Send + 'static) {
+        self.0.push(Box::pin(job));
+    }
+
+    /// The next job to end; `None` at once when none runs.
+    pub(super) async fn next(&mut self) -> Option<Ran> {
+        self.0.next().await
+    }
+
+    /// Runs `f` while the jobs go on; returns its output and the jobs that ended meanwhile.
+    pub(super) async fn beside<T>(&mut self, f: impl Future<Output = T>) -> (T, Vec<Ran>) {
+        let mut ended = Vec::new();
+        tokio::pin!(f);
+        loop {
+            tokio::select! {
+                out = &mut f => return (out, ended),
+                Some(ran) = self.0.next(), if !self.0.is_empty() => ended.push(ran),
+            }
+        }
+    }
+
+    /// Stops every job.
+    pub(super) fn stop_all(&mut self) {
+        self.0.clear();
     }
 }
 

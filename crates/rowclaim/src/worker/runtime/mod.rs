@@ -68,8 +68,8 @@ use crate::queue::Wakeups;
 use crate::strategy::Strategy;
 use dispatch::{watch_paused, Local, Paused};
 use held::Held;
-use results::Results;
 use producer::{listen, Producer};
+use results::Results;
 use settle::{settler, FlushMetrics, Recorder, Settling};
 use tally::{Counter, Tally};
 

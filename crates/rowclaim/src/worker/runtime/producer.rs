@@ -95,7 +95,7 @@ impl Producer {
             biased;
             _ = phase.changed() => {}
             () = sh.fatal_set.notified() => {}
-            Some(ended) = local.jobs.join_next(), if !local.jobs.is_empty() => {
+            Some(ended) = local.jobs.next(), if !local.jobs.is_empty() => {
                 local.job_ended(sh, ended);
             }
             () = sh.results.one_through(), if sh.results.open() > 0 => {

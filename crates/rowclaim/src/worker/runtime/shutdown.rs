@@ -28,21 +28,32 @@ pub(super) async fn shutdown(
     phase: &watch::Receiver<Phase>,
     ok: bool,
 ) -> bool {
+    // Running jobs go on meanwhile: the claim loop's task, which drove them, is this one.
     if let Some(claiming) = under_way {
         // A claim under way finishes, so that its rows go back now rather than at lease end.
         if !stopping_now(phase) && ok {
-            tokio::select! {
-                got = claiming => if let Some(Ok(claim)) = got {
-                    local.hold(sh, claim);
-                },
-                () = now(phase) => {}
+            let finish = async {
+                tokio::select! {
+                    got = claiming => got,
+                    () = now(phase) => None,
+                }
+            };
+            let (got, ended) = local.jobs.beside(finish).await;
+            local.ended(sh, ended);
+            if let Some(Ok(claim)) = got {
+                local.hold(sh, claim);
             }
         }
     }
-    tokio::select! {
-        () = release_waiting(sh, std::mem::take(&mut local.waiting)) => {}
-        () = now(phase) => {}
-    }
+    let waiting = std::mem::take(&mut local.waiting);
+    let give_back = async {
+        tokio::select! {
+            () = release_waiting(sh, waiting) => {}
+            () = now(phase) => {}
+        }
+    };
+    let ((), ended) = local.jobs.beside(give_back).await;
+    local.ended(sh, ended);
     if !stopping_now(phase) && ok && !sh.aborted() {
         drain(sh, &mut local, phase).await;
     }
@@ -77,7 +88,7 @@ async fn drain(sh: &Arc<Shared>, local: &mut Local, phase: &watch::Receiver<Phas
     tokio::pin!(grace, now);
     loop {
         tokio::select! {
-            ended = local.jobs.join_next() => match ended {
+            ended = local.jobs.next() => match ended {
                 Some(ended) => local.job_ended(sh, ended),
                 None => break,
             },
@@ -92,13 +103,13 @@ async fn drain(sh: &Arc<Shared>, local: &mut Local, phase: &watch::Receiver<Phas
 async fn wait_for_supervisors(sh: &Arc<Shared>, mut local: Local) {
     let wind_down = sh.handler.stop_grace() + Duration::from_secs(10);
     let _ = tokio::time::timeout(wind_down, async {
-        while let Some(ended) = local.jobs.join_next().await {
+        while let Some(ended) = local.jobs.next().await {
             local.job_ended(sh, ended);
         }
         sh.results.all_through().await;
     })
     .await;
-    local.jobs.abort_all();
+    local.jobs.stop_all();
     sh.results.abandon();
     local.beats.abort_all();
 }
