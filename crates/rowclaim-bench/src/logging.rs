@@ -32,10 +32,16 @@ pub fn init_logging_with(verbose: u8, quiet: bool, extra: Option<ExtraLayer>) {
         // Where a line comes from in the code helps when debugging (-v), not otherwise.
         .with_target(verbose > 0 && !quiet)
         .with_filter(log_filter(verbose, quiet));
-    tracing_subscriber::registry()
-        .with(extra)
-        .with(stderr)
-        .init();
+    // Without an extra layer the registry gets none, not a `None` one: an absent layer of
+    // `Option` type takes an interest in every span, so that each job's span would be made
+    // (and dropped unseen) on every run.
+    match extra {
+        Some(extra) => tracing_subscriber::registry()
+            .with(extra)
+            .with(stderr)
+            .init(),
+        None => tracing_subscriber::registry().with(stderr).init(),
+    }
 }
 
 /// What the stderr log shows at a verbosity: `--quiet` errors only, by default warnings, `-v`

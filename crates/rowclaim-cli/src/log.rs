@@ -23,10 +23,16 @@ pub fn init(verbose: u8, quiet: bool, extra: Option<ExtraLayer>) {
             origin: verbose > 0 && !quiet,
         })
         .with_filter(rowclaim_bench::log_filter(verbose, quiet));
-    tracing_subscriber::registry()
-        .with(extra)
-        .with(stderr)
-        .init();
+    // Without an extra layer the registry gets none, not a `None` one: an absent layer of
+    // `Option` type takes an interest in every span, so that each job's span would be made
+    // (and dropped unseen) on every run.
+    match extra {
+        Some(extra) => tracing_subscriber::registry()
+            .with(extra)
+            .with(stderr)
+            .init(),
+        None => tracing_subscriber::registry().with(stderr).init(),
+    }
 }
 
 /// One event as one `rowclaim: …` line.
