@@ -26,21 +26,26 @@ pub fn init_logging_with(verbose: u8, quiet: bool, extra: Option<ExtraLayer>) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
-    let stderr = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        // Where a line comes from in the code helps when debugging (-v), not otherwise.
-        .with_target(verbose > 0 && !quiet)
-        .with_filter(log_filter(verbose, quiet));
+    // One layer per arm below: each is typed for the subscriber under it.
+    macro_rules! stderr {
+        () => {
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                // Where a line comes from in the code helps when debugging (-v), not otherwise.
+                .with_target(verbose > 0 && !quiet)
+                .with_filter(log_filter(verbose, quiet))
+        };
+    }
     // Without an extra layer the registry gets none, not a `None` one: an absent layer of
     // `Option` type takes an interest in every span, so that each job's span would be made
     // (and dropped unseen) on every run.
     match extra {
         Some(extra) => tracing_subscriber::registry()
             .with(extra)
-            .with(stderr)
+            .with(stderr!())
             .init(),
-        None => tracing_subscriber::registry().with(stderr).init(),
+        None => tracing_subscriber::registry().with(stderr!()).init(),
     }
 }
 
