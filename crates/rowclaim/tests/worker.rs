@@ -401,6 +401,62 @@ async fn completed_jobs_deleted(t: Arc<TestDb>) {
     );
 }
 
+/// Runs `jobs` jobs of `kind` with the default prefetch at concurrency 2, each taking `takes`;
+/// returns the most rows the worker held claimed at once, as its handlers saw them (every
+/// `every`th job counts the claimed rows).
+async fn most_held(t: &Arc<TestDb>, kind: &str, jobs: usize, takes: Duration, every: usize) -> i64 {
+    let (db, q) = queue(t).await;
+    let new: Vec<_> = (0..jobs)
+        .map(|i| NewJob::new(json!({ "i": i })).kind(kind))
+        .collect();
+    q.enqueue_many(&new).await.unwrap();
+    let most = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let seen = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let (t, most, seen) = (t.clone(), most.clone(), seen.clone());
+        move |_job| {
+            let (t, most, seen) = (t.clone(), most.clone(), seen.clone());
+            async move {
+                tokio::time::sleep(takes).await;
+                if seen.fetch_add(1, Ordering::SeqCst) % every == every - 1 {
+                    let held = t
+                        .count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'running'")
+                        .await;
+                    most.fetch_max(held, Ordering::SeqCst);
+                }
+                Ok::<_, String>(())
+            }
+        }
+    };
+    let report = Worker::new(&db)
+        .handle(kind, handler)
+        .concurrency(2)
+        .poll(Duration::from_millis(100))
+        .until_empty(true)
+        .run(std::future::pending())
+        .await
+        .unwrap();
+    assert_eq!(report.completed, jobs as u64, "{report:?}");
+    most.load(Ordering::SeqCst)
+}
+
+/// Without a prefetch a worker claims ahead about a second of work: short jobs come in claims of
+/// hundreds, far more rows than its slots; jobs of a quarter second a few rows ahead, so that
+/// one worker does not keep them from others.
+async fn default_prefetch_follows_the_jobs(t: Arc<TestDb>) {
+    let short = most_held(&t, "short", 3000, Duration::ZERO, 250).await;
+    assert!(
+        short > 100,
+        "short jobs: at most {short} rows held at once; claims of hundreds expected"
+    );
+    // 2 slots × 1 s / 250 ms = 8 rows ahead, 2 running: 10, and a claim's rounding.
+    let long = most_held(&t, "long", 24, Duration::from_millis(250), 1).await;
+    assert!(
+        (1..=12).contains(&long),
+        "jobs of 250 ms: {long} rows held at once; about 10 expected"
+    );
+}
+
 /// `Shutdown::now` stops running jobs at once and gives their rows back; rows claimed ahead
 /// and never started go back too.
 async fn shutdown_now(t: Arc<TestDb>) {
@@ -704,6 +760,10 @@ macro_rules! worker_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_paused_queue_runs_nothing_until_resumed() {
             with_db($backend, pause_and_resume).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn the_default_prefetch_follows_how_long_jobs_take() {
+            with_db($backend, default_prefetch_follows_the_jobs).await
         }
     };
 }

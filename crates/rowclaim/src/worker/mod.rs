@@ -58,6 +58,12 @@ use runtime::{Config, Phase};
 /// - **Shutdown**: when `run`'s future completes (or [`Shutdown::drain`]), nothing more is
 ///   claimed, rows not started go back at once, running jobs get the grace period, then are
 ///   stopped and their rows go back. [`Shutdown::now`] skips the grace period.
+///
+/// Its running jobs are futures of one task, the claim loop's, which polls each as it wakes: a
+/// job costs no task and no hop between threads, so short jobs cost the runtime a few
+/// microseconds each. The price: a handler that computes for long without reaching an `.await`
+/// holds the other jobs and the claim loop up meanwhile (leases are renewed on tasks of their
+/// own). Put such work on [`tokio::task::spawn_blocking`] and await it there.
 pub struct Worker {
     target: Target,
     kinds: ByKind,

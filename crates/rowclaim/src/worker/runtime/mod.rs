@@ -2,8 +2,9 @@
 //!
 //! One loop claims rows ahead into a local queue and starts them as slots free up. Each claim
 //! has a heartbeat that renews its lease; each started row has a supervisor that runs the
-//! handler on a task of its own, stops it on timeout, lost lease or shutdown, and records the
-//! result. Everything that talks to the database treats a failure as weather: it waits (growing,
+//! handler, stops it on timeout, lost lease or shutdown, and hands the result to the settler.
+//! The supervisors are futures the claim loop's task drives side by side ([`dispatch::Jobs`]),
+//! not tasks: a job costs no spawn and no wake-up of another thread. Everything that talks to the database treats a failure as weather: it waits (growing,
 //! jittered pauses) and tries again, reporting through one [`Health`].
 //!
 //! Its roles, one module each, in the order a row meets them:
