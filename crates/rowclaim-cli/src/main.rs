@@ -5,6 +5,8 @@
 //! - `error.rs`: [`CliError`], every way a command can fail, and the exit code each means.
 //! - `exit.rs`: the exit codes, written down once (for `--help`, the README and the errors).
 //! - `run_command.rs`: the worker handler behind `work`, which runs a COMMAND per row.
+//! - `spawn.rs`: how it starts a command (on Linux without forking the worker, and with the
+//!   parent-death signal set).
 //! - `signals.rs`: how `work` stops on SIGINT, SIGTERM and SIGHUP.
 //! - `env_file.rs`: the `.env` file read before the flags.
 //! - `log.rs`: the log on stderr (the library's events too), in the same `rowclaim: …` voice.
@@ -26,6 +28,7 @@ mod run_command;
 mod say;
 mod secret;
 mod signals;
+mod spawn;
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! only starts the command, feeds it the row, and stops it when asked: SIGTERM to its process
 //! group, then SIGKILL after `--kill-after`.
 
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,6 +13,9 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use rowclaim::{Handler, Task, TaskFuture, TaskResult, WorkerReport};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+
+use crate::spawn;
 
 /// How much of the end of a failed command's stderr is kept with its row (a job's `last_error`).
 pub const STDERR_TAIL: usize = 2048;
@@ -105,36 +108,24 @@ async fn run_command(
         Some(job) => job.payload.to_string(),
         None => task.row().data.to_string(),
     };
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.args(args)
-        .env("ROWCLAIM_ID", task.id().to_string())
-        .env("ROWCLAIM_TOKEN", task.token().to_string())
-        .stdin(Stdio::piped())
-        .stdout(if output_limit > 0 {
-            Stdio::piped()
-        } else {
-            Stdio::inherit()
-        })
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
+    let row_id = task.id().to_string();
+    let token = task.token().to_string();
+    let attempt;
+    let mut env = vec![
+        ("ROWCLAIM_ID", row_id.as_str()),
+        ("ROWCLAIM_TOKEN", token.as_str()),
+    ];
     if let Some(job) = task.job() {
-        cmd.env("ROWCLAIM_KIND", &job.kind)
-            .env("ROWCLAIM_QUEUE", &job.queue)
-            .env("ROWCLAIM_ATTEMPT", job.attempt.to_string());
+        attempt = job.attempt.to_string();
+        env.extend([
+            ("ROWCLAIM_KIND", job.kind.as_str()),
+            ("ROWCLAIM_QUEUE", job.queue.as_str()),
+            ("ROWCLAIM_ATTEMPT", attempt.as_str()),
+        ]);
     }
-    #[cfg(target_os = "linux")]
-    {
-        // If rowclaim dies without stopping it (SIGKILL), the command is told to stop too.
-        // SAFETY: the closure runs in the forked child before exec and only makes one
-        // async-signal-safe system call (prctl).
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)
-            });
-        }
-    }
-    let mut child = match cmd.spawn() {
+    // In a process group of its own; killed when dropped; on Linux told to stop (SIGTERM) if
+    // rowclaim dies without stopping it (SIGKILL). See `spawn.rs`.
+    let mut child = match spawn::spawn(program, args, &env, output_limit > 0) {
         Ok(child) => child,
         // A command that does not exist or may not run never will: stop the worker.
         Err(e)
@@ -240,11 +231,7 @@ async fn output(
 
 /// Copies the command's stdout to ours as it comes, keeping its first `limit` bytes; returns
 /// whether there was more than that.
-async fn tee_stdout(
-    mut from: tokio::process::ChildStdout,
-    head: Arc<Mutex<Vec<u8>>>,
-    limit: usize,
-) -> bool {
+async fn tee_stdout(mut from: pipe::Receiver, head: Arc<Mutex<Vec<u8>>>, limit: usize) -> bool {
     let mut to = tokio::io::stdout();
     let mut buf = vec![0u8; 8192];
     let mut cut = false;
@@ -298,7 +285,7 @@ fn status_text(status: ExitStatus) -> String {
 }
 
 /// Copies the command's stderr to ours as it comes, keeping its last [`STDERR_TAIL`] bytes.
-async fn tee_stderr(mut from: tokio::process::ChildStderr, tail: Arc<Mutex<Vec<u8>>>) {
+async fn tee_stderr(mut from: pipe::Receiver, tail: Arc<Mutex<Vec<u8>>>) {
     let mut to = tokio::io::stderr();
     let mut buf = vec![0u8; 8192];
     loop {

@@ -377,6 +377,69 @@ async fn bad_input(t: Arc<TestDb>) {
     );
 }
 
+/// A COMMAND that cannot run (missing, or a file that may not be executed) stops the worker
+/// with a message naming it, and its rows go back; a script without a `#!` line runs under
+/// /bin/sh, as execvp runs it.
+async fn command_that_cannot_run(t: Arc<TestDb>) {
+    t.jobs(2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let not_executable = dir.path().join("not-executable");
+    std::fs::write(&not_executable, "exit 0\n").unwrap();
+    let not_executable = not_executable.to_str().unwrap();
+    for (program, why) in [
+        ("rowclaim-no-such-command", "No such file or directory"),
+        (not_executable, "Permission denied"),
+    ] {
+        let args = [
+            &["work"],
+            FULL.as_slice(),
+            &["--until-empty", "--", program],
+        ]
+        .concat();
+        let out = output(&t, &args).await;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{err}");
+        assert!(
+            err.contains(&format!("cannot run {program:?}: {why}")),
+            "{err}"
+        );
+        assert_eq!(
+            t.count("SELECT COUNT(*) FROM jobs WHERE status = 'ready'")
+                .await,
+            2,
+            "the rows went back"
+        );
+    }
+    let script = dir.path().join("no-shebang");
+    let log = dir.path().join("ran.log");
+    std::fs::write(
+        &script,
+        format!("echo \"$1 $ROWCLAIM_ID\" >> {}\n", log.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let script = script.to_str().unwrap();
+    let args = [
+        &["work"],
+        FULL.as_slice(),
+        &["--until-empty", "--", script, "arg"],
+    ]
+    .concat();
+    let out = output(&t, &args).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut ran: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    ran.sort();
+    assert_eq!(ran, ["arg 1", "arg 2"]);
+}
+
 /// A database error is said once, with the database's own code and without the server's
 /// source-file line numbers (here the database's answer to a `--where` it does not take, which
 /// makes it bad input: exit 2).
@@ -475,6 +538,10 @@ macro_rules! cli_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn bad_input_exits_2_and_names_it() {
             with_db($backend, bad_input).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_command_that_cannot_run_stops_the_worker_naming_it() {
+            with_db($backend, command_that_cannot_run).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn database_errors_are_said_once() {
