@@ -93,11 +93,14 @@ async fn killed_worker(t: Arc<TestDb>) {
         started.display()
     );
     let mut args: Vec<&str> = FULL.to_vec();
+    // No rows claimed ahead: the three running are all it holds.
     args.extend([
         "--lease",
         "2s",
         "--concurrency",
         "3",
+        "--prefetch",
+        "0",
         "--",
         "sh",
         "-c",
