@@ -146,9 +146,9 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
     // Each job's id, one JSON line per job, as for a job given as the argument.
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for job in &done {
-        let text =
-            serde_json::to_string(job).map_err(|e| CliError::io("writing the job")(e.into()))?;
-        writeln!(out, "{text}").map_err(CliError::io("writing to stdout"))?;
+        // What serde_json writes for an `Enqueued`, without a String per job.
+        writeln!(out, "{{\"id\":{},\"existing\":{}}}", job.id, job.existing)
+            .map_err(CliError::io("writing to stdout"))?;
     }
     out.flush().map_err(CliError::io("writing to stdout"))?;
     let added = done.iter().filter(|j| !j.existing).count();
