@@ -885,7 +885,7 @@ async fn queue_enqueue_many_lines(t: Arc<TestDb>) {
     };
     let line = |i: usize| match i {
         15_001 | 18_999 => "{\"i\": oops}\n".to_owned(),
-        _ if i % 1000 == 0 => "\n".to_owned(),
+        _ if i.is_multiple_of(1000) => "\n".to_owned(),
         _ => format!("{{\"i\":{i}}}\n"),
     };
     let bad: String = (1..=20_000).map(line).collect();

@@ -62,10 +62,11 @@ fn expect(i: usize, later: i64) -> Expect {
         max_attempts: (i % 6) as i32 + 1,
         // Times only in the second half: the first half's runs between unique keys all run now
         // (PostgreSQL copies those), the second half's each have their own times.
-        delay: i >= N / 2 && i % 7 == 0,
-        run_at_ms: (i >= N / 2 && i % 11 == 0 && i % 7 != 0).then_some(later + i as i64),
-        timeout_ms: (i % 13 == 0).then_some((i as i64 + 1) * 1000),
-        limit_key: (i % 17 == 0).then(|| format!("L{}", i % 2)),
+        delay: i >= N / 2 && i.is_multiple_of(7),
+        run_at_ms: (i >= N / 2 && i.is_multiple_of(11) && !i.is_multiple_of(7))
+            .then_some(later + i as i64),
+        timeout_ms: i.is_multiple_of(13).then_some((i as i64 + 1) * 1000),
+        limit_key: i.is_multiple_of(17).then(|| format!("L{}", i % 2)),
         unique_key,
     }
 }
