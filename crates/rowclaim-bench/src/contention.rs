@@ -123,7 +123,7 @@ pub(crate) async fn run(url: &str, a: ContentionArgs) -> Result<()> {
     } else {
         // Which strategies can run here: ask the library, on a table that exists.
         Target::Table(Strategy::Auto)
-            .prepare(url, a.rows, 0, &filling)
+            .prepare(url, a.rows, 0, &filling, crate::Stats::Fresh)
             .await?;
         let explicit = !a.strategies.is_empty();
         let wanted = if explicit {
@@ -168,7 +168,13 @@ pub(crate) async fn run(url: &str, a: ContentionArgs) -> Result<()> {
             };
             progress.set_message(format!("{label} × {w} workers: filling"));
             target
-                .prepare(url, a.rows, 0, &indicatif::ProgressBar::hidden())
+                .prepare(
+                    url,
+                    a.rows,
+                    0,
+                    &indicatif::ProgressBar::hidden(),
+                    crate::Stats::Fresh,
+                )
                 .await?;
             progress.set_message(format!("{label} × {w} workers"));
             let load = Load {

@@ -74,6 +74,11 @@ pub struct DrainArgs {
     /// With --queue: what becomes of completed jobs: keep or delete.
     #[arg(long, value_name = "WHAT", default_value = "keep", value_parser = crate::parse_retention)]
     completed: rowclaim::Retention,
+    /// The planner's statistics when the clock starts: fresh (after the fill, PostgreSQL's
+    /// VACUUM ANALYZE and a CHECKPOINT; MariaDB/MySQL's and SQLite's ANALYZE) or stale (only
+    /// PostgreSQL's CHECKPOINT: what the planner knew before the fill).
+    #[arg(long, value_enum, value_name = "WHEN", default_value = "fresh")]
+    stats: crate::Stats,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -94,6 +99,7 @@ struct DrainReport {
     claim_p50_ms: f64,
     claim_p99_ms: f64,
     async_commit: bool,
+    stats: crate::Stats,
 }
 
 pub(crate) async fn run(url: &str, a: DrainArgs) -> Result<()> {
@@ -110,7 +116,7 @@ pub(crate) async fn run(url: &str, a: DrainArgs) -> Result<()> {
     let backend = super::server(url).await?;
     let progress = bar(a.rows, "filling");
     let (target, strategy, outcome, left) = if a.plain {
-        plain::create(url, a.rows, &progress).await?;
+        plain::create(url, a.rows, &progress, a.stats).await?;
         progress.reset();
         progress.set_message("draining (plain client)");
         let loops = a.workers * a.concurrency;
@@ -119,7 +125,7 @@ pub(crate) async fn run(url: &str, a: DrainArgs) -> Result<()> {
         ("plain client", "minimum SQL".to_owned(), outcome, left)
     } else {
         let target = Target::from_flags(a.queue, a.strategy.unwrap_or(Strategy::Auto));
-        target.prepare(url, a.rows, 0, &progress).await?;
+        target.prepare(url, a.rows, 0, &progress, a.stats).await?;
         progress.reset();
         progress.set_message("draining");
         let load = Load {
@@ -151,6 +157,7 @@ pub(crate) async fn run(url: &str, a: DrainArgs) -> Result<()> {
         claim_p50_ms: lat.p50_ms,
         claim_p99_ms: lat.p99_ms,
         async_commit: a.async_commit,
+        stats: a.stats,
     };
     if a.json {
         print_json(&report)?;

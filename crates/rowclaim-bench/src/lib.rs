@@ -13,6 +13,7 @@
 //! - `latency`: jobs enqueued one by one at a fixed rate; the time from enqueue to start.
 //! - `scale`: claim latency as the table grows (90% of it done rows).
 //! - `contention`: throughput against the number of workers, per strategy (table and SVG chart).
+//! - `enqueue`: N jobs into the managed queue (library, `rowclaim enqueue`, or plain SQL).
 //!
 //! The pieces they share live here: the claim loops (the library's `Claimer::claim` and
 //! `Claimer::complete`), the self-check, percentiles, progress bars and output. The SQL the bench
@@ -23,6 +24,7 @@
 
 mod contention;
 mod drain;
+mod enqueue;
 mod error;
 mod latency;
 mod logging;
@@ -52,6 +54,7 @@ pub use logging::{
     init_logging, init_logging_with, init_quiet_logging, log_filter, ExtraLayer, AUDIT,
 };
 pub use recorder::prometheus_recorder;
+pub use setup::Stats;
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
@@ -75,6 +78,10 @@ pub enum BenchCommand {
     /// drains N jobs: jobs per second, and worker and server CPU per job.
     #[command(long_about = worker::ABOUT)]
     Worker(worker::WorkerArgs),
+    /// N jobs into the managed queue: through Queue::enqueue_many, through `rowclaim enqueue`
+    /// (JSON lines on stdin), or the yardstick (one INSERT … SELECT of the same rows).
+    #[command(long_about = enqueue::ABOUT)]
+    Enqueue(enqueue::EnqueueArgs),
     /// The yardstick of a command per job: start COMMAND N times, C at a time, no database.
     #[command(long_about = spawn::ABOUT)]
     Spawn(spawn::SpawnArgs),
@@ -101,6 +108,7 @@ pub async fn run(setting: &Setting, cmd: BenchCommand) -> Result<()> {
         BenchCommand::Contention(a) => contention::run(url, a).await,
         BenchCommand::Worker(a) => worker::run(setting, a).await,
         BenchCommand::Spawn(a) => spawn::run(a).await,
+        BenchCommand::Enqueue(a) => enqueue::run(setting, a).await,
     }
 }
 
@@ -207,24 +215,25 @@ impl Target {
 
     /// Creates the rows to work on: `rows` rows of which the first `done` (the lowest ids) are
     /// done already and the rest ready. The own table is dropped and made anew; the queue `bench`
-    /// loses its jobs first.
+    /// loses its jobs first. `stats`: the planner's statistics afterwards.
     pub(crate) async fn prepare(
         self,
         url: &str,
         rows: u64,
         done: u64,
         bar: &ProgressBar,
+        stats: Stats,
     ) -> Result<()> {
         let raw = setup::Raw::setup(url).await?;
         match self {
-            Target::Table(_) => setup::create_bench_table(&raw, rows, done, bar).await?,
+            Target::Table(_) => setup::create_bench_table(&raw, rows, done, bar, stats).await?,
             Target::Queue => {
                 Db::connect_with(url, ConnectOptions::default().max_connections(2))
                     .await?
                     .queue()
                     .init()
                     .await?;
-                setup::fill_queue(&raw, rows, done, bar).await?;
+                setup::fill_queue(&raw, rows, done, bar, stats).await?;
             }
         }
         raw.close().await;

@@ -34,9 +34,14 @@ const LITE_CLAIM: &str = "UPDATE rowclaim_plain SET status = 'running' WHERE id 
 const LITE_DELETE: &str = "DELETE FROM rowclaim_plain WHERE id IN";
 
 /// Creates `rowclaim_plain` with `rows` ready rows.
-pub(crate) async fn create(url: &str, rows: u64, bar: &ProgressBar) -> Result<()> {
+pub(crate) async fn create(
+    url: &str,
+    rows: u64,
+    bar: &ProgressBar,
+    stats: setup::Stats,
+) -> Result<()> {
     let raw = Raw::setup(url).await?;
-    setup::create_plain_table(&raw, rows, bar).await?;
+    setup::create_plain_table(&raw, rows, bar, stats).await?;
     raw.close().await;
     Ok(())
 }

@@ -126,7 +126,9 @@ pub(crate) async fn run(url: &str, a: ScaleArgs) -> Result<()> {
         let (ready, done) = (ready_of(n), n - ready_of(n));
         let filling = bar(n, format!("filling {} rows", short_count(n as f64)));
         let t = Instant::now();
-        target.prepare(url, n, done, &filling).await?;
+        target
+            .prepare(url, n, done, &filling, crate::Stats::Fresh)
+            .await?;
         let fill_seconds = t.elapsed().as_secs_f64();
         filling.finish_and_clear();
         eprintln!("scale: {n} rows ({ready} ready) filled in {fill_seconds:.1} s",);

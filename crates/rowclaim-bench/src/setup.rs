@@ -22,6 +22,17 @@ pub(crate) const PLAIN_TABLE: &str = "rowclaim_plain";
 /// Rows per INSERT of a bulk fill (the progress bar moves by this much).
 const CHUNK: u64 = 200_000;
 
+/// The planner's statistics when a drain starts (`--stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stats {
+    /// Gathered after the fill (PostgreSQL: VACUUM ANALYZE, then a CHECKPOINT).
+    #[default]
+    Fresh,
+    /// Whatever the table had before the fill (PostgreSQL: only a CHECKPOINT after it).
+    Stale,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
     Postgres,
@@ -176,6 +187,19 @@ impl Raw {
     /// checkpoint falls inside the run and every page the run touches first writes a full image of
     /// itself to the WAL.
     pub(crate) async fn analyze(&self, table: &str) -> Result<()> {
+        self.settle(table, Stats::Fresh).await
+    }
+
+    /// After a bulk fill: [`Raw::analyze`] for [`Stats::Fresh`]; for [`Stats::Stale`] only
+    /// PostgreSQL's checkpoint, so that the planner runs on whatever statistics the table had
+    /// (none, for a table just made), as right after an application's own enqueue.
+    pub(crate) async fn settle(&self, table: &str, stats: Stats) -> Result<()> {
+        if stats == Stats::Stale {
+            if self.kind() == Kind::Postgres && self.exec("CHECKPOINT".to_owned()).await.is_err() {
+                tracing::debug!("CHECKPOINT not allowed for this role; the run may include one");
+            }
+            return Ok(());
+        }
         self.exec(match self.kind() {
             Kind::Postgres => format!("VACUUM ANALYZE {table}"),
             Kind::MySql => format!("ANALYZE TABLE {table}"),
@@ -220,6 +244,14 @@ impl Raw {
                 )
             }
         }
+    }
+
+    /// A subquery `n` of one column `i`: the integers `from..=to` (MariaDB's sequence engine
+    /// when it is there).
+    pub(crate) async fn numbers_of(&self, from: u64, to: u64) -> String {
+        let seq =
+            self.kind() == Kind::MySql && self.int("SELECT COUNT(*) FROM seq_1_to_1").await.is_ok();
+        self.numbers(from, to, seq)
     }
 
     /// Runs `insert(numbers)` for the numbers 1..=rows, a chunk at a time, moving `bar`.
@@ -277,6 +309,7 @@ pub(crate) async fn create_bench_table(
     rows: u64,
     done: u64,
     bar: &ProgressBar,
+    stats: Stats,
 ) -> Result<()> {
     let t = BENCH_TABLE;
     let (create, indexes) = match raw.kind() {
@@ -322,7 +355,7 @@ pub(crate) async fn create_bench_table(
     })
     .await?;
     raw.exec(indexes).await?;
-    raw.analyze(t).await
+    raw.settle(t, stats).await
 }
 
 /// Deletes the lease-table strategy's leases on `rowclaim_bench` rows, if `rowclaim_leases`
@@ -356,7 +389,12 @@ async fn forget_leases(raw: &Raw) -> Result<()> {
 /// (Re)creates `rowclaim_plain`, the table of a hand-written queue: id, status (default 'ready'),
 /// payload, and an index over the ready rows (PostgreSQL and SQLite: partial on id; MariaDB /
 /// MySQL: (status, id)). `rows` ready rows, ids 1..=rows.
-pub(crate) async fn create_plain_table(raw: &Raw, rows: u64, bar: &ProgressBar) -> Result<()> {
+pub(crate) async fn create_plain_table(
+    raw: &Raw,
+    rows: u64,
+    bar: &ProgressBar,
+    stats: Stats,
+) -> Result<()> {
     let t = PLAIN_TABLE;
     let (create, index) = match raw.kind() {
         Kind::Postgres => (
@@ -389,14 +427,20 @@ pub(crate) async fn create_plain_table(raw: &Raw, rows: u64, bar: &ProgressBar) 
     })
     .await?;
     raw.exec(index).await?;
-    raw.analyze(t).await
+    raw.settle(t, stats).await
 }
 
 /// Deletes the jobs of the queue `bench`, then adds `rows` jobs to it with plain SQL (not the
 /// library's enqueue: fast at millions): the first `done` completed an hour ago, the rest ready
 /// since an hour ago. Ids ascend in that order, so the completed jobs come before the ready ones,
 /// as in a queue that has been running for a while. The managed queue must exist (init).
-pub(crate) async fn fill_queue(raw: &Raw, rows: u64, done: u64, bar: &ProgressBar) -> Result<()> {
+pub(crate) async fn fill_queue(
+    raw: &Raw,
+    rows: u64,
+    done: u64,
+    bar: &ProgressBar,
+    stats: Stats,
+) -> Result<()> {
     let q = super::QUEUE;
     clear_queue(raw).await?;
     let kind = raw.kind();
@@ -432,7 +476,7 @@ pub(crate) async fn fill_queue(raw: &Raw, rows: u64, done: u64, bar: &ProgressBa
         }
     })
     .await?;
-    raw.analyze("rowclaim_jobs").await
+    raw.settle("rowclaim_jobs", stats).await
 }
 
 /// Deletes the jobs of the queue `bench`.

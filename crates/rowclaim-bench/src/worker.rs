@@ -74,6 +74,11 @@ pub struct WorkerArgs {
     /// --key-concurrency`); lifted afterwards.
     #[arg(long, value_name = "N", conflicts_with = "table")]
     key_concurrency: Option<u32>,
+    /// The planner's statistics when the clock starts: fresh (after the fill, PostgreSQL's
+    /// VACUUM ANALYZE and a CHECKPOINT; MariaDB/MySQL's and SQLite's ANALYZE) or stale (only
+    /// PostgreSQL's CHECKPOINT: what the planner knew before the fill).
+    #[arg(long, value_enum, value_name = "WHEN", default_value = "fresh")]
+    stats: crate::Stats,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -104,6 +109,7 @@ struct WorkerReport {
     metrics: bool,
     keys: Option<u64>,
     limits: Option<rowclaim::QueueLimits>,
+    stats: crate::Stats,
 }
 
 /// Spreads the queue's jobs over `--keys` limit keys and sets `--limit-concurrency` and
@@ -155,7 +161,7 @@ pub(crate) async fn run(setting: &super::Setting, a: WorkerArgs) -> Result<()> {
         Target::Queue
     };
     let progress = bar(a.jobs, "filling");
-    target.prepare(url, a.jobs, 0, &progress).await?;
+    target.prepare(url, a.jobs, 0, &progress, a.stats).await?;
     progress.finish_and_clear();
     let limits = limit_queue(url, &a).await?;
     let snapshot = if a.hold_snapshot {
@@ -231,6 +237,7 @@ pub(crate) async fn run(setting: &super::Setting, a: WorkerArgs) -> Result<()> {
         metrics: a.metrics,
         keys: a.keys,
         limits,
+        stats: a.stats,
     };
     if a.json {
         print_json(&report)?;
@@ -420,12 +427,12 @@ async fn hold_snapshot(url: &str) -> Result<setup::Snapshot> {
 }
 
 /// This process's CPU time (user + system) so far.
-fn self_cpu() -> Duration {
+pub(crate) fn self_cpu() -> Duration {
     rusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
 }
 
 /// The CPU time of the children this process has waited for, and of their waited-for children.
-fn children_cpu() -> Duration {
+pub(crate) fn children_cpu() -> Duration {
     rusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
 }
 
@@ -448,7 +455,7 @@ fn rusage(who: nix::sys::resource::UsageWho) -> Duration {
 /// The CPU time of the database server's processes on this machine (PostgreSQL: every
 /// `postgres` process, with what it reaped; MySQL/MariaDB: `mariadbd`/`mysqld`), from /proc;
 /// None when none is visible (a remote server, SQLite in this process).
-fn server_cpu(backend: &str) -> Option<Duration> {
+pub(crate) fn server_cpu(backend: &str) -> Option<Duration> {
     let names: &[&str] = if backend.starts_with("PostgreSQL") {
         &["postgres"]
     } else if backend.starts_with("MariaDB") || backend.starts_with("MySQL") {

@@ -933,8 +933,79 @@ async fn queue_notify_wakes_an_idle_worker() {
     .await
 }
 
+/// enqueue of many JSON lines: the first bad line is named however far in it is (and nothing is
+/// enqueued); a good input gives one id line per job, in the order of the lines, ids ascending.
+async fn queue_enqueue_many_lines(t: Arc<TestDb>) {
+    assert!(output(&t, &["init"]).await.status.success());
+    let enqueue = |input: String| {
+        let t = t.clone();
+        async move {
+            let mut c = rowclaim(&t, &["enqueue", "--queue", "q", "--priority", "3"]);
+            c.stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let mut child = c.spawn().unwrap();
+            let mut stdin = child.stdin.take().unwrap();
+            tokio::io::AsyncWriteExt::write_all(&mut stdin, input.as_bytes())
+                .await
+                .unwrap();
+            drop(stdin);
+            child.wait_with_output().await.unwrap()
+        }
+    };
+    let line = |i: usize| match i {
+        15_001 | 18_999 => "{\"i\": oops}\n".to_owned(),
+        _ if i.is_multiple_of(1000) => "\n".to_owned(),
+        _ => format!("{{\"i\":{i}}}\n"),
+    };
+    let bad: String = (1..=20_000).map(line).collect();
+    let out = enqueue(bad).await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("line 15001:"), "{err}");
+    assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_jobs").await, 0);
+
+    let good: String = (1..=20_000)
+        .map(|i| {
+            if i == 15_001 || i == 18_999 {
+                "{}\n".to_owned()
+            } else {
+                line(i)
+            }
+        })
+        .collect();
+    let out = enqueue(good).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ids: Vec<i64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            assert_eq!(v["existing"], false, "{l}");
+            v["id"].as_i64().unwrap()
+        })
+        .collect();
+    assert_eq!(ids.len(), 19_980, "one line per job, blank lines skipped");
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "ids ascend in input order"
+    );
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'q' AND priority = 3")
+            .await,
+        19_980
+    );
+}
+
 macro_rules! queue_cli_cases {
     ($backend:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn queue_enqueue_many_lines_all_or_nothing() {
+            with_db($backend, queue_enqueue_many_lines).await
+        }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn queue_workers_survive_a_sigkill() {
             with_db($backend, queue_crash_recovery).await

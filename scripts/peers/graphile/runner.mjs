@@ -1,9 +1,12 @@
 // graphile-worker runner for scripts/bench-peers.
 //
-//   node runner.mjs --url URL --jobs N --concurrency C --settings performance|defaults [--out FILE]
+//   node runner.mjs --url URL --jobs N --concurrency C --settings performance|defaults
+//                   [--stats stale|fresh] [--mode drain|enqueue] [--out FILE]
 //
 // Installs graphile-worker's schema, adds N jobs of the task "noop" with addJobs in batches of
-// 10,000 (before the clock), then runs one worker (run(), the long-running mode users deploy)
+// 10,000 (before the clock), then CHECKPOINTs (--stats stale, the default: the planner knows
+// what it knew before the jobs came) or runs VACUUM ANALYZE and then CHECKPOINT (--stats fresh),
+// then runs one worker (run(), the long-running mode users deploy)
 // with a task handler that does nothing but tick a counter for the check. The clock runs from
 // run() to the end of runner.stop() after the N-th job, so that the last batched completions are
 // written. Reports jobs per second, this process's CPU per job (process.cpuUsage) and the CPU
@@ -16,6 +19,11 @@
 // Both run with NO_LOG_SUCCESS=1 (set by scripts/bench-peers, as graphile-worker's own perf test
 // does): otherwise the default logger prints one line per completed job.
 //
+// --mode enqueue: only the enqueue, on the clock: the N addJobs calls (batches of 10,000, the
+//   payload {i: k}) from the first to the last. Reports its jobs per second and the CPU per job of
+//   this process and of the server over the same span, and checks that exactly N jobs of "noop"
+//   are in graphile_worker._private_jobs with the N distinct payloads; no worker runs.
+//
 // Checks itself: the handler ran once for every job, no job failed, and no job is left in
 // graphile_worker._private_jobs; otherwise it exits 1.
 import { readFileSync, readdirSync, writeFileSync } from "node:fs";
@@ -25,7 +33,7 @@ import { run, makeWorkerUtils } from "graphile-worker";
 import pg from "pg";
 
 function parseArgs(argv) {
-  const a = { jobs: 200000, concurrency: 8, settings: "performance" };
+  const a = { jobs: 200000, concurrency: 8, settings: "performance", stats: "stale", mode: "drain" };
   for (let i = 0; i < argv.length; i += 2) {
     const k = argv[i];
     const v = argv[i + 1];
@@ -35,11 +43,14 @@ function parseArgs(argv) {
     else if (k === "--concurrency") a.concurrency = Number(v);
     else if (k === "--settings") a.settings = v;
     else if (k === "--out") a.out = v;
+    else if (k === "--stats") a.stats = v;
+    else if (k === "--mode") a.mode = v;
     else throw new Error(`unknown argument ${k}`);
   }
   if (!a.url || !(a.jobs > 0) || !(a.concurrency > 0) ||
-      !["performance", "defaults"].includes(a.settings)) {
-    throw new Error("usage: runner.mjs --url URL --jobs N --concurrency C --settings performance|defaults [--out FILE]");
+      !["performance", "defaults"].includes(a.settings) || !["stale", "fresh"].includes(a.stats) ||
+      !["drain", "enqueue"].includes(a.mode)) {
+    throw new Error("usage: runner.mjs --url URL --jobs N --concurrency C --settings performance|defaults [--stats stale|fresh] [--mode drain|enqueue] [--out FILE]");
   }
   return a;
 }
@@ -88,6 +99,11 @@ const version = JSON.parse(readFileSync(
 // ---- Setup, before the clock ---------------------------------------------------------------
 const utils = await makeWorkerUtils({ connectionString: a.url });
 await utils.migrate();
+const check = new pg.Client({ connectionString: a.url });
+await check.connect();
+if (a.mode === "enqueue") await check.query("CHECKPOINT").catch(() => {});
+const enqCpu0 = selfCpu();
+const enqSrv0 = serverCpu();
 const tEnqueue = performance.now();
 const BATCH = 10000;
 for (let i = 0; i < N; i += BATCH) {
@@ -99,14 +115,49 @@ for (let i = 0; i < N; i += BATCH) {
   if (added.length !== specs.length) fail(`addJobs of ${specs.length} returned ${added.length}`);
 }
 const enqueueSeconds = (performance.now() - tEnqueue) / 1000;
+const enqCpu1 = selfCpu();
+const enqSrv1 = serverCpu();
 await utils.release();
 
-const check = new pg.Client({ connectionString: a.url });
-await check.connect();
 const waiting = Number((await check.query(
   "SELECT count(*) AS n FROM graphile_worker._private_jobs")).rows[0].n);
 if (waiting !== N) fail(`${waiting} jobs in the table after adding ${N}`);
 console.error(`graphile-worker: ${N} jobs added in ${enqueueSeconds.toFixed(2)} s (${(N / enqueueSeconds).toFixed(0)}/s)`);
+
+if (a.mode === "enqueue") {
+  const r = (await check.query(
+    `SELECT count(DISTINCT (payload->>'i')::int8)::int8 AS d, min((payload->>'i')::int8) AS lo,
+            max((payload->>'i')::int8) AS hi
+       FROM graphile_worker._private_jobs j
+       JOIN graphile_worker._private_tasks t ON t.id = j.task_id WHERE t.identifier = 'noop'`)).rows[0];
+  await check.end();
+  const [d, lo, hi] = [r.d, r.lo, r.hi].map(Number);
+  if (d !== N || lo !== 0 || hi !== N - 1) {
+    fail(`${d} distinct payloads of the task noop after adding ${N} (i from ${lo} to ${hi})`);
+  }
+  const report = {
+    system: "graphile-worker",
+    version,
+    node: process.version,
+    mode: "enqueue",
+    api: "addJobs",
+    batch: BATCH,
+    jobs: N,
+    seconds: enqueueSeconds,
+    jobs_per_second: N / enqueueSeconds,
+    worker_cpu_us_per_job: ((enqCpu1 - enqCpu0) * 1e6) / N,
+    server_cpu_us_per_job: enqSrv0 === null || enqSrv1 === null ? null : ((enqSrv1 - enqSrv0) * 1e6) / N,
+    check: "passed",
+  };
+  const text = JSON.stringify(report, null, 2) + "\n";
+  if (a.out) writeFileSync(a.out, text);
+  else process.stdout.write(text);
+  process.exit(0);
+}
+
+// The planner's statistics for the drain: stale (only a checkpoint) or fresh.
+if (a.stats === "fresh") await check.query("VACUUM ANALYZE");
+await check.query("CHECKPOINT").catch(() => {});
 
 // ---- The drain --------------------------------------------------------------------------------
 const runs = new Uint8Array(N);
@@ -177,6 +228,7 @@ const report = {
   version,
   node: process.version,
   settings: a.settings,
+  stats: a.stats,
   options: options.preset?.worker ?? {},
   jobs: N,
   concurrency: C,

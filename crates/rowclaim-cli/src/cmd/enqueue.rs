@@ -1,7 +1,7 @@
 //! `rowclaim enqueue`: add jobs to the managed queue, one from the argument or many from JSON
 //! lines on stdin (all or nothing).
 
-use std::io::Write;
+use std::io::{stdin, Write};
 use std::time::Duration;
 
 use clap::Args;
@@ -107,28 +107,51 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
     } else {
         indicatif::ProgressDrawTarget::stderr()
     });
-    let mut jobs = Vec::new();
+    // All of stdin first (nothing is enqueued unless every line is a job), then its lines
+    // parsed on every core: the database waits for them.
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut stdin().lock(), &mut text)
+        .map_err(CliError::io("reading stdin"))?;
+    progress.set_message("reading the jobs");
+    progress.tick();
     // The stdin line of each job (blank lines are skipped), to name it in errors.
-    let mut lines = Vec::new();
-    let stdin = std::io::stdin();
-    for (i, line) in std::io::BufRead::lines(stdin.lock()).enumerate() {
-        let line = line.map_err(CliError::io("reading stdin"))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let payload: serde_json::Value = serde_json::from_str(&line).map_err(|e| {
-            CliError::BadInput(format!(
-                "line {}: not valid JSON ({e}); nothing was enqueued",
-                i + 1
-            ))
-        })?;
-        jobs.push(template(payload));
-        lines.push(i + 1);
-        if jobs.len() % 10_000 == 0 {
-            progress.set_message(format!("read {} jobs", jobs.len()));
-            progress.tick();
-        }
+    let numbered: Vec<(usize, &str)> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| (i + 1, l))
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per_thread = numbered.len().div_ceil(threads).max(1);
+    let parse = |part: &[(usize, &str)]| -> Result<Vec<rowclaim::NewJob>, CliError> {
+        part.iter()
+            .map(|(line, l)| match serde_json::from_str(l) {
+                Ok(payload) => Ok(template(payload)),
+                Err(e) => Err(CliError::BadInput(format!(
+                    "line {line}: not valid JSON ({e}); nothing was enqueued"
+                ))),
+            })
+            .collect()
+    };
+    // Parts in order, each stopping at its first bad line: the first error is the first line's.
+    let parts: Vec<Result<Vec<rowclaim::NewJob>, CliError>> = std::thread::scope(|s| {
+        let parse = &parse;
+        let running: Vec<_> = numbered
+            .chunks(per_thread)
+            .map(|part| s.spawn(move || parse(part)))
+            .collect();
+        running
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    let mut jobs = Vec::with_capacity(numbered.len());
+    for part in parts {
+        jobs.extend(part?);
     }
+    let lines: Vec<usize> = numbered.iter().map(|(line, _)| *line).collect();
+    drop(numbered);
+    drop(text);
     progress.set_message(format!("enqueueing {} jobs", jobs.len()));
     progress.enable_steady_tick(Duration::from_millis(200));
     let done = match queue.enqueue_all(&jobs).await {
@@ -146,9 +169,9 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
     // Each job's id, one JSON line per job, as for a job given as the argument.
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for job in &done {
-        let text =
-            serde_json::to_string(job).map_err(|e| CliError::io("writing the job")(e.into()))?;
-        writeln!(out, "{text}").map_err(CliError::io("writing to stdout"))?;
+        // What serde_json writes for an `Enqueued`, without a String per job.
+        writeln!(out, "{{\"id\":{},\"existing\":{}}}", job.id, job.existing)
+            .map_err(CliError::io("writing to stdout"))?;
     }
     out.flush().map_err(CliError::io("writing to stdout"))?;
     let added = done.iter().filter(|j| !j.existing).count();

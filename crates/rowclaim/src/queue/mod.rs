@@ -65,8 +65,10 @@ pub(crate) trait QueueStore: store::Shared + schedule::Schedules + Send + Sync {
     /// Creates or migrates the managed queue's tables, then the schedules' (each component
     /// versioned; concurrent runs take turns).
     async fn init(&self) -> Result<()>;
-    /// Enqueues jobs in one transaction, all or none.
-    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>>;
+    /// Enqueues jobs in one transaction, all or none. Without `ids` the caller only counts the
+    /// new jobs: a store may then answer 0 as their ids (PostgreSQL's COPY then leaves them to
+    /// the column's default instead of asking the sequence first).
+    async fn enqueue(&self, jobs: &[NewJob], ids: bool) -> Result<Vec<Enqueued>>;
     /// Cancels, retries or prunes jobs; returns how many changed.
     async fn admin(&self, op: Admin) -> Result<u64>;
     /// Jobs per queue and status, oldest due ready job, recent throughput.
@@ -137,8 +139,12 @@ impl Queue {
     /// Enqueues one job. With a unique key that is pending already, returns that job instead.
     pub async fn enqueue(&self, job: &NewJob) -> Result<Enqueued> {
         job.check()?;
-        let mut got = retry_transient!(store(&self.db).enqueue(std::slice::from_ref(job)).await)
-            .map_err(not_initialised)?;
+        let mut got = retry_transient!(
+            store(&self.db)
+                .enqueue(std::slice::from_ref(job), true)
+                .await
+        )
+        .map_err(not_initialised)?;
         got.pop()
             .ok_or_else(|| Error::InvalidInput("enqueue returned nothing".into()))
     }
@@ -146,18 +152,17 @@ impl Queue {
     /// Enqueues many jobs in one transaction: all of them or, on any error, none. Returns how many
     /// new jobs were added (jobs whose unique key was pending already are not added).
     pub async fn enqueue_many(&self, jobs: &[NewJob]) -> Result<u64> {
-        let got = self.enqueue_all(jobs).await?;
+        check_jobs(jobs)?;
+        let got = retry_transient!(store(&self.db).enqueue(jobs, false).await)
+            .map_err(not_initialised)?;
         Ok(got.iter().filter(|e| !e.existing).count() as u64)
     }
 
     /// [`Queue::enqueue_many`], returning one [`Enqueued`] per job given (`existing` for a
     /// job whose unique key was pending already: the id is that job's).
     pub async fn enqueue_all(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
-        for (i, job) in jobs.iter().enumerate() {
-            job.check()
-                .map_err(|e| Error::InvalidInput(format!("job {}: {e}", i + 1)))?;
-        }
-        retry_transient!(store(&self.db).enqueue(jobs).await).map_err(not_initialised)
+        check_jobs(jobs)?;
+        retry_transient!(store(&self.db).enqueue(jobs, true).await).map_err(not_initialised)
     }
 
     /// Enqueues a job inside the caller's PostgreSQL transaction: it exists only if that
@@ -339,6 +344,15 @@ impl Queue {
     pub async fn stats(&self, queue: Option<&str>) -> Result<QueueStats> {
         retry_transient!(store(&self.db).stats(queue).await).map_err(not_initialised)
     }
+}
+
+/// Checks every job before any is sent, naming the first bad one by its place (from 1).
+fn check_jobs(jobs: &[NewJob]) -> Result<()> {
+    for (i, job) in jobs.iter().enumerate() {
+        job.check()
+            .map_err(|e| Error::InvalidInput(format!("job {}: {e}", i + 1)))?;
+    }
+    Ok(())
 }
 
 /// A queue name as every job's is checked: 1 to 255 characters.

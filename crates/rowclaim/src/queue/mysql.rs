@@ -40,7 +40,7 @@ impl QueueStore for My {
         Ok(())
     }
 
-    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
+    async fn enqueue(&self, jobs: &[NewJob], _ids: bool) -> Result<Vec<Enqueued>> {
         if jobs.is_empty() {
             return Ok(vec![]);
         }

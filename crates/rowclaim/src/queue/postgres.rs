@@ -1,6 +1,7 @@
-//! The managed queue's SQL on PostgreSQL: its schema, enqueue (many jobs per statement,
-//! arrays `unnest`ed into rows), admin, stats and records, and the LISTEN that wakes idle
-//! workers. Every statement goes through the driver's [`Run`].
+//! The managed queue's SQL on PostgreSQL: its schema, enqueue (jobs that run now by COPY, others
+//! many per statement, arrays `unnest`ed into rows), admin, stats and records, and the LISTEN
+//! that wakes idle workers. Every statement goes through the driver's [`Run`], but for the COPY,
+//! which has its own protocol.
 
 use sqlx::Postgres;
 
@@ -69,24 +70,42 @@ impl QueueStore for Pg {
         Ok(())
     }
 
-    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
+    async fn enqueue(&self, jobs: &[NewJob], ids: bool) -> Result<Vec<Enqueued>> {
         let tx = self.transaction(true).await?;
         let mut out = Vec::with_capacity(jobs.len());
-        // Jobs without a unique key go in bulk, many rows per statement; the others one by one.
+        // The queues of the jobs inserted in bulk, woken once each at the end (a notification
+        // is delivered at the commit, whenever it was sent in the transaction).
+        let mut woken: Vec<&str> = Vec::new();
+        // Jobs without a unique key go in bulk, many rows per statement; the others one by one,
+        // in their place (ids follow the order the jobs were given in).
         let mut bulk: Vec<JobParts<'_>> = Vec::new();
+        let mut bulk_bytes = 0;
         for job in jobs {
             let parts = job.parts();
             if parts.unique_key.is_some() {
-                out.extend(insert_bulk(&tx, std::mem::take(&mut bulk)).await?);
+                out.extend(insert_chunk(&tx, std::mem::take(&mut bulk), ids).await?);
+                bulk_bytes = 0;
                 out.push(enqueue_one(&tx, &parts).await?);
-            } else {
-                bulk.push(parts);
-                if bulk.len() >= BULK_ROWS {
-                    out.extend(insert_bulk(&tx, std::mem::take(&mut bulk)).await?);
-                }
+                continue;
             }
+            if bulk.len() == BULK_ROWS
+                || (!bulk.is_empty() && bulk_bytes + parts.payload.len() > BULK_BYTES)
+            {
+                out.extend(insert_chunk(&tx, std::mem::take(&mut bulk), ids).await?);
+                bulk_bytes = 0;
+            }
+            if woken.last() != Some(&parts.queue) {
+                woken.push(parts.queue);
+            }
+            bulk_bytes += parts.payload.len();
+            bulk.push(parts);
         }
-        out.extend(insert_bulk(&tx, bulk).await?);
+        out.extend(insert_chunk(&tx, bulk, ids).await?);
+        woken.sort_unstable();
+        woken.dedup();
+        for q in woken {
+            tx.execute(notify(q)).await?;
+        }
         tx.commit_as(|| super::job::enqueue_what(jobs.len()))
             .await?;
         Ok(out)
@@ -141,8 +160,13 @@ super::store::enqueue_one_by!(
 /// Concurrent inits take turns on this lock (see `init`).
 const INIT_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('rowclaim_init'))";
 
-/// Jobs per bulk insert: one statement's arrays, each value of every job.
-const BULK_ROWS: usize = 5000;
+/// Jobs per bulk insert: one statement's arrays (a handful of bound values however many jobs,
+/// far from the 65,535 a statement may have).
+const BULK_ROWS: usize = 50_000;
+
+/// Payload bytes per bulk insert: a statement's payload array stays far below the 1 GiB a value
+/// may have, and the server's memory for one statement small.
+const BULK_BYTES: usize = 16 << 20;
 
 impl Schema for Sql {
     const SCHEMA_TABLE: &'static str = "CREATE TABLE IF NOT EXISTS rowclaim_schema \
@@ -270,17 +294,91 @@ pub(crate) fn insert_one(job: &JobParts<'_>) -> Stmt<Sql> {
     Stmt::new(sql, b)
 }
 
-/// Inserts jobs without unique keys in one statement (arrays unnested into rows).
-async fn insert_bulk<R: Run<Sql = Sql>>(r: &R, jobs: Vec<JobParts<'_>>) -> Result<Vec<Enqueued>> {
+/// Inserts a chunk of jobs without unique keys in the enqueue's transaction: by COPY when every
+/// one of them runs now (the usual bulk enqueue; COPY writes its rows in batches, which an
+/// `INSERT … SELECT` cannot), else in one statement ([`insert_bulk`]). Either way the ids
+/// ascend in the order the jobs were given in. Without `ids` a COPY's jobs are answered with
+/// id 0 (the caller counts them only). The caller wakes the listening workers.
+async fn insert_chunk(
+    tx: &InTx<'_, Pg, Postgres>,
+    jobs: Vec<JobParts<'_>>,
+    ids: bool,
+) -> Result<Vec<Enqueued>> {
+    if jobs
+        .iter()
+        .all(|j| j.run_at_ms.is_none() && j.delay_ms == 0)
+    {
+        copy_bulk(tx, jobs, ids).await
+    } else {
+        insert_bulk(tx, jobs).await
+    }
+}
+
+/// The COPY of [`copy_bulk`]: each job's id given (see [`ids_stmt`]), or, without, the column's
+/// default (the next of its sequence); its run-at the column's default, now() (the
+/// transaction's start, as for a job enqueued with no delay).
+const COPY_JOBS: &str = "COPY rowclaim_jobs \
+     (id, queue, kind, payload, priority, max_attempts, timeout_ms, limit_key) FROM STDIN";
+const COPY_JOBS_NO_IDS: &str = "COPY rowclaim_jobs \
+     (queue, kind, payload, priority, max_attempts, timeout_ms, limit_key) FROM STDIN";
+
+/// `n` new ids from the jobs' own sequence (the one `id bigserial` made), ascending: other
+/// enqueues may take ids meanwhile, never these.
+fn ids_stmt(n: usize) -> Stmt<Sql> {
+    let mut b = B::new();
+    let sql = format!(
+        "SELECT nextval(s) FROM CAST(pg_get_serial_sequence('rowclaim_jobs', 'id') AS regclass) \
+         AS s, generate_series(1, {}) ORDER BY 1",
+        b.bind(n as i64)
+    );
+    Stmt::new(sql, b)
+}
+
+/// Inserts jobs that run now, without unique keys, by COPY in the transaction `tx`. With `ids`
+/// their ids are taken from the sequence first and given to the jobs in order; without, each
+/// row takes the next one itself and the jobs are answered with id 0.
+async fn copy_bulk(
+    tx: &InTx<'_, Pg, Postgres>,
+    jobs: Vec<JobParts<'_>>,
+    ids: bool,
+) -> Result<Vec<Enqueued>> {
     if jobs.is_empty() {
         return Ok(vec![]);
     }
-    let ids: Vec<(i64,)> = r.fetch_all(bulk_stmt(&jobs)).await?;
-    let mut queues: Vec<&str> = jobs.iter().map(|j| j.queue).collect();
-    queues.sort_unstable();
-    queues.dedup();
-    for q in queues {
-        r.execute(notify(q)).await?;
+    let (ids, copy_sql): (Vec<(i64,)>, _) = if ids {
+        (tx.fetch_all(ids_stmt(jobs.len())).await?, COPY_JOBS)
+    } else {
+        (vec![(0,); jobs.len()], COPY_JOBS_NO_IDS)
+    };
+    if ids.len() != jobs.len() {
+        return Err(crate::error::Error::InvalidInput(format!(
+            "the id sequence gave {} ids for {} jobs",
+            ids.len(),
+            jobs.len()
+        )));
+    }
+    let mut data = Vec::with_capacity(jobs.iter().map(|j| j.payload.len() + 32).sum());
+    for ((id,), j) in ids.iter().zip(&jobs) {
+        copy_row(&mut data, (copy_sql == COPY_JOBS).then_some(*id), j);
+    }
+    let written = {
+        let mut conn = tx.tx.lock().await;
+        let mut copy = conn
+            .copy_in_raw(copy_sql)
+            .await
+            .map_err(crate::backend::postgres::error)?;
+        copy.send(data)
+            .await
+            .map_err(crate::backend::postgres::error)?;
+        copy.finish()
+            .await
+            .map_err(crate::backend::postgres::error)?
+    };
+    if written != jobs.len() as u64 {
+        return Err(crate::error::Error::InvalidInput(format!(
+            "COPY wrote {written} of {} jobs",
+            jobs.len()
+        )));
     }
     Ok(ids
         .into_iter()
@@ -291,54 +389,151 @@ async fn insert_bulk<R: Run<Sql = Sql>>(r: &R, jobs: Vec<JobParts<'_>>) -> Resul
         .collect())
 }
 
-/// The bulk insert of [`insert_bulk`]: one array per column.
-fn bulk_stmt(jobs: &[JobParts<'_>]) -> Stmt<Sql> {
-    let mut b = B::new();
-    let texts = |f: fn(&JobParts<'_>) -> String| jobs.iter().map(f).collect::<Vec<_>>();
-    let arrays = [
-        format!("{}::text[]", b.bind(texts(|j| j.queue.to_owned()))),
-        format!("{}::text[]", b.bind(texts(|j| j.kind.to_owned()))),
-        format!("{}::text[]", b.bind(texts(|j| j.payload.clone()))),
-        format!(
-            "{}::int4[]",
-            b.bind(jobs.iter().map(|j| j.priority).collect::<Vec<_>>())
-        ),
-        format!(
-            "{}::int8[]",
-            b.bind(jobs.iter().map(|j| j.run_at_ms).collect::<Vec<_>>())
-        ),
-        format!(
-            "{}::int8[]",
-            b.bind(jobs.iter().map(|j| j.delay_ms).collect::<Vec<_>>())
-        ),
-        format!(
-            "{}::int4[]",
-            b.bind(jobs.iter().map(|j| j.max_attempts).collect::<Vec<_>>())
-        ),
-        format!(
-            "{}::int8[]",
-            b.bind(jobs.iter().map(|j| j.timeout_ms).collect::<Vec<_>>())
-        ),
-        format!(
-            "{}::text[]",
-            b.bind(
-                jobs.iter()
-                    .map(|j| j.limit_key.map(str::to_owned))
-                    .collect::<Vec<_>>()
-            )
-        ),
-    ];
+/// One job as a line of COPY's text format: tab-separated, `\N` for NULL, and a backslash,
+/// tab, newline or carriage return in a value written as its escape. Without an id the line
+/// has no id column.
+fn copy_row(out: &mut Vec<u8>, id: Option<i64>, j: &JobParts<'_>) {
+    use std::io::Write;
+    fn text(out: &mut Vec<u8>, s: &str) {
+        for b in s.bytes() {
+            match b {
+                b'\\' => out.extend_from_slice(b"\\\\"),
+                b'\t' => out.extend_from_slice(b"\\t"),
+                b'\n' => out.extend_from_slice(b"\\n"),
+                b'\r' => out.extend_from_slice(b"\\r"),
+                _ => out.push(b),
+            }
+        }
+    }
+    // Writing into a Vec cannot fail.
+    if let Some(id) = id {
+        let _ = write!(out, "{id}\t");
+    }
+    text(out, j.queue);
+    out.push(b'\t');
+    text(out, j.kind);
+    out.push(b'\t');
+    text(out, &j.payload);
+    let _ = write!(out, "\t{}\t{}\t", j.priority, j.max_attempts);
+    match j.timeout_ms {
+        Some(ms) => {
+            let _ = write!(out, "{ms}");
+        }
+        None => out.extend_from_slice(b"\\N"),
+    }
+    out.push(b'\t');
+    match j.limit_key {
+        Some(k) => text(out, k),
+        None => out.extend_from_slice(b"\\N"),
+    }
+    out.push(b'\n');
+}
+
+/// Inserts jobs without unique keys in one statement (arrays unnested into rows).
+async fn insert_bulk<R: Run<Sql = Sql>>(r: &R, jobs: Vec<JobParts<'_>>) -> Result<Vec<Enqueued>> {
+    if jobs.is_empty() {
+        return Ok(vec![]);
+    }
+    let ids: Vec<(i64,)> = r.fetch_all(bulk_stmt(jobs)).await?;
+    Ok(ids
+        .into_iter()
+        .map(|(id,)| Enqueued {
+            id,
+            existing: false,
+        })
+        .collect())
+}
+
+/// The bulk insert of [`insert_bulk`]: the payloads as one array, unnested into rows in the
+/// order given (so are the ids `RETURNING` gives back). Every other column is bound once when
+/// all the jobs share its value (as jobs enqueued together mostly do: less for the client to
+/// send and for the server to unnest), else as an array beside the payloads. A run-at of "now"
+/// for every job is the column's default, `now()`, as `now() + 0 s` would be.
+fn bulk_stmt(jobs: Vec<JobParts<'_>>) -> Stmt<Sql> {
+    /// The columns written, what each row's value is, and the arrays unnested (named in `j`).
+    struct Insert {
+        b: B,
+        columns: Vec<&'static str>,
+        values: Vec<String>,
+        arrays: Vec<String>,
+        names: Vec<&'static str>,
+    }
+    impl Insert {
+        /// `column` of every job, as `get` reads it (borrowed) and `own` binds it: one bound
+        /// value (cast to `ty`) when all are equal, else an array named `column` in `j`.
+        fn column<'a, T: PartialEq + Copy, U>(
+            &mut self,
+            jobs: &[JobParts<'a>],
+            column: &'static str,
+            ty: &str,
+            get: impl Fn(&JobParts<'a>) -> T,
+            own: impl Fn(T) -> U,
+        ) where
+            U: Into<crate::backend::sql::Value>,
+            Vec<U>: Into<crate::backend::sql::Value>,
+        {
+            let first = get(&jobs[0]);
+            self.columns.push(column);
+            if jobs[1..].iter().all(|j| get(j) == first) {
+                self.values
+                    .push(format!("{}::{ty}", self.b.bind(own(first))));
+            } else {
+                let all: Vec<U> = jobs.iter().map(|j| own(get(j))).collect();
+                self.values.push(format!("j.{column}"));
+                self.arrays.push(format!("{}::{ty}[]", self.b.bind(all)));
+                self.names.push(column);
+            }
+        }
+    }
+    let mut i = Insert {
+        b: B::new(),
+        columns: Vec::new(),
+        values: Vec::new(),
+        arrays: Vec::new(),
+        names: Vec::new(),
+    };
+    let same = |v| v;
+    i.column(&jobs, "queue", "text", |j| j.queue, str::to_owned);
+    i.column(&jobs, "kind", "text", |j| j.kind, str::to_owned);
+    i.column(&jobs, "priority", "int4", |j| j.priority, same);
+    i.column(&jobs, "max_attempts", "int4", |j| j.max_attempts, same);
+    i.column(&jobs, "timeout_ms", "int8", |j| j.timeout_ms, |v| v);
+    let owned = |k: Option<&str>| k.map(str::to_owned);
+    i.column(&jobs, "limit_key", "text", |j| j.limit_key, owned);
+    // The run-at: the default (now) for all, one time for all, or each job's own.
+    let when = |j: &JobParts<'_>| (j.run_at_ms, j.delay_ms);
+    let first = when(&jobs[0]);
+    if jobs[1..].iter().all(|j| when(j) == first) {
+        if first != (None, 0) {
+            i.columns.push("run_at");
+            let (at, delay) = (i.b.bind(first.0), i.b.bind(first.1));
+            i.values.push(run_at(&at, &delay));
+        }
+    } else {
+        i.columns.push("run_at");
+        i.values.push(run_at("j.at", "j.delay"));
+        let at: Vec<Option<i64>> = jobs.iter().map(|j| j.run_at_ms).collect();
+        let delay: Vec<i64> = jobs.iter().map(|j| j.delay_ms).collect();
+        let (at, delay) = (i.b.bind(at), i.b.bind(delay));
+        i.arrays.push(format!("{at}::int8[]"));
+        i.arrays.push(format!("{delay}::int8[]"));
+        i.names.extend(["at", "delay"]);
+    }
+    // The payloads, moved (not copied) into their array.
+    let payloads: Vec<String> = jobs.into_iter().map(|j| j.payload).collect();
+    i.columns.push("payload");
+    i.values.push("j.payload::jsonb".to_owned());
+    let payloads = i.b.bind(payloads);
+    i.arrays.push(format!("{payloads}::text[]"));
+    i.names.push("payload");
     let sql = format!(
-        "INSERT INTO rowclaim_jobs \
-         (queue, kind, payload, priority, run_at, max_attempts, timeout_ms, limit_key) \
-         SELECT j.queue, j.kind, j.payload::jsonb, j.priority, {}, j.max_attempts, j.timeout_ms, \
-         j.limit_key FROM unnest({}) \
-         AS j(queue, kind, payload, priority, at, delay, max_attempts, timeout_ms, limit_key) \
-         RETURNING id",
-        run_at("j.at", "j.delay"),
-        arrays.join(", ")
+        "INSERT INTO rowclaim_jobs ({}) SELECT {} FROM unnest({}) AS j({}) RETURNING id",
+        i.columns.join(", "),
+        i.values.join(", "),
+        i.arrays.join(", "),
+        i.names.join(", ")
     );
-    Stmt::new(sql, b)
+    Stmt::new(sql, i.b)
 }
 
 /// Wakes listening workers of `queue` (when the enqueueing transaction commits, inside one).

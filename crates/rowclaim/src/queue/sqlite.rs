@@ -38,7 +38,7 @@ impl QueueStore for Lite {
         Ok(())
     }
 
-    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
+    async fn enqueue(&self, jobs: &[NewJob], _ids: bool) -> Result<Vec<Enqueued>> {
         // One writer at a time: inserting row by row inside one write transaction is as fast as
         // a multi-row statement here, and keeps unique keys simple.
         let tx = self.transaction(true).await?;

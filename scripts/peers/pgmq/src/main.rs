@@ -1,10 +1,11 @@
 //! PGMQ runner for scripts/bench-peers.
 //!
-//!   peers-pgmq --url URL --jobs N --concurrency C [--out FILE]
+//!   peers-pgmq --url URL --jobs N --concurrency C [--stats stale|fresh] [--out FILE]
 //!
 //! Installs PGMQ as plain SQL (the crate's embedded install scripts; no extension needed), makes
-//! the queue "bench" anew, sends N messages with send_batch in chunks of 1,000, and only then
-//! starts the clock: C loops, each on its own pooled connection, read_batch 100 messages
+//! the queue "bench" anew, sends N messages with send_batch in chunks of 1,000, CHECKPOINTs
+//! (--stats stale, the default: the planner knows what it knew before the messages came) or runs
+//! VACUUM ANALYZE and then CHECKPOINT (--stats fresh), and only then starts the clock: C loops, each on its own pooled connection, read_batch 100 messages
 //! (visibility timeout 30 s) and delete_batch them, until a read comes back empty. Reports jobs
 //! per second, this process's CPU per job and the CPU per job of every `postgres` process on
 //! the machine (from /proc, before and after the drain), as one JSON object.
@@ -27,6 +28,7 @@ struct Args {
     url: String,
     jobs: usize,
     concurrency: usize,
+    fresh_stats: bool,
     out: Option<String>,
 }
 
@@ -35,6 +37,7 @@ fn args() -> Res<Args> {
         url: String::new(),
         jobs: 200_000,
         concurrency: 8,
+        fresh_stats: false,
         out: None,
     };
     let mut it = std::env::args().skip(1);
@@ -45,11 +48,18 @@ fn args() -> Res<Args> {
             "--jobs" => a.jobs = v()?.parse()?,
             "--concurrency" => a.concurrency = v()?.parse()?,
             "--out" => a.out = Some(v()?),
+            "--stats" => {
+                a.fresh_stats = match v()?.as_str() {
+                    "fresh" => true,
+                    "stale" => false,
+                    other => return Err(format!("--stats {other}: use stale or fresh").into()),
+                }
+            }
             _ => return Err(format!("unknown argument {k}").into()),
         }
     }
     if a.url.is_empty() || a.jobs == 0 || a.concurrency == 0 {
-        return Err("usage: peers-pgmq --url URL --jobs N --concurrency C [--out FILE]".into());
+        return Err("usage: peers-pgmq --url URL --jobs N --concurrency C [--stats stale|fresh] [--out FILE]".into());
     }
     Ok(a)
 }
@@ -100,6 +110,13 @@ async fn main() -> Res<()> {
         a.jobs,
         a.jobs as f64 / send_seconds
     );
+    // The planner's statistics for the drain: stale (only a checkpoint) or fresh.
+    if a.fresh_stats {
+        sqlx::raw_sql("VACUUM ANALYZE").execute(&q.connection).await?;
+    }
+    if let Err(e) = sqlx::raw_sql("CHECKPOINT").execute(&q.connection).await {
+        eprintln!("pgmq: CHECKPOINT not allowed ({e}); the drain may include one");
+    }
     // Open every connection the loops will use before the clock starts.
     {
         let mut held = Vec::new();
@@ -185,6 +202,7 @@ async fn main() -> Res<()> {
         "pgmq_sql_version": installed,
         "jobs": a.jobs,
         "concurrency": a.concurrency,
+        "stats": if a.fresh_stats { "fresh" } else { "stale" },
         "read_batch": READ_BATCH,
         "vt_seconds": VT_SECONDS,
         "send_seconds": send_seconds,

@@ -1,0 +1,325 @@
+//! Bulk enqueue on every backend, at sizes that cross the statements' chunk boundaries: every
+//! job is enqueued exactly once with all its options, ids follow the order the jobs were given
+//! in, unique keys (pending before, twice in one call) return the pending job, and a database
+//! error on a late job leaves nothing of the call behind.
+
+use rowclaim_testkit as common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::{with_db, Backend, TestDb};
+use rowclaim::{JobFilter, NewJob};
+use serde_json::json;
+
+/// More jobs than several chunks of every backend's bulk statement hold.
+const N: usize = 25_013;
+
+/// A fixed run-at two hours ahead, to the millisecond.
+fn later_ms() -> i64 {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    (now.as_millis() as i64 / 1000 + 7200) * 1000 + 123
+}
+
+fn at(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms as u64)
+}
+
+fn ms_of(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// The options job `i` gets: a mix, so that neighbouring jobs in one statement differ.
+struct Expect {
+    queue: String,
+    kind: String,
+    priority: i32,
+    max_attempts: i32,
+    delay: bool,
+    run_at_ms: Option<i64>,
+    timeout_ms: Option<i64>,
+    limit_key: Option<String>,
+    unique_key: Option<String>,
+}
+
+fn expect(i: usize, later: i64) -> Expect {
+    let unique_key = match i {
+        3000 | 9000 => Some("twice".to_owned()),
+        6000 => Some("pending".to_owned()),
+        _ if i % 1000 == 500 => Some(format!("u{i}")),
+        _ => None,
+    };
+    Expect {
+        queue: format!("q{}", i % 3),
+        // Characters COPY's text format escapes, in some kinds.
+        kind: if i % 4 == 3 {
+            format!("k\t\\N\n{}", i % 4)
+        } else {
+            format!("k{}", i % 4)
+        },
+        priority: (i % 5) as i32 - 2,
+        max_attempts: (i % 6) as i32 + 1,
+        // Times only in the second half: the first half's runs between unique keys all run now
+        // (PostgreSQL copies those), the second half's each have their own times.
+        delay: i >= N / 2 && i.is_multiple_of(7),
+        run_at_ms: (i >= N / 2 && i.is_multiple_of(11) && !i.is_multiple_of(7))
+            .then_some(later + i as i64),
+        timeout_ms: i.is_multiple_of(13).then_some((i as i64 + 1) * 1000),
+        limit_key: i.is_multiple_of(17).then(|| format!("L{}", i % 2)),
+        unique_key,
+    }
+}
+
+/// A payload's text with what JSON and COPY escape: quotes, backslashes, tabs, newlines, `\N`.
+fn text(i: usize) -> String {
+    format!("job {i} ✓ \"quoted\" back\\slash \\N tab\there\r\nnext line")
+}
+
+fn job(i: usize, e: &Expect) -> NewJob {
+    let mut j = NewJob::new(json!({ "i": i, "text": text(i) }))
+        .queue(&e.queue)
+        .kind(&e.kind)
+        .priority(e.priority)
+        .max_attempts(e.max_attempts);
+    if e.delay {
+        j = j.delay(Duration::from_secs(3600));
+    }
+    if let Some(ms) = e.run_at_ms {
+        j = j.run_at(at(ms));
+    }
+    if let Some(ms) = e.timeout_ms {
+        j = j.timeout(Duration::from_millis(ms as u64));
+    }
+    if let Some(k) = &e.limit_key {
+        j = j.limit_key(k);
+    }
+    if let Some(k) = &e.unique_key {
+        j = j.unique_key(k);
+    }
+    j
+}
+
+/// Every job once, with its options; ids in the order given; unique keys answered by the
+/// pending job.
+async fn every_job_once_with_its_options(t: Arc<TestDb>) {
+    let db = t.db().await;
+    let q = db.queue();
+    q.init().await.expect("init");
+    let pending = q
+        .enqueue(&NewJob::new(json!({"before": true})).unique_key("pending"))
+        .await
+        .expect("enqueue the pending job");
+    let later = later_ms();
+    let expects: Vec<Expect> = (0..N).map(|i| expect(i, later)).collect();
+    let jobs: Vec<NewJob> = expects.iter().enumerate().map(|(i, e)| job(i, e)).collect();
+    let before = SystemTime::now();
+    let got = q.enqueue_all(&jobs).await.expect("enqueue_all");
+    let after = SystemTime::now();
+    assert_eq!(got.len(), N, "one answer per job");
+
+    // The unique keys: the second "twice" is the first one, "pending" the job from before.
+    assert!(!got[3000].existing);
+    assert!(got[9000].existing, "{:?}", got[9000]);
+    assert_eq!(got[9000].id, got[3000].id);
+    assert!(got[6000].existing, "{:?}", got[6000]);
+    assert_eq!(got[6000].id, pending.id);
+    let new: Vec<(usize, i64)> = got
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| !e.existing)
+        .map(|(i, e)| (i, e.id))
+        .collect();
+    assert_eq!(new.len(), N - 2);
+    assert!(
+        new.windows(2).all(|w| w[0].1 < w[1].1),
+        "ids ascend in the order the jobs were given"
+    );
+    let ids: HashSet<i64> = new.iter().map(|(_, id)| *id).collect();
+    assert_eq!(ids.len(), N - 2, "every new job has an id of its own");
+    assert!(!ids.contains(&pending.id));
+
+    let records = q
+        .list(&JobFilter::new().limit(N as u32 + 10))
+        .await
+        .expect("list");
+    assert_eq!(
+        records.len(),
+        N - 1,
+        "the jobs of the call and the one before"
+    );
+    let by_id: HashMap<i64, _> = records.iter().map(|r| (r.id, r)).collect();
+    let slack = Duration::from_secs(30);
+    for (i, id) in new {
+        let e = &expects[i];
+        let r = by_id
+            .get(&id)
+            .unwrap_or_else(|| panic!("job {i} (id {id}) is not in the table"));
+        let what = format!("job {i}: {r:?}");
+        assert_eq!(r.payload["i"], json!(i), "{what}");
+        assert_eq!(r.payload["text"], json!(text(i)), "{what}");
+        assert_eq!(r.queue, e.queue, "{what}");
+        assert_eq!(r.kind, e.kind, "{what}");
+        assert_eq!(r.status, "ready", "{what}");
+        assert_eq!(r.priority, i64::from(e.priority), "{what}");
+        assert_eq!(r.max_attempts, i64::from(e.max_attempts), "{what}");
+        assert_eq!(r.attempts, 0, "{what}");
+        assert_eq!(r.timeout_ms, e.timeout_ms, "{what}");
+        assert_eq!(r.limit_key, e.limit_key, "{what}");
+        assert_eq!(r.unique_key, e.unique_key, "{what}");
+        if let Some(ms) = e.run_at_ms {
+            assert_eq!(ms_of(r.run_at), ms, "{what}");
+        } else if e.delay {
+            let hour = Duration::from_secs(3600);
+            assert!(r.run_at >= before + hour - slack, "{what}");
+            assert!(r.run_at <= after + hour + slack, "{what}");
+        } else {
+            assert!(r.run_at >= before - slack, "{what}");
+            assert!(r.run_at <= after + slack, "{what}");
+        }
+    }
+    // enqueue_many counts only the jobs it added (its path may leave the ids to the database).
+    let again = [
+        NewJob::new(json!({})).unique_key("twice"),
+        NewJob::new(json!({})),
+    ];
+    assert_eq!(q.enqueue_many(&again).await.unwrap(), 1);
+    let many: Vec<NewJob> = (0..3)
+        .map(|i| {
+            let j = NewJob::new(json!({ "m": i, "text": text(i) }))
+                .queue("many")
+                .kind("k\t\\N\n")
+                .priority(7)
+                .max_attempts(3);
+            if i == 1 {
+                j.timeout(Duration::from_secs(9)).limit_key("L\\")
+            } else {
+                j
+            }
+        })
+        .collect();
+    assert_eq!(q.enqueue_many(&many).await.unwrap(), 3);
+    let mut got = q.list(&JobFilter::new().queues(["many"])).await.unwrap();
+    got.sort_by_key(|r| r.id);
+    assert_eq!(got.len(), 3);
+    for (i, r) in got.iter().enumerate() {
+        assert_eq!(r.payload, json!({ "m": i, "text": text(i) }), "{r:?}");
+        assert_eq!(
+            (r.kind.as_str(), r.priority, r.max_attempts),
+            ("k\t\\N\n", 7, 3)
+        );
+        let (timeout, key) = if i == 1 {
+            (Some(9000), Some("L\\".to_owned()))
+        } else {
+            (None, None)
+        };
+        assert_eq!((r.timeout_ms, r.limit_key.clone()), (timeout, key), "{r:?}");
+    }
+}
+
+/// A trigger that refuses a job whose payload says "poison", in each database's dialect.
+async fn poison_trigger(t: &TestDb) {
+    match t.backend {
+        Backend::Postgres => {
+            t.exec(
+                "CREATE FUNCTION rowclaim_test_poison() RETURNS trigger LANGUAGE plpgsql AS $$ \
+                 BEGIN IF NEW.payload::text LIKE '%poison%' THEN \
+                 RAISE EXCEPTION 'poisoned job'; END IF; RETURN NEW; END $$",
+            )
+            .await;
+            t.exec(
+                "CREATE TRIGGER rowclaim_test_poison BEFORE INSERT ON rowclaim_jobs \
+                 FOR EACH ROW EXECUTE FUNCTION rowclaim_test_poison()",
+            )
+            .await;
+        }
+        Backend::MySql => {
+            t.exec(
+                "CREATE TRIGGER rowclaim_test_poison BEFORE INSERT ON rowclaim_jobs \
+                 FOR EACH ROW BEGIN IF NEW.payload LIKE '%poison%' THEN \
+                 SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'poisoned job'; END IF; END",
+            )
+            .await;
+        }
+        Backend::Sqlite => {
+            t.exec(
+                "CREATE TRIGGER rowclaim_test_poison BEFORE INSERT ON rowclaim_jobs \
+                 WHEN NEW.payload LIKE '%poison%' BEGIN SELECT RAISE(ABORT, 'poisoned job'); END",
+            )
+            .await;
+        }
+    }
+}
+
+/// A job the database refuses, late in a call of many statements, leaves nothing of the call:
+/// not the jobs before it, not the unique keys it took. The same jobs without it then go in.
+async fn all_or_nothing_on_a_database_error(t: Arc<TestDb>) {
+    let db = t.db().await;
+    let q = db.queue();
+    q.init().await.expect("init");
+    q.enqueue(&NewJob::new(json!({"before": true})))
+        .await
+        .unwrap();
+    poison_trigger(&t).await;
+    let mut jobs: Vec<NewJob> = (0..N)
+        .map(|i| {
+            let j = NewJob::new(json!({ "i": i })).queue("bulk");
+            if i % 5000 == 7 {
+                j.unique_key(format!("key{i}"))
+            } else {
+                j
+            }
+        })
+        .collect();
+    for at in [N - 3, 1] {
+        let mut bad = jobs.clone();
+        bad.insert(at, NewJob::new(json!({"poison": at})).queue("bulk"));
+        let err = q.enqueue_many(&bad).await.unwrap_err();
+        assert!(err.to_string().contains("poisoned job"), "{err}");
+        assert_eq!(
+            t.count("SELECT COUNT(*) FROM rowclaim_jobs").await,
+            1,
+            "nothing of the call is left (poison at {at})"
+        );
+    }
+    // The unique keys are free: the same jobs go in, each once.
+    jobs.push(NewJob::new(json!({"last": true})).queue("bulk"));
+    assert_eq!(q.enqueue_many(&jobs).await.unwrap(), N as u64 + 1);
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'bulk'")
+            .await,
+        N as i64 + 1
+    );
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE unique_key IS NOT NULL")
+            .await,
+        (0..N).filter(|i| i % 5000 == 7).count() as i64
+    );
+}
+
+macro_rules! enqueue_cases {
+    ($backend:expr) => {
+        use super::*;
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn bulk_enqueue_keeps_every_job_and_its_options() {
+            with_db($backend, every_job_once_with_its_options).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn bulk_enqueue_is_all_or_nothing_on_a_database_error() {
+            with_db($backend, all_or_nothing_on_a_database_error).await
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    enqueue_cases!(Backend::Postgres);
+}
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    enqueue_cases!(Backend::Sqlite);
+}
+#[cfg(feature = "mysql")]
+mod mysql {
+    enqueue_cases!(Backend::MySql);
+}
