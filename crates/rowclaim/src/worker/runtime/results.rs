@@ -84,11 +84,10 @@ pub(super) fn record(sh: &Arc<Shared>, finished: Finished) {
                     .await;
                 again.results.through();
             };
-            sh.results
-                .again
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .spawn(retry);
+            let mut recorders = sh.results.again.lock().unwrap_or_else(|p| p.into_inner());
+            // A JoinSet keeps each ended task until it is joined: let go of those first.
+            while recorders.try_join_next().is_some() {}
+            recorders.spawn(retry);
         }
     };
     let settling = Settling {

@@ -361,6 +361,36 @@ async fn a_result_is_retried_while_the_database_fails_and_counted_once() {
     assert!(a.given_up().is_empty());
 }
 
+/// The runtime's path: a first try sent with a callback and no recorder waiting; its failed
+/// answer goes to `record_after`, which tries again and counts the result once.
+#[tokio::test(start_paused = true)]
+async fn a_first_try_that_failed_goes_on_in_a_recorder_and_counts_once() {
+    let w = World::new();
+    let a = Fake::with(false, (0..2).map(|_| Answer::Fail(broke())));
+    let (heard, first) = oneshot::channel();
+    let settling = Settling {
+        target: a.clone(),
+        id: id(7),
+        outcome: done(),
+        reply: Reply::Then(Box::new(move |flushed| {
+            let _ = heard.send(flushed);
+        })),
+    };
+    assert!(w.tx.send(settling).is_ok(), "the settler is gone");
+    let first = first.await.expect("the settler calls back");
+    assert!(matches!(first, Flushed::Failed(_)), "{first:?}");
+    assert_eq!(
+        w.counts(),
+        [0, 0, 0, 0],
+        "nothing counted before it is recorded"
+    );
+    w.recorder(true)
+        .record_after(&a, &id(7), done(), &w.tally.completed, first)
+        .await;
+    assert_eq!(w.counts(), [1, 0, 0, 0]);
+    assert_eq!(a.statements().len(), 3, "the first try and two more");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_result_not_recorded_before_its_lease_would_end_is_given_up() {
     let w = World::new();
