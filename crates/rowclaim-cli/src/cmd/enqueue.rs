@@ -169,9 +169,10 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
     // Each job's id, one JSON line per job, as for a job given as the argument.
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for job in &done {
-        // What serde_json writes for an `Enqueued`, without a String per job.
-        writeln!(out, "{{\"id\":{},\"existing\":{}}}", job.id, job.existing)
-            .map_err(CliError::io("writing to stdout"))?;
+        // Written straight to stdout: no String per job.
+        serde_json::to_writer(&mut out, job)
+            .map_err(|e| CliError::io("writing to stdout")(e.into()))?;
+        writeln!(out).map_err(CliError::io("writing to stdout"))?;
     }
     out.flush().map_err(CliError::io("writing to stdout"))?;
     let added = done.iter().filter(|j| !j.existing).count();

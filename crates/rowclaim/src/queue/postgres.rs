@@ -345,7 +345,8 @@ async fn copy_bulk(
     if jobs.is_empty() {
         return Ok(vec![]);
     }
-    let (ids, copy_sql): (Vec<(i64,)>, _) = if ids {
+    let given = ids;
+    let (ids, copy_sql): (Vec<(i64,)>, _) = if given {
         (tx.fetch_all(ids_stmt(jobs.len())).await?, COPY_JOBS)
     } else {
         (vec![(0,); jobs.len()], COPY_JOBS_NO_IDS)
@@ -359,7 +360,7 @@ async fn copy_bulk(
     }
     let mut data = Vec::with_capacity(jobs.iter().map(|j| j.payload.len() + 32).sum());
     for ((id,), j) in ids.iter().zip(&jobs) {
-        copy_row(&mut data, (copy_sql == COPY_JOBS).then_some(*id), j);
+        copy_row(&mut data, given.then_some(*id), j);
     }
     let written = {
         let mut conn = tx.tx.lock().await;
@@ -380,13 +381,17 @@ async fn copy_bulk(
             jobs.len()
         )));
     }
-    Ok(ids
-        .into_iter()
+    Ok(new_jobs(ids))
+}
+
+/// The answers for jobs just inserted, in the order of their ids.
+fn new_jobs(ids: Vec<(i64,)>) -> Vec<Enqueued> {
+    ids.into_iter()
         .map(|(id,)| Enqueued {
             id,
             existing: false,
         })
-        .collect())
+        .collect()
 }
 
 /// One job as a line of COPY's text format: tab-separated, `\N` for NULL, and a backslash,
@@ -434,14 +439,7 @@ async fn insert_bulk<R: Run<Sql = Sql>>(r: &R, jobs: Vec<JobParts<'_>>) -> Resul
     if jobs.is_empty() {
         return Ok(vec![]);
     }
-    let ids: Vec<(i64,)> = r.fetch_all(bulk_stmt(jobs)).await?;
-    Ok(ids
-        .into_iter()
-        .map(|(id,)| Enqueued {
-            id,
-            existing: false,
-        })
-        .collect())
+    Ok(new_jobs(r.fetch_all(bulk_stmt(jobs)).await?))
 }
 
 /// The bulk insert of [`insert_bulk`]: the payloads as one array, unnested into rows in the

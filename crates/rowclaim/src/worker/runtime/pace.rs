@@ -87,13 +87,6 @@ impl Pace {
         let left = room.max(batch).saturating_sub(holding).min(batch);
         (left > 0 && waiting <= prefetch / 2).then_some(left)
     }
-
-    /// Most rows the worker holds at once, as the pace stands now.
-    #[cfg(test)]
-    fn most(&self) -> usize {
-        let room = self.concurrency + self.prefetch();
-        self.batch.map_or(room, |b| room.max(b as usize))
-    }
 }
 
 #[cfg(test)]
@@ -133,7 +126,11 @@ mod tests {
             pace.job_took(Duration::from_micros(3));
         }
         assert_eq!(pace.prefetch(), MOST_AHEAD);
-        assert_eq!(pace.most(), 8 + MOST_AHEAD);
+        assert_eq!(
+            pace.wants(0, 0),
+            Some(8 + MOST_AHEAD),
+            "all the room, in one claim"
+        );
     }
 
     #[test]
