@@ -294,6 +294,43 @@ async fn bad_limits(t: Arc<TestDb>) {
     }
 }
 
+/// A key whose line is deeper than a claim looks into the queue's order hides no other key's
+/// first job: with 1,200 jobs of key a ahead of key b's two, one claim takes the first of each
+/// line, and the next (while those run, or within the rate's period) takes nothing.
+async fn a_deep_line_hides_no_other_key(t: Arc<TestDb>, limits: QueueLimits) {
+    let q = queue(&t).await;
+    q.limit("deep", &limits).await.unwrap();
+    let job = |key: &str, n: usize| {
+        NewJob::new(json!({"key": key, "n": n}))
+            .queue("deep")
+            .limit_key(key)
+    };
+    let mut jobs: Vec<NewJob> = (0..1200).map(|n| job("a", n)).collect();
+    jobs.extend((0..2).map(|n| job("b", n)));
+    q.enqueue_many(&jobs).await.unwrap();
+    let claimer = q.claimer(&["deep".to_owned()]).await.unwrap();
+    let taken = |claim: &rowclaim::Claim| {
+        let mut t: Vec<String> = claim
+            .rows()
+            .iter()
+            .map(|r| {
+                // The payload comes as the JSON text it is stored as.
+                let p: serde_json::Value = match &r.data["payload"] {
+                    serde_json::Value::String(text) => serde_json::from_str(text).unwrap(),
+                    other => other.clone(),
+                };
+                format!("{}{}", p["key"].as_str().unwrap_or("?"), p["n"])
+            })
+            .collect();
+        t.sort();
+        t
+    };
+    let first = claimer.claim(10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(taken(&first), ["a0", "b0"], "{limits:?}");
+    let next = claimer.claim(10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(taken(&next), Vec::<String>::new(), "{limits:?}");
+}
+
 macro_rules! limit_cases {
     ($backend:expr) => {
         use super::*;
@@ -312,6 +349,19 @@ macro_rules! limit_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn rate_limits_of_two_per_key_hold_across_workers() {
             with_db($backend, |t| rates(t, 2)).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_deep_line_of_one_key_at_a_time_hides_no_other_key() {
+            let one_at_a_time = QueueLimits::default().key_concurrency(1);
+            with_db($backend, |t| {
+                a_deep_line_hides_no_other_key(t, one_at_a_time)
+            })
+            .await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_deep_line_of_one_start_an_hour_hides_no_other_key() {
+            let hourly = QueueLimits::default().key_rate(Rate::new(1, Duration::from_secs(3600)));
+            with_db($backend, |t| a_deep_line_hides_no_other_key(t, hourly)).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn limits_that_cannot_work_are_refused() {

@@ -191,6 +191,17 @@ impl QueueLimits {
         room
     }
 
+    /// Whether at most the first job of a key's line may start at once (per-key limits of 1,
+    /// or none).
+    fn first_only(&self) -> bool {
+        self.key_concurrency.is_none_or(|n| n == 1) && self.key_rate.is_none_or(|r| r.jobs == 1)
+    }
+
+    /// Whether a key's jobs have limits of their own.
+    fn per_key(&self) -> bool {
+        self.key_concurrency.is_some() || self.key_rate.is_some()
+    }
+
     /// The longest of its rate periods, in milliseconds: how long starts must be kept.
     pub(crate) fn longest_period_ms(&self) -> Option<i64> {
         [self.rate, self.key_rate]
@@ -245,7 +256,16 @@ pub(crate) async fn claim<R: Run + ?Sized>(
     if room <= 0 {
         return Ok(vec![]);
     }
-    let picked = tx.texts(pick_ids_sql(queue, kinds, &limits, room)).await?;
+    let mut picked = tx.texts(pick_ids_sql(queue, kinds, &limits, room)).await?;
+    if (picked.len() as i64) < room && limits.first_only() && limits.per_key() {
+        // The claim order's first jobs left room: the first of lines further back.
+        let heads = tx.texts(heads_sql(queue, kinds, &limits, room)).await?;
+        for id in heads {
+            if (picked.len() as i64) < room && !picked.contains(&id) {
+                picked.push(id);
+            }
+        }
+    }
     if picked.is_empty() {
         return Ok(vec![]);
     }
@@ -304,6 +324,48 @@ pub(crate) fn pick_ids_sql<D: Dialect>(
         "SELECT CAST(id AS {}) FROM ({}) AS p",
         D::TEXT,
         pick_sql(&mut b, queue, kinds, limits, take)
+    );
+    Stmt::new(sql, b)
+}
+
+/// Ready jobs a claim looks at in its order before the first of lines further back are
+/// sought ([`heads_sql`]): a claim reads at most this many jobs of busy keys.
+const WINDOW: i64 = 1000;
+
+/// The ids (as text) of up to `take` jobs that are first of their key's line and may start,
+/// where only the first may (see [`pick_sql`]), in claim order: each key's line is found
+/// through the limit index, key after key, its first job looked up, so that the claim reads
+/// as many index entries as there are keys with ready jobs, however deep their lines.
+pub(crate) fn heads_sql<D: Dialect>(
+    queue: &str,
+    kinds: &[String],
+    limits: &QueueLimits,
+    take: i64,
+) -> Stmt<D> {
+    let now = D::NOW;
+    let mut b = Binder::<D>::new();
+    let q1 = b.bind(queue.to_owned());
+    let q2 = b.bind(queue.to_owned());
+    let q3 = b.bind(queue.to_owned());
+    let kinds = kinds_cond(&mut b, kinds, "j.");
+    let line = FirstOfLine { queue, limits };
+    let blocked = line.blocked(&mut b, Arm::Ready).join(" OR ");
+    let sql = format!(
+        "WITH RECURSIVE rowclaim_keys (k) AS (\
+         SELECT MIN(limit_key) FROM rowclaim_jobs WHERE queue = {q1} AND status = {READY} \
+         AND limit_key IS NOT NULL \
+         UNION ALL SELECT (SELECT MIN(o.limit_key) FROM rowclaim_jobs AS o WHERE o.queue = {q2} \
+         AND o.status = {READY} AND o.limit_key > rowclaim_keys.k) \
+         FROM rowclaim_keys WHERE rowclaim_keys.k IS NOT NULL) \
+         SELECT {}CAST(j.id AS {}) FROM rowclaim_keys JOIN rowclaim_jobs AS j \
+         ON j.id = (SELECT MIN(h.id) FROM rowclaim_jobs AS h WHERE h.queue = {q3} \
+         AND h.status = {READY} AND h.limit_key = rowclaim_keys.k \
+         AND (h.run_at <= {now} OR h.attempts > 0)) \
+         WHERE j.run_at <= {now}{kinds} AND NOT ({blocked}) \
+         ORDER BY j.priority DESC, j.run_at, j.id LIMIT {}",
+        D::DEEP_RECURSION,
+        D::TEXT,
+        b.bind(take)
     );
     Stmt::new(sql, b)
 }
@@ -387,9 +449,7 @@ fn pick_sql<D: Dialect>(
     l: &QueueLimits,
     take: i64,
 ) -> String {
-    let first_only =
-        l.key_concurrency.is_none_or(|n| n == 1) && l.key_rate.is_none_or(|r| r.jobs == 1);
-    if first_only {
+    if l.first_only() {
         arms_sql(b, queue, kinds, l, take)
     } else {
         lines_sql(b, queue, kinds, l, take)
@@ -433,10 +493,26 @@ struct FirstOfLine<'a> {
 }
 
 impl FirstOfLine<'_> {
-    /// One arm: its jobs, in its index's order, those that are first of their line.
+    /// One arm: its jobs, in its index's order, those that are first of their line. Under
+    /// per-key limits the ready arm looks at the first [`WINDOW`] ready jobs only, so that a
+    /// claim does not read a deep backlog of jobs whose keys are busy; [`heads_sql`] finds the
+    /// first of lines further back.
     fn arm<D: Dialect>(&self, b: &mut Binder<D>, arm: Arm, kinds: &[String], take: i64) -> String {
         let now = D::NOW;
         let q = b.bind(self.queue.to_owned());
+        if arm == Arm::Ready && self.limits.per_key() {
+            let kinds = kinds_cond(b, kinds, "w.");
+            let window = b.bind(WINDOW.max(take));
+            let blocked = self.blocked(b, arm).join(" OR ");
+            return format!(
+                "SELECT j.id FROM (SELECT w.id, w.limit_key, w.priority, w.run_at \
+                 FROM rowclaim_jobs AS w WHERE w.queue = {q} AND w.status = {READY} \
+                 AND w.run_at <= {now}{kinds} ORDER BY w.priority DESC, w.run_at, w.id \
+                 LIMIT {window}) AS j WHERE j.limit_key IS NULL OR NOT ({blocked}) \
+                 ORDER BY j.priority DESC, j.run_at, j.id LIMIT {}",
+                b.bind(take)
+            );
+        }
         let mut cond = match arm {
             Arm::Expired => format!("j.status = {RUNNING} AND j.lease_until < {now}"),
             Arm::Ready => format!("j.status = {READY} AND j.run_at <= {now}"),

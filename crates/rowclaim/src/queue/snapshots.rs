@@ -125,6 +125,10 @@ fn limited<D: Dialect>(payload_type: &str, strategy: Strategy) -> String {
             limits::pick_ids_sql("mail", &kinds, &first_only, 2),
         ),
         (
+            "the first of lines further back: key concurrency 1, key rate 1 per minute",
+            limits::heads_sql("mail", &kinds, &first_only, 2),
+        ),
+        (
             "pick: key concurrency 3, key rate 5 per minute",
             limits::pick_ids_sql("mail", &kinds, &lines, 2),
         ),

@@ -39,6 +39,9 @@ pub(crate) trait Dialect: Sized + Send + Sync + 'static {
     /// How a locking read asks not to wait (` NOWAIT`); `None` where there are no row locks
     /// (SQLite: a write transaction locks the whole database).
     const NOWAIT: Option<&'static str> = Some(" NOWAIT");
+    /// What a `SELECT` over a recursive common table expression starts with, so that it may
+    /// recurse as deep as the data goes (MySQL stops at 1,000 levels unless told otherwise).
+    const DEEP_RECURSION: &'static str = "";
     /// What a lease column must be, for messages.
     const LEASE_TYPE: &'static str;
     /// The column type a lease column must have.
