@@ -257,8 +257,12 @@ pub(crate) async fn claim<R: Run + ?Sized>(
         return Ok(vec![]);
     }
     let mut picked = tx.texts(pick_ids_sql(queue, kinds, &limits, room)).await?;
-    if (picked.len() as i64) < room && limits.first_only() && limits.per_key() {
-        // The claim order's first jobs left room: the first of lines further back.
+    if R::Sql::SKIP_SCAN
+        && limits.first_only()
+        && limits.per_key()
+        && (picked.len() as i64) * 2 < room
+    {
+        // The claim order's first jobs left most of the room: the first of lines further back.
         let heads = tx.texts(heads_sql(queue, kinds, &limits, room)).await?;
         for id in heads {
             if (picked.len() as i64) < room && !picked.contains(&id) {
@@ -357,13 +361,12 @@ pub(crate) fn heads_sql<D: Dialect>(
          UNION ALL SELECT (SELECT MIN(o.limit_key) FROM rowclaim_jobs AS o WHERE o.queue = {q2} \
          AND o.status = {READY} AND o.limit_key > rowclaim_keys.k) \
          FROM rowclaim_keys WHERE rowclaim_keys.k IS NOT NULL) \
-         SELECT {}CAST(j.id AS {}) FROM rowclaim_keys JOIN rowclaim_jobs AS j \
-         ON j.id = (SELECT MIN(h.id) FROM rowclaim_jobs AS h WHERE h.queue = {q3} \
+         SELECT CAST(j.id AS {}) FROM rowclaim_keys JOIN rowclaim_jobs AS j \
+         ON j.id = (SELECT h.id FROM rowclaim_jobs AS h WHERE h.queue = {q3} \
          AND h.status = {READY} AND h.limit_key = rowclaim_keys.k \
-         AND (h.run_at <= {now} OR h.attempts > 0)) \
+         AND (h.run_at <= {now} OR h.attempts > 0) ORDER BY h.id LIMIT 1) \
          WHERE j.run_at <= {now}{kinds} AND NOT ({blocked}) \
          ORDER BY j.priority DESC, j.run_at, j.id LIMIT {}",
-        D::DEEP_RECURSION,
         D::TEXT,
         b.bind(take)
     );
@@ -500,7 +503,7 @@ impl FirstOfLine<'_> {
     fn arm<D: Dialect>(&self, b: &mut Binder<D>, arm: Arm, kinds: &[String], take: i64) -> String {
         let now = D::NOW;
         let q = b.bind(self.queue.to_owned());
-        if arm == Arm::Ready && self.limits.per_key() {
+        if arm == Arm::Ready && self.limits.per_key() && D::SKIP_SCAN {
             let kinds = kinds_cond(b, kinds, "w.");
             let window = b.bind(WINDOW.max(take));
             let blocked = self.blocked(b, arm).join(" OR ");

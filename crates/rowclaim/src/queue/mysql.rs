@@ -319,11 +319,6 @@ const MIGRATIONS: &[&[&str]] = &[&["CREATE TABLE IF NOT EXISTS rowclaim_jobs (
     // v9: a keyed job's place in its key's line, read job by job by a limited claim.
     &["ALTER TABLE rowclaim_jobs ADD KEY IF NOT EXISTS rowclaim_jobs_limit \
      (queue, limit_key, status, id)"],
-    // v10: the same key with the status first, so that the keys with ready jobs are read in
-    // order, each at one look, without the finished jobs of each key (`limits.rs`:
-    // `heads_sql`). (PostgreSQL's and SQLite's index holds ready and running jobs only.)
-    &["ALTER TABLE rowclaim_jobs DROP KEY rowclaim_jobs_limit, \
-     ADD KEY rowclaim_jobs_limit (queue, status, limit_key, id)"],
 ];
 
 /// The schedules' migrations: version `i + 1` is entry `i`. MySQL

@@ -53,8 +53,7 @@ pub(crate) const NOW: &str = "UTC_TIMESTAMP(6)";
 pub(crate) struct Sql;
 
 impl Dialect for Sql {
-    // A hint MySQL 8 reads and MariaDB takes for a comment (it has no such limit by default).
-    const DEEP_RECURSION: &'static str = "/*+ SET_VAR(cte_max_recursion_depth = 4294967295) */ ";
+    const SKIP_SCAN: bool = false;
     type DB = MySql;
     const NOW: &'static str = NOW;
     const EPOCH_SECONDS: &'static str = "UNIX_TIMESTAMP()";

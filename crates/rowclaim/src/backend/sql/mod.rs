@@ -39,9 +39,12 @@ pub(crate) trait Dialect: Sized + Send + Sync + 'static {
     /// How a locking read asks not to wait (` NOWAIT`); `None` where there are no row locks
     /// (SQLite: a write transaction locks the whole database).
     const NOWAIT: Option<&'static str> = Some(" NOWAIT");
-    /// What a `SELECT` over a recursive common table expression starts with, so that it may
-    /// recurse as deep as the data goes (MySQL stops at 1,000 levels unless told otherwise).
-    const DEEP_RECURSION: &'static str = "";
+    /// Whether a limited claim may find the first job of each key's line key by key, a
+    /// recursive query that reads the limit index one key at a time. That needs an index range
+    /// bounded by the step before's value (MySQL and MariaDB read such a range from its start
+    /// in a correlated subquery) and an index of live jobs only (SQLite's limit index holds
+    /// finished jobs too, which each step would read past).
+    const SKIP_SCAN: bool = true;
     /// What a lease column must be, for messages.
     const LEASE_TYPE: &'static str;
     /// The column type a lease column must have.

@@ -37,6 +37,7 @@ type Tx = LiteHeld;
 pub(crate) struct Sql;
 
 impl Dialect for Sql {
+    const SKIP_SCAN: bool = false;
     type DB = Sqlite;
     const NOW: &'static str = NOW;
     const EPOCH_SECONDS: &'static str = "unixepoch()";
