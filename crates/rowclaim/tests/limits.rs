@@ -295,9 +295,9 @@ async fn bad_limits(t: Arc<TestDb>) {
 }
 
 /// A key whose line is deeper than a claim looks into the queue's order hides no other key's
-/// first job: with 1,200 jobs of key a ahead of key b's two, one claim takes the first of each
-/// line, and the next (while those run, or within the rate's period) takes nothing.
-async fn a_deep_line_hides_no_other_key(t: Arc<TestDb>, limits: QueueLimits) {
+/// first jobs: with 1,200 jobs of key a ahead of key b's two, one claim takes the `first` of
+/// each line, and the next (while those run, or within the rate's period) takes nothing.
+async fn a_deep_line_hides_no_other_key(t: Arc<TestDb>, limits: QueueLimits, first: &[&str]) {
     let q = queue(&t).await;
     q.limit("deep", &limits).await.unwrap();
     let job = |key: &str, n: usize| {
@@ -325,8 +325,8 @@ async fn a_deep_line_hides_no_other_key(t: Arc<TestDb>, limits: QueueLimits) {
         t.sort();
         t
     };
-    let first = claimer.claim(10, Duration::from_secs(60)).await.unwrap();
-    assert_eq!(taken(&first), ["a0", "b0"], "{limits:?}");
+    let claim = claimer.claim(10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(taken(&claim), first, "{limits:?}");
     let next = claimer.claim(10, Duration::from_secs(60)).await.unwrap();
     assert_eq!(taken(&next), Vec::<String>::new(), "{limits:?}");
 }
@@ -354,14 +354,25 @@ macro_rules! limit_cases {
         async fn a_deep_line_of_one_key_at_a_time_hides_no_other_key() {
             let one_at_a_time = QueueLimits::default().key_concurrency(1);
             with_db($backend, |t| {
-                a_deep_line_hides_no_other_key(t, one_at_a_time)
+                a_deep_line_hides_no_other_key(t, one_at_a_time, &["a0", "b0"])
             })
             .await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_deep_line_of_one_start_an_hour_hides_no_other_key() {
             let hourly = QueueLimits::default().key_rate(Rate::new(1, Duration::from_secs(3600)));
-            with_db($backend, |t| a_deep_line_hides_no_other_key(t, hourly)).await
+            with_db($backend, |t| {
+                a_deep_line_hides_no_other_key(t, hourly, &["a0", "b0"])
+            })
+            .await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_deep_line_of_two_at_a_time_hides_no_other_key() {
+            let two = QueueLimits::default().key_concurrency(2);
+            with_db($backend, |t| {
+                a_deep_line_hides_no_other_key(t, two, &["a0", "a1", "b0", "b1"])
+            })
+            .await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn limits_that_cannot_work_are_refused() {

@@ -197,6 +197,22 @@ impl QueueLimits {
         self.key_concurrency.is_none_or(|n| n == 1) && self.key_rate.is_none_or(|r| r.jobs == 1)
     }
 
+    /// Whether a claim checks job by job, in claim order, which may start ([`arms_sql`]):
+    /// where only the first of a line may, and, where the database reads the limit index key
+    /// by key ([`Dialect::SKIP_SCAN`]), under any per-key concurrency without a per-key rate.
+    /// Otherwise every line is numbered ([`lines_sql`]).
+    fn by_arms<D: Dialect>(&self) -> bool {
+        self.first_only() || (D::SKIP_SCAN && self.key_rate.is_none())
+    }
+
+    /// How many of a key's line may start at once: its first `n`.
+    fn line_front(&self) -> i64 {
+        match self.key_rate {
+            Some(_) => 1,
+            None => i64::from(self.key_concurrency.unwrap_or(1)),
+        }
+    }
+
     /// Whether a key's jobs have limits of their own.
     fn per_key(&self) -> bool {
         self.key_concurrency.is_some() || self.key_rate.is_some()
@@ -258,7 +274,7 @@ pub(crate) async fn claim<R: Run + ?Sized>(
     }
     let mut picked = tx.texts(pick_ids_sql(queue, kinds, &limits, room)).await?;
     if R::Sql::SKIP_SCAN
-        && limits.first_only()
+        && limits.by_arms::<R::Sql>()
         && limits.per_key()
         && (picked.len() as i64) * 2 < room
     {
@@ -336,10 +352,12 @@ pub(crate) fn pick_ids_sql<D: Dialect>(
 /// sought ([`heads_sql`]): a claim reads at most this many jobs of busy keys.
 const WINDOW: i64 = 1000;
 
-/// The ids (as text) of up to `take` jobs that are first of their key's line and may start,
-/// where only the first may (see [`pick_sql`]), in claim order: each key's line is found
-/// through the limit index, key after key, its first job looked up, so that the claim reads
-/// as many index entries as there are keys with ready jobs, however deep their lines.
+/// The ids (as text) of up to `take` jobs at the front of their key's line that may start
+/// (see [`pick_sql`]), in claim order: each key's line is found through the limit index, key
+/// after key, and its front looked up (its first job; its first `n` under a per-key concurrency
+/// of `n`), so that the claim reads as many index entries as there are keys with ready jobs,
+/// however deep their lines. PostgreSQL only ([`Dialect::SKIP_SCAN`]; it reads each front
+/// through `LATERAL`).
 pub(crate) fn heads_sql<D: Dialect>(
     queue: &str,
     kinds: &[String],
@@ -351,6 +369,7 @@ pub(crate) fn heads_sql<D: Dialect>(
     let q1 = b.bind(queue.to_owned());
     let q2 = b.bind(queue.to_owned());
     let q3 = b.bind(queue.to_owned());
+    let front = b.bind(limits.line_front());
     let kinds = kinds_cond(&mut b, kinds, "j.");
     let line = FirstOfLine { queue, limits };
     let blocked = line.blocked(&mut b, Arm::Ready).join(" OR ");
@@ -361,10 +380,11 @@ pub(crate) fn heads_sql<D: Dialect>(
          UNION ALL SELECT (SELECT MIN(o.limit_key) FROM rowclaim_jobs AS o WHERE o.queue = {q2} \
          AND o.status = {READY} AND o.limit_key > rowclaim_keys.k) \
          FROM rowclaim_keys WHERE rowclaim_keys.k IS NOT NULL) \
-         SELECT CAST(j.id AS {}) FROM rowclaim_keys JOIN rowclaim_jobs AS j \
-         ON j.id = (SELECT h.id FROM rowclaim_jobs AS h WHERE h.queue = {q3} \
+         SELECT CAST(j.id AS {}) FROM rowclaim_keys CROSS JOIN LATERAL \
+         (SELECT h.id FROM rowclaim_jobs AS h WHERE h.queue = {q3} \
          AND h.status = {READY} AND h.limit_key = rowclaim_keys.k \
-         AND (h.run_at <= {now} OR h.attempts > 0) ORDER BY h.id LIMIT 1) \
+         AND (h.run_at <= {now} OR h.attempts > 0) ORDER BY h.id LIMIT {front}) AS rowclaim_front \
+         JOIN rowclaim_jobs AS j ON j.id = rowclaim_front.id \
          WHERE j.run_at <= {now}{kinds} AND NOT ({blocked}) \
          ORDER BY j.priority DESC, j.run_at, j.id LIMIT {}",
         D::TEXT,
@@ -442,9 +462,10 @@ pub(crate) fn claimed_sql<D: Dialect>(a: &ClaimArgs<'_>, ids: &IdList) -> Stmt<D
 /// scheduled for later that never ran is not in line until its time comes.
 ///
 /// Where at most the first of a line can start (per-key limits of 1, the common "one at a time
-/// per key"), each job is checked on its own, through indexes, as claims walk the queue in
-/// order ([`arms_sql`]); otherwise every line is numbered ([`lines_sql`]), which reads all of
-/// the queue's pending work.
+/// per key"), and on PostgreSQL under any per-key concurrency without a per-key rate, each job
+/// is checked on its own, through indexes, as claims walk the queue in order ([`arms_sql`]);
+/// otherwise every line is numbered ([`lines_sql`]), which reads all of the queue's pending
+/// work.
 fn pick_sql<D: Dialect>(
     b: &mut Binder<D>,
     queue: &str,
@@ -452,18 +473,19 @@ fn pick_sql<D: Dialect>(
     l: &QueueLimits,
     take: i64,
 ) -> String {
-    if l.first_only() {
+    if l.by_arms::<D>() {
         arms_sql(b, queue, kinds, l, take)
     } else {
         lines_sql(b, queue, kinds, l, take)
     }
 }
 
-/// [`pick_sql`] where only the first of a key's line may start: jobs whose lease ran out, then
-/// due ready jobs, each arm read through its own index as the ordinary claim reads them
-/// (`sql::candidates`), a keyed job only if no job of its key is ahead of it in line (nor runs,
-/// under a concurrency of 1; nor started within the period, under a rate of 1). Without per-key
-/// limits, simply the first jobs of each arm. (Values are bound in the order the text has them.)
+/// [`pick_sql`] job by job: jobs whose lease ran out, then due ready jobs, each arm read through
+/// its own index as the ordinary claim reads them (`sql::candidates`), a keyed job only if no
+/// job of its key is ahead of it in line (nor runs, under a concurrency of 1; nor started
+/// within the period, under a rate of 1), or, under a per-key concurrency of `n` above 1, if
+/// fewer than `n` of its key run or wait ahead of it. Without per-key limits, simply the first
+/// jobs of each arm. (Values are bound in the order the text has them.)
 fn arms_sql<D: Dialect>(
     b: &mut Binder<D>,
     queue: &str,
@@ -555,6 +577,17 @@ impl FirstOfLine<'_> {
                     blocked.push(self.started(b, rate));
                 }
             }
+            // Up to n of a key at once: a job may start while fewer than n of its key run or
+            // wait ahead of it in line (each count stops at n).
+            Arm::Ready if self.limits.line_front() > 1 => {
+                let ahead = format!(
+                    "o.status = {READY} AND o.id < j.id AND (o.run_at <= {now} OR o.attempts > 0)"
+                );
+                let running = self.counted(b, &format!("o.status = {RUNNING}"));
+                let waiting = self.counted(b, &ahead);
+                let n = b.bind(self.limits.line_front());
+                blocked.push(format!("{running} + {waiting} >= {n}"));
+            }
             Arm::Ready if one_running || key_rate.is_some() => {
                 let ahead = format!(
                     "o.status = {READY} AND o.id < j.id AND (o.run_at <= {now} OR o.attempts > 0)"
@@ -572,6 +605,16 @@ impl FirstOfLine<'_> {
             Arm::Ready => {}
         }
         blocked
+    }
+
+    /// "How many jobs of j's key are such that `cond`", counted up to the line's front.
+    fn counted<D: Dialect>(&self, b: &mut Binder<D>, cond: &str) -> String {
+        let q = b.bind(self.queue.to_owned());
+        format!(
+            "(SELECT COUNT(*) FROM (SELECT 1 FROM rowclaim_jobs o WHERE o.queue = {q} \
+             AND o.limit_key = j.limit_key AND {cond} LIMIT {}) AS rowclaim_n)",
+            b.bind(self.limits.line_front())
+        )
     }
 
     /// "A job of j's key such that `cond`".

@@ -113,6 +113,7 @@ fn limited<D: Dialect>(payload_type: &str, strategy: Strategy) -> String {
         .concurrency(10)
         .key_concurrency(1)
         .key_rate(Rate::new(1, Duration::from_secs(60)));
+    let two_per_key = QueueLimits::default().key_concurrency(2);
     let lines = QueueLimits::default()
         .key_concurrency(3)
         .rate(Rate::new(100, Duration::from_secs(1)))
@@ -123,6 +124,10 @@ fn limited<D: Dialect>(payload_type: &str, strategy: Strategy) -> String {
         (
             "pick: key concurrency 1, key rate 1 per minute",
             limits::pick_ids_sql("mail", &kinds, &first_only, 2),
+        ),
+        (
+            "pick: key concurrency 2",
+            limits::pick_ids_sql("mail", &kinds, &two_per_key, 2),
         ),
         (
             "pick: key concurrency 3, key rate 5 per minute",
@@ -145,6 +150,8 @@ fn limited<D: Dialect>(payload_type: &str, strategy: Strategy) -> String {
                 heads,
             ),
         );
+        let fronts = limits::heads_sql("mail", &kinds, &two_per_key, 2);
+        steps.insert(5, ("the first two of lines further back", fronts));
     }
     steps
         .into_iter()
