@@ -295,8 +295,9 @@ async fn bad_limits(t: Arc<TestDb>) {
 }
 
 /// A key whose line is deeper than a claim looks into the queue's order hides no other key's
-/// first jobs: with 1,200 jobs of key a ahead of key b's two, one claim takes the `first` of
-/// each line, and the next (while those run, or within the rate's period) takes nothing.
+/// first jobs, nor a job without a key: with 1,200 jobs of key a ahead of key b's two and one
+/// job without a key (`-0`), one claim takes the `first` of each line and the keyless job, and
+/// the next (while those run, or within the rate's period) takes nothing.
 async fn a_deep_line_hides_no_other_key(t: Arc<TestDb>, limits: QueueLimits, first: &[&str]) {
     let q = queue(&t).await;
     q.limit("deep", &limits).await.unwrap();
@@ -307,6 +308,7 @@ async fn a_deep_line_hides_no_other_key(t: Arc<TestDb>, limits: QueueLimits, fir
     };
     let mut jobs: Vec<NewJob> = (0..1200).map(|n| job("a", n)).collect();
     jobs.extend((0..2).map(|n| job("b", n)));
+    jobs.push(NewJob::new(json!({"key": "-", "n": 0})).queue("deep"));
     q.enqueue_many(&jobs).await.unwrap();
     let claimer = q.claimer(&["deep".to_owned()]).await.unwrap();
     let taken = |claim: &rowclaim::Claim| {
@@ -354,7 +356,7 @@ macro_rules! limit_cases {
         async fn a_deep_line_of_one_key_at_a_time_hides_no_other_key() {
             let one_at_a_time = QueueLimits::default().key_concurrency(1);
             with_db($backend, |t| {
-                a_deep_line_hides_no_other_key(t, one_at_a_time, &["a0", "b0"])
+                a_deep_line_hides_no_other_key(t, one_at_a_time, &["-0", "a0", "b0"])
             })
             .await
         }
@@ -362,7 +364,7 @@ macro_rules! limit_cases {
         async fn a_deep_line_of_one_start_an_hour_hides_no_other_key() {
             let hourly = QueueLimits::default().key_rate(Rate::new(1, Duration::from_secs(3600)));
             with_db($backend, |t| {
-                a_deep_line_hides_no_other_key(t, hourly, &["a0", "b0"])
+                a_deep_line_hides_no_other_key(t, hourly, &["-0", "a0", "b0"])
             })
             .await
         }
@@ -370,7 +372,7 @@ macro_rules! limit_cases {
         async fn a_deep_line_of_two_at_a_time_hides_no_other_key() {
             let two = QueueLimits::default().key_concurrency(2);
             with_db($backend, |t| {
-                a_deep_line_hides_no_other_key(t, two, &["a0", "a1", "b0", "b1"])
+                a_deep_line_hides_no_other_key(t, two, &["-0", "a0", "a1", "b0", "b1"])
             })
             .await
         }

@@ -2,7 +2,7 @@
 //! source whose mapping this layer owns; it completes that mapping ([`Jobs`]: run-at,
 //! attempted-at, finished-at, last error and output, the conditions of its queues, kinds,
 //! pauses and limits) and shapes its claims ([`JobClaims`]: where a claim resumes, and the jobs
-//! of limited queues that `limits.rs` claims under the same token).
+//! of limited queues that `limits/` claims under the same token).
 //!
 //! A job claim, top to bottom: [`Claimer::claim`] → [`JobClaims::claim`] →
 //! [`Claimer::claim_with`] (the claim core, as for any source) and [`Limited::claim_more`].
@@ -69,7 +69,7 @@ impl Layer for Jobs {
             output: q("output"),
             delete_done: self.delete_done,
             // A job of a paused queue is never claimed; one of a limited queue only by the
-            // limited claim (`limits.rs`), which counts it as work all the same.
+            // limited claim (`limits/`), which counts it as work all the same.
             claimable: self.conditions(&format!("paused_at IS NOT NULL OR {LIMITED}")),
             work: self.conditions("paused_at IS NOT NULL"),
             carried: m
@@ -130,7 +130,7 @@ impl Jobs {
 
 /// How often a claimer of the managed queue reads again which of its queues have limits. An
 /// ordinary claim never takes a limited queue's job (the claim itself checks); this only says
-/// how soon a queue that became limited is served by the limited claim (`limits.rs`).
+/// how soon a queue that became limited is served by the limited claim (`limits/`).
 const LIMITS_EVERY: Duration = Duration::from_secs(1);
 
 /// How long claims resume where the last one ended before one starts again from the beginning

@@ -300,7 +300,7 @@ const MIGRATIONS: &[&[&str]] = &[&["CREATE TABLE IF NOT EXISTS rowclaim_jobs (
     // v5: per-queue settings (paused since when).
     &["CREATE TABLE IF NOT EXISTS rowclaim_queues (name VARCHAR(255) NOT NULL PRIMARY KEY, \
      paused_at DATETIME(6) NULL) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"],
-    // v6–v9: limits (see `limits.rs`): a job's limit key and when its latest attempt started; a
+    // v6–v9: limits (see `limits/`): a job's limit key and when its latest attempt started; a
     // queue's limits, and the turns its limited claims take on its row (on Galera, the write
     // that makes two nodes' limited claims of one queue conflict); the starts a rate limit
     // counts (a primary key, as Galera needs).

@@ -220,7 +220,7 @@ const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
         "ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS output jsonb",
         "CREATE TABLE IF NOT EXISTS rowclaim_queues (name text PRIMARY KEY, paused_at timestamptz)",
     ],
-    // v5: limits (see `limits.rs`): a job's limit key and when its latest attempt started; a
+    // v5: limits (see `limits/`): a job's limit key and when its latest attempt started; a
     // queue's limits, and the turns its limited claims take on its row; the starts a rate
     // limit counts.
     &[

@@ -1,5 +1,5 @@
 //! Settings of one queue of the managed queue, kept in `rowclaim_queues` (a row only for queues
-//! that have any): whether it is paused, and its limits (see `limits.rs`). Written once over a driver's [`Run`], since the SQL is
+//! that have any): whether it is paused, and its limits (see `limits/`). Written once over a driver's [`Run`], since the SQL is
 //! the same on every database but for its clock.
 //!
 //! A pause is honoured in the claim itself (see `claim.rs`: `Jobs::conditions`): a job of a paused queue

@@ -1,0 +1,418 @@
+//! Limits of one queue, enforced in the database so that they hold across every worker on every
+//! machine: how many of its jobs run at once, how many with one limit key run at once (1: one
+//! after another, in enqueue order), and how many start per period, in the queue and per key.
+//!
+//! A queue's limits live in its `rowclaim_queues` row. The ordinary claim leaves the jobs of a
+//! limited queue alone (`claim.rs`: `Jobs::conditions`); they are claimed here instead, one queue at a
+//! time, by [`claim`]: in a transaction that first writes the queue's row (`claim_turns`), so
+//! that limited claims of one queue take turns on its row lock, every database alike (and on
+//! Galera two nodes' turns conflict at certification, and one is retried). Under that lock it
+//! counts what runs and what started, picks what the limits allow, marks it claimed and, for a
+//! rate, records the starts in `rowclaim_starts`. Each claim's statements are written once, here,
+//! over a driver's [`Run`] in its transaction.
+//!
+//! What counts as running: jobs claimed whose lease has not run out (a job whose holder died
+//! holds its place until its lease runs out; then it is taken again first). What counts as
+//! started: each claim of a job, by the database's clock, the same instant its `attempted_at`
+//! records.
+
+mod pick;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::run::Run;
+use crate::backend::sql::{self, Binder, Dialect, Stmt};
+use crate::backend::ClaimArgs;
+use crate::error::{Error, Result};
+use crate::value::IdList;
+use pick::WINDOW;
+pub(crate) use pick::{heads_sql, pick_ids_sql};
+
+/// The limits of one queue. Set with [`crate::Queue::limit`]; none by default.
+///
+/// ```
+/// use rowclaim::{QueueLimits, Rate};
+/// use std::time::Duration;
+/// // At most 10 jobs at once, one per customer at a time, 100 starts a minute.
+/// let limits = QueueLimits::default()
+///     .concurrency(10)
+///     .key_concurrency(1)
+///     .rate(Rate::new(100, Duration::from_secs(60)));
+/// assert!(!limits.is_none());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct QueueLimits {
+    /// At most this many of the queue's jobs run at once, across all workers.
+    pub concurrency: Option<u32>,
+    /// At most this many jobs with one limit key ([`crate::NewJob::limit_key`]) run at once,
+    /// started in enqueue order; 1 runs each key's jobs one after another.
+    pub key_concurrency: Option<u32>,
+    /// At most this many of the queue's jobs start per period.
+    pub rate: Option<Rate>,
+    /// At most this many jobs with one limit key start per period.
+    pub key_rate: Option<Rate>,
+}
+
+/// So many job starts per period (a sliding window: any period-long stretch holds at most
+/// `jobs` starts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Rate {
+    /// Starts allowed per period.
+    pub jobs: u32,
+    /// The period.
+    #[serde(with = "period_ms")]
+    pub per: Duration,
+}
+
+mod period_ms {
+    use super::Duration;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_millis(u64::deserialize(d)?))
+    }
+}
+
+/// The longest rate period: starts are kept this long at most.
+pub const MAX_RATE_PERIOD: Duration = Duration::from_secs(7 * 24 * 3600);
+
+impl Rate {
+    /// `jobs` starts per `per`.
+    pub fn new(jobs: u32, per: Duration) -> Rate {
+        Rate { jobs, per }
+    }
+
+    fn check(&self, what: &str) -> Result<()> {
+        if self.jobs == 0 {
+            return Err(Error::InvalidInput(format!(
+                "{what} must allow at least 1 job per period (pause the queue to start none)"
+            )));
+        }
+        if self.per < Duration::from_millis(1) || self.per > MAX_RATE_PERIOD {
+            return Err(Error::InvalidInput(format!(
+                "{what}'s period must be from 1ms to 7 days, not {:?}",
+                self.per
+            )));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn period_ms(&self) -> i64 {
+        i64::try_from(self.per.as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
+impl QueueLimits {
+    /// At most `n` of the queue's jobs at once.
+    pub fn concurrency(mut self, n: u32) -> Self {
+        self.concurrency = Some(n);
+        self
+    }
+
+    /// At most `n` jobs with one limit key at once (1: one after another, in enqueue order).
+    pub fn key_concurrency(mut self, n: u32) -> Self {
+        self.key_concurrency = Some(n);
+        self
+    }
+
+    /// At most `rate.jobs` of the queue's jobs start per `rate.per`.
+    pub fn rate(mut self, rate: Rate) -> Self {
+        self.rate = Some(rate);
+        self
+    }
+
+    /// At most `rate.jobs` jobs with one limit key start per `rate.per`.
+    pub fn key_rate(mut self, rate: Rate) -> Self {
+        self.key_rate = Some(rate);
+        self
+    }
+
+    /// No limit at all.
+    pub fn is_none(&self) -> bool {
+        *self == QueueLimits::default()
+    }
+
+    pub(crate) fn check(&self) -> Result<()> {
+        for (n, what) in [
+            (self.concurrency, "concurrency"),
+            (self.key_concurrency, "per-key concurrency"),
+        ] {
+            if n == Some(0) {
+                return Err(Error::InvalidInput(format!(
+                    "{what} must be at least 1 (pause the queue to run none)"
+                )));
+            }
+        }
+        if let Some(r) = &self.rate {
+            r.check("rate")?;
+        }
+        if let Some(r) = &self.key_rate {
+            r.check("per-key rate")?;
+        }
+        Ok(())
+    }
+
+    /// From the columns as [`COLUMNS`] lists them.
+    pub(crate) fn from_columns(c: &[Option<i64>]) -> QueueLimits {
+        let n = |i: usize| {
+            c.get(i)
+                .copied()
+                .flatten()
+                .and_then(|v| u32::try_from(v).ok())
+        };
+        let rate = |i: usize| {
+            Some(Rate::new(
+                n(i)?,
+                Duration::from_millis(u64::try_from(c.get(i + 1).copied().flatten()?).ok()?),
+            ))
+        };
+        QueueLimits {
+            concurrency: n(0),
+            key_concurrency: n(1),
+            rate: rate(2),
+            key_rate: rate(4),
+        }
+    }
+
+    /// How many of a claim's `batch` the queue's own limits leave room for, with `running` of
+    /// its jobs running and `started` started within its rate period.
+    fn room(&self, batch: i64, running: i64, started: i64) -> i64 {
+        let mut room = batch;
+        if let Some(max) = self.concurrency {
+            room = room.min(i64::from(max) - running);
+        }
+        if let Some(rate) = self.rate {
+            room = room.min(i64::from(rate.jobs) - started);
+        }
+        room
+    }
+
+    /// Whether at most the first job of a key's line may start at once (per-key limits of 1,
+    /// or none).
+    fn first_only(&self) -> bool {
+        self.key_concurrency.is_none_or(|n| n == 1) && self.key_rate.is_none_or(|r| r.jobs == 1)
+    }
+
+    /// Whether a claim checks job by job, in claim order, which may start (`pick::arms_sql`):
+    /// where only the first of a line may, and, where the database reads the limit index key
+    /// by key ([`Dialect::SKIP_SCAN`]), under any per-key concurrency without a per-key rate.
+    /// Otherwise every line is numbered (`pick::lines_sql`).
+    fn by_arms<D: Dialect>(&self) -> bool {
+        self.first_only() || (D::SKIP_SCAN && self.key_rate.is_none())
+    }
+
+    /// Whether a claim looks at the first [`WINDOW`] ready jobs in its order only, and further
+    /// back key by key ([`heads_sql`]) when they leave room: under per-key limits, picked job by
+    /// job, where the database reads the limit index key by key.
+    fn looks_further<D: Dialect>(&self) -> bool {
+        D::SKIP_SCAN && self.per_key() && self.by_arms::<D>()
+    }
+
+    /// How many of a key's line may start at once where jobs are picked job by job
+    /// ([`QueueLimits::by_arms`]): its first `n`.
+    fn line_front(&self) -> i64 {
+        match self.key_rate {
+            Some(_) => 1,
+            None => i64::from(self.key_concurrency.unwrap_or(1)),
+        }
+    }
+
+    /// Whether a key's jobs have limits of their own.
+    fn per_key(&self) -> bool {
+        self.key_concurrency.is_some() || self.key_rate.is_some()
+    }
+
+    /// The longest of its rate periods, in milliseconds: how long starts must be kept.
+    pub(crate) fn longest_period_ms(&self) -> Option<i64> {
+        [self.rate, self.key_rate]
+            .iter()
+            .flatten()
+            .map(Rate::period_ms)
+            .max()
+    }
+}
+
+/// A queue's limit columns in `rowclaim_queues`, in the order [`QueueLimits::from_columns`]
+/// reads them.
+pub(crate) const COLUMNS: &str =
+    "concurrency, key_concurrency, rate, rate_period_ms, key_rate, key_rate_period_ms";
+
+/// "This queue has a limit", over a `rowclaim_queues` row.
+pub(crate) const LIMITED: &str = "(concurrency IS NOT NULL OR key_concurrency IS NOT NULL \
+     OR rate IS NOT NULL OR key_rate IS NOT NULL)";
+
+/// The queues with limits that are not paused, by name: those [`claim`] serves.
+pub(crate) async fn limited_queues<R: Run + ?Sized>(r: &R) -> Result<Vec<String>> {
+    let sql = format!(
+        "SELECT name FROM rowclaim_queues WHERE paused_at IS NULL AND {LIMITED} ORDER BY name"
+    );
+    r.texts(Stmt::new(sql, Binder::new())).await
+}
+
+/// The job statuses a limited claim reads (checked literals, as everywhere).
+const READY: &str = "'ready'";
+const RUNNING: &str = "'running'";
+
+/// Claims up to `a.batch` jobs of the limited queue `queue` (of `kinds`, all when empty) that
+/// its limits allow, in the transaction `tx` (the caller commits it): rows as JSON, as any claim
+/// returns them. None when the queue is paused or no longer limited (the ordinary claim serves
+/// it then).
+pub(crate) async fn claim<R: Run + ?Sized>(
+    tx: &R,
+    a: &ClaimArgs<'_>,
+    queue: &str,
+    kinds: &[String],
+) -> Result<Vec<serde_json::Value>> {
+    // The queue's turn: its row lock, held to the end of the transaction.
+    if tx.execute(turn_sql(queue)).await? == 0 {
+        return Ok(vec![]);
+    }
+    let Some((_, columns)) = tx.named_numbers(read_sql(queue), 9).await?.pop() else {
+        return Ok(vec![]);
+    };
+    let limits = QueueLimits::from_columns(&columns);
+    let count = |i: usize| columns.get(i).copied().flatten().unwrap_or(0);
+    let room = limits.room(i64::from(a.batch), count(6), count(7));
+    if room <= 0 {
+        return Ok(vec![]);
+    }
+    let mut picked = tx.texts(pick_ids_sql(queue, kinds, &limits, room)).await?;
+    let more_behind = count(8) >= WINDOW;
+    if limits.looks_further::<R::Sql>() && more_behind && (picked.len() as i64) * 2 < room {
+        // The first jobs in claim order left most of the room, and more wait behind them: the
+        // fronts of lines further back, and jobs without a key.
+        let seen: HashSet<String> = picked.iter().cloned().collect();
+        let further = tx.texts(heads_sql(queue, kinds, &limits, room)).await?;
+        let left = usize::try_from(room)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(picked.len());
+        picked.extend(
+            further
+                .into_iter()
+                .filter(|id| !seen.contains(id))
+                .take(left),
+        );
+    }
+    if picked.is_empty() {
+        return Ok(vec![]);
+    }
+    let ids = IdList::new(a.m.id_kind, &a.m.parse_ids(&picked)?)?;
+    tx.execute(mark_sql(a, &ids)).await?;
+    if let Some(keep_ms) = limits.longest_period_ms() {
+        tx.execute(starts_sql(a, &ids)).await?;
+        tx.execute(prune_starts_sql(queue, keep_ms)).await?;
+    }
+    tx.texts(claimed_sql(a, &ids))
+        .await?
+        .iter()
+        .map(|t| sql::parse_row(t))
+        .collect()
+}
+
+/// The queue's turn: a write of its row, whose lock the claim's transaction holds to its end,
+/// so that limited claims of one queue take turns. Nothing when it is paused or no longer
+/// limited.
+pub(crate) fn turn_sql<D: Dialect>(queue: &str) -> Stmt<D> {
+    let mut b = Binder::<D>::new();
+    let sql = format!(
+        "UPDATE rowclaim_queues SET claim_turns = claim_turns + 1 WHERE name = {} \
+         AND paused_at IS NULL AND {LIMITED}",
+        b.bind(queue.to_owned())
+    );
+    Stmt::new(sql, b)
+}
+
+/// The queue's limits, what runs and what started within its rate period, and, where a claim
+/// may look further back than its first [`WINDOW`] ready jobs, how many due ready jobs there
+/// are up to that many, in one read. (A count a limit does not need is not made.)
+pub(crate) fn read_sql<D: Dialect>(queue: &str) -> Stmt<D> {
+    let (now, now_ms) = (D::NOW, D::epoch_ms(D::NOW));
+    let waiting = if D::SKIP_SCAN {
+        format!(
+            "CASE WHEN key_concurrency IS NULL AND key_rate IS NULL THEN 0 ELSE \
+             (SELECT COUNT(*) FROM (SELECT 1 FROM rowclaim_jobs w WHERE w.queue = q.name \
+             AND w.status = {READY} AND w.run_at <= {now} LIMIT {WINDOW}) AS rowclaim_w) END"
+        )
+    } else {
+        "0".to_owned()
+    };
+    let mut b = Binder::<D>::new();
+    let sql = format!(
+        "SELECT name, {COLUMNS}, \
+         CASE WHEN concurrency IS NULL THEN 0 ELSE (SELECT COUNT(*) FROM rowclaim_jobs j \
+           WHERE j.queue = q.name AND j.status = {RUNNING} AND j.lease_until >= {now}) END, \
+         CASE WHEN rate IS NULL THEN 0 ELSE (SELECT COUNT(*) FROM rowclaim_starts s \
+           WHERE s.queue = q.name AND s.started_ms >= {now_ms} - q.rate_period_ms) END, \
+         {waiting} FROM rowclaim_queues q WHERE name = {}",
+        b.bind(queue.to_owned())
+    );
+    Stmt::new(sql, b)
+}
+
+/// Marks the picked jobs ours. The status is checked again: a job may have been cancelled since.
+pub(crate) fn mark_sql<D: Dialect>(a: &ClaimArgs<'_>, ids: &IdList) -> Stmt<D> {
+    let mut b = Binder::<D>::new();
+    let set = sql::claim_set(a.m, &mut b, a.token, a.lease);
+    let sql = format!(
+        "UPDATE rowclaim_jobs SET {set} WHERE {} AND (status = {READY} \
+         OR (status = {RUNNING} AND lease_until < {}))",
+        D::id_in(&mut b, "id", ids),
+        D::NOW
+    );
+    Stmt::new(sql, b)
+}
+
+/// "The jobs `ids` the claim's token holds now".
+fn claimed_by<D: Dialect>(b: &mut Binder<D>, a: &ClaimArgs<'_>, ids: &IdList) -> String {
+    format!(
+        "{} AND owner = {} AND status = {RUNNING}",
+        D::id_in(b, "id", ids),
+        b.bind(a.token.to_owned())
+    )
+}
+
+/// Records the claim's starts, for rate limits (by the database's clock).
+pub(crate) fn starts_sql<D: Dialect>(a: &ClaimArgs<'_>, ids: &IdList) -> Stmt<D> {
+    let mut b = Binder::<D>::new();
+    let sql = format!(
+        "INSERT INTO rowclaim_starts (queue, limit_key, started_ms) \
+         SELECT queue, limit_key, {} FROM rowclaim_jobs WHERE {}",
+        D::epoch_ms(D::NOW),
+        claimed_by(&mut b, a, ids)
+    );
+    Stmt::new(sql, b)
+}
+
+/// Forgets the queue's starts older than its longest rate period.
+pub(crate) fn prune_starts_sql<D: Dialect>(queue: &str, keep_ms: i64) -> Stmt<D> {
+    let mut b = Binder::<D>::new();
+    let sql = format!(
+        "DELETE FROM rowclaim_starts WHERE queue = {} AND started_ms < {} - {}",
+        b.bind(queue.to_owned()),
+        D::epoch_ms(D::NOW),
+        b.bind(keep_ms)
+    );
+    Stmt::new(sql, b)
+}
+
+/// The jobs the claim took, as JSON text, in the claim order.
+pub(crate) fn claimed_sql<D: Dialect>(a: &ClaimArgs<'_>, ids: &IdList) -> Stmt<D> {
+    let mut b = Binder::<D>::new();
+    let sql = format!(
+        "SELECT CAST({} AS {}) FROM rowclaim_jobs AS t WHERE {} \
+         ORDER BY priority DESC, run_at, id",
+        D::row_json(a.m),
+        D::TEXT,
+        claimed_by(&mut b, a, ids)
+    );
+    Stmt::new(sql, b)
+}

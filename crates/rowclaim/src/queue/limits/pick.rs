@@ -1,0 +1,324 @@
+//! Which jobs of a limited queue may start now: the SQL that picks them, job by job in claim
+//! order ([`arms_sql`]), by the fronts of key lines further back ([`heads_sql`]), or by every
+//! line numbered ([`lines_sql`]). [`super::claim`] runs it under the queue's turn.
+
+use super::{QueueLimits, Rate, READY, RUNNING};
+use crate::backend::sql::{Binder, Dialect, Stmt};
+
+/// The ids (as text) of up to `take` jobs the queue's per-key limits let start now.
+pub(crate) fn pick_ids_sql<D: Dialect>(
+    queue: &str,
+    kinds: &[String],
+    limits: &QueueLimits,
+    take: i64,
+) -> Stmt<D> {
+    let mut b = Binder::<D>::new();
+    let sql = format!(
+        "SELECT CAST(id AS {}) FROM ({}) AS p",
+        D::TEXT,
+        pick_sql(&mut b, queue, kinds, limits, take)
+    );
+    Stmt::new(sql, b)
+}
+
+/// Ready jobs a claim looks at in its order before the first of lines further back are
+/// sought ([`heads_sql`]): a claim reads at most this many jobs of busy keys.
+pub(super) const WINDOW: i64 = 1000;
+
+/// The ids (as text) of up to `take` jobs that may start (see [`pick_sql`]) at the front of
+/// their key's line, or without a key, in claim order: each key's line is found through the
+/// limit index, key after key, and its front looked up (its first job; its first `n` under a
+/// per-key concurrency of `n`), so that the claim reads as many index entries as there are
+/// keys with ready jobs, however deep their lines. Jobs without a key are read in claim order
+/// (no index holds them apart; a queue of keyed jobs only reads its ready jobs' index to its
+/// end). PostgreSQL only ([`Dialect::SKIP_SCAN`]; it reads each front through `LATERAL`).
+pub(crate) fn heads_sql<D: Dialect>(
+    queue: &str,
+    kinds: &[String],
+    limits: &QueueLimits,
+    take: i64,
+) -> Stmt<D> {
+    let now = D::NOW;
+    let mut b = Binder::<D>::new();
+    let q1 = b.bind(queue.to_owned());
+    let q2 = b.bind(queue.to_owned());
+    let q3 = b.bind(queue.to_owned());
+    let front = b.bind(limits.line_front());
+    let keyed_kinds = kinds_cond(&mut b, kinds, "j.");
+    let line = FirstOfLine { queue, limits };
+    let blocked = line.blocked(&mut b, Arm::Ready).join(" OR ");
+    let q4 = b.bind(queue.to_owned());
+    let keyless_kinds = kinds_cond(&mut b, kinds, "w.");
+    let take = b.bind(take);
+    let sql = format!(
+        "WITH RECURSIVE rowclaim_keys (k) AS (\
+         SELECT MIN(limit_key) FROM rowclaim_jobs WHERE queue = {q1} AND status = {READY} \
+         AND limit_key IS NOT NULL \
+         UNION ALL SELECT (SELECT MIN(o.limit_key) FROM rowclaim_jobs AS o WHERE o.queue = {q2} \
+         AND o.status = {READY} AND o.limit_key > rowclaim_keys.k) \
+         FROM rowclaim_keys WHERE rowclaim_keys.k IS NOT NULL) \
+         SELECT CAST(f.id AS {}) FROM ((SELECT j.id, j.priority, j.run_at FROM rowclaim_keys \
+         CROSS JOIN LATERAL (SELECT h.id FROM rowclaim_jobs AS h WHERE h.queue = {q3} \
+         AND h.status = {READY} AND h.limit_key = rowclaim_keys.k \
+         AND (h.run_at <= {now} OR h.attempts > 0) ORDER BY h.id LIMIT {front}) AS rowclaim_front \
+         JOIN rowclaim_jobs AS j ON j.id = rowclaim_front.id \
+         WHERE j.run_at <= {now}{keyed_kinds} AND NOT ({blocked})) \
+         UNION ALL (SELECT w.id, w.priority, w.run_at FROM rowclaim_jobs AS w \
+         WHERE w.queue = {q4} AND w.status = {READY} AND w.run_at <= {now} \
+         AND w.limit_key IS NULL{keyless_kinds} ORDER BY w.priority DESC, w.run_at, w.id \
+         LIMIT {take})) AS f ORDER BY f.priority DESC, f.run_at, f.id LIMIT {take}",
+        D::TEXT,
+    );
+    Stmt::new(sql, b)
+}
+
+/// The ids of up to `take` jobs of `queue` that its per-key limits allow to start now, in claim
+/// order (jobs whose lease ran out first, then by priority, run-at, id).
+///
+/// Within one key, jobs line up in enqueue order, jobs whose lease ran out ahead: the `n`th of
+/// a key's line may start while fewer than `limit − n + 1` of the key's jobs run (or started
+/// within the rate's period). The line holds the key's pending work: ready jobs that are due or
+/// wait for a retry (so that a failed job keeps its place), and jobs whose lease ran out. A job
+/// scheduled for later that never ran is not in line until its time comes.
+///
+/// Where at most the first of a line can start (per-key limits of 1, the common "one at a time
+/// per key"), and on PostgreSQL under any per-key concurrency without a per-key rate, each job
+/// is checked on its own, through indexes, as claims walk the queue in order ([`arms_sql`]);
+/// otherwise every line is numbered ([`lines_sql`]), which reads all of the queue's pending
+/// work.
+fn pick_sql<D: Dialect>(
+    b: &mut Binder<D>,
+    queue: &str,
+    kinds: &[String],
+    l: &QueueLimits,
+    take: i64,
+) -> String {
+    if l.by_arms::<D>() {
+        arms_sql(b, queue, kinds, l, take)
+    } else {
+        lines_sql(b, queue, kinds, l, take)
+    }
+}
+
+/// [`pick_sql`] job by job: jobs whose lease ran out, then due ready jobs, each arm read through
+/// its own index as the ordinary claim reads them (`sql::candidates`), a keyed job only if no
+/// job of its key is ahead of it in line (nor runs, under a concurrency of 1; nor started
+/// within the period, under a rate of 1), or, under a per-key concurrency of `n` above 1, if
+/// fewer than `n` of its key run or wait ahead of it. Without per-key limits, simply the first
+/// jobs of each arm. (Values are bound in the order the text has them.)
+fn arms_sql<D: Dialect>(
+    b: &mut Binder<D>,
+    queue: &str,
+    kinds: &[String],
+    l: &QueueLimits,
+    take: i64,
+) -> String {
+    let line = FirstOfLine { queue, limits: l };
+    let e = line.arm(b, Arm::Expired, kinds, take);
+    let r = line.arm(b, Arm::Ready, kinds, take);
+    format!(
+        "SELECT id FROM ({e}) AS rowclaim_e UNION ALL SELECT id FROM ({r}) AS rowclaim_r \
+         LIMIT {}",
+        b.bind(take)
+    )
+}
+
+/// The two arms of [`arms_sql`]: jobs whose lease ran out, and due ready jobs.
+#[derive(Clone, Copy, PartialEq)]
+enum Arm {
+    Expired,
+    Ready,
+}
+
+/// The conditions of [`arms_sql`] for one queue: when a keyed job `j` is not the first of its
+/// key's line.
+struct FirstOfLine<'a> {
+    queue: &'a str,
+    limits: &'a QueueLimits,
+}
+
+impl FirstOfLine<'_> {
+    /// One arm: its jobs, in its index's order, those that are first of their line. Under
+    /// per-key limits the ready arm looks at the first [`WINDOW`] ready jobs only, so that a
+    /// claim does not read a deep backlog of jobs whose keys are busy; [`heads_sql`] finds the
+    /// first of lines further back.
+    fn arm<D: Dialect>(&self, b: &mut Binder<D>, arm: Arm, kinds: &[String], take: i64) -> String {
+        let now = D::NOW;
+        let q = b.bind(self.queue.to_owned());
+        if arm == Arm::Ready && self.limits.looks_further::<D>() {
+            let kinds = kinds_cond(b, kinds, "w.");
+            let window = b.bind(WINDOW.max(take));
+            let blocked = self.blocked(b, arm).join(" OR ");
+            return format!(
+                "SELECT j.id FROM (SELECT w.id, w.limit_key, w.priority, w.run_at \
+                 FROM rowclaim_jobs AS w WHERE w.queue = {q} AND w.status = {READY} \
+                 AND w.run_at <= {now}{kinds} ORDER BY w.priority DESC, w.run_at, w.id \
+                 LIMIT {window}) AS j WHERE j.limit_key IS NULL OR NOT ({blocked}) \
+                 ORDER BY j.priority DESC, j.run_at, j.id LIMIT {}",
+                b.bind(take)
+            );
+        }
+        let mut cond = match arm {
+            Arm::Expired => format!("j.status = {RUNNING} AND j.lease_until < {now}"),
+            Arm::Ready => format!("j.status = {READY} AND j.run_at <= {now}"),
+        };
+        let blocked = self.blocked(b, arm);
+        if !blocked.is_empty() {
+            cond.push_str(&format!(
+                " AND (j.limit_key IS NULL OR NOT ({}))",
+                blocked.join(" OR ")
+            ));
+        }
+        let kinds = kinds_cond(b, kinds, "j.");
+        let order = match arm {
+            Arm::Expired => "j.lease_until, j.id",
+            Arm::Ready => "j.priority DESC, j.run_at, j.id",
+        };
+        format!(
+            "SELECT j.id FROM rowclaim_jobs AS j WHERE j.queue = {q} AND {cond}{kinds} \
+             ORDER BY {order} LIMIT {}",
+            b.bind(take)
+        )
+    }
+
+    /// What keeps a keyed job of `arm` from starting, each a condition of its own.
+    fn blocked<D: Dialect>(&self, b: &mut Binder<D>, arm: Arm) -> Vec<String> {
+        let now = D::NOW;
+        let one_running = self.limits.key_concurrency.is_some();
+        let key_rate = self.limits.key_rate;
+        let expired = format!("o.status = {RUNNING} AND o.lease_until < {now}");
+        let ahead =
+            format!("o.status = {READY} AND o.id < j.id AND (o.run_at <= {now} OR o.attempts > 0)");
+        let mut blocked = Vec::new();
+        match arm {
+            // A job whose lease ran out takes its own place again; under a rate, one at a
+            // time, the first first.
+            Arm::Expired => {
+                if let Some(rate) = key_rate {
+                    blocked.push(self.other(b, &format!("{expired} AND o.id < j.id")));
+                    blocked.push(self.started(b, rate));
+                }
+            }
+            // Up to n of a key at once: a job may start while fewer than n of its key run or
+            // wait ahead of it in line (each count stops at n).
+            Arm::Ready if self.limits.line_front() > 1 => {
+                let running = self.counted(b, &format!("o.status = {RUNNING}"));
+                let waiting = self.counted(b, &ahead);
+                let n = b.bind(self.limits.line_front());
+                blocked.push(format!("{running} + {waiting} >= {n}"));
+            }
+            Arm::Ready if one_running || key_rate.is_some() => {
+                blocked.push(self.other(b, &ahead));
+                if one_running {
+                    blocked.push(self.other(b, &format!("o.status = {RUNNING}")));
+                } else {
+                    blocked.push(self.other(b, &expired));
+                }
+                if let Some(rate) = key_rate {
+                    blocked.push(self.started(b, rate));
+                }
+            }
+            Arm::Ready => {}
+        }
+        blocked
+    }
+
+    /// "How many jobs of j's key are such that `cond`", counted up to the line's front.
+    fn counted<D: Dialect>(&self, b: &mut Binder<D>, cond: &str) -> String {
+        let q = b.bind(self.queue.to_owned());
+        format!(
+            "(SELECT COUNT(*) FROM (SELECT 1 FROM rowclaim_jobs o WHERE o.queue = {q} \
+             AND o.limit_key = j.limit_key AND {cond} LIMIT {}) AS rowclaim_n)",
+            b.bind(self.limits.line_front())
+        )
+    }
+
+    /// "A job of j's key such that `cond`".
+    fn other<D: Dialect>(&self, b: &mut Binder<D>, cond: &str) -> String {
+        format!(
+            "EXISTS (SELECT 1 FROM rowclaim_jobs o WHERE o.queue = {} \
+             AND o.limit_key = j.limit_key AND {cond})",
+            b.bind(self.queue.to_owned())
+        )
+    }
+
+    /// "A job of j's key started within the rate's period".
+    fn started<D: Dialect>(&self, b: &mut Binder<D>, rate: Rate) -> String {
+        let q = b.bind(self.queue.to_owned());
+        format!(
+            "EXISTS (SELECT 1 FROM rowclaim_starts s WHERE s.queue = {q} \
+             AND s.limit_key = j.limit_key AND s.started_ms >= {} - {})",
+            D::epoch_ms(D::NOW),
+            b.bind(rate.period_ms())
+        )
+    }
+}
+
+/// [`pick_sql`] where more than the first of a line may start: every key's line numbered
+/// (`ROW_NUMBER`), with its running jobs and recent starts beside it. (Values are bound in the
+/// order the text has them.)
+fn lines_sql<D: Dialect>(
+    b: &mut Binder<D>,
+    queue: &str,
+    kinds: &[String],
+    l: &QueueLimits,
+    take: i64,
+) -> String {
+    let (now, now_ms) = (D::NOW, D::epoch_ms(D::NOW));
+    let expired = format!("CASE WHEN status = {RUNNING} THEN 1 ELSE 0 END");
+    let line = format!(
+        "SELECT id, kind, priority, run_at, limit_key, {expired} AS expired, \
+         CASE WHEN status = {RUNNING} OR run_at <= {now} THEN 1 ELSE 0 END AS due, \
+         ROW_NUMBER() OVER (PARTITION BY limit_key ORDER BY {expired} DESC, id) AS place \
+         FROM rowclaim_jobs WHERE queue = {} AND ((status = {READY} \
+         AND (run_at <= {now} OR attempts > 0)) OR (status = {RUNNING} AND lease_until < {now}))",
+        b.bind(queue.to_owned())
+    );
+    let mut joins = String::new();
+    if l.key_concurrency.is_some() {
+        joins.push_str(&format!(
+            " LEFT JOIN (SELECT limit_key, COUNT(*) AS n FROM rowclaim_jobs \
+             WHERE queue = {} AND status = {RUNNING} AND lease_until >= {now} \
+             AND limit_key IS NOT NULL GROUP BY limit_key) r ON r.limit_key = c.limit_key",
+            b.bind(queue.to_owned())
+        ));
+    }
+    if let Some(rate) = l.key_rate {
+        let q = b.bind(queue.to_owned());
+        joins.push_str(&format!(
+            " LEFT JOIN (SELECT limit_key, COUNT(*) AS n FROM rowclaim_starts \
+             WHERE queue = {q} AND started_ms >= {now_ms} - {} AND limit_key IS NOT NULL \
+             GROUP BY limit_key) s ON s.limit_key = c.limit_key",
+            b.bind(rate.period_ms())
+        ));
+    }
+    let mut cond = String::from("c.due = 1");
+    cond.push_str(&kinds_cond(b, kinds, "c."));
+    if let Some(max) = l.key_concurrency {
+        cond.push_str(&format!(
+            " AND (c.limit_key IS NULL OR c.place + COALESCE(r.n, 0) <= {})",
+            b.bind(i64::from(max))
+        ));
+    }
+    if let Some(rate) = l.key_rate {
+        cond.push_str(&format!(
+            " AND (c.limit_key IS NULL OR c.place + COALESCE(s.n, 0) <= {})",
+            b.bind(i64::from(rate.jobs))
+        ));
+    }
+    format!(
+        "SELECT c.id FROM ({line}) AS c{joins} WHERE {cond} \
+         ORDER BY c.expired DESC, c.priority DESC, c.run_at, c.id LIMIT {}",
+        b.bind(take)
+    )
+}
+
+/// ` AND kind IN (…)` for a claimer of some kinds only (of alias `t`, e.g. `"c."`); empty for
+/// one of all kinds.
+fn kinds_cond<D: Dialect>(b: &mut Binder<D>, kinds: &[String], t: &str) -> String {
+    if kinds.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = kinds.iter().map(|k| b.bind(k.clone())).collect();
+    format!(" AND {t}kind IN ({})", list.join(", "))
+}
