@@ -204,11 +204,16 @@ fn queue_gauges(out: &mut String, stats: &rowclaim::QueueStats, only: &[String])
             );
         }
     }
-    let per_queue: [(&str, &str, &PerQueue); 4] = [
+    let per_queue: [(&str, &str, &PerQueue); 5] = [
         (
             "rowclaim_queue_due_jobs",
             "Ready jobs whose run-at has come.",
             &|q| stats.due.get(q).copied().unwrap_or(0) as f64,
+        ),
+        (
+            "rowclaim_queue_retrying_jobs",
+            "Ready jobs that failed before and wait for a retry (counted in ready too).",
+            &|q| stats.retrying.get(q).copied().unwrap_or(0) as f64,
         ),
         (
             "rowclaim_queue_oldest_wait_seconds",

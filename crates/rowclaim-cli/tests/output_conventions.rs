@@ -172,6 +172,7 @@ async fn jobs_have_one_json_shape_on_every_database() {
         "output",
         "limit_key",
         "attempted_at",
+        "errors",
     ]
     .into_iter()
     .map(str::to_owned)
@@ -214,6 +215,24 @@ async fn jobs_have_one_json_shape_on_every_database() {
             dead["last_error"].as_str().is_some_and(|e| e.contains('7')),
             "{dead}"
         );
+        // Its one failed attempt, kept with its error and times.
+        let errors = dead["errors"].as_array().expect("errors is a list");
+        assert_eq!(errors.len(), 1, "{backend:?}: {dead}");
+        assert_eq!(errors[0]["attempt"], 1, "{backend:?}: {dead}");
+        assert!(
+            errors[0]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("status 7")),
+            "{backend:?}: {dead}"
+        );
+        for k in ["started_at", "ended_at"] {
+            assert!(
+                errors[0][k].as_str().is_some_and(is_rfc3339_utc_ms),
+                "{backend:?}: {k} in {dead}"
+            );
+        }
+        assert!(at(&errors[0]["started_at"]) <= at(&errors[0]["ended_at"]));
+        assert_eq!(ready["errors"], serde_json::json!([]), "{backend:?}");
 
         let running = by_queue("held");
         assert_eq!(running["status"], "running", "{backend:?}");

@@ -82,6 +82,9 @@ pub(crate) struct Lifecycle {
     pub finished: String,
     /// Where a failure's error goes.
     pub error: String,
+    /// A JSON list of the row's failed attempts, each appended as it fails (the attempt, when
+    /// it started and ended, its error), the last [`crate::backend::sql::ATTEMPTS_KEPT`] kept.
+    pub history: String,
     /// What a completed row's handler produced (JSON).
     pub output: String,
     /// A completed row is deleted, not kept (less to write, a table that stays small).

@@ -30,7 +30,7 @@ async fn init_concurrently(t: Arc<TestDb>) {
     t.db().await.queue().init().await.expect("init again");
     // One row for the component, at the latest version of the migrations (MySQL's count one
     // statement a version).
-    let latest = if t.backend == Backend::MySql { 9 } else { 5 };
+    let latest = if t.backend == Backend::MySql { 10 } else { 6 };
     assert_eq!(
         t.count("SELECT COUNT(*) FROM rowclaim_schema WHERE component = 'jobs'")
             .await,
@@ -205,6 +205,100 @@ async fn retries_and_dead(t: Arc<TestDb>) {
     );
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(q.prune(Duration::from_millis(1)).await.unwrap(), 1);
+}
+
+/// Fails job `id` of queue `h` once more, as a handler's error would, ready again at once.
+async fn fail_once(c: &rowclaim::Claimer, error: &str) {
+    let mut claim = c.claim(1, Duration::from_secs(30)).await.unwrap();
+    if claim.is_empty() {
+        // A claim resumes after the last job it took, which is where a job retried within the
+        // same millisecond sorts (SQLite's clock); one that comes back short starts over.
+        claim = c.claim(1, Duration::from_secs(30)).await.unwrap();
+    }
+    assert_eq!(claim.len(), 1, "the job is due again at once");
+    claim
+        .retry(&claim.rows()[0].id, Duration::ZERO, error)
+        .await
+        .unwrap();
+}
+
+/// Every failed attempt is kept (the last 20), with its number, times and error; ready jobs
+/// that failed before are counted as waiting for a retry.
+async fn failed_attempts_kept(t: Arc<TestDb>) {
+    let (_db, q) = ready_queue(&t).await;
+    let job = q
+        .enqueue(&NewJob::new(json!({})).queue("h").max_attempts(30))
+        .await
+        .unwrap();
+    let c = q.claimer(&["h".to_owned()]).await.unwrap();
+    for i in 1..=3 {
+        fail_once(&c, &format!("boom {i}")).await;
+    }
+    // A fresh ready job beside it (not due, so that only the failing job is claimed).
+    q.enqueue(
+        &NewJob::new(json!({}))
+            .queue("h")
+            .delay(Duration::from_secs(3600)),
+    )
+    .await
+    .unwrap();
+    let got = q.get(job.id).await.unwrap().expect("the job");
+    let seen: Vec<(Option<i64>, &str)> = got
+        .errors
+        .iter()
+        .map(|a| (a.attempt, a.error.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (Some(1), "boom 1"),
+            (Some(2), "boom 2"),
+            (Some(3), "boom 3")
+        ]
+    );
+    for a in &got.errors {
+        let (started, ended) = (a.started_at.expect("started"), a.ended_at.expect("ended"));
+        assert!(started <= ended, "{a:?}");
+    }
+    let stats = q.stats(Some("h")).await.unwrap();
+    assert_eq!(stats.by_queue["h"]["ready"], 2);
+    assert_eq!(
+        stats.retrying.get("h"),
+        Some(&1),
+        "one of the two ready jobs failed before"
+    );
+
+    // Only the last 20 are kept, and an error is kept cut short.
+    let long = "x".repeat(5000);
+    for i in 4..=25 {
+        let error = if i == 25 {
+            long.clone()
+        } else {
+            format!("boom {i}")
+        };
+        fail_once(&c, &error).await;
+    }
+    let got = q.get(job.id).await.unwrap().expect("the job");
+    let attempts: Vec<i64> = got.errors.iter().filter_map(|a| a.attempt).collect();
+    assert_eq!(attempts, (6..=25).collect::<Vec<_>>());
+    assert_eq!(got.errors[19].error.len(), 2000);
+    assert_eq!(
+        got.last_error.as_deref(),
+        Some(long.as_str()),
+        "the last error stays whole"
+    );
+
+    // A retry by hand starts the attempts again but keeps what happened.
+    assert!(q.cancel(job.id).await.unwrap());
+    assert!(q.retry(job.id).await.unwrap());
+    let got = q.get(job.id).await.unwrap().expect("the job");
+    assert_eq!((got.attempts, got.errors.len()), (0, 20));
+    let stats = q.stats(Some("h")).await.unwrap();
+    assert_eq!(
+        stats.retrying.get("h"),
+        None,
+        "a job retried by hand starts afresh"
+    );
 }
 
 /// Eight concurrent enqueues of one unique key make one job.
@@ -467,6 +561,10 @@ macro_rules! queue_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn retries_then_dead_then_admin() {
             with_db($backend, retries_and_dead).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn failed_attempts_are_kept_and_counted() {
+            with_db($backend, failed_attempts_kept).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn unique_key_under_concurrent_enqueue() {

@@ -27,10 +27,14 @@ pub enum JobsCommand {
         #[arg(long, value_name = "N", default_value = "50", value_parser = super::values::count, allow_hyphen_values = true)]
         limit: u32,
     },
-    /// Show one job as JSON (as in `jobs list`). Exits 1 when there is no such job.
+    /// Show one job as JSON (as in `jobs list`), with its failed attempts (`errors`: each
+    /// one's attempt, times and error, the last 20). Exits 1 when there is no such job.
     Show {
         /// The job's id.
         id: i64,
+        /// JSON, as always (accepted so that scripts may say so, as with `stats --json`).
+        #[arg(long)]
+        json: bool,
     },
     /// Make a dead or cancelled job ready again, its attempts reset.
     Retry {
@@ -72,7 +76,7 @@ pub async fn run(url: &str, op: JobsCommand) -> Result<(), CliError> {
             }
             return Ok(());
         }
-        JobsCommand::Show { id } => {
+        JobsCommand::Show { id, json: _ } => {
             let Some(job) = queue.get(id).await? else {
                 return Err(CliError::NothingClaimed(format!("no job {id}")));
             };

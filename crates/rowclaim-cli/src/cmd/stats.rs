@@ -52,8 +52,10 @@ async fn queue_stats(url: &str, a: StatsArgs) -> Result<(), CliError> {
         let oldest = stats.oldest_ready_secs.get(queue).copied().unwrap_or(0.0);
         let done = stats.completed_last_minute.get(queue).copied().unwrap_or(0);
         let ready = by_status.get("ready").copied().unwrap_or(0);
+        let retrying = stats.retrying.get(queue).copied().unwrap_or(0);
         println!(
-            "{queue}: {ready} ready, oldest due waits {oldest:.1}s, {done} completed in the last minute"
+            "{queue}: {ready} ready ({retrying} of them waiting for a retry), oldest due waits \
+             {oldest:.1}s, {done} completed in the last minute"
         );
     }
     Ok(())

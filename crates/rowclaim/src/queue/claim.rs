@@ -66,6 +66,7 @@ impl Layer for Jobs {
             started: q("attempted_at"),
             finished: q("finished_at"),
             error: q("last_error"),
+            history: q("errors"),
             output: q("output"),
             delete_done: self.delete_done,
             // A job of a paused queue is never claimed; one of a limited queue only by the

@@ -226,17 +226,21 @@ pub struct QueueStats {
     /// Running jobs whose lease has ended, per queue: their worker died or lost the database,
     /// and the next claim takes them again.
     pub expired_leases: BTreeMap<String, u64>,
+    /// Ready jobs that failed before and wait for a retry, per queue (counted in `ready` too):
+    /// a queue whose ready jobs are all retries is failing, not healthy.
+    pub retrying: BTreeMap<String, u64>,
 }
 
 /// One row of the stats statement: a queue and status, its jobs, and of those the due ones,
-/// the oldest due one's wait, the expired leases and the completions of the last minute.
-pub(crate) type StatsRow = (String, String, i64, i64, Option<f64>, i64, i64);
+/// the oldest due one's wait, the expired leases, the completions of the last minute and the
+/// ready jobs waiting for a retry.
+pub(crate) type StatsRow = (String, String, i64, i64, Option<f64>, i64, i64, i64);
 
 impl QueueStats {
     /// Folds the rows of the one stats statement each database sends.
     pub(crate) fn from_rows(rows: impl IntoIterator<Item = StatsRow>) -> QueueStats {
         let mut stats = QueueStats::default();
-        for (queue, status, jobs, due, oldest, expired, recent) in rows {
+        for (queue, status, jobs, due, oldest, expired, recent, retrying) in rows {
             let n = |v: i64| v.max(0) as u64;
             if due > 0 {
                 *stats.due.entry(queue.clone()).or_default() += n(due);
@@ -244,6 +248,9 @@ impl QueueStats {
             if let Some(secs) = oldest {
                 let e = stats.oldest_ready_secs.entry(queue.clone()).or_default();
                 *e = e.max(secs.max(0.0));
+            }
+            if retrying > 0 {
+                *stats.retrying.entry(queue.clone()).or_default() += n(retrying);
             }
             if expired > 0 {
                 *stats.expired_leases.entry(queue.clone()).or_default() += n(expired);

@@ -24,7 +24,7 @@ pub use job::{
 };
 pub(crate) use job::{JobParts, StatsRow};
 pub use limits::{QueueLimits, Rate, MAX_RATE_PERIOD};
-pub use record::{JobFilter, JobRecord, Scheduled, JOB_STATUSES};
+pub use record::{AttemptError, JobFilter, JobRecord, Scheduled, JOB_STATUSES};
 pub use schedule::{
     unique_key as schedule_key, CatchUp, Schedule, ScheduleStatus, Scheduler, SchedulerReport,
     LATE_WINDOW, MAX_CATCH_UP,

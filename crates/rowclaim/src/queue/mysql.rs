@@ -113,7 +113,7 @@ impl QueueStore for My {
         let text = |c: &str| format!("CAST({c} AS CHAR)");
         let columns = format!(
             "id, {}, {}, {}, {}, CAST(priority AS SIGNED), CAST(attempts AS SIGNED), \
-             CAST(max_attempts AS SIGNED), {}, {}, {}, {}, {}, {}, {}, timeout_ms, {}, {}, {}",
+             CAST(max_attempts AS SIGNED), {}, {}, {}, {}, {}, {}, {}, timeout_ms, {}, {}, {}, {}",
             text("queue"),
             text("kind"),
             text("payload"),
@@ -128,6 +128,7 @@ impl QueueStore for My {
             text("output"),
             text("limit_key"),
             ms("attempted_at"),
+            text("errors"),
         );
         let mut b = B::new();
         let sql = records_sql(&mut b, &columns, filter, id);
@@ -319,6 +320,9 @@ const MIGRATIONS: &[&[&str]] = &[&["CREATE TABLE IF NOT EXISTS rowclaim_jobs (
     // v9: a keyed job's place in its key's line, read job by job by a limited claim.
     &["ALTER TABLE rowclaim_jobs ADD KEY IF NOT EXISTS rowclaim_jobs_limit \
      (queue, limit_key, status, id)"],
+    // v10: a job's failed attempts, each with its error and times (the last 20; see
+    // `outcome_set`), as JSON text.
+    &["ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS errors LONGTEXT NULL"],
 ];
 
 /// The schedules' migrations: version `i + 1` is entry `i`. MySQL
@@ -538,7 +542,8 @@ fn stats_stmt(queue: Option<&str>) -> Stmt<Sql> {
              {NOW}) / 1e6 AS DOUBLE), \
            CAST(SUM(status = 'running' AND lease_until < {NOW}) AS SIGNED), \
            CAST(SUM(status = 'completed' \
-             AND finished_at >= {NOW} - INTERVAL 60 SECOND) AS SIGNED) \
+             AND finished_at >= {NOW} - INTERVAL 60 SECOND) AS SIGNED), \
+           CAST(SUM(status = 'ready' AND attempts > 0) AS SIGNED) \
          FROM rowclaim_jobs WHERE TRUE{only} GROUP BY queue, status"
     );
     Stmt::new(sql, b)

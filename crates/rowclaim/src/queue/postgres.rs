@@ -136,7 +136,7 @@ impl QueueStore for Pg {
         let columns = format!(
             "id, queue, kind, payload::text, status, priority::int8, attempts::int8, \
              max_attempts::int8, {}, {}, {}, {}, owner, unique_key, last_error, timeout_ms, \
-             output::text, limit_key, {}",
+             output::text, limit_key, {}, errors::text",
             ms("run_at"),
             ms("created_at"),
             ms("finished_at"),
@@ -240,6 +240,9 @@ const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
         "CREATE INDEX IF NOT EXISTS rowclaim_jobs_limit ON rowclaim_jobs (queue, limit_key, status, id) \
          WHERE limit_key IS NOT NULL AND status IN ('ready', 'running')",
     ],
+    // v6: a job's failed attempts, each with its error and times (the last 20; see
+    // `outcome_set`).
+    &["ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS errors jsonb"],
 ];
 
 /// The schedules' schema, one list of statements per version. Append, never edit.
@@ -557,7 +560,8 @@ fn stats_stmt(queue: Option<&str>) -> Stmt<Sql> {
              FILTER (WHERE status = 'ready' AND run_at <= now()))::float8, \
            count(*) FILTER (WHERE status = 'running' AND lease_until < now())::int8, \
            count(*) FILTER (WHERE status = 'completed' \
-             AND finished_at > now() - interval '1 minute')::int8 \
+             AND finished_at > now() - interval '1 minute')::int8, \
+           count(*) FILTER (WHERE status = 'ready' AND attempts > 0)::int8 \
          FROM rowclaim_jobs WHERE ({q}::text IS NULL OR queue = {q}) GROUP BY 1, 2"
     );
     Stmt::new(sql, b)

@@ -128,6 +128,62 @@ pub struct JobRecord {
     /// When its latest attempt started (by the database's clock).
     #[serde(serialize_with = "rfc3339_opt")]
     pub attempted_at: Option<SystemTime>,
+    /// Its failed attempts, oldest first (the last 20 are kept): each one's error and times.
+    /// A retry by hand keeps them; a job that never failed has none.
+    pub errors: Vec<AttemptError>,
+}
+
+/// One failed attempt of a job, as kept in its `errors`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct AttemptError {
+    /// Which attempt it was (1 for the first run).
+    pub attempt: Option<i64>,
+    /// When it started (by the database's clock).
+    #[serde(serialize_with = "rfc3339_opt")]
+    pub started_at: Option<SystemTime>,
+    /// When it failed (by the database's clock).
+    #[serde(serialize_with = "rfc3339_opt")]
+    pub ended_at: Option<SystemTime>,
+    /// Its error (the first 2,000 characters; for `rowclaim work -- COMMAND`, the command's
+    /// exit status and the tail of its stderr).
+    pub error: String,
+}
+
+/// An attempt as the databases store it (times in epoch milliseconds).
+#[derive(serde::Deserialize)]
+struct StoredAttempt {
+    attempt: Option<i64>,
+    started_ms: Option<f64>,
+    ended_ms: Option<f64>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+/// A job's `errors` column (JSON text; NULL for none) as its attempts. A list that does not
+/// read (edited by hand) shows as one entry saying so, rather than hiding the job.
+fn attempts_of(text: Option<String>) -> Vec<AttemptError> {
+    let Some(text) = text else {
+        return Vec::new();
+    };
+    let ms = |v: Option<f64>| v.map(|ms| at_ms(ms as i64));
+    match serde_json::from_str::<Vec<StoredAttempt>>(&text) {
+        Ok(list) => list
+            .into_iter()
+            .map(|a| AttemptError {
+                attempt: a.attempt,
+                started_at: ms(a.started_ms),
+                ended_at: ms(a.ended_ms),
+                error: a.error.unwrap_or_default(),
+            })
+            .collect(),
+        Err(e) => vec![AttemptError {
+            attempt: None,
+            started_at: None,
+            ended_at: None,
+            error: format!("(the job's errors column does not read as a list of attempts: {e})"),
+        }],
+    }
 }
 
 /// The columns every store selects, in this order (times in epoch milliseconds; the payload
@@ -152,6 +208,7 @@ pub(crate) struct RecordRow {
     output: Option<String>,
     limit_key: Option<String>,
     attempted_at: Option<i64>,
+    errors: Option<String>,
 }
 
 // By position, as each store's `columns` lists them (more columns than sqlx's tuples take).
@@ -185,6 +242,7 @@ where
             output: row.try_get(16)?,
             limit_key: row.try_get(17)?,
             attempted_at: row.try_get(18)?,
+            errors: row.try_get(19)?,
         })
     }
 }
@@ -218,6 +276,7 @@ impl JobRecord {
             output: r.output.map(json_of),
             limit_key: r.limit_key,
             attempted_at: r.attempted_at.map(at_ms),
+            errors: attempts_of(r.errors),
         }
     }
 }

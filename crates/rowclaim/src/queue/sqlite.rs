@@ -67,7 +67,7 @@ impl QueueStore for Lite {
         // Times are epoch milliseconds here already.
         let columns = "id, queue, kind, payload, status, priority, attempts, max_attempts, \
                        run_at, created_at, finished_at, lease_until, owner, unique_key, \
-                       last_error, timeout_ms, output, limit_key, attempted_at";
+                       last_error, timeout_ms, output, limit_key, attempted_at, errors";
         let mut b = B::new();
         let sql = records_sql(&mut b, columns, filter, id);
         let rows: Vec<RecordRow> = self.fetch_all(Stmt::new(sql, b)).await?;
@@ -156,6 +156,9 @@ const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
         "CREATE INDEX IF NOT EXISTS rowclaim_jobs_limit ON rowclaim_jobs (queue, limit_key, status, id) \
          WHERE limit_key IS NOT NULL",
     ],
+    // v6: a job's failed attempts, each with its error and times (the last 20; see
+    // `outcome_set`), as JSON text.
+    &["ALTER TABLE rowclaim_jobs ADD COLUMN errors TEXT"],
 ];
 
 /// The schedules' schema, one list of statements per version. Append, never edit.
@@ -213,7 +216,8 @@ fn stats_stmt(queue: Option<&str>) -> Stmt<Sql> {
            ({NOW} - MIN(CASE WHEN status = 'ready' AND run_at <= {NOW} THEN run_at END)) \
              / 1000.0, \
            SUM(status = 'running' AND lease_until < {NOW}), \
-           SUM(status = 'completed' AND finished_at > {NOW} - 60000) \
+           SUM(status = 'completed' AND finished_at > {NOW} - 60000), \
+           SUM(status = 'ready' AND attempts > 0) \
          FROM rowclaim_jobs{only} GROUP BY 1, 2"
     );
     Stmt::new(sql, b)

@@ -113,6 +113,19 @@ impl Dialect for Sql {
         claimed_json(m)
     }
 
+    fn appended(list: &str, entry: &[(&str, String)]) -> String {
+        let fields: Vec<String> = entry.iter().map(|(k, v)| format!("'{k}', {v}")).collect();
+        let had = format!("COALESCE({list}, JSON_ARRAY())");
+        let kept = format!(
+            "IF(JSON_LENGTH({had}) >= {}, JSON_REMOVE({had}, '$[0]'), {had})",
+            sql::ATTEMPTS_KEPT
+        );
+        format!(
+            "JSON_ARRAY_APPEND({kept}, '$', JSON_OBJECT({}))",
+            fields.join(", ")
+        )
+    }
+
     fn arguments(values: Vec<Value>) -> Result<<MySql as sqlx::Database>::Arguments> {
         sql::arguments::<MySql>(values, |_, _| {
             Err(Error::Internal("MySQL has no array parameters".into()))

@@ -101,6 +101,17 @@ impl Dialect for Sql {
         format!("CAST({} AS jsonb)", b.bind(text))
     }
 
+    fn appended(list: &str, entry: &[(&str, String)]) -> String {
+        let fields: Vec<String> = entry.iter().map(|(k, v)| format!("'{k}', {v}")).collect();
+        // Lax mode clamps `last - n` at the list's start, so a short list is kept whole.
+        format!(
+            "jsonb_path_query_array(COALESCE({list}, '[]'::jsonb) || \
+             jsonb_build_array(jsonb_build_object({})), '$[last - {} to last]')",
+            fields.join(", "),
+            sql::ATTEMPTS_KEPT - 1
+        )
+    }
+
     fn arguments(values: Vec<Value>) -> Result<sqlx::postgres::PgArguments> {
         sql::arguments::<Postgres>(values, |args, v| match v {
             Value::Ints(v) => sql::add::<Postgres, _>(args, v),

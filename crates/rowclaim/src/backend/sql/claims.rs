@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::{and_each, no_owner, Binder, Dialect, Stmt};
 use crate::backend::{Outcome, Target};
 use crate::error::Result;
-use crate::mapping::{status_literal, Mapping};
+use crate::mapping::{status_literal, Lifecycle, Mapping};
 
 /// Rows a claim may take: ready (and due, where rows have a due time), or claimed with an
 /// expired lease; each meeting what a layer above asks of a claimable row. This is the recheck a
@@ -151,6 +151,29 @@ pub(crate) fn change_sql(m: &Mapping, set: Option<&str>, cond: &str) -> String {
     }
 }
 
+/// `life`'s history with this failed attempt appended: its number, when it started and ended
+/// (epoch ms, by the database's clock) and its error, cut short. MySQL evaluates a SET list
+/// left to right, so this reads only columns that settling leaves as they are.
+fn attempt_entry<D: Dialect>(
+    m: &Mapping,
+    life: &Lifecycle,
+    b: &mut Binder<D>,
+    error: &str,
+) -> String {
+    let cut: String = error.chars().take(super::ATTEMPT_ERROR_CHARS).collect();
+    let attempt = m.attempts.clone().unwrap_or_else(|| "NULL".to_owned());
+    D::appended(
+        &life.history,
+        &[
+            ("attempt", attempt),
+            ("started_ms", D::epoch_ms(&life.started)),
+            ("ended_ms", D::epoch_ms(D::NOW)),
+            // Cast: PostgreSQL cannot tell the type of a bare parameter in a JSON object.
+            ("error", format!("CAST({} AS {})", b.bind(cut), D::TEXT)),
+        ],
+    )
+}
+
 /// The SET list that settles rows. A row given back loses its owner and lease; a retried row
 /// runs again `after` from now; errors and finishing times go where the mapping has columns.
 pub(crate) fn outcome_set<D: Dialect>(m: &Mapping, b: &mut Binder<D>, outcome: &Outcome) -> String {
@@ -184,6 +207,7 @@ pub(crate) fn outcome_set<D: Dialect>(m: &Mapping, b: &mut Binder<D>, outcome: &
         Outcome::Done(Some(out)) => set.push(format!("{} = {}", l.output, D::json(b, out.clone()))),
         Outcome::Failed(Some(e)) | Outcome::Retry { error: Some(e), .. } => {
             set.push(format!("{} = {}", l.error, b.bind(e.clone())));
+            set.push(format!("{} = {}", l.history, attempt_entry(m, l, b, e)));
         }
         _ => {}
     }

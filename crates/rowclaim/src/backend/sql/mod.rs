@@ -22,6 +22,14 @@ use crate::mapping::{ColType, Mapping};
 use crate::value::IdList;
 pub(crate) use crate::value::Value;
 
+/// How many failed attempts a job keeps (its `errors`, oldest dropped first): enough to see a
+/// pattern, bounded so that a job failing for weeks does not grow without end.
+pub(crate) const ATTEMPTS_KEPT: usize = 20;
+
+/// How many characters of an attempt's error its entry keeps (the last error stays whole in
+/// `last_error`).
+pub(crate) const ATTEMPT_ERROR_CHARS: usize = 2000;
+
 /// How one database writes the pieces of SQL that differ between databases. Implemented by a
 /// zero-sized type per driver (`postgres::Sql`, `mysql::Sql`, `sqlite::Sql`).
 pub(crate) trait Dialect: Sized + Send + Sync + 'static {
@@ -76,6 +84,10 @@ pub(crate) trait Dialect: Sized + Send + Sync + 'static {
     fn json(b: &mut Binder<Self>, text: String) -> String {
         b.bind(text)
     }
+    /// The JSON list `list` (NULL: empty) with `entry` appended, keeping only the last
+    /// [`ATTEMPTS_KEPT`]: a job's failed attempts. `entry` is the object's fields, each a name
+    /// and an SQL expression (numbers or text).
+    fn appended(list: &str, entry: &[(&str, String)]) -> String;
     /// The bound values as the driver's arguments.
     fn arguments(values: Vec<Value>) -> Result<<Self::DB as sqlx::Database>::Arguments>;
 }

@@ -91,6 +91,20 @@ impl Dialect for Sql {
         claimed_json(m)
     }
 
+    fn appended(list: &str, entry: &[(&str, String)]) -> String {
+        let fields: Vec<String> = entry.iter().map(|(k, v)| format!("'{k}', {v}")).collect();
+        let had = format!("COALESCE({list}, '[]')");
+        let kept = format!(
+            "CASE WHEN json_array_length({had}) >= {} THEN json_remove({had}, '$[0]') \
+             ELSE {had} END",
+            sql::ATTEMPTS_KEPT
+        );
+        format!(
+            "json_insert({kept}, '$[#]', json_object({}))",
+            fields.join(", ")
+        )
+    }
+
     fn arguments(values: Vec<Value>) -> Result<<Sqlite as sqlx::Database>::Arguments> {
         sql::arguments::<Sqlite>(values, |_, _| {
             Err(Error::Internal("SQLite has no array parameters".into()))

@@ -102,6 +102,20 @@ pub async fn job(
             Some(e) => pre #last-error { (e) },
             None => p.muted { "None." },
         }
+        @if !job.errors.is_empty() {
+            h2 { "Failed attempts" }
+            table #attempts {
+                tr { th { "attempt" } th { "started" } th { "failed" } th { "error" } }
+                @for a in &job.errors {
+                    tr {
+                        td.num { (a.attempt.map(|n| n.to_string()).unwrap_or_default()) }
+                        td { @if let Some(t) = a.started_at { (when(t)) } }
+                        td { @if let Some(t) = a.ended_at { (when(t)) } }
+                        td { pre { (a.error) } }
+                    }
+                }
+            }
+        }
         @if !state.read_only {
             h2 { "Actions" }
             p #actions {

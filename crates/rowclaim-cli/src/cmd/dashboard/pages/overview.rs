@@ -22,16 +22,18 @@ struct QueueLine {
     oldest_wait: f64,
     completed_last_minute: u64,
     expired: u64,
+    /// Ready jobs that failed before, waiting for a retry.
+    retrying: u64,
 }
 
 impl QueueLine {
     fn dead(&self) -> u64 {
         self.by_status.get("dead").copied().unwrap_or(0)
     }
-    /// Problem queues first: dead jobs or expired leases, then the longest wait.
+    /// Problem queues first: dead jobs, expired leases or retries, then the longest wait.
     fn rank(&self) -> (bool, u64) {
         (
-            self.dead() > 0 || self.expired > 0,
+            self.dead() > 0 || self.expired > 0 || self.retrying > 0,
             (self.oldest_wait * 1000.0) as u64,
         )
     }
@@ -72,6 +74,7 @@ pub async fn overview(State(state): State<St>, Extension(who): Extension<Who>) -
                         .unwrap_or(0),
                     // By the database's clock, which decides when a lease ends.
                     expired: stats.expired_leases.get(&name).copied().unwrap_or(0),
+                    retrying: stats.retrying.get(&name).copied().unwrap_or(0),
                     paused: paused.get(&name).copied(),
                     by_status,
                     name,
@@ -113,7 +116,7 @@ pub async fn overview(State(state): State<St>, Extension(who): Extension<Who>) -
                 tr {
                     th { "queue" }
                     @for s in JOB_STATUSES { th.num { (s) } }
-                    th.num { "expired leases" } th.num { "oldest wait" } th.num { "completed last min" }
+                    th.num { "waiting for a retry" } th.num { "expired leases" } th.num { "oldest wait" } th.num { "completed last min" }
                 }
                 @for q in &queues {
                     tr data-queue=(q.name) {
@@ -125,6 +128,7 @@ pub async fn overview(State(state): State<St>, Extension(who): Extension<Who>) -
                             @let n = q.by_status.get(*s).copied().unwrap_or(0);
                             td.num.problem[*s == "dead" && n > 0] data-status=(s) { (n) }
                         }
+                        td.num.problem[q.retrying > 0] data-retrying { (q.retrying) }
                         td.num.problem[q.expired > 0] { (q.expired) }
                         td.num { (secs(q.oldest_wait)) }
                         td.num { (q.completed_last_minute) }

@@ -163,9 +163,11 @@ pub async fn queue(
             }
         }
         table #counts {
-            tr { @for s in JOB_STATUSES { th.num { (s) } } th.num { "oldest wait" } th.num { "completed last min" } }
+            tr { @for s in JOB_STATUSES { th.num { (s) } } th.num { "waiting for a retry" } th.num { "oldest wait" } th.num { "completed last min" } }
             tr {
                 @for s in JOB_STATUSES { td.num data-status=(s) { (counts.get(*s).copied().unwrap_or(0)) } }
+                @let retrying = stats.retrying.get(&name).copied().unwrap_or(0);
+                td.num.problem[retrying > 0] data-retrying { (retrying) }
                 td.num { (secs(stats.oldest_ready_secs.get(&name).copied().unwrap_or(0.0))) }
                 td.num { (stats.completed_last_minute.get(&name).copied().unwrap_or(0)) }
             }
