@@ -512,6 +512,13 @@ async fn dashboard(t: Arc<TestDb>) {
         "payload on the job page"
     );
     assert!(job.body.contains("kaput-42"), "last error on the job page");
+    // Its failed attempt too, in the table of attempts (not only as the last error).
+    let attempts = job
+        .body
+        .split("id=\"attempts\"")
+        .nth(1)
+        .expect("the failed attempts on the job page");
+    assert!(attempts.contains("kaput-42"), "{attempts}");
     let source = d.get(&format!("/sources/{table}")).await;
     assert_eq!(source.status, 200);
     assert!(
