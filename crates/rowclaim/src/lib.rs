@@ -84,10 +84,10 @@ pub use error::{DatabaseError, Error, ErrorKind, Result};
 pub use id::RowId;
 pub use locking::{LockMode, LockWait};
 pub use queue::{
-    backoff, schedule_key, CatchUp, Enqueued, Job, JobFailure, JobFilter, JobRecord, NewJob, Queue,
-    QueueLimits, QueueSettings, QueueStats, Rate, Retention, Schedule, ScheduleStatus, Scheduled,
-    Scheduler, SchedulerReport, Wakeups, DEFAULT_MAX_ATTEMPTS, JOB_STATUSES, LATE_WINDOW,
-    MAX_CATCH_UP, MAX_RATE_PERIOD,
+    backoff, schedule_key, BulkAction, CatchUp, Enqueued, Job, JobFailure, JobFilter, JobRecord,
+    NewJob, Queue, QueueLimits, QueueSettings, QueueStats, Rate, Retention, Schedule,
+    ScheduleStatus, Scheduled, Scheduler, SchedulerReport, Wakeups, DEFAULT_MAX_ATTEMPTS,
+    JOB_STATUSES, LATE_WINDOW, MAX_CATCH_UP, MAX_RATE_PERIOD,
 };
 pub use redact::redacted_url;
 pub use report::{Finding, Severity, Stats, Topic};
