@@ -171,7 +171,7 @@ fn pick<D: Dialect>(action: BulkAction, filter: &JobFilter, room: u32) -> Stmt<D
     let mut b = Binder::new();
     let cond = filter_cond(&mut b, filter);
     let sql = format!(
-        "SELECT id, CASE WHEN unique_key IS NULL THEN NULL ELSE id END FROM rowclaim_jobs \
+        "SELECT id, CASE WHEN unique_key IS NULL THEN NULL ELSE id END AS keyed FROM rowclaim_jobs \
          WHERE {cond} AND {} ORDER BY id DESC LIMIT {}",
         action.state_cond(),
         b.bind(i64::from(room))

@@ -384,17 +384,16 @@ fn search_cond<D: Dialect>(b: &mut Binder<D>, text: &str) -> String {
     }
     pattern.push('%');
     let payload = format!("CAST(payload AS {})", D::TEXT);
-    let mut any: Vec<String> = ["kind", "status", &payload, "COALESCE(last_error, '')"]
-        .iter()
-        .map(|col| {
-            format!(
-                "LOWER({col}) LIKE LOWER({}) ESCAPE '!'",
-                b.bind(pattern.clone())
-            )
-        })
-        .collect();
+    // Bound in the order they stand in the text (`?` placeholders count by position).
+    let mut any: Vec<String> = Vec::new();
     if let Ok(id) = text.trim().parse::<i64>() {
-        any.insert(0, format!("id = {}", b.bind(id)));
+        any.push(format!("id = {}", b.bind(id)));
+    }
+    for col in ["kind", "status", &payload, "COALESCE(last_error, '')"] {
+        any.push(format!(
+            "LOWER({col}) LIKE LOWER({}) ESCAPE '!'",
+            b.bind(pattern.clone())
+        ));
     }
     format!(" AND ({})", any.join(" OR "))
 }
