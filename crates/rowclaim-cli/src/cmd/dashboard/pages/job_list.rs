@@ -35,22 +35,29 @@ pub async fn job_list(
         search.queue = Some(q.to_owned());
     }
     let limit = search.limit.filter(|l| LIMITS.contains(l)).unwrap_or(50);
-    let mut f = search.filter().limit(limit);
+    // One more than a page, to know whether there is more in the direction read.
+    let mut f = search.filter().limit(limit + 1);
+    let upwards = search.before.is_none() && search.after.is_some();
     if let Some(b) = search.before {
         f = f.before_id(b);
     } else if let Some(a) = search.after {
         f = f.after_id(a);
     }
-    let (jobs, problem) = match state.db.queue().list(&f).await {
+    let (mut jobs, problem) = match state.db.queue().list(&f).await {
         Ok(jobs) => (jobs, None),
         Err(e) => (Vec::new(), Some(e.to_string())),
     };
-    let full = jobs.len() as u32 == limit;
+    let more = jobs.len() > limit as usize;
+    if more && upwards {
+        // Newest first: the one too many is the newest.
+        jobs.remove(0);
+    }
+    jobs.truncate(limit as usize);
     let here = format!("?limit={limit}{}", search.query());
-    let newer = (search.before.is_some() || (search.after.is_some() && full))
+    let newer = (search.before.is_some() || (upwards && more))
         .then(|| jobs.first().map(|j| format!("{here}&after={}", j.id)))
         .flatten();
-    let older = (full || search.after.is_some())
+    let older = (upwards || more)
         .then(|| jobs.last().map(|j| format!("{here}&before={}", j.id)))
         .flatten();
     let acts = !state.read_only && !jobs.is_empty();
@@ -155,7 +162,7 @@ async fn all_matching(state: &Dashboard, who: &Who, search: &JobSearch) -> Marku
         .collect();
     html! {
         @if !buttons.is_empty() {
-            p #all-matching { @for b in buttons { (b) " " } }
+            div #all-matching { @for b in buttons { (b) " " } }
         }
     }
 }
