@@ -121,15 +121,18 @@ async fn all_matching(state: &Dashboard, who: &Who, search: &JobSearch) -> Marku
     let said = search.said();
     let fields = search.fields();
     let mut offered = Vec::new();
+    // With a status, every action offered takes the same jobs: one count (a scan of the
+    // matching jobs) serves them all.
+    let mut same = None;
     for a in [BulkAction::Retry, BulkAction::Cancel, BulkAction::Delete] {
-        if filter
-            .status
-            .as_deref()
-            .is_some_and(|s| !a.takes().contains(&s))
-        {
-            continue;
-        }
-        if let Ok(n) = state.db.queue().count(&filter, Some(a)).await {
+        let counted = match (&filter.status, same) {
+            (Some(s), _) if !a.takes().contains(&s.as_str()) => continue,
+            (Some(_), Some(n)) => Ok(n),
+            (Some(_), None) => state.db.queue().count(&filter, None).await,
+            (None, _) => state.db.queue().count(&filter, Some(a)).await,
+        };
+        if let Ok(n) = counted {
+            same = filter.status.as_ref().map(|_| n);
             if n > 0 {
                 offered.push((a, n));
             }
