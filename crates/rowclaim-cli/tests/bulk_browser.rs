@@ -18,9 +18,12 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 /// Dead jobs of queue mail that one click retries.
 const DEAD: usize = 300;
 
-/// Starts `rowclaim dashboard` on `url`: the process, its base address and login address.
-async fn dashboard(url: &str) -> (tokio::process::Child, String, String) {
-    let mut child = support::rowclaim(url, &["dashboard", "--listen", "127.0.0.1:0"])
+/// Starts `rowclaim dashboard EXTRA…` on `url`: the process, its base address and login
+/// address.
+async fn dashboard(url: &str, extra: &[&str]) -> (tokio::process::Child, String, String) {
+    let mut args = vec!["dashboard", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let mut child = support::rowclaim(url, &args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -76,9 +79,18 @@ async fn lists(t: Arc<TestDb>) {
     )
     .await;
 
-    let (mut child, base, login) = dashboard(&url).await;
+    let (mut child, base, login) = dashboard(&url, &[]).await;
     let b = Browser::start().await.expect("start the browser");
     b.goto(&login).await.unwrap();
+
+    // The bulk POST is behind the same checks as every POST: without the CSRF token, refused.
+    b.goto(&format!("{base}/queues/mail?status=dead"))
+        .await
+        .unwrap();
+    assert_eq!(
+        post_from_page(&b, "action=delete&queue=mail", false).await,
+        403
+    );
 
     // A filtered list of one queue: retry all its dead jobs, asked first with their count.
     b.goto(&format!("{base}/queues/mail?status=dead"))
@@ -178,9 +190,48 @@ async fn lists(t: Arc<TestDb>) {
     assert_eq!(listed(&b).await, first, "back to the first page");
 
     stale_leases(&t, &b, &base).await;
+
+    // Read-only: no bulk action offered, and one forged with the session's token refused.
+    let (mut ro, ro_base, ro_login) = dashboard(&url, &["--read-only"]).await;
+    b.goto(&ro_login).await.unwrap();
+    b.goto(&format!("{ro_base}/queues/other?status=dead"))
+        .await
+        .unwrap();
+    assert_eq!(listed(&b).await.len(), 18, "the list is shown");
+    assert!(!b.exists("#all-matching").await.unwrap(), "no bulk action");
+    assert!(!b.exists("input[name=id]").await.unwrap(), "no checkboxes");
+    assert_eq!(
+        post_from_page(&b, "action=delete&queue=other", true).await,
+        403
+    );
+    assert_eq!(
+        count("SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'other'").await,
+        18,
+        "nothing deleted"
+    );
     b.close().await.expect("close the browser");
-    let _ = child.start_kill();
-    let _ = child.wait().await;
+    for c in [&mut child, &mut ro] {
+        let _ = c.start_kill();
+        let _ = c.wait().await;
+    }
+}
+
+/// POSTs `form` to `/jobs/bulk` from the page the browser shows (its origin), with the page's
+/// CSRF token when `csrf`: the answer's status.
+async fn post_from_page(b: &Browser, form: &str, csrf: bool) -> i64 {
+    let script = format!(
+        "const c = document.querySelector('input[name=csrf]'); \
+         const body = '{form}' + ({csrf} && c ? '&csrf=' + c.value : ''); \
+         return fetch('/jobs/bulk', {{method: 'POST', redirect: 'manual', \
+           headers: {{'Content-Type': 'application/x-www-form-urlencoded'}}, body}}) \
+           .then(r => r.status);"
+    );
+    let answer = b
+        .driver()
+        .execute(script, Vec::new())
+        .await
+        .expect("run the POST");
+    answer.json().as_i64().expect("a status")
 }
 
 /// An own table with a done row and a claimed row whose leases both ended an hour ago: only the
