@@ -306,7 +306,7 @@ impl Queue {
     /// limit, at most that many. A job changed meanwhile by another process is changed only
     /// if it still matches. A retry leaves a job whose unique key another pending job has as
     /// it is. Returns how many changed. A filter whose state the action cannot take (a retry
-    /// of ready jobs) is refused.
+    /// of ready jobs) is refused; a filter without conditions takes every job.
     pub async fn bulk(&self, action: BulkAction, filter: &JobFilter) -> Result<u64> {
         action.check(filter)?;
         let store = store(&self.db);

@@ -23,7 +23,8 @@ pub struct JobFilter {
     pub kinds: Vec<String>,
     /// Only jobs in this state (one of [`JOB_STATUSES`]).
     pub status: Option<String>,
-    /// At most this many (50 unless set).
+    /// At most this many: a list 50 unless set, [`crate::Queue::bulk`] every match unless set;
+    /// [`crate::Queue::count`] counts every match.
     pub limit: Option<u32>,
     /// Only jobs with a lower id: the next (older) page after a page ending there.
     pub before_id: Option<i64>,
