@@ -29,8 +29,9 @@ pub const OK: Exit = Exit {
 pub const NOTHING_CLAIMED: Exit = Exit {
     code: 1,
     name: "nothing claimed",
-    meaning: "`claim`: nothing was claimable; `jobs show`: no such job; `jobs retry/cancel`: no \
-              job was changed; `queue pause/resume`: the queue was paused already, or not paused; \
+    meaning: "`claim`: nothing was claimable; `jobs show`: no such job; \
+              `jobs retry/cancel/delete`: no job was changed (or a job given by id was not); \
+              `queue pause/resume`: the queue was paused already, or not paused; \
               `schedule forget`: no such schedule",
 };
 

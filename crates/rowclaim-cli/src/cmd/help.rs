@@ -97,6 +97,8 @@ const EXAMPLES: &[(&str, &str)] = &[
         "  rowclaim jobs list --queue mail --status dead
   rowclaim jobs show 42
   rowclaim jobs retry 42
+  rowclaim jobs retry --queue mail --status dead      # every dead job of mail
+  rowclaim jobs delete --search test --older-than 1d
   rowclaim jobs prune --older-than 7d",
     ),
     (

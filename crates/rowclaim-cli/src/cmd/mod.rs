@@ -110,9 +110,10 @@ pub enum Command {
     /// Create or migrate the managed job queue (table rowclaim_jobs). Idempotent; safe to run
     /// from several processes at once.
     Init(init::InitArgs),
-    /// Look at and change jobs of the managed queue: list, show, retry a dead or cancelled job,
-    /// cancel a ready or running one, prune finished ones. show, retry and cancel exit 1 when
-    /// there was no such job to show or change.
+    /// Look at and change jobs of the managed queue: list, show, retry dead or cancelled jobs,
+    /// cancel ready or running ones, delete them (by id, or every job --queue, --status,
+    /// --kind, --older-than or --search match), prune finished ones. show, retry, cancel and
+    /// delete exit 1 when there was no such job to show or change.
     #[command(subcommand)]
     Jobs(jobs::JobsCommand),
     /// A queue of the managed queue as a whole: pause it (workers start none of its jobs),

@@ -5,6 +5,7 @@
 //! `ready` with a later run-at after a failure, or `dead` after the last attempt; `cancelled` by
 //! hand. Claiming, fencing and lease expiry are the same as for any source.
 
+mod bulk;
 mod claim;
 mod limits;
 mod migrate;
@@ -18,6 +19,7 @@ mod snapshots;
 mod store;
 mod wakeups;
 
+pub use bulk::BulkAction;
 pub(crate) use claim::served;
 pub use job::{
     backoff, Enqueued, Job, JobFailure, NewJob, QueueStats, Retention, DEFAULT_MAX_ATTEMPTS,
@@ -61,7 +63,9 @@ mod sqlite;
 /// per database beside this one), with what every database does alike (written once:
 /// [`store::Shared`], [`schedule::Schedules`]). One door: [`store::store`] finds a database's.
 #[async_trait::async_trait]
-pub(crate) trait QueueStore: store::Shared + schedule::Schedules + Send + Sync {
+pub(crate) trait QueueStore:
+    store::Shared + schedule::Schedules + bulk::Bulk + Send + Sync
+{
     /// Creates or migrates the managed queue's tables, then the schedules' (each component
     /// versioned; concurrent runs take turns).
     async fn init(&self) -> Result<()>;
@@ -274,7 +278,74 @@ impl Queue {
     /// ([`JobFilter`]); the same fields on every database.
     pub async fn list(&self, filter: &JobFilter) -> Result<Vec<JobRecord>> {
         filter.check()?;
-        retry_transient!(store(&self.db).records(filter, None).await).map_err(not_initialised)
+        let mut jobs = retry_transient!(store(&self.db).records(filter, None).await)
+            .map_err(not_initialised)?;
+        // A newer page is read upwards from its start (see `records_sql`).
+        if filter.after_id.is_some() && filter.before_id.is_none() {
+            jobs.reverse();
+        }
+        Ok(jobs)
+    }
+
+    /// How many jobs `filter` matches (its limit and page aside); with an action, how many of
+    /// them that action would change (those in a state it takes).
+    pub async fn count(&self, filter: &JobFilter, action: Option<BulkAction>) -> Result<u64> {
+        filter.check()?;
+        let f = JobFilter {
+            before_id: None,
+            after_id: None,
+            ..filter.clone()
+        };
+        retry_transient!(store(&self.db).count(&f, action).await).map_err(not_initialised)
+    }
+
+    /// Does `action` to every job `filter` matches that is in a state the action takes (as
+    /// [`Queue::retry`], [`Queue::cancel`] and [`Queue::delete`] do to one), newest first, in
+    /// batches of a few thousand jobs, each its own short transaction: a million jobs never
+    /// take one giant transaction. Jobs enqueued after it started are left alone. With a
+    /// limit, at most that many. A job changed meanwhile by another process is changed only
+    /// if it still matches. A retry leaves a job whose unique key another pending job has as
+    /// it is. Returns how many changed. A filter whose state the action cannot take (a retry
+    /// of ready jobs) is refused; a filter without conditions takes every job.
+    pub async fn bulk(&self, action: BulkAction, filter: &JobFilter) -> Result<u64> {
+        action.check(filter)?;
+        let store = store(&self.db);
+        let mut rest = filter.limit.map(u64::from);
+        let mut f = JobFilter {
+            after_id: None,
+            ..filter.clone()
+        };
+        let mut changed = 0;
+        loop {
+            let room = rest.map_or(bulk::BATCH, |r| r.min(u64::from(bulk::BATCH)) as u32);
+            if room == 0 {
+                return Ok(changed);
+            }
+            let batch =
+                retry_transient!(store.batch(action, &f, room).await).map_err(not_initialised)?;
+            let mut done = batch.changed;
+            for id in batch.keyed {
+                done += self.retry_keyed(id).await?;
+            }
+            changed += done;
+            rest = rest.map(|r| r.saturating_sub(batch.found as u64));
+            match batch.lowest {
+                Some(low) if batch.found == room as usize => f.before_id = Some(low),
+                _ => return Ok(changed),
+            }
+        }
+    }
+
+    /// Retries job `id`, which has a unique key: 1 if it is ready again, 0 if another pending
+    /// job holds its key (or it changed state meanwhile).
+    async fn retry_keyed(&self, id: i64) -> Result<u64> {
+        match retry_transient!(store(&self.db).admin(Admin::Retry(id)).await) {
+            Ok(n) => Ok(n),
+            Err(e) => match retry_transient!(store(&self.db).key_taken(id).await) {
+                Ok(true) => Ok(0),
+                _ => Err(e),
+            },
+        }
     }
 
     /// Ready jobs of `queues` and `kinds` (all when empty) whose run-at is still to come and

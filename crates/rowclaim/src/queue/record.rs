@@ -23,10 +23,19 @@ pub struct JobFilter {
     pub kinds: Vec<String>,
     /// Only jobs in this state (one of [`JOB_STATUSES`]).
     pub status: Option<String>,
-    /// At most this many (50 unless set).
+    /// At most this many: a list 50 unless set, [`crate::Queue::bulk`] every match unless set;
+    /// [`crate::Queue::count`] counts every match.
     pub limit: Option<u32>,
-    /// Only jobs with a lower id: the next page after a page ending there.
+    /// Only jobs with a lower id: the next (older) page after a page ending there.
     pub before_id: Option<i64>,
+    /// Only jobs with a higher id: the page before (newer than) a page starting there. The
+    /// list is still newest first: the jobs just above `after_id`.
+    pub after_id: Option<i64>,
+    /// Only jobs created longer ago than this, by the database's clock.
+    pub older_than: Option<Duration>,
+    /// Only jobs whose id is this number, or whose kind, status, payload (as JSON text) or last
+    /// error contains this text, ignoring case. `%` and `_` are plain characters here.
+    pub search: Option<String>,
 }
 
 impl JobFilter {
@@ -65,6 +74,34 @@ impl JobFilter {
         self
     }
 
+    /// Only jobs with an id above `id`: the newer page before a page starting at `id`.
+    pub fn after_id(mut self, id: i64) -> Self {
+        self.after_id = Some(id);
+        self
+    }
+
+    /// Only jobs created longer than `age` ago (by the database's clock).
+    pub fn older_than(mut self, age: Duration) -> Self {
+        self.older_than = Some(age);
+        self
+    }
+
+    /// Only jobs whose id is `text`, or whose kind, status, payload or last error contains
+    /// `text`, ignoring case.
+    pub fn search(mut self, text: impl Into<String>) -> Self {
+        self.search = Some(text.into());
+        self
+    }
+
+    /// Whether anything narrows the jobs down (a limit or a page alone does not).
+    pub fn narrows(&self) -> bool {
+        !self.queues.is_empty()
+            || !self.kinds.is_empty()
+            || self.status.is_some()
+            || self.older_than.is_some()
+            || self.search.is_some()
+    }
+
     /// Refuses a state no job can be in: a typo would otherwise list nothing, silently.
     pub(crate) fn check(&self) -> Result<()> {
         if let Some(s) = &self.status {
@@ -74,6 +111,17 @@ impl JobFilter {
                     JOB_STATUSES.join(", ")
                 )));
             }
+        }
+        if self.search.as_deref().is_some_and(str::is_empty) {
+            return Err(Error::InvalidInput(
+                "the search text is empty; leave the search out to match every job".into(),
+            ));
+        }
+        if self
+            .older_than
+            .is_some_and(|d| d.as_millis() > i64::MAX as u128)
+        {
+            return Err(Error::InvalidInput("the age is too large".into()));
         }
         Ok(())
     }
@@ -294,7 +342,14 @@ pub(crate) fn records_sql<D: Dialect>(
         cond.push_str(&format!(" AND id = {}", b.bind(id)));
     }
     let limit = b.bind(i64::from(filter.limit.unwrap_or(50)));
-    format!("SELECT {columns} FROM rowclaim_jobs WHERE {cond} ORDER BY id DESC LIMIT {limit}")
+    // A newer page is the jobs just above `after_id`: read upwards from there, then put newest
+    // first (the caller reverses them).
+    let order = if filter.after_id.is_some() && filter.before_id.is_none() {
+        "ASC"
+    } else {
+        "DESC"
+    };
+    format!("SELECT {columns} FROM rowclaim_jobs WHERE {cond} ORDER BY id {order} LIMIT {limit}")
 }
 
 /// How many ready jobs of `filter`'s queues and kinds are scheduled for later and never ran,
@@ -338,8 +393,8 @@ impl Scheduled {
     }
 }
 
-/// `filter`'s queues, kinds and state as a condition, values bound.
-fn filter_cond<D: Dialect>(b: &mut Binder<D>, filter: &JobFilter) -> String {
+/// `filter`'s queues, kinds, state, age, search and page as a condition, values bound.
+pub(crate) fn filter_cond<D: Dialect>(b: &mut Binder<D>, filter: &JobFilter) -> String {
     let mut cond = String::from("1 = 1");
     let mut any_of = |b: &mut Binder<D>, col: &str, values: &[String]| {
         if !values.is_empty() {
@@ -355,7 +410,52 @@ fn filter_cond<D: Dialect>(b: &mut Binder<D>, filter: &JobFilter) -> String {
     if let Some(id) = filter.before_id {
         cond.push_str(&format!(" AND id < {}", b.bind(id)));
     }
+    if let Some(id) = filter.after_id {
+        cond.push_str(&format!(" AND id > {}", b.bind(id)));
+    }
+    if let Some(age) = filter.older_than {
+        // In epoch milliseconds, so that any age compares the same way on every database (no
+        // date arithmetic past a type's years); `created_at` has no index to lose.
+        let ms = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+        cond.push_str(&format!(
+            " AND {} < {} - {}",
+            D::epoch_ms("created_at"),
+            D::epoch_ms(D::NOW),
+            b.bind(ms)
+        ));
+    }
+    if let Some(text) = &filter.search {
+        cond.push_str(&search_cond(b, text));
+    }
     cond
+}
+
+/// ` AND (…)`: the job `text` names by id, or whose kind, status, payload or last error
+/// contains `text` ignoring case (both sides lowered by the database, so that it lowers them
+/// alike). The pattern is bound, its `LIKE` characters escaped with `!` (a backslash would
+/// need writing differently per database).
+fn search_cond<D: Dialect>(b: &mut Binder<D>, text: &str) -> String {
+    let mut pattern = String::from("%");
+    for c in text.chars() {
+        if matches!(c, '%' | '_' | '!') {
+            pattern.push('!');
+        }
+        pattern.push(c);
+    }
+    pattern.push('%');
+    let payload = format!("CAST(payload AS {})", D::TEXT);
+    // Bound in the order they stand in the text (`?` placeholders count by position).
+    let mut any: Vec<String> = Vec::new();
+    if let Ok(id) = text.trim().parse::<i64>() {
+        any.push(format!("id = {}", b.bind(id)));
+    }
+    for col in ["kind", "status", &payload, "COALESCE(last_error, '')"] {
+        any.push(format!(
+            "LOWER({col}) LIKE LOWER({}) ESCAPE '!'",
+            b.bind(pattern.clone())
+        ));
+    }
+    format!(" AND ({})", any.join(" OR "))
 }
 
 /// Epoch milliseconds (as every store reads times) as a time; also before 1970.

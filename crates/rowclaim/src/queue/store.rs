@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use super::bulk::{change_sql, BulkAction};
 use super::record::{scheduled_sql, Scheduled};
 use super::QueueStore;
 use super::{Admin, Enqueued, JobFilter, JobParts};
@@ -142,25 +143,11 @@ pub(crate) fn admin_stmt<D: Dialect>(
     op: Admin,
     before: impl FnOnce(&mut Binder<D>, Duration) -> String,
 ) -> Stmt<D> {
-    let now = D::NOW;
     let mut b = Binder::new();
     let sql = match op {
-        // A running job's claimer is fenced out: its token no longer owns the row.
-        Admin::Cancel(id) => format!(
-            "UPDATE rowclaim_jobs SET status = 'cancelled', owner = NULL, lease_until = NULL, \
-             finished_at = {now} WHERE id = {} AND status IN ('ready', 'running')",
-            b.bind(id)
-        ),
-        Admin::Retry(id) => format!(
-            "UPDATE rowclaim_jobs SET status = 'ready', attempts = 0, run_at = {now}, \
-             owner = NULL, lease_until = NULL, finished_at = NULL \
-             WHERE id = {} AND status IN ('dead', 'cancelled')",
-            b.bind(id)
-        ),
-        Admin::Delete(id) => format!(
-            "DELETE FROM rowclaim_jobs WHERE id = {} AND status <> 'running'",
-            b.bind(id)
-        ),
+        Admin::Cancel(id) => change_sql::<D>(BulkAction::Cancel, &format!("id = {}", b.bind(id))),
+        Admin::Retry(id) => change_sql::<D>(BulkAction::Retry, &format!("id = {}", b.bind(id))),
+        Admin::Delete(id) => change_sql::<D>(BulkAction::Delete, &format!("id = {}", b.bind(id))),
         Admin::Prune(age) => format!(
             "DELETE FROM rowclaim_jobs WHERE status IN ('completed', 'dead', 'cancelled') \
              AND finished_at < {}",

@@ -10,8 +10,11 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
 
+use rowclaim::BulkAction;
+
 use super::action_log::Action;
 use super::layout::path_segment;
+use super::search::JobSearch;
 use super::state::{State as St, Who};
 
 /// `POST /jobs/{id}/{retry|cancel|delete}`.
@@ -56,6 +59,102 @@ pub async fn job(
         _ => format!("/jobs/{id}"),
     };
     Redirect::to(&back).into_response()
+}
+
+/// Most selected jobs one POST acts on (a page shows at most 500).
+const MOST_SELECTED: usize = 500;
+
+/// `POST /jobs/bulk`: `action` (retry, cancel, delete) on the selected jobs (`id`, repeated), or,
+/// with none selected, on every job the list's fields (queue, status, kind, q) match, in the
+/// library's batches. Logged as one action; answered with the actions page, which says how
+/// many changed.
+pub async fn bulk(
+    State(state): State<St>,
+    Extension(who): Extension<Who>,
+    body: axum::body::Bytes,
+) -> Response {
+    let fields: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().collect();
+    let field = |name: &str| {
+        fields
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    let action = match field("action").as_deref() {
+        Some("retry") => BulkAction::Retry,
+        Some("cancel") => BulkAction::Cancel,
+        Some("delete") => BulkAction::Delete,
+        _ => return (StatusCode::BAD_REQUEST, "no such action\n").into_response(),
+    };
+    let selected: Vec<&str> = fields
+        .iter()
+        .filter(|(k, _)| k == "id")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    let (what, target, result) = if selected.is_empty() {
+        let search = JobSearch {
+            queue: field("queue"),
+            status: field("status"),
+            kind: field("kind"),
+            q: field("q"),
+            ..JobSearch::default()
+        };
+        let filter = search.filter();
+        let result = if filter.narrows() {
+            state.db.queue().bulk(action, &filter).await
+        } else {
+            // As the CLI asks for --all: a form without any condition is no way to ask for it.
+            Err(rowclaim::Error::InvalidInput(
+                "no condition: narrow the list first".into(),
+            ))
+        };
+        // The values are quoted with their control characters escaped (`said`); cut short.
+        let said: String = search.said().chars().take(200).collect();
+        let target = format!("all jobs matching {said}");
+        (format!("{} all matching", action.verb()), target, result)
+    } else {
+        let result = selected_jobs(&state, action, &selected).await;
+        let mut target = format!("jobs {}", selected.join(", "));
+        target = shown(&target).trim_matches('"').to_owned();
+        (format!("{} selected", action.verb()), target, result)
+    };
+    let outcome = match &result {
+        Ok(0) => "none changed (none in a state it takes)".to_owned(),
+        Ok(n) => format!("done: {n} job(s) changed"),
+        Err(e) => format!("failed: {e}"),
+    };
+    state.actions.push(Action {
+        at: SystemTime::now(),
+        who: who.to_string(),
+        what,
+        target,
+        outcome,
+    });
+    Redirect::to("/actions").into_response()
+}
+
+/// `action` on each selected job (ids as the form sent them); how many changed.
+async fn selected_jobs(state: &St, action: BulkAction, selected: &[&str]) -> rowclaim::Result<u64> {
+    if selected.len() > MOST_SELECTED {
+        return Err(rowclaim::Error::InvalidInput(format!(
+            "{} jobs selected; at most {MOST_SELECTED} at once",
+            selected.len()
+        )));
+    }
+    let queue = state.db.queue();
+    let mut changed = 0;
+    for text in selected {
+        let id: i64 = text.trim().parse().map_err(|_| {
+            rowclaim::Error::InvalidInput(format!("job id {} is not a number", shown(text)))
+        })?;
+        let did = match action {
+            BulkAction::Retry => queue.retry(id).await?,
+            BulkAction::Cancel => queue.cancel(id).await?,
+            _ => queue.delete(id).await?,
+        };
+        changed += u64::from(did);
+    }
+    Ok(changed)
 }
 
 /// `POST /queues/{queue}/{pause|resume}`.

@@ -1,10 +1,12 @@
 //! `rowclaim dashboard`: a web page of the managed queue and the recorded own tables, with the
-//! few actions an operator needs (retry, cancel, delete a job; give a held row back).
+//! few actions an operator needs (retry, cancel, delete a job, or every job a list matches;
+//! give a held row back).
 //!
 //! From the top down (each file uses only those under it):
 //! - `server.rs`: [`server::router`], where every route is added;
 //! - `pages/`: the pages, one file for what each shows (every GET only reads);
 //! - `actions.rs`: the POSTs that change something;
+//! - `search.rs`: what a list of jobs is narrowed to, for the list and its bulk actions;
 //! - `auth.rs`: logging in and out, and the checks every request passes;
 //! - `sampler.rs`: the task that samples the history the charts draw;
 //! - `layout.rs`: what every page has (its frame, the problem page, how values are written);
@@ -21,6 +23,7 @@ mod history;
 mod layout;
 mod pages;
 mod sampler;
+mod search;
 mod server;
 mod sessions;
 mod state;

@@ -18,6 +18,8 @@ pub fn router(state: State, metrics: Arc<crate::prometheus::Endpoint>) -> Router
     let pages = Router::new()
         .route("/", get(pages::overview::overview))
         .route("/queues/{queue}", get(pages::queues::queue))
+        .route("/jobs", get(pages::job_list::jobs))
+        .route("/jobs/bulk", post(actions::bulk))
         .route("/jobs/{id}", get(pages::jobs::job))
         .route("/sources/{table}", get(pages::sources::source))
         .route("/sources/{table}/rows/{id}", get(pages::sources::row))

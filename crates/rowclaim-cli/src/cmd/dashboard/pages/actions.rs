@@ -21,7 +21,7 @@ pub async fn actions(State(state): State<St>, Extension(who): Extension<Who>) ->
                         td { (a.who) }
                         td { (a.what) }
                         td { (a.target) }
-                        td.problem[a.outcome != "done"] { (a.outcome) }
+                        td.problem[!a.outcome.starts_with("done")] { (a.outcome) }
                     }
                 }
             }

@@ -1,5 +1,4 @@
-//! `GET /jobs/{id}`: one job as stored, its timeline and what may be done to it; and the table
-//! of jobs that a queue's page lists.
+//! `GET /jobs/{id}`: one job as stored, its timeline and what may be done to it.
 
 use std::time::SystemTime;
 
@@ -7,8 +6,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use maud::{html, Markup};
-use rowclaim::JobRecord;
+use maud::html;
 
 use crate::cmd::dashboard::layout::{action_button, layout, path_segment, trouble, when};
 use crate::cmd::dashboard::state::{State as St, Who};
@@ -132,25 +130,4 @@ pub async fn job(
         }
     };
     layout(&state, &who, &format!("Job {id}"), true, body).into_response()
-}
-
-/// Jobs as a table, each linked to its page.
-pub fn job_table(jobs: &[JobRecord]) -> Markup {
-    html! {
-        @if jobs.is_empty() { p.muted { "No jobs." } } @else {
-            table #jobs {
-                tr { th { "id" } th { "kind" } th { "status" } th.num { "attempts" } th { "run at" } th { "last error" } }
-                @for j in jobs {
-                    tr data-job=(j.id) {
-                        td { a href=(format!("/jobs/{}", j.id)) { (j.id) } }
-                        td { (j.kind) }
-                        td.problem[j.status == "dead"] { (j.status) }
-                        td.num { (j.attempts) "/" (j.max_attempts) }
-                        td { (when(j.run_at)) }
-                        td { (j.last_error.as_deref().map(|e| e.chars().take(120).collect::<String>()).unwrap_or_default()) }
-                    }
-                }
-            }
-        }
-    }
 }

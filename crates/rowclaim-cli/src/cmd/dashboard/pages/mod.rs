@@ -4,11 +4,14 @@
 //! - `overview.rs`: `/`, every managed queue, schedule and recorded source, problem ones first;
 //! - `queues.rs`: `/queues/{queue}`, one queue (counts, charts, holders, its jobs), and the
 //!   schedules' table;
-//! - `jobs.rs`: `/jobs/{id}`, one job and its timeline, and the jobs' table;
+//! - `jobs.rs`: `/jobs/{id}`, one job and its timeline;
+//! - `job_list.rs`: `/jobs`, jobs of every queue searched, and the list a queue's page shows
+//!   (pages both ways, the actions on all matching or ticked jobs);
 //! - `sources.rs`: `/sources/{table}`, a recorded table, and `/sources/{table}/rows/{id}`, a row;
 //! - `actions.rs`: `/actions`, what was done through the dashboard.
 
 pub mod actions;
+pub mod job_list;
 pub mod jobs;
 pub mod overview;
 pub mod queues;

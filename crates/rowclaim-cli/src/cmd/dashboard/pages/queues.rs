@@ -10,24 +10,15 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use maud::{html, Markup};
 use rowclaim::{JobFilter, JobRecord, ScheduleStatus, JOB_STATUSES};
-use serde::Deserialize;
 
-use super::jobs::job_table;
+use super::job_list::job_list;
 use crate::cmd::dashboard::charts::{chart, colour_of, Line};
 use crate::cmd::dashboard::history::QueueSample;
 use crate::cmd::dashboard::layout::{
-    action_button, expired, layout, path_segment, query_value, secs, trouble, when, LIMITS,
+    action_button, expired, layout, path_segment, secs, trouble, when,
 };
+use crate::cmd::dashboard::search::JobSearch;
 use crate::cmd::dashboard::state::{Dashboard, State as St, Who};
-
-#[derive(Deserialize, Default)]
-pub struct JobSearch {
-    status: Option<String>,
-    kind: Option<String>,
-    id: Option<String>,
-    before: Option<i64>,
-    limit: Option<u32>,
-}
 
 /// `GET /queues/{queue}`: counts, charts, holders, running jobs, and a search of its jobs.
 pub async fn queue(
@@ -64,42 +55,7 @@ pub async fn queue(
             (a, b) => a.or(b),
         };
     }
-    let limit = search.limit.filter(|l| LIMITS.contains(l)).unwrap_or(50);
-    let status = search
-        .status
-        .clone()
-        .filter(|s| JOB_STATUSES.contains(&s.as_str()));
-    let kind = search.kind.clone().filter(|k| !k.trim().is_empty());
-    let wanted_id = search
-        .id
-        .as_deref()
-        .map(str::trim)
-        .filter(|s| !s.is_empty());
-    let (jobs, search_problem) = match wanted_id {
-        Some(text) => match text.parse::<i64>() {
-            Ok(id) => match queue.get(id).await {
-                Ok(job) => (job.into_iter().filter(|j| j.queue == name).collect(), None),
-                Err(e) => (Vec::new(), Some(e.to_string())),
-            },
-            Err(_) => (Vec::new(), Some(format!("id {text:?} is not a number"))),
-        },
-        None => {
-            let mut f = JobFilter::new().queues([name.clone()]).limit(limit);
-            if let Some(s) = &status {
-                f = f.status(s.clone());
-            }
-            if let Some(k) = &kind {
-                f = f.kinds([k.trim().to_owned()]);
-            }
-            if let Some(b) = search.before {
-                f = f.before_id(b);
-            }
-            match queue.list(&f).await {
-                Ok(jobs) => (jobs, None),
-                Err(e) => (Vec::new(), Some(e.to_string())),
-            }
-        }
-    };
+    let jobs = job_list(&state, &who, &search, Some(&name)).await;
     let samples = state.history.samples();
     let series = |f: &dyn Fn(&QueueSample) -> f64| -> Vec<(SystemTime, f64)> {
         samples
@@ -125,19 +81,6 @@ pub async fn queue(
             points: series(&|q| q.by_status.get(st).copied().unwrap_or(0) as f64),
         })
         .collect();
-    let next = (jobs.len() as u32 == limit && wanted_id.is_none())
-        .then(|| jobs.last().map(|j| j.id))
-        .flatten()
-        .map(|last| {
-            let mut q = format!("?before={last}&limit={limit}");
-            if let Some(s) = &status {
-                q.push_str(&format!("&status={}", query_value(s)));
-            }
-            if let Some(k) = &kind {
-                q.push_str(&format!("&kind={}", query_value(k)));
-            }
-            q
-        });
     let control = format!("/queues/{}", path_segment(&name));
     let body = html! {
         p #state {
@@ -172,6 +115,9 @@ pub async fn queue(
                 td.num { (stats.completed_last_minute.get(&name).copied().unwrap_or(0)) }
             }
         }
+        // The list before the charts: what an operator searches and acts on comes first.
+        h2 { "Jobs" }
+        (jobs)
         @if !schedules.is_empty() {
             h2 { "Schedules" }
             (schedule_table(&schedules))
@@ -203,22 +149,6 @@ pub async fn queue(
                 }
             }
         }
-        h2 { "Jobs" }
-        form method="get" {
-            label { "status " select name="status" {
-                option value="" { "any" }
-                @for s in JOB_STATUSES { option value=(s) selected[status.as_deref() == Some(*s)] { (s) } }
-            } }
-            " " label { "kind " input name="kind" value=(kind.clone().unwrap_or_default()); }
-            " " label { "id " input name="id" size="8" value=(wanted_id.unwrap_or_default()); }
-            " " label { "per page " select name="limit" {
-                @for l in LIMITS { option value=(l) selected[l == limit] { (l) } }
-            } }
-            " " button type="submit" { "Search" }
-        }
-        @if let Some(p) = search_problem { p.problem { (p) } }
-        (job_table(&jobs))
-        @if let Some(q) = next { p { a href=(q) { "Older jobs →" } } }
     };
     layout(&state, &who, &format!("Queue {name}"), true, body).into_response()
 }

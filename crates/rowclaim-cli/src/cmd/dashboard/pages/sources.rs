@@ -135,7 +135,7 @@ pub async fn source(
                         td { a href=(format!("{base}/rows/{}", path_segment(&id))) { (id) } }
                         td { (r.status) }
                         td { code { (r.owner.as_deref().unwrap_or("")) } }
-                        td.problem[expired(r.lease_until)] { (r.lease_until.map(when).unwrap_or_default()) }
+                        td.problem[stale(&record, r)] { (r.lease_until.map(when).unwrap_or_default()) @if stale(&record, r) { " expired" } }
                     }
                 }
             }
@@ -181,7 +181,7 @@ pub async fn row(
         table #row {
             tr { th { "status" } td #status { (row.status) } }
             tr { th { "owner" } td { code { (row.owner.as_deref().unwrap_or("")) } } }
-            tr { th { "lease end" } td.problem[expired(row.lease_until)] { (row.lease_until.map(when).unwrap_or_default()) } }
+            tr { th { "lease end" } td.problem[stale(&record, &row)] #lease { (row.lease_until.map(when).unwrap_or_default()) @if stale(&record, &row) { " expired" } } }
         }
         h2 { "Columns" }
         pre #columns { (data) }
@@ -200,6 +200,12 @@ pub async fn row(
         }
     };
     layout(&state, &who, &format!("{table} row {id}"), true, body).into_response()
+}
+
+/// Whether `row`'s lease has expired while it is still claimed. A done or failed row keeps its
+/// last lease in the table; that one ended as it should have.
+fn stale(record: &rowclaim::registry::RecordedSource, row: &rowclaim::SourceRow) -> bool {
+    row.status == record.claimed && expired(row.lease_until)
 }
 
 /// The record of `table` and a claimer for it, or the page that says why there is none.
