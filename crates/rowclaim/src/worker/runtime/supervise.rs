@@ -141,6 +141,7 @@ async fn run_handler(
     let deadline = limit.map(|l| Instant::now() + l);
     let started = Instant::now();
     let running = Running::start(&sh.metrics.in_flight);
+    let _busy = Busy::start(&sh.running);
     let ended = tokio::select! {
         // A result that is there wins over a stop that came at the same moment.
         biased;
@@ -448,5 +449,22 @@ mod tests {
         assert_eq!(CatchUnwind(Ok(fut)).await, Err("boom".to_owned()));
         let made = CatchUnwind(Err("in the call".into())).await;
         assert_eq!(made, Err("in the call".to_owned()));
+    }
+}
+
+/// Counts a handler as running, for the worker registry, while it lives (dropped on every way
+/// out of a job, as [`Running`] is).
+struct Busy(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Busy {
+    fn start(n: &std::sync::Arc<std::sync::atomic::AtomicUsize>) -> Busy {
+        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Busy(n.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
