@@ -6,10 +6,12 @@
 //!   schedules' table;
 //! - `jobs.rs`: `/jobs/{id}`, one job and its timeline, and the jobs' table;
 //! - `sources.rs`: `/sources/{table}`, a recorded table, and `/sources/{table}/rows/{id}`, a row;
-//! - `actions.rs`: `/actions`, what was done through the dashboard.
+//! - `actions.rs`: `/actions`, what was done through the dashboard;
+//! - `workers.rs`: `/workers`, the registered workers, and the queue page's holders by process.
 
 pub mod actions;
 pub mod jobs;
 pub mod overview;
 pub mod queues;
 pub mod sources;
+pub mod workers;
