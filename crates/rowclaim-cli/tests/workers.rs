@@ -129,6 +129,61 @@ async fn killed_gone_stopped_stopped(t: Arc<TestDb>) {
     );
 }
 
+/// A user that may claim and settle rows of `jobs` but not create or write `rowclaim_workers`
+/// (users belong to the whole server: dropped at the end).
+async fn claimer_user(t: &TestDb) -> (String, String) {
+    let user = format!("rc_work_{}", &t.name[t.name.len().saturating_sub(10)..]);
+    match t.backend {
+        Backend::Postgres => {
+            t.exec(&format!("CREATE ROLE {user} LOGIN")).await;
+            t.exec(&format!("GRANT SELECT, UPDATE ON jobs TO {user}")).await;
+            t.exec(&format!("GRANT SELECT ON rowclaim_sources TO {user}")).await;
+            let url = t.direct_url().replacen("postgres@", &format!("{user}@"), 1);
+            (user, url)
+        }
+        _ => {
+            t.exec(&format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'pw-{user}'"))
+                .await;
+            for (table, what) in [("jobs", "SELECT, UPDATE"), ("rowclaim_sources", "SELECT")] {
+                t.exec(&format!("GRANT {what} ON {}.{table} TO '{user}'@'%'", t.name))
+                    .await;
+            }
+            let (_, after) = t.url.split_once('@').expect("user@host in the URL");
+            (user.clone(), format!("mysql://{user}:pw-{user}@{after}"))
+        }
+    }
+}
+
+/// A worker whose user may not create (or write) the registry works all the same: it says so
+/// once, completes every row, and exits cleanly.
+async fn unlisted_but_working(t: Arc<TestDb>) {
+    t.jobs(5).await;
+    // The table's mapping recorded by its owner, so that the user only reads the record.
+    let mut replace = vec!["source", "replace"];
+    replace.extend(TABLE);
+    run_ok(&t.url, &replace, "").await;
+    let (user, url) = claimer_user(&t).await;
+    let mut args = vec!["work", "--until-empty", "--lease", "3s"];
+    args.extend(TABLE);
+    args.extend(["--", "true"]);
+    let out = support::run_fed(&url, &args, "").await;
+    let err = support::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(
+        err.matches("will not list it").count(),
+        1,
+        "said once: {err}"
+    );
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM jobs WHERE status = 'done'").await,
+        5
+    );
+    match t.backend {
+        Backend::Postgres => t.exec(&format!("DROP OWNED BY {user}; DROP ROLE {user}")).await,
+        _ => t.exec(&format!("DROP USER '{user}'@'%'")).await,
+    }
+}
+
 macro_rules! cases {
     ($name:ident, $backend:expr) => {
         mod $name {
@@ -141,6 +196,20 @@ macro_rules! cases {
     };
 }
 
+macro_rules! denied {
+    ($name:ident, $backend:expr) => {
+        mod $name {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_registry_it_may_not_write_does_not_stop_it() {
+                with_db($backend, unlisted_but_working).await
+            }
+        }
+    };
+}
+
 cases!(postgres, Backend::Postgres);
 cases!(mysql, Backend::MySql);
+denied!(postgres_denied, Backend::Postgres);
+denied!(mysql_denied, Backend::MySql);
 cases!(sqlite, Backend::Sqlite);

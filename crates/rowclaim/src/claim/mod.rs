@@ -549,3 +549,27 @@ impl Claimer {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Token;
+    use std::collections::HashSet;
+
+    /// A tagged token ends in its tag, stays a UUID v7 (time first), and no two are alike
+    /// however fast they are made.
+    #[test]
+    fn tagged_tokens_end_in_their_tag_and_never_repeat() {
+        let tag = 0xbe0c_88ea_43ff;
+        let mut seen = HashSet::new();
+        for _ in 0..200_000 {
+            let t = Token::tagged(tag);
+            assert_eq!(t.tag(), tag);
+            assert_eq!(t.0.get_version_num(), 7);
+            assert!(t.to_string().ends_with("be0c88ea43ff"), "{t}");
+            assert!(seen.insert(t), "{t} made twice");
+        }
+        let other = Token::tagged(1);
+        assert_eq!(other.tag(), 1);
+        assert!(other.to_string().parse::<Token>().is_ok());
+    }
+}

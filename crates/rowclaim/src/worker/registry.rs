@@ -456,3 +456,50 @@ pub(crate) fn host_name() -> String {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "unknown".to_owned())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row as the registry's SELECT reads it: beat at 10,000 ms, lease 3,000 ms, now `now`.
+    fn row(stopped: Option<i64>, now: i64) -> Vec<Value> {
+        let id = Token::tagged(0xabc).to_string();
+        vec![
+            Value::Text(id),
+            Value::Text("h".into()),
+            Value::Int(7),
+            Value::Text("0.1.0".into()),
+            Value::Text("[\"mail\"]".into()),
+            Value::Text("rowclaim_jobs".into()),
+            Value::Int(2),
+            Value::Int(3000),
+            Value::Int(1),
+            Value::Int(9000),
+            Value::Int(10_000),
+            Value::OptInt(stopped),
+            Value::Int(now),
+        ]
+    }
+
+    /// Gone is decided by the database's now against the heartbeat and the lease; stopped wins.
+    #[test]
+    fn state_by_the_database_clock() {
+        let active = entry(row(None, 13_000));
+        assert_eq!(active.state, WorkerState::Active);
+        assert_eq!(active.running, 1);
+        assert_eq!(active.queues, vec!["mail".to_owned()]);
+        let gone = entry(row(None, 13_001));
+        assert_eq!(gone.state, WorkerState::Gone);
+        assert_eq!(gone.running, 0, "a gone worker runs nothing it can vouch for");
+        assert_eq!(entry(row(Some(10_000), 99_999)).state, WorkerState::Stopped);
+    }
+
+    /// A worker's id and its tokens share their tag; another worker's do not.
+    #[test]
+    fn a_worker_holds_its_own_tokens_only() {
+        let w = entry(row(None, 0));
+        assert!(w.holds(&Token::tagged(0xabc).to_string()));
+        assert!(!w.holds(&Token::tagged(0xabd).to_string()));
+        assert!(!w.holds("not a token"));
+    }
+}
