@@ -95,7 +95,9 @@ async fn a_ticked_schedule(t: &TestDb) -> tempfile::TempDir {
         .expect("start the scheduler");
     let mut n = 0;
     for _ in 0..1800 {
-        n = t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'ticks'").await;
+        n = t
+            .count("SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'ticks'")
+            .await;
         if n > 0 {
             break;
         }
@@ -116,8 +118,18 @@ async fn workers_in_a_browser(t: Arc<TestDb>) {
     let worker = support::rowclaim(
         &url,
         &[
-            "work", "--queue", "mail", "--concurrency", "2", "--lease", "3s", "--poll",
-            "200ms", "--", "sleep", "60",
+            "work",
+            "--queue",
+            "mail",
+            "--concurrency",
+            "2",
+            "--lease",
+            "3s",
+            "--poll",
+            "200ms",
+            "--",
+            "sleep",
+            "60",
         ],
     )
     .stdout(Stdio::null())
@@ -162,9 +174,15 @@ async fn workers_in_a_browser(t: Arc<TestDb>) {
     assert!(asked.contains("tick"), "{asked}");
     until_count(&t, ticks, before + 1).await;
     let copied = "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'ticks' AND unique_key IS NULL";
-    assert_eq!(t.count(copied).await, 1, "a copy of the tick's job, not a tick");
+    assert_eq!(
+        t.count(copied).await,
+        1,
+        "a copy of the tick's job, not a tick"
+    );
     // The new job's page, with the schedule's payload.
-    b.wait_for_text_contains("table#job", "ticks").await.unwrap();
+    b.wait_for_text_contains("table#job", "ticks")
+        .await
+        .unwrap();
     let page = b.page_source().await.unwrap();
     assert!(page.contains("config"), "the tick's payload: {page}");
 
@@ -190,7 +208,10 @@ async fn workers_in_a_browser(t: Arc<TestDb>) {
     // history it read back.
     b.goto(&format!("{}/queues/mail", dash.base)).await.unwrap();
     let caption = b.text("figure.chart figcaption").await.unwrap();
-    assert!(span_secs(&caption) >= 5, "the chart's history was kept: {caption}");
+    assert!(
+        span_secs(&caption) >= 5,
+        "the chart's history was kept: {caption}"
+    );
     b.goto(&format!("{}/actions", dash.base)).await.unwrap();
     let actions = b.text("table#actions").await.unwrap();
     assert!(

@@ -57,14 +57,24 @@ async fn killed_gone_stopped_stopped(t: Arc<TestDb>) {
     // A: the managed queue's queue w, its one job running (a long command) when it is killed.
     let a = rowclaim(
         &url,
-        &["work", "--queue", "w", "--lease", "3s", "--poll", "200ms", "--", "sleep", "20"],
+        &[
+            "work", "--queue", "w", "--lease", "3s", "--poll", "200ms", "--", "sleep", "20",
+        ],
     )
     .stdout(Stdio::null())
     .stderr(Stdio::null())
     .spawn()
     .expect("start worker a");
     // B: an own table, its rows done at once; it idles on until stopped.
-    let mut args = vec!["work", "--lease", "3s", "--poll", "200ms", "--concurrency", "2"];
+    let mut args = vec![
+        "work",
+        "--lease",
+        "3s",
+        "--poll",
+        "200ms",
+        "--concurrency",
+        "2",
+    ];
     args.extend(TABLE);
     args.extend(["--", "true"]);
     let b = rowclaim(&url, &args)
@@ -91,7 +101,10 @@ async fn killed_gone_stopped_stopped(t: Arc<TestDb>) {
     }
     assert_eq!(wa["queues"], serde_json::json!(["w"]), "{wa}");
     assert_eq!(wb["queues"], serde_json::json!([]), "{wb}");
-    assert!(wb["source"].as_str().unwrap_or("").ends_with("jobs"), "{wb}");
+    assert!(
+        wb["source"].as_str().unwrap_or("").ends_with("jobs"),
+        "{wb}"
+    );
     assert_eq!(wb["concurrency"], 2, "{wb}");
     assert_ne!(wa["id"], wb["id"]);
     // The running job's owner is a token of a's claim, which ends as a's id does.
@@ -124,7 +137,8 @@ async fn killed_gone_stopped_stopped(t: Arc<TestDb>) {
     let wb = of_pid(&list, pid_b).expect("b is still listed");
     assert_eq!(wb["state"], "stopped", "{wb}");
     assert_eq!(
-        t.count("SELECT COUNT(*) FROM jobs WHERE status = 'done'").await,
+        t.count("SELECT COUNT(*) FROM jobs WHERE status = 'done'")
+            .await,
         3
     );
 }
@@ -136,17 +150,24 @@ async fn claimer_user(t: &TestDb) -> (String, String) {
     match t.backend {
         Backend::Postgres => {
             t.exec(&format!("CREATE ROLE {user} LOGIN")).await;
-            t.exec(&format!("GRANT SELECT, UPDATE ON jobs TO {user}")).await;
-            t.exec(&format!("GRANT SELECT ON rowclaim_sources TO {user}")).await;
+            t.exec(&format!("GRANT SELECT, UPDATE ON jobs TO {user}"))
+                .await;
+            t.exec(&format!("GRANT SELECT ON rowclaim_sources TO {user}"))
+                .await;
             let url = t.direct_url().replacen("postgres@", &format!("{user}@"), 1);
             (user, url)
         }
         _ => {
-            t.exec(&format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'pw-{user}'"))
-                .await;
+            t.exec(&format!(
+                "CREATE USER '{user}'@'%' IDENTIFIED BY 'pw-{user}'"
+            ))
+            .await;
             for (table, what) in [("jobs", "SELECT, UPDATE"), ("rowclaim_sources", "SELECT")] {
-                t.exec(&format!("GRANT {what} ON {}.{table} TO '{user}'@'%'", t.name))
-                    .await;
+                t.exec(&format!(
+                    "GRANT {what} ON {}.{table} TO '{user}'@'%'",
+                    t.name
+                ))
+                .await;
             }
             let (_, after) = t.url.split_once('@').expect("user@host in the URL");
             (user.clone(), format!("mysql://{user}:pw-{user}@{after}"))
@@ -175,11 +196,15 @@ async fn unlisted_but_working(t: Arc<TestDb>) {
         "said once: {err}"
     );
     assert_eq!(
-        t.count("SELECT COUNT(*) FROM jobs WHERE status = 'done'").await,
+        t.count("SELECT COUNT(*) FROM jobs WHERE status = 'done'")
+            .await,
         5
     );
     match t.backend {
-        Backend::Postgres => t.exec(&format!("DROP OWNED BY {user}; DROP ROLE {user}")).await,
+        Backend::Postgres => {
+            t.exec(&format!("DROP OWNED BY {user}; DROP ROLE {user}"))
+                .await
+        }
         _ => t.exec(&format!("DROP USER '{user}'@'%'")).await,
     }
 }

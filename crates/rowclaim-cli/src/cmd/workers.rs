@@ -50,7 +50,9 @@ pub async fn run(url: &str, a: WorkersArgs) -> Result<(), CliError> {
         return Ok(());
     }
     if workers.is_empty() {
-        println!("no worker has registered (rowclaim work and Worker register in rowclaim_workers)");
+        println!(
+            "no worker has registered (rowclaim work and Worker register in rowclaim_workers)"
+        );
         return Ok(());
     }
     println!(

@@ -71,7 +71,8 @@ pub enum WorkerState {
 
 impl WorkerState {
     /// Every state, in the order they are listed.
-    pub const ALL: [WorkerState; 3] = [WorkerState::Active, WorkerState::Stopped, WorkerState::Gone];
+    pub const ALL: [WorkerState; 3] =
+        [WorkerState::Active, WorkerState::Stopped, WorkerState::Gone];
 
     /// The state's name: `active`, `stopped`, `gone`.
     pub fn as_str(self) -> &'static str {
@@ -133,13 +134,19 @@ impl WorkerEntry {
 }
 
 mod rfc3339 {
-    pub fn serialize<S: serde::Serializer>(t: &std::time::SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: serde::Serializer>(
+        t: &std::time::SystemTime,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
         s.collect_str(&humantime::format_rfc3339_millis(*t))
     }
 }
 
 mod secs {
-    pub fn serialize<S: serde::Serializer>(d: &std::time::Duration, s: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: serde::Serializer>(
+        d: &std::time::Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
         s.serialize_f64(d.as_secs_f64())
     }
 }
@@ -282,7 +289,11 @@ fn entry(row: Vec<Value>) -> WorkerEntry {
         queues: serde_json::from_str(&queues).unwrap_or_default(),
         source,
         concurrency,
-        running: if state == WorkerState::Active { running } else { 0 },
+        running: if state == WorkerState::Active {
+            running
+        } else {
+            0
+        },
         lease: Duration::from_millis(u64::try_from(lease_ms).unwrap_or(0)),
         started_at: from_millis(started),
         heartbeat_at: from_millis(beat),
@@ -371,8 +382,10 @@ impl Registration {
             Err(e) if e.db_kind() == Some(DbKind::MissingTable) => {
                 match dispatch!(&self.db.backend, d => create_table(d, CREATE).await) {
                     Ok(()) => {
-                        self.db
-                            .announce_created(TABLE, "which lists the workers and their heartbeats");
+                        self.db.announce_created(
+                            TABLE,
+                            "which lists the workers and their heartbeats",
+                        );
                         r.insert(&self.entry).await
                     }
                     Err(e) => Err(e),
@@ -490,7 +503,10 @@ mod tests {
         assert_eq!(active.queues, vec!["mail".to_owned()]);
         let gone = entry(row(None, 13_001));
         assert_eq!(gone.state, WorkerState::Gone);
-        assert_eq!(gone.running, 0, "a gone worker runs nothing it can vouch for");
+        assert_eq!(
+            gone.running, 0,
+            "a gone worker runs nothing it can vouch for"
+        );
         assert_eq!(entry(row(Some(10_000), 99_999)).state, WorkerState::Stopped);
     }
 

@@ -77,7 +77,9 @@ impl ActionLog {
             "dashboard action"
         );
         let id = crate::secret::random_hex(16).unwrap_or_else(|_| {
-            let at = a.at.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+            let at =
+                a.at.duration_since(SystemTime::UNIX_EPOCH)
+                    .unwrap_or_default();
             format!("{}-{}", at.as_nanos(), std::process::id())
         });
         {
@@ -124,7 +126,7 @@ impl ActionLog {
                 .collect()
         };
         let mut all: Vec<Action> = kept.into_iter().map(|k| k.action).chain(pending).collect();
-        all.sort_by(|a, b| b.at.cmp(&a.at));
+        all.sort_by_key(|a| std::cmp::Reverse(a.at));
         all.truncate(KEEP);
         all
     }

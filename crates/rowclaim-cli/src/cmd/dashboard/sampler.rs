@@ -29,7 +29,9 @@ pub async fn run(state: Arc<Dashboard>, every: Duration) {
         state.history.push(s);
         if let Err(e) = state.db.journal_write(KIND, &body).await {
             if !std::mem::replace(&mut said, true) {
-                tracing::warn!("dashboard: the charts' history cannot be kept in the database: {e}");
+                tracing::warn!(
+                    "dashboard: the charts' history cannot be kept in the database: {e}"
+                );
             }
         }
         if n % 12 == 0 {

@@ -327,6 +327,23 @@ async fn wind_down(sh: &Shared, mut run: CatchUnwind) {
     }
 }
 
+/// Counts a handler as running, for the worker registry, while it lives (dropped on every way
+/// out of a job, as [`Running`] is).
+struct Busy(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Busy {
+    fn start(n: &std::sync::Arc<std::sync::atomic::AtomicUsize>) -> Busy {
+        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Busy(n.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -449,22 +466,5 @@ mod tests {
         assert_eq!(CatchUnwind(Ok(fut)).await, Err("boom".to_owned()));
         let made = CatchUnwind(Err("in the call".into())).await;
         assert_eq!(made, Err("in the call".to_owned()));
-    }
-}
-
-/// Counts a handler as running, for the worker registry, while it lives (dropped on every way
-/// out of a job, as [`Running`] is).
-struct Busy(std::sync::Arc<std::sync::atomic::AtomicUsize>);
-
-impl Busy {
-    fn start(n: &std::sync::Arc<std::sync::atomic::AtomicUsize>) -> Busy {
-        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Busy(n.clone())
-    }
-}
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
