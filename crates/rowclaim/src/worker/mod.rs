@@ -61,6 +61,10 @@ use runtime::{Config, Phase};
 /// - **Shutdown**: when `run`'s future completes (or [`Shutdown::drain`]), nothing more is
 ///   claimed, rows not started go back at once, running jobs get the grace period, then are
 ///   stopped and their rows go back. [`Shutdown::now`] skips the grace period.
+/// - **Listed**: it registers in `rowclaim_workers` ([`Db::workers`], `rowclaim workers`) as
+///   it starts, heartbeats there every third of its lease, and is marked stopped when `run`
+///   returns; its claims' tokens end in its id. A registry it may not write is said once and
+///   does not stop it.
 ///
 /// Its running jobs are futures of one task, the claim loop's, which polls each as it wakes: a
 /// job costs no task and no hop between threads, so short jobs cost the runtime a few
