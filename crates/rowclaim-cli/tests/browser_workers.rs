@@ -143,6 +143,18 @@ async fn workers_in_a_browser(t: Arc<TestDb>) {
     until_count(&t, running, 2).await;
     let claims = "SELECT COUNT(DISTINCT owner) FROM rowclaim_jobs WHERE status = 'running'";
     assert_eq!(t.count(claims).await, 2, "two claims of one process");
+    // And a worker of an own table, holding its one row.
+    t.jobs(1).await;
+    let mut args = vec!["work", "--lease", "3s", "--poll", "200ms"];
+    args.extend(support::TABLE);
+    args.extend(["--", "sleep", "60"]);
+    let own = support::rowclaim(&url, &args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the own table's worker");
+    let own_pid = own.id().expect("pid");
+    until_count(&t, "SELECT COUNT(*) FROM jobs WHERE status = 'claimed'", 1).await;
 
     let dash = dashboard(&url, "1s").await;
     let b = Browser::start().await.expect("start the browser");
@@ -162,6 +174,12 @@ async fn workers_in_a_browser(t: Arc<TestDb>) {
     assert_eq!(holders.len(), 2, "a header and one holder");
     let holder = b.text("table#holders").await.unwrap();
     assert!(holder.contains(&format!("pid {pid}")), "{holder}");
+
+    // The own table's page names the worker that holds its row.
+    b.goto(&format!("{}/", dash.base)).await.unwrap();
+    b.click("tr[data-source] a").await.unwrap();
+    let holder = b.text("table#holders").await.unwrap();
+    assert!(holder.contains(&format!("pid {own_pid}")), "{holder}");
 
     // Run now: the schedule's job once more, from the overview's schedules table.
     let ticks = "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'ticks'";
@@ -219,7 +237,7 @@ async fn workers_in_a_browser(t: Arc<TestDb>) {
         "{actions}"
     );
 
-    support::stop(vec![dash.child, worker]).await;
+    support::stop(vec![dash.child, worker, own]).await;
     b.close().await.unwrap();
 }
 

@@ -141,3 +141,15 @@ pub fn holders_table(holders: &[Holder]) -> Markup {
         }
     }
 }
+
+/// The worker a claim's token names, as a holders' table shows it: host and pid, or a note
+/// that no registered worker claims it (another program's claim, or the CLI's `claim`).
+pub fn worker_of(workers: &[WorkerEntry], token: &str) -> Markup {
+    match workers.iter().find(|w| w.holds(token)) {
+        Some(w) => html! {
+            a href="/workers" { (w.host) " pid " (w.pid) }
+            @if w.state != WorkerState::Active { " " span.problem { (w.state.as_str()) } }
+        },
+        None => html! { span.muted { "no registered worker" } },
+    }
+}
