@@ -53,6 +53,10 @@ const CREATE: &str = "CREATE TABLE IF NOT EXISTS rowclaim_workers (
 /// How long a stopped or gone worker stays listed.
 const KEEP: Duration = Duration::from_secs(24 * 3600);
 
+/// The longest one write of the registry may take before it is given up (the next heartbeat
+/// tries again; a worker stopping or starting goes on without it).
+const WRITE_MOST: Duration = Duration::from_secs(5);
+
 /// The most entries one worker prunes as it registers.
 const PRUNE_MOST: usize = 100;
 
@@ -361,11 +365,14 @@ impl Registration {
             off: AtomicBool::new(false),
             running: Arc::new(AtomicUsize::new(0)),
         });
-        reg.register().await;
+        reg.bounded("registering the worker", reg.register()).await;
         if !reg.off.load(Ordering::Relaxed) {
-            if let Err(e) = roster(&reg.db).prune(KEEP, PRUNE_MOST).await {
-                tracing::debug!("pruning {TABLE}: {e}");
-            }
+            let prune = async {
+                if let Err(e) = roster(&reg.db).prune(KEEP, PRUNE_MOST).await {
+                    tracing::debug!("pruning {TABLE}: {e}");
+                }
+            };
+            reg.bounded("pruning old workers", prune).await;
         }
         (claimer, reg)
     }
@@ -373,6 +380,14 @@ impl Registration {
     /// The worker's id.
     pub(crate) fn id(&self) -> &str {
         &self.entry.id
+    }
+
+    /// Runs one write of the registry, given up after [`WRITE_MOST`]: a registry that does not
+    /// answer (an outage) never holds the worker up, at its start or its end.
+    async fn bounded(&self, doing: &str, write: impl std::future::Future<Output = ()>) {
+        if tokio::time::timeout(WRITE_MOST, write).await.is_err() {
+            tracing::debug!("{doing}: no answer within {WRITE_MOST:?}");
+        }
     }
 
     /// Writes the entry, making the table the first time.
@@ -417,7 +432,8 @@ impl Registration {
         let every = (self.entry.lease / 3).max(Duration::from_millis(100));
         loop {
             tokio::time::sleep(every).await;
-            self.beat().await;
+            self.bounded("renewing the worker's heartbeat", self.beat())
+                .await;
         }
     }
 
@@ -426,9 +442,12 @@ impl Registration {
         if self.off.load(Ordering::Relaxed) {
             return;
         }
-        if let Err(e) = roster(&self.db).stop(&self.entry.id).await {
-            self.failed("marking the worker stopped", &e);
-        }
+        let stop = async {
+            if let Err(e) = roster(&self.db).stop(&self.entry.id).await {
+                self.failed("marking the worker stopped", &e);
+            }
+        };
+        self.bounded("marking the worker stopped", stop).await;
     }
 
     /// A write that failed: a refusal is said once and ends the registration; anything else
