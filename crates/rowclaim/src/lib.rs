@@ -63,6 +63,7 @@ mod claim;
 mod db;
 mod error;
 mod id;
+pub mod journal;
 mod locking;
 mod mapping;
 pub mod metrics;
@@ -95,5 +96,5 @@ pub use source::Source;
 pub use strategy::{Strategy, UnknownStrategy};
 pub use worker::{
     Handler, IntoTaskResult, Shutdown, StopReason, Task, TaskFuture, TaskResult, Worker,
-    WorkerReport,
+    WorkerEntry, WorkerReport, WorkerState,
 };

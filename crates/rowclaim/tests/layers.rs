@@ -41,7 +41,7 @@ const LAYERS: &[Layer] = &[
     // 3. The claim core: claims rows of a Source with a Strategy; knows no queue.
     Layer {
         name: "claim core",
-        modules: &["claim", "source", "registry", "db", "check"],
+        modules: &["claim", "source", "registry", "db", "check", "journal"],
     },
     // 4. The managed queue: jobs, enqueue, limits, schedules, pause, over the claim core.
     Layer {

@@ -87,6 +87,11 @@ const EXAMPLES: &[(&str, &str)] = &[
     ),
     ("init", "  rowclaim init"),
     (
+        "workers",
+        "  rowclaim workers
+  rowclaim workers --state gone --json",
+    ),
+    (
         "enqueue",
         "  rowclaim enqueue --queue mail '{\"to\":\"ada@example.com\"}'
   rowclaim enqueue --queue mail --delay 5m --unique-key welcome:ada '{\"to\":\"ada@example.com\"}'

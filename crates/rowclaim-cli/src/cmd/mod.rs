@@ -25,6 +25,7 @@ mod source_args;
 mod stats;
 mod values;
 mod work;
+pub(crate) mod workers;
 
 use clap::{Parser, Subcommand};
 use rowclaim::{Claimer, Db, Retention};
@@ -131,6 +132,12 @@ pub enum Command {
     /// records, replace one when every claimer moves to a new mapping, forget one.
     #[command(subcommand)]
     Source(source::SourceCommand),
+    /// The workers the registry lists: every `rowclaim work` and library Worker registers
+    /// (host, pid, version, queues or table, started, last heartbeat by the database's clock,
+    /// jobs running), heartbeats every third of its lease and is marked stopped when it shuts
+    /// down cleanly; one without a heartbeat for its lease is gone. Stopped and gone workers
+    /// are listed for a day.
+    Workers(workers::WorkersArgs),
     /// Add jobs to the managed queue: one JSON payload as the argument, or JSON lines on stdin
     /// (all or nothing: one malformed line adds none, and the error names its line).
     Enqueue(enqueue::EnqueueArgs),
@@ -166,6 +173,7 @@ impl Command {
     fn only_reads(&self) -> bool {
         match self {
             Command::Stats(_)
+            | Command::Workers(_)
             | Command::Check(_)
             | Command::Source(source::SourceCommand::List(_))
             | Command::Queue(queue::QueueCommand::List(_))
@@ -220,6 +228,7 @@ async fn dispatch(url: &str, command: Command) -> Result<(), CliError> {
         Command::Release(a) => settle::release(url, a).await,
         Command::Extend(a) => extend::run(url, a).await,
         Command::Stats(a) => stats::run(url, a).await,
+        Command::Workers(a) => workers::run(url, a).await,
         Command::Check(a) => check::run(url, a).await,
         Command::Init(a) => init::run(url, a).await,
         Command::Jobs(op) => jobs::run(url, op).await,

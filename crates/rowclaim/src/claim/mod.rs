@@ -52,6 +52,37 @@ impl Token {
     pub(crate) fn new() -> Token {
         Token(uuid::Uuid::now_v7())
     }
+
+    /// A fresh token that ends in `tag` (its last 48 bits, 12 hex digits): a UUID v7 whose
+    /// time is now, then a count kept by this process (unique within one millisecond up to 2^26
+    /// tokens), then the tag. A worker tags its claims so that an operator can tell, from the
+    /// owner a row shows, which worker holds it ([`Token::tag`]).
+    pub(crate) fn tagged(tag: u64) -> Token {
+        static COUNT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = COUNT.fetch_add(1, Ordering::Relaxed);
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let tag = tag.to_be_bytes();
+        // The builder keeps 4 bits of the first byte and 6 of the third (version and variant
+        // take the rest): the count is spread over the 26 bits left.
+        let mut bytes = [0u8; 10];
+        bytes[0] = ((n >> 22) & 0x0f) as u8;
+        bytes[1] = (n >> 14) as u8;
+        bytes[2] = ((n >> 8) & 0x3f) as u8;
+        bytes[3] = n as u8;
+        bytes[4..].copy_from_slice(&tag[2..]);
+        Token(uuid::Builder::from_unix_timestamp_millis(ms, &bytes).into_uuid())
+    }
+
+    /// The last 48 bits of a token (its last 12 hex digits), which [`Token::tagged`] sets: what
+    /// ties a claim to the worker that took it.
+    pub fn tag(&self) -> u64 {
+        let b = self.0.as_bytes();
+        b[10..]
+            .iter()
+            .fold(0u64, |tag, byte| (tag << 8) | u64::from(*byte))
+    }
 }
 
 impl fmt::Display for Token {
@@ -92,6 +123,8 @@ struct Inner {
     rescue: StdMutex<Rescue>,
     /// How a layer above shapes this claimer's claims, when one made it.
     shape: Option<Arc<dyn Shape>>,
+    /// What its tokens end in, when a worker tagged them ([`Token::tagged`]).
+    tag: Option<u64>,
 }
 
 /// How often a busy claimer also looks for rows whose lease expired. Looking costs a scan of an
@@ -188,12 +221,23 @@ impl Claimer {
                 server,
                 rescue: StdMutex::default(),
                 shape: None,
+                tag: None,
             }),
         })
     }
 
     /// This claimer with its claims shaped by a layer above (which made it).
     pub(crate) fn shaped(self, shape: Arc<dyn Shape>) -> Claimer {
+        self.remade(Some(shape), self.inner.tag)
+    }
+
+    /// This claimer with every token it makes ending in `tag` ([`Token::tagged`]): a worker's
+    /// claims, told apart by the worker's id.
+    pub(crate) fn tagged(self, tag: u64) -> Claimer {
+        self.remade(self.inner.shape.clone(), Some(tag))
+    }
+
+    fn remade(&self, shape: Option<Arc<dyn Shape>>, tag: Option<u64>) -> Claimer {
         let i = &self.inner;
         Claimer {
             inner: Arc::new(Inner {
@@ -204,9 +248,15 @@ impl Claimer {
                 recorded: AtomicBool::new(i.recorded.load(Ordering::Relaxed)),
                 server: i.server.clone(),
                 rescue: StdMutex::default(),
-                shape: Some(shape),
+                shape,
+                tag,
             }),
         }
+    }
+
+    /// A fresh token for a claim: tagged when a worker tagged this claimer.
+    fn token(&self) -> Token {
+        self.inner.tag.map_or_else(Token::new, Token::tagged)
     }
 
     /// How a layer above shapes this claimer's claims, if one does.
@@ -304,7 +354,7 @@ impl Claimer {
             // lock out the mapping that was meant; with nothing to take there is nothing to
             // guard. (The count is of ready and claimed rows: it errs towards recording.)
             if !self.backlog().await?.has_work() {
-                return self.new_claim(Token::new(), Vec::new(), None, how.lease, Instant::now());
+                return self.new_claim(self.token(), Vec::new(), None, how.lease, Instant::now());
             }
             i.db.record(&i.m, i.strategy).await?;
             i.recorded.store(true, Ordering::Relaxed);
@@ -318,7 +368,7 @@ impl Claimer {
             );
         let mut rounds = 0;
         loop {
-            let token = Token::new();
+            let token = self.token();
             let token_text = token.to_string();
             let expired = {
                 let r = i.rescue.lock().unwrap_or_else(|p| p.into_inner());
@@ -497,5 +547,29 @@ impl Claimer {
             scheduled,
             claims_expire: i.strategy == Strategy::LeaseTable || i.m.lease.is_some(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Token;
+    use std::collections::HashSet;
+
+    /// A tagged token ends in its tag, stays a UUID v7 (time first), and no two are alike
+    /// however fast they are made.
+    #[test]
+    fn tagged_tokens_end_in_their_tag_and_never_repeat() {
+        let tag = 0xbe0c_88ea_43ff;
+        let mut seen = HashSet::new();
+        for _ in 0..200_000 {
+            let t = Token::tagged(tag);
+            assert_eq!(t.tag(), tag);
+            assert_eq!(t.0.get_version_num(), 7);
+            assert!(t.to_string().ends_with("be0c88ea43ff"), "{t}");
+            assert!(seen.insert(t), "{t} made twice");
+        }
+        let other = Token::tagged(1);
+        assert_eq!(other.tag(), 1);
+        assert!(other.to_string().parse::<Token>().is_ok());
     }
 }

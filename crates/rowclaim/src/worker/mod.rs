@@ -4,6 +4,7 @@
 
 mod handler;
 pub(crate) mod outage;
+mod registry;
 mod runtime;
 
 use std::fmt::Display;
@@ -14,12 +15,14 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 pub use handler::{Handler, IntoTaskResult, StopReason, Task, TaskFuture, TaskResult};
+pub use registry::{WorkerEntry, WorkerState};
 
 use crate::claim::{ClaimedRow, Claimer};
 use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::queue::{Job, Retention, Schedule, Scheduler};
 use handler::{job_fn, ByKind, TaskFn};
+use registry::Registration;
 use runtime::{Config, Phase};
 
 /// Runs claimed rows with async handlers: the jobs of the managed queue ([`Worker::new`]) or the
@@ -58,6 +61,10 @@ use runtime::{Config, Phase};
 /// - **Shutdown**: when `run`'s future completes (or [`Shutdown::drain`]), nothing more is
 ///   claimed, rows not started go back at once, running jobs get the grace period, then are
 ///   stopped and their rows go back. [`Shutdown::now`] skips the grace period.
+/// - **Listed**: it registers in `rowclaim_workers` ([`Db::workers`], `rowclaim workers`) as
+///   it starts, heartbeats there every third of its lease, and is marked stopped when `run`
+///   returns; its claims' tokens end in its id. A registry it may not write is said once and
+///   does not stop it.
 ///
 /// Its running jobs are futures of one task, the claim loop's, which polls each as it wakes: a
 /// job costs no task and no hop between threads, so short jobs cost the runtime a few
@@ -397,8 +404,20 @@ impl Worker {
             Some(queues) if self.listen => Some(claimer.db().queue().wakeups(queues).await?),
             _ => None,
         };
+        // Listed in the worker registry from here on (a registry that cannot be written is
+        // said once and does not stop the worker); its claims' tokens carry its id.
+        let queues = crate::queue::served(&claimer).map(<[String]>::to_vec);
+        let (claimer, registration) = Registration::start(
+            claimer,
+            queues.unwrap_or_default(),
+            cfg.concurrency,
+            cfg.lease,
+        )
+        .await;
+        tracing::debug!(worker = registration.id(), "registered");
         let phase = self.phase;
-        let runner = runtime::run(claimer, handler, cfg, wakeups, phase.subscribe());
+        let running = registration.running.clone();
+        let runner = runtime::run(claimer, handler, cfg, wakeups, phase.subscribe(), running);
         // The schedules run until the worker drains; when the worker returns they are dropped
         // mid-pass at worst, which the compare-and-set makes harmless (a pass's tick and its
         // job commit together or not at all).
@@ -414,7 +433,11 @@ impl Worker {
             }
             std::future::pending::<()>().await
         };
-        run_beside(runner, scheduling, phase, shutdown).await
+        let beating = tokio::spawn(registration.clone().beat_forever());
+        let report = run_beside(runner, scheduling, phase, shutdown).await;
+        beating.abort();
+        registration.stop().await;
+        report
     }
 
     /// The runtime's settings, once they are checked.

@@ -238,7 +238,7 @@ pub async fn release_row(
 
 /// A name from the request's path as the log and the actions page show it: quoted, with control
 /// characters escaped (no forged log lines), and cut short.
-fn shown(text: &str) -> String {
+pub(super) fn shown(text: &str) -> String {
     const MOST: usize = 80;
     let mut quoted = format!("{text:?}");
     if let Some((cut, _)) = quoted.char_indices().nth(MOST) {

@@ -58,6 +58,7 @@ pub fn layout(state: &Dashboard, who: &Who, title: &str, refresh: bool, body: Ma
                     strong { "rowclaim" }
                     a href="/" { "Overview" }
                     a href="/jobs" { "Jobs" }
+                    a href="/workers" { "Workers" }
                     a href="/actions" { "Actions" }
                     span.grow { span.muted { (state.endpoint) } }
                     @if state.read_only { span.badge { "read-only" } }

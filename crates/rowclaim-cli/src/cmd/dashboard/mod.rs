@@ -5,7 +5,7 @@
 //! From the top down (each file uses only those under it):
 //! - `server.rs`: [`server::router`], where every route is added;
 //! - `pages/`: the pages, one file for what each shows (every GET only reads);
-//! - `actions.rs`: the POSTs that change something;
+//! - `actions.rs`: the POSTs that change something (`run_now.rs`: run a schedule now);
 //! - `search.rs`: what a list of jobs is narrowed to, for the list and its bulk actions;
 //! - `auth.rs`: logging in and out, and the checks every request passes;
 //! - `sampler.rs`: the task that samples the history the charts draw;
@@ -22,6 +22,7 @@ mod charts;
 mod history;
 mod layout;
 mod pages;
+mod run_now;
 mod sampler;
 mod search;
 mod server;
@@ -85,10 +86,10 @@ pub async fn run(url: &str, a: DashboardArgs) -> Result<(), CliError> {
     }
     let db = Db::connect_with(url, ConnectOptions::default().max_connections(4)).await?;
     let state = Arc::new(state::Dashboard::new(
-        db,
+        db.clone(),
         sessions::Auth::new(token.clone(), metrics_token.clone(), a.behind_tls_proxy),
         a.read_only,
-        history::History::default(),
+        history::History::load(&db).await,
     ));
     // A port in use is the user's to change, as for `work --metrics`: exit 2, flag and port named.
     let listener = tokio::net::TcpListener::bind(a.listen).await.map_err(|e| {

@@ -5,19 +5,39 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use super::history::{QueueSample, Sample};
+use super::history::{QueueSample, Sample, KIND, SPAN};
 use super::state::Dashboard;
 
-/// Samples every `every` for as long as the dashboard runs. A failed look (the database away)
-/// is skipped, not fatal: the chart shows a gap in time.
+/// Samples every `every` for as long as the dashboard runs, into the history and the journal
+/// (which drops samples older than the charts' span now and then). A failed look (the database
+/// away) is skipped, not fatal: the chart shows a gap in time. A journal that cannot be written
+/// is said once: the charts then last until the dashboard restarts.
 pub async fn run(state: Arc<Dashboard>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
+    let mut said = false;
+    for n in 0u64.. {
         tick.tick().await;
-        match sample(&state).await {
-            Ok(s) => state.history.push(s),
-            Err(e) => tracing::debug!("dashboard: no sample this time: {e}"),
+        let s = match sample(&state).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!("dashboard: no sample this time: {e}");
+                continue;
+            }
+        };
+        let body = serde_json::to_value(&s).unwrap_or_default();
+        state.history.push(s);
+        if let Err(e) = state.db.journal_write(KIND, &body).await {
+            if !std::mem::replace(&mut said, true) {
+                tracing::warn!(
+                    "dashboard: the charts' history cannot be kept in the database: {e}"
+                );
+            }
+        }
+        if n % 12 == 0 {
+            if let Err(e) = state.db.journal_prune(KIND, SPAN).await {
+                tracing::debug!("dashboard: pruning old samples: {e}");
+            }
         }
     }
 }

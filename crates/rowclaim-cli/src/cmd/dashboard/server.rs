@@ -7,7 +7,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use super::state::State;
-use super::{actions, auth, pages};
+use super::{actions, auth, pages, run_now};
 
 /// The dashboard's routes, over `state`. Every route but the login page (and `/metrics`, which
 /// asks for the metrics token or a session) asks for a session
@@ -24,12 +24,14 @@ pub fn router(state: State, metrics: Arc<crate::prometheus::Endpoint>) -> Router
         .route("/sources/{table}", get(pages::sources::source))
         .route("/sources/{table}/rows/{id}", get(pages::sources::row))
         .route("/actions", get(pages::actions::actions))
+        .route("/workers", get(pages::workers::workers))
         .route("/jobs/{id}/{action}", post(actions::job))
         .route("/queues/{queue}/{action}", post(actions::queue))
         .route(
             "/sources/{table}/rows/{id}/release",
             post(actions::release_row),
         )
+        .route("/schedules/{name}/run", post(run_now::run_now))
         .route("/logout", post(auth::logout));
     // Prometheus text for a scraper: the metrics token as a bearer token, or a session.
     let metrics = crate::prometheus::router(metrics).layer(axum::middleware::from_fn_with_state(

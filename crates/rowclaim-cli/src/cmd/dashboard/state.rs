@@ -35,10 +35,10 @@ impl Dashboard {
     pub fn new(db: Db, auth: Auth, read_only: bool, history: History) -> Dashboard {
         Dashboard {
             endpoint: db.endpoint().to_owned(),
+            actions: ActionLog::new(db.clone()),
             db,
             auth,
             read_only,
-            actions: ActionLog::default(),
             history,
             claimers: Mutex::default(),
         }

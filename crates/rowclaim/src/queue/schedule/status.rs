@@ -75,6 +75,45 @@ impl Queue {
     }
 }
 
+impl Queue {
+    /// Runs the schedule `name` once now, outside its ticks: enqueues a copy of the job its
+    /// latest tick enqueued (queue, kind, payload, priority, attempts, time limit, limit key),
+    /// to run now, without a unique key (a run by hand is not one of its ticks, which stay as
+    /// they were). The stored schedule does not keep its job's payload, so the latest tick's
+    /// job is the pattern: a schedule that never ticked, or whose latest job was deleted, is
+    /// refused ([`Error::InvalidInput`], saying why). Returns the new job's id, or `None` when
+    /// no schedule has that name.
+    pub async fn run_schedule_now(&self, name: &str) -> Result<Option<i64>> {
+        let Some(s) = self.schedules().await?.into_iter().find(|s| s.name == name) else {
+            return Ok(None);
+        };
+        let Some(last) = s.last_job else {
+            return Err(Error::InvalidInput(format!(
+                "schedule {name} has not enqueued a job yet, and its job is copied from its \
+                 latest tick's: run it once a scheduler has ticked it"
+            )));
+        };
+        let Some(pattern) = self.get(last).await? else {
+            return Err(Error::InvalidInput(format!(
+                "schedule {name}: its latest job ({last}), whose copy a run now enqueues, was \
+                 deleted; run it once its next tick has enqueued a job"
+            )));
+        };
+        let mut job = crate::queue::NewJob::new(pattern.payload)
+            .queue(pattern.queue)
+            .kind(pattern.kind)
+            .priority(i32::try_from(pattern.priority).unwrap_or(0))
+            .max_attempts(i32::try_from(pattern.max_attempts).unwrap_or(1).max(1));
+        if let Some(ms) = pattern.timeout_ms.and_then(|ms| u64::try_from(ms).ok()) {
+            job = job.timeout(std::time::Duration::from_millis(ms));
+        }
+        if let Some(key) = pattern.limit_key {
+            job = job.limit_key(key);
+        }
+        Ok(Some(self.enqueue(&job).await?.id))
+    }
+}
+
 /// Says to run `init` when the schedules' table is missing ([`crate::Error::NotInitialised`]).
 pub(super) fn not_initialised(e: Error) -> Error {
     crate::queue::not_set_up(e, "the schedules")

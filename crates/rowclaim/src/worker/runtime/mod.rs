@@ -49,7 +49,7 @@ mod shutdown;
 mod supervise;
 mod tally;
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -136,6 +136,8 @@ struct Shared {
     results: Results,
     /// Results go to the settler, which writes them in batches.
     settles: mpsc::UnboundedSender<Settling<Held>>,
+    /// Handlers running now, for the worker registry's heartbeat.
+    running: Arc<AtomicUsize>,
 }
 
 impl Shared {
@@ -166,6 +168,7 @@ impl Shared {
             hurry: AtomicBool::new(false),
             snooze_warned: AtomicBool::new(false),
             results: Results::default(),
+            running: Arc::default(),
         }
     }
 
@@ -258,9 +261,12 @@ pub(crate) async fn run(
     cfg: Config,
     wakeups: Option<Wakeups>,
     mut phase: watch::Receiver<Phase>,
+    running: Arc<AtomicUsize>,
 ) -> Result<WorkerReport> {
     let (settles, results) = mpsc::unbounded_channel();
-    let sh = Arc::new(Shared::new(claimer, handler, cfg, settles));
+    let mut shared = Shared::new(claimer, handler, cfg, settles);
+    shared.running = running;
+    let sh = Arc::new(shared);
     let _settler = AbortOnDrop(tokio::spawn(settler(
         results,
         sh.cfg.settle_delay,

@@ -10,7 +10,7 @@ use crate::cmd::dashboard::state::{State as St, Who};
 
 /// `GET /actions`: the last actions taken here, newest first.
 pub async fn actions(State(state): State<St>, Extension(who): Extension<Who>) -> Response {
-    let actions = state.actions.newest_first();
+    let actions = state.actions.newest_first().await;
     let body = html! {
         @if actions.is_empty() { p.muted { "No actions yet." } } @else {
             table #actions {

@@ -64,7 +64,7 @@ pub async fn job(
     }
     // What was done to it here (retries reset its attempts and times, so only this says so).
     let target = format!("job {id}");
-    for a in state.actions.newest_first() {
+    for a in state.actions.newest_first().await {
         if a.target == target {
             timeline.push((
                 a.at,

@@ -8,7 +8,8 @@
 //! - `job_list.rs`: `/jobs`, jobs of every queue searched, and the list a queue's page shows
 //!   (pages both ways, the actions on all matching or ticked jobs);
 //! - `sources.rs`: `/sources/{table}`, a recorded table, and `/sources/{table}/rows/{id}`, a row;
-//! - `actions.rs`: `/actions`, what was done through the dashboard.
+//! - `actions.rs`: `/actions`, what was done through the dashboard;
+//! - `workers.rs`: `/workers`, the registered workers, and the queue page's holders by process.
 
 pub mod actions;
 pub mod job_list;
@@ -16,3 +17,4 @@ pub mod jobs;
 pub mod overview;
 pub mod queues;
 pub mod sources;
+pub mod workers;

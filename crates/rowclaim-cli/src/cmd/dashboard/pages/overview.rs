@@ -10,7 +10,7 @@ use axum::Extension;
 use maud::html;
 use rowclaim::JOB_STATUSES;
 
-use super::queues::{no_queue, paused_queues, schedule_table, schedules};
+use super::queues::{no_queue, paused_queues, run_now, schedule_table, schedules};
 use crate::cmd::dashboard::layout::{layout, path_segment, secs};
 use crate::cmd::dashboard::state::{State as St, Who};
 
@@ -139,7 +139,7 @@ pub async fn overview(State(state): State<St>, Extension(who): Extension<Who>) -
         @if !schedules.is_empty() || schedule_problem.is_some() {
             h2 { "Schedules" }
             @if let Some(p) = schedule_problem { p.problem { (p) } }
-            (schedule_table(&schedules))
+            (schedule_table(&schedules, run_now(&state, &who)))
         }
         h2 { "Own tables" }
         @if let Some(p) = source_problem { p.problem { (p) } }

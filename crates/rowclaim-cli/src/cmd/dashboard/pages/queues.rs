@@ -44,17 +44,7 @@ pub async fn queue(
     let limits = queue_limits(&state, &name).await;
     let (schedules, _) = schedules(&state, Some(&name)).await;
     let running = running(&state, Some(&name), 1000).await;
-    let mut holders: BTreeMap<String, (u64, Option<SystemTime>)> = BTreeMap::new();
-    for job in &running {
-        let h = holders
-            .entry(job.owner.clone().unwrap_or_else(|| "(no owner)".into()))
-            .or_default();
-        h.0 += 1;
-        h.1 = match (h.1, job.lease_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-    }
+    let holders = super::workers::holders(&state, &running).await;
     let jobs = job_list(&state, &who, &search, Some(&name)).await;
     let samples = state.history.samples();
     let series = |f: &dyn Fn(&QueueSample) -> f64| -> Vec<(SystemTime, f64)> {
@@ -120,20 +110,13 @@ pub async fn queue(
         (jobs)
         @if !schedules.is_empty() {
             h2 { "Schedules" }
-            (schedule_table(&schedules))
+            (schedule_table(&schedules, run_now(&state, &who)))
         }
         (chart("Throughput", "jobs/min", &throughput))
         (chart("Wait", "s", &wait))
         (chart("Jobs by status", "jobs", &by_status))
         h2 { "Workers holding jobs" }
-        @if holders.is_empty() { p.muted { "None." } } @else {
-            table #holders {
-                tr { th { "owner (claim token)" } th.num { "jobs" } th { "first lease end" } }
-                @for (owner, (n, lease)) in &holders {
-                    tr { td { code { (owner) } } td.num { (n) } td.problem[expired(*lease)] { (lease.map(when).unwrap_or_default()) } }
-                }
-            }
-        }
+        (super::workers::holders_table(&holders))
         h2 { "Running" }
         @if running.is_empty() { p.muted { "Nothing is running." } } @else {
             table #running {
@@ -215,11 +198,17 @@ pub async fn schedules(
     }
 }
 
-/// Schedules as a table: overdue ones (no scheduler runs them) marked.
-pub fn schedule_table(schedules: &[ScheduleStatus]) -> Markup {
+/// The session that may run a schedule now: none on a read-only dashboard.
+pub fn run_now<'a>(state: &Dashboard, who: &'a Who) -> Option<&'a Who> {
+    (!state.read_only).then_some(who)
+}
+
+/// Schedules as a table: overdue ones (no scheduler runs them) marked; with a "run now" button
+/// each when `run_now` gives the session to post it in.
+pub fn schedule_table(schedules: &[ScheduleStatus], run_now: Option<&Who>) -> Markup {
     html! {
         table #schedules {
-            tr { th { "schedule" } th { "expression" } th { "zone" } th { "queue" } th { "last tick" } th { "next tick" } }
+            tr { th { "schedule" } th { "expression" } th { "zone" } th { "queue" } th { "last tick" } th { "next tick" } @if run_now.is_some() { th { "" } } }
             @for s in schedules {
                 tr data-schedule=(s.name) {
                     td { (s.name) }
@@ -236,6 +225,10 @@ pub fn schedule_table(schedules: &[ScheduleStatus]) -> Markup {
                     td.problem[s.overdue] {
                         (when(s.next_tick))
                         @if s.overdue { " overdue: no scheduler runs it" }
+                    }
+                    @if let Some(who) = run_now {
+                        td { (action_button(who, &format!("/schedules/{}/run", path_segment(&s.name)), &[], "Run now",
+                            &format!("Enqueue schedule {}'s job now, once (its ticks stay as they are)?", s.name), false)) }
                     }
                 }
             }

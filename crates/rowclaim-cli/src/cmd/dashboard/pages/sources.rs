@@ -57,6 +57,8 @@ pub async fn source(
         Ok(r) => (r, None),
         Err(e) => (Vec::new(), Some(e.to_string())),
     };
+    // Which registered worker holds each claim (none without the registry).
+    let workers = state.db.workers().await.unwrap_or_default();
     let samples = state.history.samples();
     let statuses: Vec<String> = stats.by_status.keys().cloned().collect();
     let lines: Vec<Line> = statuses
@@ -110,8 +112,14 @@ pub async fn source(
         h2 { "Holders" }
         @if stats.claimed_by_owner.is_empty() { p.muted { "No row is claimed." } } @else {
             table #holders {
-                tr { th { "owner (claim token)" } th.num { "rows" } }
-                @for (owner, n) in &stats.claimed_by_owner { tr { td { code { (owner) } } td.num { (n) } } }
+                tr { th { "owner (claim token)" } th { "worker (host, pid)" } th.num { "rows" } }
+                @for (owner, n) in &stats.claimed_by_owner {
+                    tr {
+                        td { code { (owner) } }
+                        td { (super::workers::worker_of(&workers, owner)) }
+                        td.num { (n) }
+                    }
+                }
             }
         }
         h2 { "Rows" }
