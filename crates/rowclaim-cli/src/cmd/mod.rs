@@ -147,12 +147,15 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Serve a web dashboard of the managed queue and the own tables rowclaim has claimed:
     /// counts by status, charts, running jobs and claimed rows with their holders, jobs and rows
-    /// one by one; retry, cancel or delete a job, give a held row back (each confirmed, logged
-    /// and listed on its actions page). It prints two lines on stdout: the address to open with
-    /// its login token (`dashboard at http://127.0.0.1:8080/login?token=…`) and where /metrics
-    /// is with the bearer token a scraper presents. Only the login token opens a session; every
-    /// action also needs the session's CSRF token. Plain HTTP, so on a loopback address only,
-    /// unless --behind-tls-proxy.
+    /// one by one. Actions (each confirmed, logged and listed on its actions page; none with
+    /// --read-only): pause and resume a queue; retry, cancel or delete a job; give a held row
+    /// back. It prints two lines on stdout: the address to open with its login token
+    /// (`dashboard at http://127.0.0.1:8080/login?token=…`) and where /metrics is with the
+    /// bearer token a scraper presents. Only the login token opens a session; every action
+    /// also needs the session's CSRF token; an address that sends 10 wrong tokens waits 5
+    /// minutes (429). The session cookie is named after the listen address, so dashboards on
+    /// one host keep their own. Plain HTTP, so on a loopback address only, unless
+    /// --behind-tls-proxy.
     Dashboard(dashboard::DashboardArgs),
     /// Print a completion script for SHELL on stdout, e.g. `mkdir -p
     /// ~/.local/share/bash-completion/completions && rowclaim completions bash >
