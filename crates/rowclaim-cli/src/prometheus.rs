@@ -202,7 +202,11 @@ async fn read_gauges(w: &Watched, turns: &mut rowclaim::Turns) -> String {
         "rowclaim_gauges_exporter",
         "1 in the process that exports the database gauges (one per database), else 0.",
     );
-    let _ = writeln!(out, "rowclaim_gauges_exporter {}", u8::from(!held.is_empty()));
+    let _ = writeln!(
+        out,
+        "rowclaim_gauges_exporter {}",
+        u8::from(!held.is_empty())
+    );
     gauge_header(
         &mut out,
         "rowclaim_database_up",

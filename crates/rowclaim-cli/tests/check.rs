@@ -129,7 +129,10 @@ fn findings<'a>(report: &'a Value, name: &str) -> Option<&'a Value> {
 async fn expired_lease_lookup(t: Arc<TestDb>) {
     mail_table(&t, "mail", true).await;
     let (_, report) = check(&t.url, &MAIL).await;
-    let ready = finding(&report, "claim-index")["fix"].as_str().unwrap().to_owned();
+    let ready = finding(&report, "claim-index")["fix"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let expired = finding(&report, "expired-lease-index");
     assert_eq!(expired["severity"], "warning", "{report:#}");
     let expired_fix = expired["fix"].as_str().expect("a fix").to_owned();
@@ -138,7 +141,11 @@ async fn expired_lease_lookup(t: Arc<TestDb>) {
 
     t.exec(&ready).await;
     let (code, report) = check(&t.url, &MAIL).await;
-    assert_eq!(finding(&report, "claim-index")["severity"], "ok", "{report:#}");
+    assert_eq!(
+        finding(&report, "claim-index")["severity"],
+        "ok",
+        "{report:#}"
+    );
     let expired = finding(&report, "expired-lease-index");
     if t.backend == Backend::MySql {
         assert_eq!(expired["severity"], "ok", "{report:#}");
@@ -154,7 +161,10 @@ async fn expired_lease_lookup(t: Arc<TestDb>) {
     let expired = finding(&report, "expired-lease-index");
     assert_eq!(expired["severity"], "ok", "{report:#}");
     assert!(
-        expired["message"].as_str().unwrap().contains("rowclaim_claimed"),
+        expired["message"]
+            .as_str()
+            .unwrap()
+            .contains("rowclaim_claimed"),
         "{report:#}"
     );
     assert_eq!(code, Some(0), "with an index on claimed rows: {report:#}");

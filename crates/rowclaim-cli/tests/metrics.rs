@@ -98,7 +98,10 @@ async fn queue_metrics(t: Arc<TestDb>) {
         body.contains("rowclaim_job_duration_seconds_bucket{") && body.contains("le=\"3600\""),
         "{body}"
     );
-    let version = format!("rowclaim_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
+    let version = format!(
+        "rowclaim_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
     assert!(body.contains(&version), "{body}");
     assert_eq!(value(&body, "rowclaim_jobs_in_flight", &m), Some(0.0));
     // The strategy label is the one in use, never `auto`.
@@ -139,8 +142,18 @@ async fn queue_metrics(t: Arc<TestDb>) {
 async fn failed_runs_per_queue(t: Arc<TestDb>) {
     let out = support::rowclaim(&t.url, &["init"]).output().await.unwrap();
     assert!(out.status.success(), "{out:?}");
-    let failing: String = (0..400).map(|i| format!("{{\"i\":{i},\"fail\":1}}\n")).collect();
-    let args = ["enqueue", "--queue", "f", "--kind", "boom", "--max-attempts", "1"];
+    let failing: String = (0..400)
+        .map(|i| format!("{{\"i\":{i},\"fail\":1}}\n"))
+        .collect();
+    let args = [
+        "enqueue",
+        "--queue",
+        "f",
+        "--kind",
+        "boom",
+        "--max-attempts",
+        "1",
+    ];
     let out = support::run_fed(&t.url, &args, &failing).await;
     assert!(out.status.success(), "{out:?}");
     let fine: String = (0..20).map(|i| format!("{{\"i\":{i}}}\n")).collect();
@@ -151,8 +164,18 @@ async fn failed_runs_per_queue(t: Arc<TestDb>) {
     let (worker, addr) = worker_with_metrics(
         &t.url,
         &[
-            "--queue", "f", "--queue", "g", "--concurrency", "8", "--poll", "200ms", "--", "sh",
-            "-c", "if grep -q fail; then exit 3; fi",
+            "--queue",
+            "f",
+            "--queue",
+            "g",
+            "--concurrency",
+            "8",
+            "--poll",
+            "200ms",
+            "--",
+            "sh",
+            "-c",
+            "if grep -q fail; then exit 3; fi",
         ],
     )
     .await;

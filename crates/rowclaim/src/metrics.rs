@@ -130,7 +130,10 @@ pub fn describe() {
         "How late a lease renewal was confirmed after it was due."
     );
     describe_counter!(RENEWALS, "Lease renewals, by result (renewed, failed).");
-    describe_gauge!(BUILD_INFO, "Always 1; the version of rowclaim in its label.");
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1; the version of rowclaim in its label."
+    );
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
 }
 
@@ -207,8 +210,9 @@ impl JobSeries {
 struct JobSeriesSet {
     /// `source` and `strategy`.
     base: Vec<Label>,
-    /// The series of rows that are no job: a table of your own, or a row not read as a job.
-    plain: Arc<JobSeries>,
+    /// The series of rows that are no job: a table of your own, or a row not read as a job
+    /// (made at first use, so that a queue's worker shows none).
+    plain: std::sync::OnceLock<Arc<JobSeries>>,
     by_job: Mutex<HashMap<(String, String), Arc<JobSeries>>>,
 }
 
@@ -265,7 +269,7 @@ impl WorkerMetrics {
             renewed: metrics::counter!(RENEWALS, with("result", "renewed")),
             renewal_failed: metrics::counter!(RENEWALS, with("result", "failed")),
             jobs: Arc::new(JobSeriesSet {
-                plain: Arc::new(JobSeries::with(&labels)),
+                plain: std::sync::OnceLock::new(),
                 base: labels,
                 by_job: Mutex::default(),
             }),
@@ -276,7 +280,11 @@ impl WorkerMetrics {
     pub(crate) fn job(&self, job: Option<(&str, &str)>) -> Arc<JobSeries> {
         match job {
             Some((queue, kind)) => self.jobs.of(queue, kind),
-            None => self.jobs.plain.clone(),
+            None => self
+                .jobs
+                .plain
+                .get_or_init(|| Arc::new(JobSeries::with(&self.jobs.base)))
+                .clone(),
         }
     }
 }

@@ -86,7 +86,6 @@ pub async fn scrape_until_as(
     panic!("never saw {what}; last scrape:\n{last}");
 }
 
-
 /// A running `rowclaim work` and where it serves its metrics.
 pub struct Serving {
     pub child: tokio::process::Child,
@@ -151,4 +150,3 @@ pub async fn stop(mut child: tokio::process::Child) {
     }
     let _ = tokio::time::timeout(Duration::from_secs(60), child.wait()).await;
 }
-

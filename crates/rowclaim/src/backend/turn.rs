@@ -75,15 +75,24 @@ impl Turns {
 
     /// Whether the session still lives (one round trip on a server).
     async fn alive(&mut self) -> bool {
-        fn ping<D: super::sql::Dialect>() -> Stmt<D> {
-            Stmt::new("SELECT 1".to_owned(), Binder::new())
+        // A 64-bit one: PostgreSQL's plain `1` is 32 bits, which reads as no i64.
+        fn ping<D: super::sql::Dialect>(sql: &str) -> Stmt<D> {
+            Stmt::new(sql.to_owned(), Binder::new())
         }
+        let answered =
+            |r: Result<Vec<Vec<crate::value::Value>>>| r.is_ok_and(|rows| !rows.is_empty());
         match &mut self.session {
             None => true,
             #[cfg(feature = "postgres")]
-            Some(Session::Pg(conn)) => on(conn, true).values(ping(), &[Col::Int]).await.is_ok(),
+            Some(Session::Pg(conn)) => answered(
+                on(conn, true)
+                    .values(ping("SELECT 1::int8"), &[Col::Int])
+                    .await,
+            ),
             #[cfg(feature = "mysql")]
-            Some(Session::My(conn)) => on(conn, true).values(ping(), &[Col::Int]).await.is_ok(),
+            Some(Session::My(conn)) => {
+                answered(on(conn, true).values(ping("SELECT 1"), &[Col::Int]).await)
+            }
             #[cfg(feature = "sqlite")]
             Some(Session::Files(_)) => true,
             Some(Session::Alone) => true,
@@ -126,7 +135,7 @@ impl Turns {
                 let mut b = Binder::new();
                 let sql = format!(
                     "SELECT CASE WHEN pg_try_advisory_lock(hashtext('rowclaim_turn'), \
-                     hashtext({})) THEN 1 ELSE 0 END",
+                     hashtext({})) THEN 1::int8 ELSE 0::int8 END",
                     b.bind(name.to_owned())
                 );
                 let on = on(conn, true);

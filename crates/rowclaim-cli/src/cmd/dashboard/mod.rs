@@ -92,12 +92,7 @@ pub async fn run(url: &str, a: DashboardArgs) -> Result<(), CliError> {
     let db = Db::connect_with(url, ConnectOptions::default().max_connections(4)).await?;
     let state = Arc::new(state::Dashboard::new(
         db,
-        sessions::Auth::new(
-            token.clone(),
-            metrics_token.clone(),
-            a.behind_tls_proxy,
-            at,
-        ),
+        sessions::Auth::new(token.clone(), metrics_token.clone(), a.behind_tls_proxy, at),
         a.read_only,
         history::History::default(),
     ));

@@ -21,10 +21,9 @@ use crate::secret::{random_hex, same_secret};
 /// log out) each other's sessions. The port says which it is; a hash of the whole address
 /// tells apart two on one port of different addresses.
 pub fn cookie_name(at: SocketAddr) -> String {
-    let hash = at
-        .to_string()
-        .bytes()
-        .fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+    let hash = at.to_string().bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
     format!("rowclaim_session_{}_{:08x}", at.port(), hash)
 }
 

@@ -98,10 +98,16 @@ mod tests {
     #[test]
     fn behind_a_proxy_the_forwarded_address_counts() {
         let mut h = HeaderMap::new();
-        h.insert("x-forwarded-for", "203.0.113.9, 198.51.100.7".parse().unwrap());
+        h.insert(
+            "x-forwarded-for",
+            "203.0.113.9, 198.51.100.7".parse().unwrap(),
+        );
         let peer: SocketAddr = "127.0.0.1:5000".parse().unwrap();
         let proxied = Throttle::new(true);
-        assert_eq!(proxied.client(peer, &h), "198.51.100.7".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            proxied.client(peer, &h),
+            "198.51.100.7".parse::<IpAddr>().unwrap()
+        );
         // Without a proxy the header is anyone's to write: not believed.
         assert_eq!(Throttle::new(false).client(peer, &h), peer.ip());
     }

@@ -5,8 +5,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::backend::inspect::{
-    expired_index_name,
-    index_columns, index_name, unquoted, Judge, Need, Privileges, Reads,
+    expired_index_name, index_columns, index_name, unquoted, Judge, Need, Privileges, Reads,
 };
 use crate::backend::{Inspect, Lookup};
 use crate::report::{Finding, Severity, Topic};

@@ -3,8 +3,8 @@
 
 use super::*;
 use crate::backend::inspect::{
-    expired_index_name,
-    index_columns, index_name, mentions, unquoted, Judge, Need, Privileges, Reads,
+    expired_index_name, index_columns, index_name, mentions, unquoted, Judge, Need, Privileges,
+    Reads,
 };
 use crate::backend::{Inspect, Lookup};
 use crate::report::Finding;
