@@ -188,22 +188,6 @@ impl JobSeries {
             in_flight: metrics::gauge!(IN_FLIGHT, labels.to_vec()),
         }
     }
-
-    /// Handles that record nothing, for tests.
-    #[cfg(test)]
-    pub(crate) fn noop() -> Arc<JobSeries> {
-        Arc::new(JobSeries {
-            completed: Counter::noop(),
-            failed: Counter::noop(),
-            retried: Counter::noop(),
-            dead: Counter::noop(),
-            snoozed: Counter::noop(),
-            panics: Counter::noop(),
-            timeouts: Counter::noop(),
-            job_seconds: Histogram::noop(),
-            in_flight: Gauge::noop(),
-        })
-    }
 }
 
 /// A worker's job series, made as queue/kind pairs first show up (at most [`MOST_SERIES`]).
@@ -309,4 +293,28 @@ impl Drop for Running {
 /// Seconds as the histograms take them.
 pub(crate) fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_past_the_most_series_are_recorded_as_other() {
+        let set = JobSeriesSet {
+            base: Vec::new(),
+            plain: std::sync::OnceLock::new(),
+            by_job: Mutex::default(),
+        };
+        for k in 0..MOST_SERIES + 10 {
+            set.of("q", &format!("kind{k}"));
+        }
+        // A pair seen before keeps its own series.
+        set.of("q", "kind0");
+        let map = set.by_job.lock().unwrap();
+        assert_eq!(map.len(), MOST_SERIES + 1, "{} pairs", map.len());
+        assert!(map.contains_key(&("q".to_owned(), "other".to_owned())));
+        assert!(map.contains_key(&("q".to_owned(), "kind0".to_owned())));
+        assert!(!map.contains_key(&("q".to_owned(), format!("kind{MOST_SERIES}"))));
+    }
 }

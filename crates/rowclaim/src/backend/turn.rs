@@ -12,7 +12,9 @@
 
 use std::collections::BTreeSet;
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 use super::run::{Col, OnConn, Run};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 use super::sql::{Binder, Stmt};
 use super::Backend;
 use crate::error::Result;
@@ -29,8 +31,9 @@ enum Session {
     Pg(sqlx::PgConnection),
     #[cfg(feature = "mysql")]
     My(sqlx::MySqlConnection),
+    /// The database file's path, which the lock files' names start with, and those held.
     #[cfg(feature = "sqlite")]
-    Files(std::collections::HashMap<String, std::fs::File>),
+    Files(String, std::collections::HashMap<String, std::fs::File>),
     /// Nobody else sees this database.
     Alone,
 }
@@ -75,27 +78,13 @@ impl Turns {
 
     /// Whether the session still lives (one round trip on a server).
     async fn alive(&mut self) -> bool {
-        // A 64-bit one: PostgreSQL's plain `1` is 32 bits, which reads as no i64.
-        fn ping<D: super::sql::Dialect>(sql: &str) -> Stmt<D> {
-            Stmt::new(sql.to_owned(), Binder::new())
-        }
-        let answered =
-            |r: Result<Vec<Vec<crate::value::Value>>>| r.is_ok_and(|rows| !rows.is_empty());
         match &mut self.session {
-            None => true,
             #[cfg(feature = "postgres")]
-            Some(Session::Pg(conn)) => answered(
-                on(conn, true)
-                    .values(ping("SELECT 1::int8"), &[Col::Int])
-                    .await,
-            ),
+            // A 64-bit one: PostgreSQL's plain `1` is 32 bits, which reads as no i64.
+            Some(Session::Pg(conn)) => ping(conn, "SELECT 1::int8").await,
             #[cfg(feature = "mysql")]
-            Some(Session::My(conn)) => {
-                answered(on(conn, true).values(ping("SELECT 1"), &[Col::Int]).await)
-            }
-            #[cfg(feature = "sqlite")]
-            Some(Session::Files(_)) => true,
-            Some(Session::Alone) => true,
+            Some(Session::My(conn)) => ping(conn, "SELECT 1").await,
+            _ => true,
         }
     }
 
@@ -118,11 +107,11 @@ impl Turns {
             #[cfg(feature = "sqlite")]
             Backend::Sqlite(lite) => {
                 let options = lite.pool.connect_options();
-                let file = options.get_filename().to_string_lossy();
+                let file = options.get_filename().to_string_lossy().into_owned();
                 if file.is_empty() || file.contains(":memory:") || file.contains("mode=memory") {
                     return Ok(Session::Alone);
                 }
-                Ok(Session::Files(Default::default()))
+                Ok(Session::Files(file, Default::default()))
             }
         }
     }
@@ -153,16 +142,8 @@ impl Turns {
                 Ok(first(on.values(Stmt::new(sql, b), &[Col::OptInt]).await?) == Some(1))
             }
             #[cfg(feature = "sqlite")]
-            Some(Session::Files(files)) => {
-                let Backend::Sqlite(lite) = &self.backend else {
-                    return Ok(false);
-                };
-                let options = lite.pool.connect_options();
-                let path = format!(
-                    "{}-rowclaim-{:016x}.lock",
-                    options.get_filename().display(),
-                    fnv(name)
-                );
+            Some(Session::Files(db, files)) => {
+                let path = format!("{db}-rowclaim-{:016x}.lock", fnv(name));
                 let file = std::fs::OpenOptions::new()
                     .create(true)
                     .truncate(false)
@@ -184,6 +165,21 @@ impl Turns {
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn ping<C>(conn: &mut C, sql: &str) -> bool
+where
+    C: sqlx::Connection,
+    <C as sqlx::Connection>::Database: sqlx::Database<Connection = C>,
+    for<'c> OnConn<'c, <C as sqlx::Connection>::Database>: Run,
+{
+    let stmt = Stmt::new(sql.to_owned(), Binder::new());
+    on(conn, true)
+        .values(stmt, &[Col::Int])
+        .await
+        .is_ok_and(|rows| !rows.is_empty())
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn on<C>(conn: &mut C, keep: bool) -> OnConn<'_, <C as sqlx::Connection>::Database>
 where
     C: sqlx::Connection,
@@ -192,6 +188,7 @@ where
     OnConn::new(conn, keep)
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn first(rows: Vec<Vec<crate::value::Value>>) -> Option<i64> {
     rows.into_iter()
         .next()
