@@ -100,8 +100,9 @@ pub enum Command {
     /// completed in the last minute.
     Stats(stats::StatsArgs),
     /// Check what claims on a source would meet on the live database, writing nothing: the
-    /// strategy auto picks and why; whether the claim's statement finds ready rows through an
-    /// index (the server's own plan of it; if not, the CREATE INDEX to run); privileges; a
+    /// strategy auto picks and why; whether the claim's statements find ready rows and rows
+    /// whose lease expired through an index (the server's own plan of each; if not, the CREATE
+    /// INDEX to run); privileges; a
     /// standby or read-only server; the default isolation; on MySQL/MariaDB the binary log
     /// format (statement-based logging breaks claims), Galera and the lease column's type; the
     /// database's clock against this one. Exits 7 when something makes claims slow, 8 when
