@@ -197,28 +197,32 @@ struct JobSeriesSet {
     /// The series of rows that are no job: a table of your own, or a row not read as a job
     /// (made at first use, so that a queue's worker shows none).
     plain: std::sync::OnceLock<Arc<JobSeries>>,
-    by_job: Mutex<HashMap<(String, String), Arc<JobSeries>>>,
+    /// Queue → kind → series (looked up without allocating: this runs for every job).
+    by_job: Mutex<HashMap<String, HashMap<String, Arc<JobSeries>>>>,
 }
 
 impl JobSeriesSet {
     fn of(&self, queue: &str, kind: &str) -> Arc<JobSeries> {
         let mut map = self.by_job.lock().unwrap_or_else(|p| p.into_inner());
-        let key = (queue.to_owned(), kind.to_owned());
-        if let Some(series) = map.get(&key) {
-            return series.clone();
-        }
-        let kind = if map.len() < MOST_SERIES {
-            kind
-        } else {
-            "other"
+        let known = |map: &HashMap<String, HashMap<String, Arc<JobSeries>>>, kind: &str| {
+            map.get(queue).and_then(|kinds| kinds.get(kind)).cloned()
         };
-        let key = (queue.to_owned(), kind.to_owned());
+        if let Some(series) = known(&map, kind) {
+            return series;
+        }
+        let pairs: usize = map.values().map(HashMap::len).sum();
+        let kind = if pairs < MOST_SERIES { kind } else { "other" };
+        if let Some(series) = known(&map, kind) {
+            return series;
+        }
         let mut labels = self.base.clone();
-        labels.push(Label::new("queue", key.0.clone()));
-        labels.push(Label::new("kind", key.1.clone()));
-        map.entry(key)
-            .or_insert_with(|| Arc::new(JobSeries::with(&labels)))
-            .clone()
+        labels.push(Label::new("queue", queue.to_owned()));
+        labels.push(Label::new("kind", kind.to_owned()));
+        let series = Arc::new(JobSeries::with(&labels));
+        map.entry(queue.to_owned())
+            .or_default()
+            .insert(kind.to_owned(), series.clone());
+        series
     }
 }
 
@@ -312,9 +316,10 @@ mod tests {
         // A pair seen before keeps its own series.
         set.of("q", "kind0");
         let map = set.by_job.lock().unwrap();
-        assert_eq!(map.len(), MOST_SERIES + 1, "{} pairs", map.len());
-        assert!(map.contains_key(&("q".to_owned(), "other".to_owned())));
-        assert!(map.contains_key(&("q".to_owned(), "kind0".to_owned())));
-        assert!(!map.contains_key(&("q".to_owned(), format!("kind{MOST_SERIES}"))));
+        let kinds = &map["q"];
+        assert_eq!(kinds.len(), MOST_SERIES + 1, "{} pairs", kinds.len());
+        assert!(kinds.contains_key("other"));
+        assert!(kinds.contains_key("kind0"));
+        assert!(!kinds.contains_key(&format!("kind{MOST_SERIES}")));
     }
 }
