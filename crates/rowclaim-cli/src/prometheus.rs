@@ -6,6 +6,13 @@
 //! expired leases, and rows per status of tables of your own. The database gauges are read at
 //! most once per [`REFRESH`], with one statement per queue table or source, however often
 //! Prometheus scrapes; concurrent scrapes share one read.
+//!
+//! The database gauges describe the database, not this process, so of all the processes on one
+//! database (workers, dashboards) one exports them: the holder of the database's turn for
+//! them ([`rowclaim::Turns`], a lock its session holds: when it dies, the next scrape of
+//! another process takes over). `sum(rowclaim_queue_jobs{status="completed"})` is then the
+//! database's count however many processes Prometheus scrapes; `rowclaim_gauges_exporter`
+//! says which process it is.
 
 use std::fmt::Write as _;
 use std::future::Future;
@@ -36,9 +43,9 @@ fn recorder() -> Result<&'static PrometheusHandle, CliError> {
 
 /// What the database gauges are read from.
 pub struct Watched {
-    /// The managed queue, limited to these queues (all when empty), if it is watched. A
-    /// database without it (never `rowclaim init`ed) just has no queue gauges.
-    pub queue: Option<(Queue, Vec<String>)>,
+    /// The managed queue (all its queues), if it is watched. A database without it (never
+    /// `rowclaim init`ed) just has no queue gauges.
+    pub queue: Option<Queue>,
     /// Tables of your own, each by a claimer that only reads (stats never claim), found anew
     /// at each read: the dashboard's list grows as tables are first claimed.
     pub sources: SourceList,
@@ -59,17 +66,23 @@ pub fn fixed(claimers: Vec<Claimer>) -> SourceList {
 /// A `/metrics` endpoint: the recorder's series plus the database gauges.
 pub struct Endpoint {
     handle: &'static PrometheusHandle,
+    /// The database, for what every worker on it shares (the worker registry).
+    db: rowclaim::Db,
     watched: Watched,
+    /// Which gauges this process exports (a turn per queue table and per source).
+    turns: Mutex<rowclaim::Turns>,
     /// The last database read: when, and its text.
     cache: Mutex<Option<(Instant, String)>>,
 }
 
 impl Endpoint {
-    /// Installs the recorder (once per process) and watches `watched`.
-    pub fn new(watched: Watched) -> Result<Arc<Endpoint>, CliError> {
+    /// Installs the recorder (once per process) and watches `watched` on `db`.
+    pub fn new(db: &rowclaim::Db, watched: Watched) -> Result<Arc<Endpoint>, CliError> {
         Ok(Arc::new(Endpoint {
             handle: recorder()?,
+            db: db.clone(),
             watched,
+            turns: Mutex::new(db.turns()),
             cache: Mutex::new(None),
         }))
     }
@@ -88,7 +101,7 @@ impl Endpoint {
                 return text.clone();
             }
         }
-        let text = read_gauges(&self.watched).await;
+        let text = read_gauges(&self.db, &self.watched, &mut *self.turns.lock().await).await;
         *cache = Some((Instant::now(), text.clone()));
         text
     }
@@ -138,15 +151,56 @@ pub async fn serve(
     Ok(bound)
 }
 
-/// Reads the gauges from the database, as Prometheus text. A read that fails is said in the
-/// text (`rowclaim_database_up 0`) and logged, so a scrape still answers while the database is
-/// away.
-async fn read_gauges(w: &Watched) -> String {
+/// The turn of the managed queue's gauges.
+const QUEUE_TURN: &str = "gauges:queue";
+
+/// The turn of the worker registry's gauge: every process may export it, one does.
+const WORKERS_TURN: &str = "gauges:workers";
+
+/// Workers of the registry by state (`active`, `stopped`, `gone`): one per database.
+fn worker_gauges(
+    out: &mut String,
+    counts: &std::collections::BTreeMap<rowclaim::WorkerState, u64>,
+) {
+    gauge_header(
+        out,
+        "rowclaim_workers",
+        "Workers in the registry by state: active, stopped (shut down cleanly), gone (no \
+         heartbeat for a lease).",
+    );
+    for (state, n) in counts {
+        let _ = writeln!(out, "rowclaim_workers{{state=\"{}\"}} {n}", state.as_str());
+    }
+}
+
+/// The turn of a table's gauges.
+fn source_turn(claimer: &Claimer) -> String {
+    format!("gauges:source:{}", claimer.source_name())
+}
+
+/// Reads the gauges this process exports (those whose turn it holds) from the database, as
+/// Prometheus text. A read that fails is said in the text (`rowclaim_database_up 0`) and
+/// logged, so a scrape still answers while the database is away.
+async fn read_gauges(db: &rowclaim::Db, w: &Watched, turns: &mut rowclaim::Turns) -> String {
     let mut out = String::new();
     let mut up = true;
-    if let Some((queue, only)) = &w.queue {
-        match queue.stats(single(only)).await {
-            Ok(stats) => queue_gauges(&mut out, &stats, only),
+    let claimers = (w.sources)().await;
+    let mut names: Vec<String> = claimers.iter().map(source_turn).collect();
+    names.push(WORKERS_TURN.to_owned());
+    if w.queue.is_some() {
+        names.push(QUEUE_TURN.to_owned());
+    }
+    let held = match turns.hold(&names).await {
+        Ok(held) => held,
+        Err(e) => {
+            // Better every process's gauges than none: a sum may double until it answers.
+            tracing::warn!("metrics: asking which process exports the database gauges: {e}");
+            names.iter().cloned().collect()
+        }
+    };
+    if let Some(queue) = w.queue.as_ref().filter(|_| held.contains(QUEUE_TURN)) {
+        match queue.stats(None).await {
+            Ok(stats) => queue_gauges(&mut out, &stats),
             // Told to run `rowclaim init`: there is no queue here, which is no outage.
             Err(e) if e.kind() == rowclaim::ErrorKind::NotInitialised => {}
             Err(e) => {
@@ -155,8 +209,17 @@ async fn read_gauges(w: &Watched) -> String {
             }
         }
     }
+    if held.contains(WORKERS_TURN) {
+        match db.worker_counts().await {
+            Ok(counts) => worker_gauges(&mut out, &counts),
+            Err(e) => {
+                tracing::warn!("metrics: reading the worker registry: {e}");
+                up = false;
+            }
+        }
+    }
     let mut sources = Vec::new();
-    for claimer in &(w.sources)().await {
+    for claimer in claimers.iter().filter(|c| held.contains(&source_turn(c))) {
         match claimer.stats().await {
             Ok(stats) => sources.push((claimer.source_name().to_owned(), stats)),
             Err(e) => {
@@ -168,6 +231,16 @@ async fn read_gauges(w: &Watched) -> String {
     source_gauges(&mut out, &sources);
     gauge_header(
         &mut out,
+        "rowclaim_gauges_exporter",
+        "1 in the process that exports the database gauges (one per database), else 0.",
+    );
+    let _ = writeln!(
+        out,
+        "rowclaim_gauges_exporter {}",
+        u8::from(!held.is_empty())
+    );
+    gauge_header(
+        &mut out,
         "rowclaim_database_up",
         "Whether the last read of the database gauges succeeded.",
     );
@@ -175,20 +248,11 @@ async fn read_gauges(w: &Watched) -> String {
     out
 }
 
-/// One queue asked: the statement filters by it; several: all, filtered here.
-fn single(only: &[String]) -> Option<&str> {
-    match only {
-        [one] => Some(one.as_str()),
-        _ => None,
-    }
-}
-
 /// A gauge's value for one queue.
 type PerQueue<'a> = dyn Fn(&String) -> f64 + 'a;
 
-fn queue_gauges(out: &mut String, stats: &rowclaim::QueueStats, only: &[String]) {
-    let wanted = |q: &String| only.is_empty() || only.contains(q);
-    let queues: Vec<&String> = stats.by_queue.keys().filter(|q| wanted(q)).collect();
+fn queue_gauges(out: &mut String, stats: &rowclaim::QueueStats) {
+    let queues: Vec<&String> = stats.by_queue.keys().collect();
     gauge_header(
         out,
         "rowclaim_queue_jobs",

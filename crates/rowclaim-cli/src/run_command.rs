@@ -329,7 +329,8 @@ pub fn summary_json(r: &WorkerReport) -> serde_json::Value {
         "retried": r.retried,
         "released": r.released,
         "snoozed": r.snoozed,
-        "lost": r.lost,
+        "lost": r.lost.saturating_sub(r.cancelled),
+        "cancelled": r.cancelled,
         "given_up": r.given_up,
         "finished_later": r.finished_later,
         "unconfirmed": r.unconfirmed,
@@ -346,8 +347,11 @@ pub fn summary(r: &WorkerReport) -> String {
         r.failed + r.dead,
         r.retried,
         r.released,
-        r.lost
+        r.lost.saturating_sub(r.cancelled)
     );
+    if r.cancelled > 0 {
+        line.push_str(&format!(", {} cancelled", r.cancelled));
+    }
     if r.snoozed > 0 {
         line.push_str(&format!(", {} snoozed (to run again later)", r.snoozed));
     }

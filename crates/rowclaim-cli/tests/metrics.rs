@@ -5,157 +5,12 @@
 use rowclaim_testkit as common;
 mod support;
 
-use std::collections::HashMap;
-use std::process::Stdio;
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::{with_db, Backend, TestDb};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-
-/// A running `rowclaim work` and where it serves its metrics.
-struct Serving {
-    child: tokio::process::Child,
-    /// `host:port` to connect to (a wildcard address said is reached on loopback).
-    addr: String,
-    /// The worker's whole stderr, once it has ended.
-    stderr: tokio::task::JoinHandle<String>,
-}
-
-/// Starts `rowclaim work ARGS…` (which give --metrics) and waits for the address it says.
-async fn serving(url: &str, args: &[&str]) -> Serving {
-    let mut all = vec!["work"];
-    all.extend_from_slice(args);
-    let mut child = support::rowclaim(url, &all)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start rowclaim work");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let (addr, mut said) = tokio::time::timeout(Duration::from_secs(60), async {
-        let mut said = String::new();
-        while let Some(line) = lines.next_line().await.expect("read stderr") {
-            said.push_str(&line);
-            said.push('\n');
-            if let Some(rest) = line.strip_prefix("rowclaim: metrics at http://") {
-                let addr = rest.split("/metrics").next().unwrap_or(rest);
-                return (addr.replace("0.0.0.0:", "127.0.0.1:"), said);
-            }
-        }
-        panic!("rowclaim work ended without saying where its metrics are:\n{said}");
-    })
-    .await
-    .expect("the metrics address is said within a minute");
-    // Keep draining stderr so the worker never blocks on a full pipe.
-    let stderr = tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            said.push_str(&line);
-            said.push('\n');
-        }
-        said
-    });
-    Serving {
-        child,
-        addr,
-        stderr,
-    }
-}
-
-/// Starts `rowclaim work --metrics 127.0.0.1:0 …` and returns it with the address it said.
-async fn worker_with_metrics(url: &str, args: &[&str]) -> (tokio::process::Child, String) {
-    let mut all = vec!["--metrics", "127.0.0.1:0"];
-    all.extend_from_slice(args);
-    let s = serving(url, &all).await;
-    (s.child, s.addr)
-}
-
-/// One scrape, with this `Authorization` header if any: the status code, the head (lower
-/// case) and the body.
-async fn scrape_as(addr: &str, authorization: Option<&str>) -> (u16, String, String) {
-    let mut conn = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect to /metrics");
-    let auth = authorization
-        .map(|a| format!("Authorization: {a}\r\n"))
-        .unwrap_or_default();
-    let request =
-        format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n");
-    conn.write_all(request.as_bytes()).await.expect("send");
-    let mut raw = String::new();
-    conn.read_to_string(&mut raw).await.expect("read");
-    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP answer");
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("a status code");
-    let head = head.to_ascii_lowercase();
-    assert!(head.contains("content-type: text/plain"), "{head}");
-    (code, head, body.to_owned())
-}
-
-/// Samples by series (name and labels as written), summed over series that differ only in
-/// labels not asked for: `value(&m, "rowclaim_jobs_completed_total", &[])`.
-fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let mut found = None;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((series, v)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let (series_name, series_labels) = match series.split_once('{') {
-            Some((n, l)) => (n, l.trim_end_matches('}')),
-            None => (series, ""),
-        };
-        if series_name != name {
-            continue;
-        }
-        let have: HashMap<&str, &str> = series_labels
-            .split(',')
-            .filter_map(|kv| kv.split_once('='))
-            .map(|(k, v)| (k, v.trim_matches('"')))
-            .collect();
-        if labels.iter().all(|(k, v)| have.get(k) == Some(v)) {
-            let v: f64 = v.parse().expect("a number");
-            found = Some(found.unwrap_or(0.0) + v);
-        }
-    }
-    found
-}
-
-/// Scrapes until `done` holds (at most 3 minutes: the suite runs on a loaded machine) and
-/// returns that scrape.
-async fn scrape_until(addr: &str, what: &str, done: impl Fn(&str) -> bool) -> String {
-    scrape_until_as(addr, None, what, done).await
-}
-
-/// [`scrape_until`], sending this `Authorization` header.
-async fn scrape_until_as(
-    addr: &str,
-    authorization: Option<&str>,
-    what: &str,
-    done: impl Fn(&str) -> bool,
-) -> String {
-    let mut last = String::new();
-    for _ in 0..360 {
-        let (code, _, body) = scrape_as(addr, authorization).await;
-        assert_eq!(code, 200, "{body}");
-        if done(&body) {
-            return body;
-        }
-        last = body;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    panic!("never saw {what}; last scrape:\n{last}");
-}
-
-async fn stop(mut child: tokio::process::Child) {
-    if let Some(pid) = child.id() {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
-    }
-    let _ = tokio::time::timeout(Duration::from_secs(60), child.wait()).await;
-}
+use support::scrape::{
+    scrape_as, scrape_until, scrape_until_as, serving, stop, value, worker_with_metrics, Serving,
+};
 
 /// `table` as the database's catalog names it: the `source` label of every series.
 fn catalog_name(t: &TestDb, table: &str) -> String {
@@ -220,10 +75,13 @@ async fn queue_metrics(t: Arc<TestDb>) {
             ) == Some(27.0)
     })
     .await;
-    // The worker's counts add up to the queue's.
-    assert_eq!(value(&body, "rowclaim_claimed_rows_total", &m), Some(30.0));
+    // The worker's counts add up to the queue's. Claims are the worker's (no queue label),
+    // what happens to a job is its queue's.
+    let s = [("source", source.as_str())];
+    assert_eq!(value(&body, "rowclaim_claimed_rows_total", &s), Some(30.0));
     assert_eq!(value(&body, "rowclaim_jobs_retried_total", &m), Some(0.0));
-    assert_eq!(value(&body, "rowclaim_leases_lost_total", &m), Some(0.0));
+    assert_eq!(value(&body, "rowclaim_jobs_failed_total", &m), Some(3.0));
+    assert_eq!(value(&body, "rowclaim_leases_lost_total", &s), Some(0.0));
     assert!(
         value(&body, "rowclaim_claims_total", &[("result", "rows")]).unwrap_or(0.0) >= 1.0,
         "{body}"
@@ -233,8 +91,18 @@ async fn queue_metrics(t: Arc<TestDb>) {
         Some(30.0),
         "every job's run is timed once"
     );
-    assert!(value(&body, "rowclaim_claim_duration_seconds_count", &m).unwrap_or(0.0) >= 1.0);
-    assert!(value(&body, "rowclaim_settle_duration_seconds_count", &m).unwrap_or(0.0) >= 1.0);
+    assert!(value(&body, "rowclaim_claim_duration_seconds_count", &s).unwrap_or(0.0) >= 1.0);
+    assert!(value(&body, "rowclaim_settle_duration_seconds_count", &s).unwrap_or(0.0) >= 1.0);
+    // Job durations are bucketed up to an hour; the build is said.
+    assert!(
+        body.contains("rowclaim_job_duration_seconds_bucket{") && body.contains("le=\"3600\""),
+        "{body}"
+    );
+    let version = format!(
+        "rowclaim_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(body.contains(&version), "{body}");
     assert_eq!(value(&body, "rowclaim_jobs_in_flight", &m), Some(0.0));
     // The strategy label is the one in use, never `auto`.
     assert!(
@@ -268,6 +136,70 @@ async fn queue_metrics(t: Arc<TestDb>) {
     stop(worker).await;
 }
 
+/// A worker of two queues: 400 jobs of one fail (one attempt each, so each dies), the other's
+/// complete. Failed runs are counted per queue and kind (before, queue jobs' failures were not
+/// counted at all), and no series carries both queues in one label.
+async fn failed_runs_per_queue(t: Arc<TestDb>) {
+    let out = support::rowclaim(&t.url, &["init"]).output().await.unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let failing: String = (0..400)
+        .map(|i| format!("{{\"i\":{i},\"fail\":1}}\n"))
+        .collect();
+    let args = [
+        "enqueue",
+        "--queue",
+        "f",
+        "--kind",
+        "boom",
+        "--max-attempts",
+        "1",
+    ];
+    let out = support::run_fed(&t.url, &args, &failing).await;
+    assert!(out.status.success(), "{out:?}");
+    let fine: String = (0..20).map(|i| format!("{{\"i\":{i}}}\n")).collect();
+    let args = ["enqueue", "--queue", "g", "--kind", "fine"];
+    let out = support::run_fed(&t.url, &args, &fine).await;
+    assert!(out.status.success(), "{out:?}");
+
+    let (worker, addr) = worker_with_metrics(
+        &t.url,
+        &[
+            "--queue",
+            "f",
+            "--queue",
+            "g",
+            "--concurrency",
+            "8",
+            "--poll",
+            "200ms",
+            "--",
+            "sh",
+            "-c",
+            "if grep -q fail; then exit 3; fi",
+        ],
+    )
+    .await;
+    let f = [("queue", "f"), ("kind", "boom")];
+    let g = [("queue", "g"), ("kind", "fine")];
+    let body = scrape_until(&addr, "400 failed runs of f and 20 jobs of g done", |b| {
+        value(b, "rowclaim_jobs_failed_total", &f) == Some(400.0)
+            && value(b, "rowclaim_jobs_completed_total", &g) == Some(20.0)
+    })
+    .await;
+    assert_eq!(value(&body, "rowclaim_jobs_dead_total", &f), Some(400.0));
+    assert_eq!(value(&body, "rowclaim_jobs_failed_total", &g), Some(0.0));
+    assert_eq!(value(&body, "rowclaim_jobs_completed_total", &f), Some(0.0));
+    assert_eq!(
+        value(&body, "rowclaim_job_duration_seconds_count", &f),
+        Some(400.0)
+    );
+    assert!(
+        !body.contains("queue=\"f,g\"") && !body.contains("queue=\"g,f\""),
+        "one queue per label: {body}"
+    );
+    stop(worker).await;
+}
+
 async fn own_table_metrics(t: Arc<TestDb>) {
     t.jobs(12).await;
     let mut args: Vec<&str> = support::TABLE.to_vec();
@@ -291,10 +223,11 @@ async fn own_table_metrics(t: Arc<TestDb>) {
         value(&body, "rowclaim_source_expired_leases", &s),
         Some(0.0)
     );
-    assert_eq!(
-        value(&body, "rowclaim_jobs_completed_total", &[("queue", "")]),
-        Some(12.0),
-        "an own table's series have an empty queue label"
+    assert!(
+        !body
+            .lines()
+            .any(|l| l.starts_with("rowclaim_jobs_completed_total{") && l.contains("queue=")),
+        "an own table's series have no queue label: {body}"
     );
     stop(worker).await;
 }
@@ -457,6 +390,10 @@ macro_rules! metrics_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn work_metrics_on_a_queue() {
             with_db($backend, queue_metrics).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn work_metrics_count_failed_runs_per_queue() {
+            with_db($backend, failed_runs_per_queue).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn work_metrics_on_an_own_table() {

@@ -1,8 +1,8 @@
 //! [`Db::check`]: what claims on a source would meet on the live database, found without claiming
-//! or writing anything: the strategy `auto` picks and why, whether the statement that finds ready
-//! rows reads them through an index (the server's own plan of it), privileges, the server's
-//! settings that matter (a standby, the default isolation, MySQL/MariaDB's binary log format, a
-//! Galera cluster) and the clock leases run on.
+//! or writing anything: the strategy `auto` picks and why, whether the statements that find ready
+//! rows and rows whose lease expired read them through an index (the server's own plan of
+//! them), privileges, the server's settings that matter (a standby, the default isolation,
+//! MySQL/MariaDB's binary log format, a Galera cluster) and the clock leases run on.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -17,6 +17,8 @@ use crate::registry::RecordedSource;
 use crate::report::{Finding, Severity, Topic};
 use crate::source::Source;
 use crate::strategy::Strategy;
+
+mod expired;
 
 /// What [`Db::check`] found for one source.
 #[derive(Clone, Debug, Serialize)]
@@ -146,6 +148,7 @@ impl Db {
             )
             .await?,
         );
+        findings.extend(self.expired_finding(&m, resolved).await?);
         findings.push(
             self.privileges_finding(&m, strategy, record.is_some(), leases_exist)
                 .await?,

@@ -408,6 +408,14 @@ impl Db {
         &self.endpoint
     }
 
+    /// The turns this process may take on the database ([`Turns`](crate::Turns)): named locks
+    /// one process at a time holds, for as long as it lives (e.g. which process exports the
+    /// database's gauges). On PostgreSQL and MySQL/MariaDB they hold one connection of their
+    /// own once a turn is asked for.
+    pub fn turns(&self) -> crate::Turns {
+        crate::backend::turn::Turns::new(self.backend.clone())
+    }
+
     /// The server behind the pool and its version.
     pub async fn server(&self) -> Result<ServerInfo> {
         self.backend.catalog().server().await

@@ -77,6 +77,7 @@ mod value;
 mod wait;
 mod worker;
 
+pub use backend::turn::Turns;
 pub use backend::{Capability, ServerInfo};
 pub use check::CheckReport;
 pub use claim::{Backlog, Claim, ClaimedRow, Claimer, LockedRows, RowFilter, SourceRow, Token};

@@ -4,16 +4,24 @@
 //! command serves Prometheus text with `work --metrics ADDR` and on the dashboard's `/metrics`).
 //! Without an installed recorder every call here costs next to nothing.
 //!
-//! Every worker metric carries three labels:
+//! Every worker metric carries two labels:
 //! - `source`: the table as the catalog names it ([`crate::Claimer::source_name`], e.g.
 //!   `public.rowclaim_jobs`), so that a worker's series and the table's gauges join;
-//! - `queue`: the managed queues the worker serves, comma-separated and sorted (empty for a
-//!   table of your own);
 //! - `strategy`: the claim strategy in use (never `auto`).
 //!
+//! What happens to one job (its outcome, how long it ran, whether it runs now) also carries
+//! `queue` and `kind`, the job's own, for jobs of the managed queue: a worker serving several
+//! queues records each queue apart, and the series join the per-queue gauges. Kinds are the
+//! application's names, meant to be few; past [`MOST_SERIES`] queue/kind pairs in one worker,
+//! further kinds are recorded as `kind="other"`, so a runaway kind cannot grow the scrape
+//! without bound. Claims, settles, renewals and outages are the worker's, not one queue's, and
+//! carry neither.
+//!
 //! Counters end in `_total`, durations are histograms in seconds. [`describe`] registers the
-//! help text of each, for exporters that show it.
+//! help text of each, for exporters that show it, and sets [`BUILD_INFO`].
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ::metrics::{Counter, Gauge, Histogram, Label};
@@ -26,7 +34,8 @@ pub const CLAIMED_ROWS: &str = "rowclaim_claimed_rows_total";
 pub const CLAIM_SECONDS: &str = "rowclaim_claim_duration_seconds";
 /// Jobs (rows) completed: their result was recorded as done.
 pub const COMPLETED: &str = "rowclaim_jobs_completed_total";
-/// Rows of a table of your own that failed (marked with the source's failed value).
+/// Runs that failed: a row of a table of your own marked with the source's failed value, or a
+/// managed-queue job's attempt that failed (then also counted as retried or dead).
 pub const FAILED: &str = "rowclaim_jobs_failed_total";
 /// Managed-queue jobs that failed with attempts left: scheduled again with backoff.
 pub const RETRIED: &str = "rowclaim_jobs_retried_total";
@@ -64,6 +73,11 @@ pub const IN_FLIGHT: &str = "rowclaim_jobs_in_flight";
 pub const HEARTBEAT_LAG_SECONDS: &str = "rowclaim_heartbeat_lag_seconds";
 /// Lease renewals, by `result`: `renewed` or `failed`.
 pub const RENEWALS: &str = "rowclaim_lease_renewals_total";
+/// Always 1, with the library's version in the `version` label.
+pub const BUILD_INFO: &str = "rowclaim_build_info";
+
+/// The most queue/kind pairs one worker records apart; later kinds are `kind="other"`.
+pub const MOST_SERIES: usize = 200;
 
 /// Registers the help text of every metric above with the installed recorder.
 pub fn describe() {
@@ -79,7 +93,10 @@ pub fn describe() {
         "How long a claim statement took."
     );
     describe_counter!(COMPLETED, "Jobs (rows) whose result was recorded as done.");
-    describe_counter!(FAILED, "Rows of an own table marked failed.");
+    describe_counter!(
+        FAILED,
+        "Failed runs: own-table rows marked failed, queue jobs' failed attempts."
+    );
     describe_counter!(RETRIED, "Queue jobs that failed with attempts left.");
     describe_counter!(DEAD, "Queue jobs that failed their last attempt.");
     describe_counter!(RELEASED, "Rows given back unprocessed.");
@@ -113,6 +130,11 @@ pub fn describe() {
         "How late a lease renewal was confirmed after it was due."
     );
     describe_counter!(RENEWALS, "Lease renewals, by result (renewed, failed).");
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1; the version of rowclaim in its label."
+    );
+    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
 }
 
 /// One worker's metric handles, registered once with its labels (a handle is cheap to use;
@@ -124,40 +146,91 @@ pub(crate) struct WorkerMetrics {
     pub claims_failed: Counter,
     pub claimed_rows: Counter,
     pub claim_seconds: Histogram,
+    pub released: Counter,
+    pub leases_lost: Counter,
+    pub given_up: Counter,
+    pub unconfirmed: Counter,
+    pub outages: Counter,
+    pub settle_seconds: Histogram,
+    pub settle_rows: Histogram,
+    pub heartbeat_lag: Histogram,
+    pub renewed: Counter,
+    pub renewal_failed: Counter,
+    /// The series of jobs, by queue and kind (one set for a table of your own).
+    jobs: Arc<JobSeriesSet>,
+}
+
+/// The handles of what happens to one job, for one queue and kind (or a table of your own).
+pub(crate) struct JobSeries {
     pub completed: Counter,
     pub failed: Counter,
     pub retried: Counter,
     pub dead: Counter,
-    pub released: Counter,
     pub snoozed: Counter,
-    pub leases_lost: Counter,
-    pub given_up: Counter,
-    pub unconfirmed: Counter,
     pub panics: Counter,
     pub timeouts: Counter,
-    pub outages: Counter,
-    pub settle_seconds: Histogram,
-    pub settle_rows: Histogram,
     pub job_seconds: Histogram,
     pub in_flight: Gauge,
-    pub heartbeat_lag: Histogram,
-    pub renewed: Counter,
-    pub renewal_failed: Counter,
+}
+
+impl JobSeries {
+    fn with(labels: &[Label]) -> JobSeries {
+        let counter = |name: &'static str| metrics::counter!(name, labels.to_vec());
+        JobSeries {
+            completed: counter(COMPLETED),
+            failed: counter(FAILED),
+            retried: counter(RETRIED),
+            dead: counter(DEAD),
+            snoozed: counter(SNOOZED),
+            panics: counter(PANICS),
+            timeouts: counter(TIMEOUTS),
+            job_seconds: metrics::histogram!(JOB_SECONDS, labels.to_vec()),
+            in_flight: metrics::gauge!(IN_FLIGHT, labels.to_vec()),
+        }
+    }
+}
+
+/// A worker's job series, made as queue/kind pairs first show up (at most [`MOST_SERIES`]).
+struct JobSeriesSet {
+    /// `source` and `strategy`.
+    base: Vec<Label>,
+    /// The series of rows that are no job: a table of your own, or a row not read as a job
+    /// (made at first use, so that a queue's worker shows none).
+    plain: std::sync::OnceLock<Arc<JobSeries>>,
+    /// Queue → kind → series (looked up without allocating: this runs for every job).
+    by_job: Mutex<HashMap<String, HashMap<String, Arc<JobSeries>>>>,
+}
+
+impl JobSeriesSet {
+    fn of(&self, queue: &str, kind: &str) -> Arc<JobSeries> {
+        let mut map = self.by_job.lock().unwrap_or_else(|p| p.into_inner());
+        let known = |map: &HashMap<String, HashMap<String, Arc<JobSeries>>>, kind: &str| {
+            map.get(queue).and_then(|kinds| kinds.get(kind)).cloned()
+        };
+        if let Some(series) = known(&map, kind) {
+            return series;
+        }
+        let pairs: usize = map.values().map(HashMap::len).sum();
+        let kind = if pairs < MOST_SERIES { kind } else { "other" };
+        if let Some(series) = known(&map, kind) {
+            return series;
+        }
+        let mut labels = self.base.clone();
+        labels.push(Label::new("queue", queue.to_owned()));
+        labels.push(Label::new("kind", kind.to_owned()));
+        let series = Arc::new(JobSeries::with(&labels));
+        map.entry(queue.to_owned())
+            .or_default()
+            .insert(kind.to_owned(), series.clone());
+        series
+    }
 }
 
 impl WorkerMetrics {
     /// The handles of a worker on `claimer`.
     pub(crate) fn of(claimer: &crate::claim::Claimer) -> WorkerMetrics {
-        let queue = crate::queue::served(claimer)
-            .map(|q| {
-                let mut q = q.to_vec();
-                q.sort();
-                q.join(",")
-            })
-            .unwrap_or_default();
         let labels = vec![
             Label::new("source", claimer.source_name().to_owned()),
-            Label::new("queue", queue),
             Label::new("strategy", claimer.strategy().to_string()),
         ];
         let with = |key: &'static str, value: &'static str| {
@@ -173,25 +246,33 @@ impl WorkerMetrics {
             claims_failed: metrics::counter!(CLAIMS, with("result", "failed")),
             claimed_rows: counter(CLAIMED_ROWS),
             claim_seconds: histogram(CLAIM_SECONDS),
-            completed: counter(COMPLETED),
-            failed: counter(FAILED),
-            retried: counter(RETRIED),
-            dead: counter(DEAD),
             released: counter(RELEASED),
-            snoozed: counter(SNOOZED),
             leases_lost: counter(LEASES_LOST),
             given_up: counter(GIVEN_UP),
             unconfirmed: counter(UNCONFIRMED),
-            panics: counter(PANICS),
-            timeouts: counter(TIMEOUTS),
             outages: counter(OUTAGES),
             settle_seconds: histogram(SETTLE_SECONDS),
             settle_rows: histogram(SETTLE_ROWS),
-            job_seconds: histogram(JOB_SECONDS),
-            in_flight: metrics::gauge!(IN_FLIGHT, labels.clone()),
             heartbeat_lag: histogram(HEARTBEAT_LAG_SECONDS),
             renewed: metrics::counter!(RENEWALS, with("result", "renewed")),
             renewal_failed: metrics::counter!(RENEWALS, with("result", "failed")),
+            jobs: Arc::new(JobSeriesSet {
+                plain: std::sync::OnceLock::new(),
+                base: labels,
+                by_job: Mutex::default(),
+            }),
+        }
+    }
+
+    /// The series a job of `queue` and `kind` records to; `None`: a row that is no job.
+    pub(crate) fn job(&self, job: Option<(&str, &str)>) -> Arc<JobSeries> {
+        match job {
+            Some((queue, kind)) => self.jobs.of(queue, kind),
+            None => self
+                .jobs
+                .plain
+                .get_or_init(|| Arc::new(JobSeries::with(&self.jobs.base)))
+                .clone(),
         }
     }
 }
@@ -216,4 +297,29 @@ impl Drop for Running {
 /// Seconds as the histograms take them.
 pub(crate) fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_past_the_most_series_are_recorded_as_other() {
+        let set = JobSeriesSet {
+            base: Vec::new(),
+            plain: std::sync::OnceLock::new(),
+            by_job: Mutex::default(),
+        };
+        for k in 0..MOST_SERIES + 10 {
+            set.of("q", &format!("kind{k}"));
+        }
+        // A pair seen before keeps its own series.
+        set.of("q", "kind0");
+        let map = set.by_job.lock().unwrap();
+        let kinds = &map["q"];
+        assert_eq!(kinds.len(), MOST_SERIES + 1, "{} pairs", kinds.len());
+        assert!(kinds.contains_key("other"));
+        assert!(kinds.contains_key("kind0"));
+        assert!(!kinds.contains_key(&format!("kind{MOST_SERIES}")));
+    }
 }

@@ -51,6 +51,9 @@ pub enum Topic {
     IdColumn,
     /// Whether the statement that finds ready rows reads them through an index.
     ClaimIndex,
+    /// Whether the claim's look at rows whose lease expired (claimed rows, their lease
+    /// ended) reads them through an index.
+    ExpiredLeaseIndex,
     /// What the connection's user may do to the tables claims touch.
     Privileges,
     /// Whether the server takes writes (not a standby or read-only replica).
@@ -77,6 +80,7 @@ impl Topic {
             Topic::Registry => "registry",
             Topic::IdColumn => "id-column",
             Topic::ClaimIndex => "claim-index",
+            Topic::ExpiredLeaseIndex => "expired-lease-index",
             Topic::Privileges => "privileges",
             Topic::Writable => "writable",
             Topic::Isolation => "isolation",

@@ -101,8 +101,9 @@ pub enum Command {
     /// completed in the last minute.
     Stats(stats::StatsArgs),
     /// Check what claims on a source would meet on the live database, writing nothing: the
-    /// strategy auto picks and why; whether the claim's statement finds ready rows through an
-    /// index (the server's own plan of it; if not, the CREATE INDEX to run); privileges; a
+    /// strategy auto picks and why; whether the claim's statements find ready rows and rows
+    /// whose lease expired through an index (the server's own plan of each; if not, the CREATE
+    /// INDEX to run); privileges; a
     /// standby or read-only server; the default isolation; on MySQL/MariaDB the binary log
     /// format (statement-based logging breaks claims), Galera and the lease column's type; the
     /// database's clock against this one. Exits 7 when something makes claims slow, 8 when
@@ -155,12 +156,15 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Serve a web dashboard of the managed queue and the own tables rowclaim has claimed:
     /// counts by status, charts, running jobs and claimed rows with their holders, jobs and rows
-    /// one by one; retry, cancel or delete a job, give a held row back (each confirmed, logged
-    /// and listed on its actions page). It prints two lines on stdout: the address to open with
-    /// its login token (`dashboard at http://127.0.0.1:8080/login?token=…`) and where /metrics
-    /// is with the bearer token a scraper presents. Only the login token opens a session; every
-    /// action also needs the session's CSRF token. Plain HTTP, so on a loopback address only,
-    /// unless --behind-tls-proxy.
+    /// one by one. Actions (each confirmed, logged and listed on its actions page; none with
+    /// --read-only): pause and resume a queue; retry, cancel or delete a job; give a held row
+    /// back. It prints two lines on stdout: the address to open with its login token
+    /// (`dashboard at http://127.0.0.1:8080/login?token=…`) and where /metrics is with the
+    /// bearer token a scraper presents. Only the login token opens a session; every action
+    /// also needs the session's CSRF token; an address that sends 10 wrong tokens waits 5
+    /// minutes (429). The session cookie is named after the listen address, so dashboards on
+    /// one host keep their own. Plain HTTP, so on a loopback address only, unless
+    /// --behind-tls-proxy.
     Dashboard(dashboard::DashboardArgs),
     /// Print a completion script for SHELL on stdout, e.g. `mkdir -p
     /// ~/.local/share/bash-completion/completions && rowclaim completions bash >

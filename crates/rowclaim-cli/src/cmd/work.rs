@@ -77,9 +77,11 @@ pub struct WorkArgs {
     /// exits when only such jobs are left, and says how many there are and when the next is due.
     #[arg(long, requires = "until_empty")]
     wait_scheduled: bool,
-    /// At the end, also print the summary as one JSON object, the last line on stdout:
-    /// {"done":…,"failed":…,"retried":…,"released":…,"lost":…,"given_up":…,"finished_later":…,
-    /// "unconfirmed":…,"outages":…,"interrupted":…}.
+    /// At the end, also print the summary as one JSON object, the last line on stdout.
+    ///
+    /// {"done":…,"failed":…,"retried":…,"released":…,"lost":…,"cancelled":…,"given_up":…,
+    /// "finished_later":…,"unconfirmed":…,"outages":…,"interrupted":…} ("lost": taken by another
+    /// worker; "cancelled": jobs cancelled while this worker ran them).
     #[arg(long)]
     json: bool,
     /// How long to wait before looking again when nothing was claimable. With --queue on
@@ -100,9 +102,13 @@ pub struct WorkArgs {
     )]
     listen_database: Option<String>,
     /// Serve Prometheus metrics on this address at /metrics, e.g. 127.0.0.1:9464 (port 0
-    /// picks one, and the address is said): this worker's claims, results, latencies and
-    /// in-flight jobs, plus the queue's (or table's) counts read from the database at most
-    /// every 5 s.
+    /// picks one, and the address is said). The list is in docs/metrics.md.
+    ///
+    /// This worker's claims, results (per queue and job kind), latencies and in-flight jobs,
+    /// plus the queue's (or table's) counts read from the database at most every 5 s. Those
+    /// counts are the database's, so of all the workers and dashboards on one database one
+    /// exports them (rowclaim_gauges_exporter 1; another takes over when it stops): a sum over
+    /// every scrape adds up.
     ///
     /// An address beyond loopback (not 127.0.0.0/8 or ::1) is refused without
     /// --metrics-token-file: the metrics name queues, tables and job kinds.
@@ -185,11 +191,11 @@ pub async fn run(url: &str, a: WorkArgs) -> Result<(), CliError> {
             }
         } else {
             prometheus::Watched {
-                queue: Some((queue.clone(), a.source.queues.clone())),
+                queue: Some(queue.clone()),
                 sources: prometheus::fixed(Vec::new()),
             }
         };
-        let endpoint = prometheus::Endpoint::new(watched)?;
+        let endpoint = prometheus::Endpoint::new(claimer.db(), watched)?;
         let bound = prometheus::serve(addr, endpoint, bearer).await?;
         // The file is named, never the token: stderr may be kept in a journal.
         match &a.metrics_token_file {

@@ -1,6 +1,8 @@
 //! What the CLI's test binaries share: the binary, the harness table's flags, how to start it.
 #![allow(dead_code)]
 
+pub mod scrape;
+
 use std::process::{Output, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

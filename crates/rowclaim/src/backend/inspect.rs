@@ -71,6 +71,12 @@ pub(crate) trait Inspect: Send + Sync {
         -> Result<Lookup>;
     /// The `CREATE INDEX` statement that serves that lookup in this dialect.
     fn lookup_index(&self, m: &Mapping, strategy: Resolved) -> String;
+    /// Plans the statement a claim finds rows whose lease expired with (the expired arm, see
+    /// `sql::expired_lookup`); `None` where `m` has no lease column. Claimed rows are few, so
+    /// an index that holds (or is searched by) them serves it even when it sorts them.
+    async fn explain_expired(&self, m: &Mapping) -> Result<Option<Lookup>>;
+    /// The `CREATE INDEX` statement that serves that lookup in this dialect.
+    fn expired_index(&self, m: &Mapping) -> String;
     /// The server's settings that matter to claims of `strategy` on `m`, as findings (read-only
     /// server or standby, default isolation, binary log, cluster, pooler, lease column type).
     async fn settings(
@@ -169,6 +175,20 @@ pub(crate) fn index_name(m: &Mapping, strategy: Resolved) -> String {
         Resolved::LeaseTable => "claimable",
         _ => "ready",
     };
+    named(table, what)
+}
+
+/// A name for the index that serves the look at expired leases on `m`.
+pub(crate) fn expired_index_name(m: &Mapping) -> String {
+    let table = m
+        .table_display
+        .rsplit('.')
+        .next()
+        .unwrap_or(&m.table_display);
+    named(table, "claimed")
+}
+
+fn named(table: &str, what: &str) -> String {
     let mut name = format!("{table}_rowclaim_{what}");
     name.truncate(63);
     name

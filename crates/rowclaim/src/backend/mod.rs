@@ -31,6 +31,7 @@ mod retry;
 pub(crate) mod run;
 mod server;
 pub(crate) mod sql;
+pub(crate) mod turn;
 
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;

@@ -116,6 +116,10 @@ pub struct WorkerReport {
     /// Rows that stopped being this worker's: their lease expired and another worker took them,
     /// or they were cancelled; their results, if any, were refused.
     pub lost: u64,
+    /// Of the rows lost, jobs of the managed queue that were cancelled while this worker held
+    /// them (looked at as the worker ends, for up to 1,000 lost rows); the others were taken
+    /// by another worker.
+    pub cancelled: u64,
     /// Rows given up: a result that could not be recorded before the lease would end (an
     /// outage, or a wait for a lock as long as the lease), or a claimed row not started because
     /// its lease could not be confirmed. They come back when their lease ends and run again.
@@ -134,10 +138,11 @@ pub struct WorkerReport {
 }
 
 impl WorkerReport {
-    /// Rows that did not end well: failed, dead, or lost or given up and not known to have
-    /// been finished later ([`WorkerReport::finished_later`]).
+    /// Rows that did not end well: failed, dead, or lost (not cancelled) or given up and not
+    /// known to have been finished later ([`WorkerReport::finished_later`]).
     pub fn troubled(&self) -> u64 {
-        self.failed + self.dead + (self.lost + self.given_up).saturating_sub(self.finished_later)
+        let lost = self.lost.saturating_sub(self.cancelled);
+        self.failed + self.dead + (lost + self.given_up).saturating_sub(self.finished_later)
     }
 }
 

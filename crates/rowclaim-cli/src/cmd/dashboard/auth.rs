@@ -14,7 +14,6 @@ use rowclaim_bench::AUDIT;
 use serde::Deserialize;
 
 use super::layout::layout_bare;
-use super::sessions::ended_cookie;
 use super::state::{State as St, Who};
 use crate::secret::{bearer_of, bearer_refused, same_secret};
 
@@ -32,11 +31,12 @@ pub struct LoginQuery {
 pub async fn login_link(
     State(state): State<St>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
     Query(q): Query<LoginQuery>,
 ) -> Response {
     match q.token.filter(|t| !t.is_empty()) {
         None => (StatusCode::OK, login_page(None)).into_response(),
-        Some(given) => log_in(&state, peer, &given),
+        Some(given) => log_in(&state, peer, &headers, &given),
     }
 }
 
@@ -59,14 +59,33 @@ pub async fn login_form(
     }
     match form_field(&body, "token").filter(|t| !t.is_empty()) {
         None => (StatusCode::OK, login_page(None)).into_response(),
-        Some(given) => log_in(&state, peer, &given),
+        Some(given) => log_in(&state, peer, &headers, &given),
     }
 }
 
-/// Opens a session for the right start token.
-fn log_in(state: &St, peer: SocketAddr, given: &str) -> Response {
+/// Opens a session for the right start token; an address that sent too many wrong ones waits
+/// (429) before its token is even looked at.
+fn log_in(state: &St, peer: SocketAddr, headers: &HeaderMap, given: &str) -> Response {
+    let client = state.auth.throttle.client(peer, headers);
+    if let Some(wait) = state.auth.throttle.wait(client) {
+        let secs = wait.as_secs().max(1);
+        let page = login_page(Some(&format!(
+            "Too many wrong tokens from this address: try again in {secs} s."
+        )));
+        let retry = [(header::RETRY_AFTER, secs.to_string())];
+        return (StatusCode::TOO_MANY_REQUESTS, retry, page).into_response();
+    }
     if !state.auth.is_token(given.trim()) {
-        tracing::warn!(target: AUDIT, peer = %peer.ip(), "dashboard: a login with a wrong token was refused");
+        tracing::warn!(target: AUDIT, peer = %client, "dashboard: a login with a wrong token was refused");
+        if state.auth.throttle.wrong(client) {
+            tracing::warn!(
+                target: AUDIT,
+                peer = %client,
+                "dashboard: {} wrong tokens from this address: its logins wait {} s",
+                super::throttle::FREE_TRIES,
+                super::throttle::WINDOW.as_secs()
+            );
+        }
         return (
             StatusCode::UNAUTHORIZED,
             login_page(Some("That token is not this dashboard's.")),
@@ -93,7 +112,7 @@ pub async fn logout(State(state): State<St>, headers: HeaderMap) -> Response {
         tracing::info!(target: AUDIT, session = %session.name, "dashboard: logged out");
     }
     (
-        [(header::SET_COOKIE, ended_cookie())],
+        [(header::SET_COOKIE, state.auth.ended_cookie())],
         Redirect::to("/login"),
     )
         .into_response()

@@ -13,7 +13,8 @@
 //! - `charts.rs`: inline SVG line charts;
 //! - `state.rs`: what the handlers share (the [`state::Dashboard`]) and who asked;
 //! - `sessions.rs`, `action_log.rs`, `history.rs`: the start token and the sessions, the log of
-//!   the actions, the charts' history: parts of that shared state.
+//!   the actions, the charts' history: parts of that shared state; `throttle.rs`: the wrong
+//!   logins per address.
 
 mod action_log;
 mod actions;
@@ -28,6 +29,7 @@ mod search;
 mod server;
 mod sessions;
 mod state;
+mod throttle;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -84,13 +86,6 @@ pub async fn run(url: &str, a: DashboardArgs) -> Result<(), CliError> {
                 .into(),
         ));
     }
-    let db = Db::connect_with(url, ConnectOptions::default().max_connections(4)).await?;
-    let state = Arc::new(state::Dashboard::new(
-        db.clone(),
-        sessions::Auth::new(token.clone(), metrics_token.clone(), a.behind_tls_proxy),
-        a.read_only,
-        history::History::load(&db).await,
-    ));
     // A port in use is the user's to change, as for `work --metrics`: exit 2, flag and port named.
     let listener = tokio::net::TcpListener::bind(a.listen).await.map_err(|e| {
         CliError::BadInput(format!("--listen {}: cannot listen there: {e}", a.listen))
@@ -98,11 +93,21 @@ pub async fn run(url: &str, a: DashboardArgs) -> Result<(), CliError> {
     let at = listener
         .local_addr()
         .map_err(CliError::io("listening on --listen"))?;
+    let db = Db::connect_with(url, ConnectOptions::default().max_connections(4)).await?;
+    let state = Arc::new(state::Dashboard::new(
+        db.clone(),
+        sessions::Auth::new(token.clone(), metrics_token.clone(), a.behind_tls_proxy, at),
+        a.read_only,
+        history::History::load(&db).await,
+    ));
     tokio::spawn(sampler::run(state.clone(), a.sample_every));
-    let metrics = crate::prometheus::Endpoint::new(crate::prometheus::Watched {
-        queue: Some((state.db.queue(), Vec::new())),
-        sources: recorded_sources(state.clone()),
-    })?;
+    let metrics = crate::prometheus::Endpoint::new(
+        &state.db,
+        crate::prometheus::Watched {
+            queue: Some(state.db.queue()),
+            sources: recorded_sources(state.clone()),
+        },
+    )?;
     let app = server::router(state, metrics);
     // The start lines, on stdout for the operator (and tests) to open. A token the operator
     // chose (a file) is theirs to know already: it is never printed, so that stdout kept in a

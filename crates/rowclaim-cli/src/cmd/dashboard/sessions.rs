@@ -7,15 +7,25 @@
 //! The routes that log in and out, and the checks every request passes, are `auth.rs`'s.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::http::{header, HeaderMap};
 
+use super::throttle::Throttle;
 use crate::secret::{random_hex, same_secret};
 
-/// The session cookie's name.
-const COOKIE: &str = "rowclaim_session";
+/// The session cookie's name for a dashboard listening on `at`: its own, since a browser keeps
+/// cookies per host, not per port, and two dashboards on one host must not overwrite (and so
+/// log out) each other's sessions. The port says which it is; a hash of the whole address
+/// tells apart two on one port of different addresses.
+pub fn cookie_name(at: SocketAddr) -> String {
+    let hash = at.to_string().bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    format!("rowclaim_session_{}_{:08x}", at.port(), hash)
+}
 
 /// A session unused this long is closed.
 const IDLE: Duration = Duration::from_secs(12 * 3600);
@@ -33,6 +43,10 @@ pub struct Auth {
     sessions: Mutex<HashMap<String, (Session, Instant)>>,
     /// Behind a TLS proxy the cookie is marked Secure.
     secure_cookie: bool,
+    /// The session cookie's name ([`cookie_name`]).
+    cookie: String,
+    /// Wrong logins per address.
+    pub throttle: Throttle,
 }
 
 /// One browser's login.
@@ -45,12 +59,15 @@ pub struct Session {
 }
 
 impl Auth {
-    pub fn new(token: String, metrics_token: String, secure_cookie: bool) -> Auth {
+    /// The sessions of a dashboard listening on `at` (which names its cookie).
+    pub fn new(token: String, metrics_token: String, secure_cookie: bool, at: SocketAddr) -> Auth {
         Auth {
             token,
             metrics_token,
             sessions: Mutex::default(),
             secure_cookie,
+            cookie: cookie_name(at),
+            throttle: Throttle::new(secure_cookie),
         }
     }
 
@@ -89,7 +106,7 @@ impl Auth {
 
     /// The open session whose cookie the request carries, and its id.
     pub fn session(&self, headers: &HeaderMap) -> Option<(String, Session)> {
-        let id = cookie(headers, COOKIE)?;
+        let id = cookie(headers, &self.cookie)?;
         let mut sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
         // The map is looked up by the cookie's value; a guessed id only ever misses.
         match sessions.get_mut(id) {
@@ -115,13 +132,19 @@ impl Auth {
     /// The `Set-Cookie` value that hands the browser session `id`.
     pub fn session_cookie(&self, id: &str) -> String {
         let secure = if self.secure_cookie { "; Secure" } else { "" };
-        format!("{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict{secure}")
+        format!(
+            "{}={id}; Path=/; HttpOnly; SameSite=Strict{secure}",
+            self.cookie
+        )
     }
-}
 
-/// The `Set-Cookie` value that makes the browser forget its session.
-pub fn ended_cookie() -> String {
-    format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
+    /// The `Set-Cookie` value that makes the browser forget its session.
+    pub fn ended_cookie(&self) -> String {
+        format!(
+            "{}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0",
+            self.cookie
+        )
+    }
 }
 
 fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {

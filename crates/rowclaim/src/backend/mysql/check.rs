@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::backend::inspect::{
-    index_columns, index_name, unquoted, Judge, Need, Privileges, Reads,
+    expired_index_name, index_columns, index_name, unquoted, Judge, Need, Privileges, Reads,
 };
 use crate::backend::{Inspect, Lookup};
 use crate::report::{Finding, Severity, Topic};
@@ -168,15 +168,9 @@ impl My {
     }
 }
 
-#[async_trait::async_trait]
-impl Inspect for My {
-    async fn explain_lookup(
-        &self,
-        m: &Mapping,
-        strategy: Resolved,
-        leases: bool,
-    ) -> Result<Lookup> {
-        let (sql, b) = claim::lookup(m, strategy, PLANNED_BATCH, leases);
+impl My {
+    /// How `sql` reads `m`'s table, from its plan.
+    async fn explain(&self, m: &Mapping, sql: String, b: B) -> Result<Lookup> {
         // EXPLAIN runs nothing: no row is read or locked.
         let text: String = b
             .scalar(format!("EXPLAIN FORMAT=JSON {sql}"))?
@@ -191,7 +185,40 @@ impl Inspect for My {
         let names = [name, "t".to_owned()];
         let mut judge = Judge::default();
         walk(&plan, &names, &unquoted(&m.status), &mut judge);
-        let mut lookup = judge.lookup();
+        Ok(judge.lookup())
+    }
+}
+
+#[async_trait::async_trait]
+impl Inspect for My {
+    async fn explain_expired(&self, m: &Mapping) -> Result<Option<Lookup>> {
+        let mut b = B::new();
+        match sql::expired_lookup(m, &mut b, PLANNED_BATCH) {
+            Some(sql) => Ok(Some(self.explain(m, sql, b).await?)),
+            None => Ok(None),
+        }
+    }
+
+    fn expired_index(&self, m: &Mapping) -> String {
+        // No partial indexes: the status leads, so claimed rows are one run of it, by lease.
+        // (An index of the ready rows, status first, is searched by status for these too.)
+        let lease = m.lease.as_deref().unwrap_or("lease_until");
+        format!(
+            "CREATE INDEX {} ON {} ({}, {lease});",
+            Sql::quote(&expired_index_name(m)),
+            m.table,
+            m.status
+        )
+    }
+
+    async fn explain_lookup(
+        &self,
+        m: &Mapping,
+        strategy: Resolved,
+        leases: bool,
+    ) -> Result<Lookup> {
+        let (sql, b) = claim::lookup(m, strategy, PLANNED_BATCH, leases);
+        let mut lookup = self.explain(m, sql, b).await?;
         let locks = matches!(strategy, Resolved::SkipLocked | Resolved::Transaction);
         let sorts = matches!(lookup.reads, Reads::Sorted(_))
             || (lookup.reads == Reads::Everything && lookup.plan.contains("filesort"));

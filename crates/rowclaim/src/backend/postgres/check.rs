@@ -3,7 +3,8 @@
 
 use super::*;
 use crate::backend::inspect::{
-    index_columns, index_name, mentions, unquoted, Judge, Need, Privileges, Reads,
+    expired_index_name, index_columns, index_name, mentions, unquoted, Judge, Need, Privileges,
+    Reads,
 };
 use crate::backend::{Inspect, Lookup};
 use crate::report::{Finding, Severity, Topic};
@@ -83,25 +84,28 @@ impl Pg {
     }
 }
 
-#[async_trait::async_trait]
-impl Inspect for Pg {
-    async fn explain_lookup(
+impl Pg {
+    /// How `sql` reads `m`'s table, from its plan. With `sorts_priced_out`, sorts are priced out
+    /// too: a claim's lookup of ready rows must find them in order through its index, while the
+    /// expired arm may sort the few claimed rows it finds.
+    async fn explain(
         &self,
         m: &Mapping,
-        strategy: Resolved,
-        leases: bool,
+        sql: String,
+        b: B,
+        sorts_priced_out: bool,
     ) -> Result<Lookup> {
-        let (sql, b) = claim::lookup(m, strategy, PLANNED_BATCH, leases);
         let mut tx = self.begin().await?;
         // Whether an index *can* serve the statement, whatever the table's size and statistics:
         // with sequential scans and sorts priced out, the planner takes an index that yields the
         // rows in order wherever there is one, so a scan or a sort left in the plan means there is
         // none. (On a small table it would rightly prefer a scan, and say nothing about growth.)
+        let sort = if sorts_priced_out { "off" } else { "on" };
         for setting in [
-            "SET LOCAL enable_seqscan = off",
-            "SET LOCAL enable_sort = off",
+            "SET LOCAL enable_seqscan = off".to_owned(),
+            format!("SET LOCAL enable_sort = {sort}"),
         ] {
-            sqlx::query(setting)
+            sqlx::query(sqlx::AssertSqlSafe(setting))
                 .execute(self.on(&mut tx))
                 .await
                 .map_err(error)?;
@@ -164,6 +168,39 @@ impl Inspect for Pg {
             judge.sorts();
         }
         Ok(judge.lookup())
+    }
+}
+
+#[async_trait::async_trait]
+impl Inspect for Pg {
+    async fn explain_lookup(
+        &self,
+        m: &Mapping,
+        strategy: Resolved,
+        leases: bool,
+    ) -> Result<Lookup> {
+        let (sql, b) = claim::lookup(m, strategy, PLANNED_BATCH, leases);
+        self.explain(m, sql, b, true).await
+    }
+
+    async fn explain_expired(&self, m: &Mapping) -> Result<Option<Lookup>> {
+        let mut b = B::new();
+        match sql::expired_lookup(m, &mut b, PLANNED_BATCH) {
+            Some(sql) => Ok(Some(self.explain(m, sql, b, false).await?)),
+            None => Ok(None),
+        }
+    }
+
+    fn expired_index(&self, m: &Mapping) -> String {
+        let lease = m.lease.as_deref().unwrap_or("lease_until");
+        format!(
+            "CREATE INDEX CONCURRENTLY {} ON {} ({lease}) WHERE {} = {}{};",
+            Sql::quote(&expired_index_name(m)),
+            m.table,
+            m.status,
+            status_literal(&m.claimed),
+            m.filter
+        )
     }
 
     fn lookup_index(&self, m: &Mapping, strategy: Resolved) -> String {

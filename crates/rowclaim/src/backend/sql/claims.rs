@@ -50,6 +50,24 @@ pub(crate) fn expired_arm<D: Dialect>(m: &Mapping, b: &mut Binder<D>) -> Option<
     Some(cond)
 }
 
+/// The expired arm on its own, as `rowclaim check` plans it: up to `limit` claimed rows whose
+/// lease has ended, in the source's order (None without a lease column).
+pub(crate) fn expired_lookup<D: Dialect>(
+    m: &Mapping,
+    b: &mut Binder<D>,
+    limit: i64,
+) -> Option<String> {
+    let cond = expired_arm(m, b)?;
+    Some(format!(
+        "SELECT {} FROM {} WHERE {cond}{} ORDER BY {} LIMIT {}",
+        m.id,
+        m.table,
+        m.filter,
+        m.order_by,
+        b.bind(limit)
+    ))
+}
+
 /// A query for up to `limit` rows a claim may take, without locking them: rows with an expired
 /// lease first (when `expired`), then ready rows in the source's order. Each arm is its own
 /// sub-select so each walks its own index. `select` is the column list of each arm (alias

@@ -3,7 +3,8 @@
 
 use super::*;
 use crate::backend::inspect::{
-    index_columns, index_name, mentions, unquoted, Judge, Need, Privileges, Reads,
+    expired_index_name, index_columns, index_name, mentions, unquoted, Judge, Need, Privileges,
+    Reads,
 };
 use crate::backend::{Inspect, Lookup};
 use crate::report::Finding;
@@ -74,15 +75,9 @@ impl Lite {
     }
 }
 
-#[async_trait::async_trait]
-impl Inspect for Lite {
-    async fn explain_lookup(
-        &self,
-        m: &Mapping,
-        strategy: Resolved,
-        leases: bool,
-    ) -> Result<Lookup> {
-        let (sql, b) = claim::lookup(m, strategy, PLANNED_BATCH, leases);
+impl Lite {
+    /// How `sql` reads `m`'s table, from its query plan.
+    async fn explain(&self, m: &Mapping, sql: String, b: B) -> Result<Lookup> {
         let rows: Vec<(i64, i64, i64, String)> = b
             .query_as(format!("EXPLAIN QUERY PLAN {sql}"))?
             .fetch_all(&self.pool)
@@ -120,6 +115,44 @@ impl Inspect for Lite {
             }
         }
         Ok(judge.lookup())
+    }
+}
+
+#[async_trait::async_trait]
+impl Inspect for Lite {
+    async fn explain_lookup(
+        &self,
+        m: &Mapping,
+        strategy: Resolved,
+        leases: bool,
+    ) -> Result<Lookup> {
+        let (sql, b) = claim::lookup(m, strategy, PLANNED_BATCH, leases);
+        self.explain(m, sql, b).await
+    }
+
+    async fn explain_expired(&self, m: &Mapping) -> Result<Option<Lookup>> {
+        let mut b = B::new();
+        match sql::expired_lookup(m, &mut b, PLANNED_BATCH) {
+            Some(sql) => Ok(Some(self.explain(m, sql, b).await?)),
+            None => Ok(None),
+        }
+    }
+
+    fn expired_index(&self, m: &Mapping) -> String {
+        // In the claim's order, like the ready rows' index: without statistics SQLite would
+        // rather walk the table in that order than sort what an index by lease finds.
+        let index = Sql::quote(&expired_index_name(m));
+        let (index, table) = match m.table.split_once('.') {
+            Some((schema, table)) => (format!("{schema}.{index}"), table.to_owned()),
+            None => (index, m.table.clone()),
+        };
+        format!(
+            "CREATE INDEX {index} ON {table} ({}) WHERE {} = {}{};",
+            index_columns(m, None),
+            m.status,
+            status_literal(&m.claimed),
+            m.filter
+        )
     }
 
     fn lookup_index(&self, m: &Mapping, strategy: Resolved) -> String {

@@ -77,7 +77,7 @@ impl Local {
                 // A heartbeat found it taken over, or gave it up, before it started.
                 sh.tally.gone(&held.lease, std::slice::from_ref(&row.id));
             } else if paused.borrow().holds(&row) {
-                self.record(sh, unstarted(held, &row));
+                self.record(sh, unstarted(sh, held, &row));
             } else if !held.lease.may_start(sh.renews) {
                 // Its lease could not be confirmed in time: another worker may hold it by now.
                 tracing::debug!("row {}: not started, its lease may have ended", row.id);
@@ -128,7 +128,7 @@ impl Local {
     /// Rows of a queue paused since they were claimed go back, not started.
     pub(super) fn give_back_paused(&mut self, sh: &Arc<Shared>, paused: &Paused) {
         for (held, row) in paused.take_from(&mut self.waiting) {
-            self.record(sh, unstarted(held, &row));
+            self.record(sh, unstarted(sh, held, &row));
         }
     }
 
@@ -219,7 +219,7 @@ impl Paused {
 }
 
 /// A row claimed but not started, given back: its queue was paused meanwhile.
-fn unstarted(held: Arc<Held>, row: &ClaimedRow) -> Finished {
+fn unstarted(sh: &Shared, held: Arc<Held>, row: &ClaimedRow) -> Finished {
     tracing::debug!(
         "row {}: its queue is paused; given back, not started",
         row.id
@@ -229,6 +229,7 @@ fn unstarted(held: Arc<Held>, row: &ClaimedRow) -> Finished {
         id: row.id.clone(),
         outcome: Outcome::Unstarted,
         counter: Counter::Released,
+        series: sh.metrics.job(None),
     }
 }
 

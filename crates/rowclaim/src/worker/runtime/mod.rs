@@ -64,7 +64,7 @@ use crate::backend::Outcome;
 use crate::claim::Claimer;
 use crate::error::{Error, Result};
 use crate::id::RowId;
-use crate::metrics::WorkerMetrics;
+use crate::metrics::{JobSeries, WorkerMetrics};
 use crate::queue::Wakeups;
 use crate::strategy::Strategy;
 use dispatch::{watch_paused, Local, Paused};
@@ -109,6 +109,8 @@ struct Finished {
     id: RowId,
     outcome: Outcome,
     counter: Counter,
+    /// The series of the job's queue and kind, where its outcome is recorded.
+    series: Arc<JobSeries>,
 }
 
 /// What every task of one worker shares.
@@ -298,7 +300,32 @@ pub(crate) async fn run(
     if sh.cfg.until_empty && !interrupted {
         report.finished_later = finished_later(&sh).await;
     }
+    if sh.managed && report.lost > 0 {
+        report.cancelled = cancelled(&sh).await;
+    }
     Ok(report)
+}
+
+/// Of the jobs this worker lost, how many were cancelled (not taken by another worker). A look
+/// that fails counts none: they stay counted as lost.
+async fn cancelled(sh: &Shared) -> u64 {
+    let ids = sh.tally.lost_ids();
+    let look = async {
+        let mut n = 0;
+        for id in &ids {
+            let row = sh.claimer.row(id).await?;
+            n += u64::from(row.is_some_and(|r| r.status == "cancelled"));
+        }
+        Ok::<u64, Error>(n)
+    };
+    match tokio::time::timeout(sh.claim_timeout(), look).await {
+        Ok(Ok(n)) => n,
+        Ok(Err(e)) => {
+            tracing::warn!("looking at which lost jobs were cancelled: {e}");
+            0
+        }
+        Err(_) => 0,
+    }
 }
 
 /// After an `--until-empty` run found nothing left: how many of the rows this worker gave up or

@@ -62,6 +62,7 @@ pub(super) fn record(sh: &Arc<Shared>, finished: Finished) {
         id,
         outcome,
         counter,
+        series,
     } = finished;
     if !sh.recorder().worth_sending(&held, &id) {
         return;
@@ -70,17 +71,17 @@ pub(super) fn record(sh: &Arc<Shared>, finished: Finished) {
     let then = {
         let (sh, held, id, outcome) = (sh.clone(), held.clone(), id.clone(), outcome.clone());
         move |first: Flushed| {
-            let count = sh.tally.of(counter);
+            let count = sh.tally.of(counter, &series);
             if let Flushed::Recorded = first {
-                sh.recorder().recorded(count);
+                sh.recorder().recorded(&count);
                 return sh.results.through();
             }
             let again = sh.clone();
             let retry = async move {
-                let count = again.tally.of(counter);
+                let count = again.tally.of(counter, &series);
                 let recorder = again.recorder();
                 recorder
-                    .record_after(&held, &id, outcome, count, first)
+                    .record_after(&held, &id, outcome, &count, first)
                     .await;
                 again.results.through();
             };

@@ -19,7 +19,7 @@ use crate::backend::Outcome;
 use crate::claim::ClaimedRow;
 use crate::error::Error;
 use crate::id::RowId;
-use crate::metrics::{secs, Running};
+use crate::metrics::{secs, JobSeries, Running};
 use crate::queue::{backoff, Job};
 use crate::worker::handler::{StopReason, Task, TaskFuture, TaskResult};
 
@@ -49,8 +49,14 @@ async fn run_row(
     let id = row.id.clone();
     let job = match job_of(sh.managed, &mut row) {
         Ok(job) => job,
-        Err(outcome) => return finish(held, id, outcome, Counter::Dead),
+        Err(outcome) => {
+            let series = sh.metrics.job(job_labels(&row));
+            return finish(held, id, outcome, Counter::Dead, series);
+        }
     };
+    let series = sh
+        .metrics
+        .job(job.as_ref().map(|j| (j.queue.as_str(), j.kind.as_str())));
     let (switch, stop) = watch::channel(None);
     held.running
         .lock()
@@ -64,7 +70,7 @@ async fn run_row(
     }
     if sh.closing.load(Ordering::SeqCst) {
         unregister(&held, &id);
-        return finish(held, id, Outcome::Ready, Counter::Released);
+        return finish(held, id, Outcome::Ready, Counter::Released, series);
     }
     let limit = job.as_ref().and_then(|j| j.timeout).or(sh.cfg.timeout);
     let task = Task {
@@ -73,18 +79,32 @@ async fn run_row(
         token: *held.claim.token(),
         stop: stop.clone(),
     };
-    let ended = run_handler(&sh, task, limit, &switch, stop, took).await;
+    let ended = run_handler(&sh, &series, task, limit, &switch, stop, took).await;
     unregister(&held, &id);
-    conclude(&sh, held, id, job.as_ref(), ended)
+    conclude(&sh, held, id, job.as_ref(), ended, series)
 }
 
-fn finish(held: Arc<Held>, id: RowId, outcome: Outcome, counter: Counter) -> Option<Finished> {
+fn finish(
+    held: Arc<Held>,
+    id: RowId,
+    outcome: Outcome,
+    counter: Counter,
+    series: Arc<JobSeries>,
+) -> Option<Finished> {
     Some(Finished {
         held,
         id,
         outcome,
         counter,
+        series,
     })
+}
+
+/// The queue and kind a row of the managed queue names, read as they are (for a row that is
+/// no readable job, which still counts in its queue's series).
+fn job_labels(row: &ClaimedRow) -> Option<(&str, &str)> {
+    let text = |c: &str| row.data.get(c).and_then(serde_json::Value::as_str);
+    Some((text("queue")?, text("kind").unwrap_or("")))
 }
 
 /// Removes the row's stop switch: its handler no longer runs.
@@ -126,6 +146,7 @@ enum Ended {
 /// its time limit.
 async fn run_handler(
     sh: &Shared,
+    series: &JobSeries,
     task: Task,
     limit: Option<Duration>,
     switch: &Switch,
@@ -140,7 +161,7 @@ async fn run_handler(
     );
     let deadline = limit.map(|l| Instant::now() + l);
     let started = Instant::now();
-    let running = Running::start(&sh.metrics.in_flight);
+    let running = Running::start(&series.in_flight);
     let _busy = Busy::start(&sh.running);
     let ended = tokio::select! {
         // A result that is there wins over a stop that came at the same moment.
@@ -161,7 +182,7 @@ async fn run_handler(
         }
     };
     drop(running);
-    sh.metrics.job_seconds.record(secs(started.elapsed()));
+    series.job_seconds.record(secs(started.elapsed()));
     ended
 }
 
@@ -184,14 +205,15 @@ fn conclude(
     id: RowId,
     job: Option<&Job>,
     ended: Ended,
+    series: Arc<JobSeries>,
 ) -> Option<Finished> {
     match &ended {
         Ended::Panicked(message) => {
-            sh.metrics.panics.increment(1);
+            series.panics.increment(1);
             tracing::warn!("row {id}: the handler panicked: {message}");
         }
         Ended::Stopped(reason @ StopReason::TimedOut(_)) => {
-            sh.metrics.timeouts.increment(1);
+            series.timeouts.increment(1);
             tracing::warn!("row {id}: stopped: {reason}");
         }
         _ => {}
@@ -233,7 +255,7 @@ fn conclude(
             return None;
         }
     };
-    finish(held, id, outcome, counter)
+    finish(held, id, outcome, counter, series)
 }
 
 /// What becomes of a row whose job ended.
