@@ -286,7 +286,8 @@ async fn in_a_browser(t: Arc<TestDb>) {
     }
 }
 
-/// The README's screenshots: the overview, the queue's page and the retried job's page.
+/// The README's screenshots: the overview, the queue's page, the retried job's page, the
+/// workers and the search of every queue.
 async fn screenshots(b: &Browser, base: &str, job: i64) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/screenshots");
     std::fs::create_dir_all(dir).expect("make docs/screenshots");
@@ -294,6 +295,8 @@ async fn screenshots(b: &Browser, base: &str, job: i64) {
         (format!("{base}/"), "overview.png"),
         (format!("{base}/queues/mail"), "queue.png"),
         (format!("{base}/jobs/{job}"), "job.png"),
+        (format!("{base}/workers"), "workers.png"),
+        (format!("{base}/jobs?status=completed"), "jobs.png"),
     ] {
         b.goto(&page).await.unwrap();
         b.screenshot_to(format!("{dir}/{file}")).await.unwrap();
