@@ -408,11 +408,11 @@ impl Db {
         &self.endpoint
     }
 
-    /// The turns this process may take on the database ([`Turns`](crate::Turns)): named locks
+    /// The turns this process may take on the database ([`Turns`](crate::backend::turn::Turns)): named locks
     /// one process at a time holds, for as long as it lives (e.g. which process exports the
     /// database's gauges). On PostgreSQL and MySQL/MariaDB they hold one connection of their
     /// own once a turn is asked for.
-    pub fn turns(&self) -> crate::Turns {
+    pub fn turns(&self) -> crate::backend::turn::Turns {
         crate::backend::turn::Turns::new(self.backend.clone())
     }
 
