@@ -11,59 +11,12 @@ use std::time::Duration;
 
 use common::browser::Browser;
 use common::{with_db, Backend, TestDb};
+use support::dashboard::{reload_until, Dashboard};
 use support::{run_ok, until_count};
-use tokio::io::{AsyncBufReadExt, BufReader};
-
-/// A dashboard process and the login address it printed.
-struct Dashboard {
-    child: tokio::process::Child,
-    base: String,
-    login: String,
-}
 
 /// Starts `rowclaim dashboard` sampling every `every`.
 async fn dashboard(url: &str, every: &str) -> Dashboard {
-    let args = [
-        "dashboard",
-        "--listen",
-        "127.0.0.1:0",
-        "--sample-every",
-        every,
-    ];
-    let mut child = support::rowclaim(url, &args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the dashboard");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let line = tokio::time::timeout(Duration::from_secs(120), lines.next_line())
-        .await
-        .expect("the dashboard says where it is within 2 minutes")
-        .expect("read its stdout")
-        .expect("a start line");
-    let login = line
-        .strip_prefix("dashboard at ")
-        .unwrap_or_else(|| panic!("the start line: {line}"))
-        .to_owned();
-    let base = login.split("/login").next().unwrap_or_default().to_owned();
-    Dashboard { child, base, login }
-}
-
-/// Loads `url` again and again until the text of `css` passes `ok`, for at most 3 minutes (the
-/// suite runs on a loaded machine: only the end state is asserted, never how soon it came).
-async fn reload_until(b: &Browser, url: &str, css: &str, ok: impl Fn(&str) -> bool) -> String {
-    let mut last = String::new();
-    for _ in 0..180 {
-        b.goto(url).await.expect("load the page");
-        if let Ok(text) = b.text(css).await {
-            if ok(text.trim()) {
-                return text.trim().to_owned();
-            }
-            last = text;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    panic!("{css} on {url} never passed; last seen {last:?}");
+    support::dashboard::start(url, &["--sample-every", every], None).await
 }
 
 /// The seconds a chart's caption says it spans (`(last 12 s; …)`, `(last 3 min; …)`).

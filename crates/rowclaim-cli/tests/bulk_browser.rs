@@ -6,14 +6,11 @@
 use rowclaim_testkit as common;
 mod support;
 
-use std::process::Stdio;
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::browser::Browser;
 use common::{with_db, Backend, TestDb};
 use support::run_ok;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// Dead jobs of queue mail that one click retries.
 const DEAD: usize = 300;
@@ -21,25 +18,8 @@ const DEAD: usize = 300;
 /// Starts `rowclaim dashboard EXTRA…` on `url`: the process, its base address and login
 /// address.
 async fn dashboard(url: &str, extra: &[&str]) -> (tokio::process::Child, String, String) {
-    let mut args = vec!["dashboard", "--listen", "127.0.0.1:0"];
-    args.extend_from_slice(extra);
-    let mut child = support::rowclaim(url, &args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the dashboard");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let line = tokio::time::timeout(Duration::from_secs(120), lines.next_line())
-        .await
-        .expect("the dashboard says where it is within 2 minutes")
-        .expect("read its stdout")
-        .expect("a start line");
-    let login = line
-        .strip_prefix("dashboard at ")
-        .unwrap_or_else(|| panic!("the start line: {line}"))
-        .to_owned();
-    let base = login.split("/login").next().unwrap_or_default().to_owned();
-    (child, base, login)
+    let d = support::dashboard::start(url, extra, None).await;
+    (d.child, d.base, d.login)
 }
 
 /// `lines` JSON payloads `{"n": i, "tag": "<tag>-i"}`.

@@ -8,12 +8,10 @@ mod support;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::process::Stdio;
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::{with_db, Backend, TestDb};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A running dashboard: where it listens and its login token.
 struct Dash {
@@ -23,24 +21,13 @@ struct Dash {
 }
 
 async fn dashboard(url: &str) -> Dash {
-    let args = ["dashboard", "--listen", "127.0.0.1:0"];
-    let mut child = support::rowclaim(url, &args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the dashboard");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let line = tokio::time::timeout(Duration::from_secs(120), lines.next_line())
-        .await
-        .expect("the dashboard says where it is")
-        .expect("stdout")
-        .expect("a line");
-    let rest = line.strip_prefix("dashboard at http://").expect(&line);
-    let (addr, token) = rest.split_once("/login?token=").expect(&line);
+    let d = support::dashboard::start(url, &[], None).await;
+    let rest = d.login.strip_prefix("http://").expect(&d.login);
+    let (addr, token) = rest.split_once("/login?token=").expect(&d.login);
     Dash {
         addr: addr.parse().expect("an address"),
         token: token.to_owned(),
-        _child: child,
+        _child: d.child,
     }
 }
 

@@ -1,6 +1,7 @@
 //! What the CLI's test binaries share: the binary, the harness table's flags, how to start it.
 #![allow(dead_code)]
 
+pub mod dashboard;
 pub mod scrape;
 
 use std::process::{Output, Stdio};
