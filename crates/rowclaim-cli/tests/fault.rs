@@ -372,7 +372,8 @@ async fn cancel_running(t: Arc<TestDb>) {
     kill("TERM", worker.id().unwrap(), false);
     let (code, err) = finish(worker).await;
     assert_eq!(code, Some(0), "{err}");
-    assert!(err.contains("1 lost"), "{err}");
+    // Said as what it was: cancelled, not lost to another worker.
+    assert!(err.contains("1 cancelled"), "{err}");
     assert_eq!(
         t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'cancelled'")
             .await,
