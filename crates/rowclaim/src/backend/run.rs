@@ -135,6 +135,10 @@ pub(crate) trait Transact: Run {
     /// lock from the start on SQLite (`BEGIN IMMEDIATE`), durable on PostgreSQL whatever the
     /// pool's commit setting when `durable`.
     fn transaction(&self, durable: bool) -> impl Future<Output = Result<Self::Tx<'_>>> + Send;
+    /// Whether a write another server committed may not be seen here yet: a Galera node
+    /// applies the other nodes' writes some moments after they commit. A transaction that
+    /// counts what others hold must then first wait for them (`limits/`).
+    fn applies_others_late(&self) -> impl Future<Output = Result<bool>> + Send;
 }
 
 /// How a transaction ends.
@@ -383,6 +387,10 @@ macro_rules! binder_queries {
                     self,
                     self.open_transaction(durable).await?,
                 ))
+            }
+
+            async fn applies_others_late(&self) -> $crate::error::Result<bool> {
+                <$driver>::applies_others_late(self).await
             }
         }
     };

@@ -89,6 +89,10 @@ impl<D: Dialect> Transact for Script<D> {
         self.note("BEGIN".into());
         Ok(Step(self))
     }
+
+    async fn applies_others_late(&self) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 impl<D: Dialect> Run for Step<'_, D> {

@@ -73,6 +73,7 @@ impl<R: Transact + Send + Sync> Settings for R {
         kinds: &[String],
     ) -> Result<(Vec<serde_json::Value>, Instant)> {
         let asked = Instant::now();
+        let wait_for_others = self.applies_others_late().await?;
         let tx = self.transaction(false).await?;
         // The mark sets the lease by the database's clock after BEGIN. On SQLite BEGIN took
         // the write lock, which may have been a long wait: the lease runs from no earlier
@@ -82,7 +83,7 @@ impl<R: Transact + Send + Sync> Settings for R {
         } else {
             asked
         };
-        let rows = limits::claim(&tx, a, queue, kinds).await?;
+        let rows = limits::claim(&tx, a, queue, kinds, wait_for_others).await?;
         tx.commit().await?;
         Ok((rows, from))
     }

@@ -119,7 +119,7 @@ fn limited<D: Dialect>(payload_type: &str, strategy: Strategy) -> String {
         .rate(Rate::new(100, Duration::from_secs(1)))
         .key_rate(Rate::new(5, Duration::from_secs(60)));
     let mut steps: Vec<(&str, Stmt<D>)> = vec![
-        ("the queue's turn", limits::turn_sql("mail")),
+        ("the queue's turn", limits::turn_sql("mail", false)),
         ("its limits and counts", limits::read_sql("mail")),
         (
             "pick: key concurrency 1, key rate 1 per minute",

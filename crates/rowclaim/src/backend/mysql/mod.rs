@@ -297,6 +297,11 @@ impl My {
         self.begin().await
     }
 
+    /// Whether another node's committed writes may not be seen here yet: on a Galera node.
+    pub(crate) async fn applies_others_late(&self) -> Result<bool> {
+        self.verify_after_commit().await
+    }
+
     /// Whether a claim transaction is to be trusted only by what reads back after its COMMIT.
     /// On a Galera cluster a row lock is seen by this node only: another node's claim of the same
     /// rows shows up when one of the two commits, and the other is rolled back, possibly after it

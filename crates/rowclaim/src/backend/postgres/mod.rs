@@ -163,6 +163,11 @@ impl Pg {
         self.route.begin().await
     }
 
+    /// Another server's writes reach this one only through failover, never while it writes.
+    pub(crate) async fn applies_others_late(&self) -> Result<bool> {
+        Ok(false)
+    }
+
     /// A transaction for [`run::Transact`]: durable, or as the pool's sessions commit.
     pub(crate) async fn open_transaction(
         &self,

@@ -213,6 +213,11 @@ impl Lite {
         self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(error)
     }
 
+    /// One file, one writer: every committed write is seen at once.
+    pub(crate) async fn applies_others_late(&self) -> Result<bool> {
+        Ok(false)
+    }
+
     /// A transaction for [`run::Transact`]: a write transaction (every commit here is durable).
     pub(crate) async fn open_transaction(
         &self,
