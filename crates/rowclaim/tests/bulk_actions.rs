@@ -70,16 +70,19 @@ async fn bulk_in_batches(t: Arc<TestDb>) {
     assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_jobs").await, 1);
 }
 
+#[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_bulk_in_batches() {
     with_db(Backend::Postgres, bulk_in_batches).await
 }
 
+#[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_bulk_in_batches() {
     with_db(Backend::MySql, bulk_in_batches).await
 }
 
+#[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_bulk_in_batches() {
     with_db(Backend::Sqlite, bulk_in_batches).await
