@@ -21,6 +21,7 @@
 //! help text of each, for exporters that show it, and sets [`BUILD_INFO`].
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -279,18 +280,22 @@ impl WorkerMetrics {
 
 /// Counts a handler as running while it lives: dropped on every way out of a job (end, stop,
 /// panic, the worker aborting it), so the in-flight gauge never drifts.
-pub(crate) struct Running(Gauge);
+pub(crate) struct Running(Gauge, Arc<AtomicUsize>);
 
 impl Running {
-    pub(crate) fn start(gauge: &Gauge) -> Running {
+    /// Counts a handler as running in `gauge` and in `count` (what the worker registry's
+    /// heartbeat reports) until dropped.
+    pub(crate) fn start(gauge: &Gauge, count: &Arc<AtomicUsize>) -> Running {
         gauge.increment(1.0);
-        Running(gauge.clone())
+        count.fetch_add(1, Ordering::Relaxed);
+        Running(gauge.clone(), count.clone())
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
         self.0.decrement(1.0);
+        self.1.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -148,6 +148,7 @@ impl Shared {
         handler: Arc<dyn Handler>,
         cfg: Config,
         settles: mpsc::UnboundedSender<Settling<Held>>,
+        running: Arc<AtomicUsize>,
     ) -> Shared {
         let metrics = WorkerMetrics::of(&claimer);
         Shared {
@@ -170,7 +171,7 @@ impl Shared {
             hurry: AtomicBool::new(false),
             snooze_warned: AtomicBool::new(false),
             results: Results::default(),
-            running: Arc::default(),
+            running,
         }
     }
 
@@ -266,9 +267,7 @@ pub(crate) async fn run(
     running: Arc<AtomicUsize>,
 ) -> Result<WorkerReport> {
     let (settles, results) = mpsc::unbounded_channel();
-    let mut shared = Shared::new(claimer, handler, cfg, settles);
-    shared.running = running;
-    let sh = Arc::new(shared);
+    let sh = Arc::new(Shared::new(claimer, handler, cfg, settles, running));
     let _settler = AbortOnDrop(tokio::spawn(settler(
         results,
         sh.cfg.settle_delay,

@@ -161,8 +161,7 @@ async fn run_handler(
     );
     let deadline = limit.map(|l| Instant::now() + l);
     let started = Instant::now();
-    let running = Running::start(&series.in_flight);
-    let _busy = Busy::start(&sh.running);
+    let running = Running::start(&series.in_flight, &sh.running);
     let ended = tokio::select! {
         // A result that is there wins over a stop that came at the same moment.
         biased;
@@ -346,23 +345,6 @@ async fn wind_down(sh: &Shared, mut run: CatchUnwind) {
     let grace = sh.handler.stop_grace();
     if !grace.is_zero() {
         let _ = tokio::time::timeout(grace, &mut run).await;
-    }
-}
-
-/// Counts a handler as running, for the worker registry, while it lives (dropped on every way
-/// out of a job, as [`Running`] is).
-struct Busy(std::sync::Arc<std::sync::atomic::AtomicUsize>);
-
-impl Busy {
-    fn start(n: &std::sync::Arc<std::sync::atomic::AtomicUsize>) -> Busy {
-        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Busy(n.clone())
-    }
-}
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
