@@ -70,8 +70,13 @@ impl Raw {
 
     /// Two connections for making tables and bulk fills, without sqlx's slow-statement warnings
     /// (a fill of 200,000 rows is slow by design).
+    ///
+    /// SQLite gets one: a connection that sat idle while another dropped and remade a table parses
+    /// `CREATE INDEX` against its cached schema and fails with "index … already exists" (SQLite
+    /// checks the schema's version only when a statement runs, not while it is parsed).
     pub(crate) async fn setup(url: &str) -> Result<Raw> {
-        Raw::open(url, 2, true).await
+        let max = if kind(url)? == Kind::Sqlite { 1 } else { 2 };
+        Raw::open(url, max, true).await
     }
 
     async fn open(url: &str, max: u32, quiet: bool) -> Result<Raw> {
