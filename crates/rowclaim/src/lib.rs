@@ -71,6 +71,7 @@ mod queue;
 mod redact;
 pub mod registry;
 mod report;
+mod shape;
 mod source;
 mod strategy;
 mod value;
@@ -86,16 +87,16 @@ pub use error::{DatabaseError, Error, ErrorKind, Result};
 pub use id::RowId;
 pub use locking::{LockMode, LockWait};
 pub use queue::{
-    backoff, schedule_key, AttemptError, BulkAction, CatchUp, Enqueued, Job, JobFailure, JobFilter,
-    JobRecord, NewJob, Queue, QueueLimits, QueueSettings, QueueStats, Rate, Retention, Schedule,
-    ScheduleStatus, Scheduled, Scheduler, SchedulerReport, Wakeups, DEFAULT_MAX_ATTEMPTS,
-    JOB_STATUSES, LATE_WINDOW, MAX_CATCH_UP, MAX_RATE_PERIOD,
+    backoff, schedule_key, AttemptError, BulkAction, CatchUp, Enqueued, Job, JobArgs, JobFailure,
+    JobFilter, JobRecord, NewJob, Queue, QueueLimits, QueueSettings, QueueStats, Rate, Retention,
+    Schedule, ScheduleStatus, Scheduled, Scheduler, SchedulerReport, ToNewJob, Wakeups,
+    DEFAULT_MAX_ATTEMPTS, JOB_STATUSES, LATE_WINDOW, MAX_CATCH_UP, MAX_RATE_PERIOD,
 };
 pub use redact::redacted_url;
 pub use report::{Finding, Severity, Stats, Topic};
 pub use source::Source;
 pub use strategy::{Strategy, UnknownStrategy};
 pub use worker::{
-    Handler, IntoTaskResult, Shutdown, StopReason, Task, TaskFuture, TaskResult, Worker,
-    WorkerEntry, WorkerReport, WorkerState,
+    Handler, IntoTaskResult, JobContext, Shutdown, StopReason, Task, TaskFuture, TaskResult,
+    Worker, WorkerEntry, WorkerReport, WorkerState,
 };

@@ -6,6 +6,7 @@ mod handler;
 pub(crate) mod outage;
 mod registry;
 mod runtime;
+mod typed;
 
 use std::fmt::Display;
 use std::future::Future;
@@ -16,6 +17,7 @@ use tokio::sync::watch;
 
 pub use handler::{Handler, IntoTaskResult, StopReason, Task, TaskFuture, TaskResult};
 pub use registry::{WorkerEntry, WorkerState};
+pub use typed::JobContext;
 
 use crate::claim::{ClaimedRow, Claimer};
 use crate::db::Db;
