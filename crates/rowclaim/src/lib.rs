@@ -78,6 +78,12 @@ mod value;
 mod wait;
 mod worker;
 
+/// README.md's Rust examples, compiled as doctests so that they keep compiling (each only
+/// defines functions: none runs against a database here; `tests/typed.rs` runs the typed one).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
 pub use backend::turn::Turns;
 pub use backend::{Capability, ServerInfo};
 pub use check::CheckReport;

@@ -44,7 +44,8 @@ pub(crate) fn type_name<T: ?Sized>() -> String {
     // Keep the last segment of every path in the name (generic arguments too).
     let mut segment = String::new();
     for c in full.chars() {
-        if c.is_alphanumeric() || c == '_' || c == ':' {
+        // `{{closure}}` is a segment too, in the path of a type declared in an async fn.
+        if c.is_alphanumeric() || matches!(c, '_' | ':' | '{' | '}') {
             segment.push(c);
         } else {
             out.push_str(segment.rsplit("::").next().unwrap_or(&segment));
@@ -91,5 +92,10 @@ mod tests {
         assert_eq!(type_name::<Email>(), "Email");
         assert_eq!(type_name::<Vec<Email>>(), "Vec<Email>");
         assert_eq!(type_name::<u32>(), "u32");
+        let local = || {
+            struct Local;
+            type_name::<Option<Local>>()
+        };
+        assert_eq!(local(), "Option<Local>");
     }
 }

@@ -40,6 +40,18 @@ use crate::shape::{to_json, type_name};
 /// # Ok::<(), rowclaim::Error>(())
 /// ```
 ///
+/// Only a `JobArgs` type (or a [`NewJob`]) can be enqueued: a plain serde type has no kind.
+///
+/// ```compile_fail,E0277
+/// # async fn demo(queue: rowclaim::Queue) -> rowclaim::Result<()> {
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct Untyped {
+///     to: String,
+/// }
+/// queue.enqueue(&Untyped { to: "ada@example.com".into() }).await?;
+/// # Ok(()) }
+/// ```
+///
 /// The value is written as JSON with serde when it is enqueued and read back when its job runs;
 /// a payload that does not read back as the type (enqueued by hand, or before a field changed)
 /// makes the job dead at once, the error naming its kind and the field. For settings that vary

@@ -244,3 +244,51 @@ impl Handler for ByKind {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[derive(Serialize)]
+    struct Sent {
+        id: u32,
+    }
+
+    #[test]
+    fn any_serde_value_is_an_output_and_null_is_none() {
+        assert_eq!(().into_task_result(), TaskResult::Done);
+        assert_eq!(None::<Sent>.into_task_result(), TaskResult::Done);
+        assert_eq!(
+            Sent { id: 3 }.into_task_result(),
+            TaskResult::Output(json!({"id": 3}))
+        );
+        assert_eq!(
+            Some(vec![1, 2]).into_task_result(),
+            TaskResult::Output(json!([1, 2]))
+        );
+        // A JSON value is kept as it is, null too (as before typed handlers).
+        assert_eq!(
+            json!({"a": 1}).into_task_result(),
+            TaskResult::Output(json!({"a": 1}))
+        );
+        assert_eq!(
+            serde_json::Value::Null.into_task_result(),
+            TaskResult::Output(serde_json::Value::Null)
+        );
+        let snooze = TaskResult::Snooze(Duration::from_secs(1));
+        assert_eq!(snooze.clone().into_task_result(), snooze);
+    }
+
+    #[test]
+    fn an_output_that_is_no_json_makes_the_job_dead() {
+        let odd: HashMap<(u8, u8), u8> = [((1, 2), 3)].into_iter().collect();
+        match odd.into_task_result() {
+            TaskResult::Dead(why) => assert!(
+                why.starts_with("the handler's output (HashMap<(u8, u8), u8>): key must be"),
+                "{why}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -105,6 +105,23 @@ impl Worker {
     /// });
     /// # }
     /// ```
+    ///
+    /// nor does a handler function of one type registered for another:
+    ///
+    /// ```compile_fail,E0631
+    /// # use rowclaim::{JobArgs, JobContext, Worker};
+    /// # use serde::{Deserialize, Serialize};
+    /// # #[derive(Serialize, Deserialize)] struct Welcome { to: String }
+    /// # impl JobArgs for Welcome { const KIND: &'static str = "welcome"; }
+    /// # #[derive(Serialize, Deserialize)] struct Invoice { number: u64 }
+    /// # impl JobArgs for Invoice { const KIND: &'static str = "invoice"; }
+    /// async fn welcome(email: Welcome, _job: JobContext) -> Result<(), String> {
+    ///     Ok(())
+    /// }
+    /// # fn demo(db: rowclaim::Db) {
+    /// Worker::new(&db).register::<Invoice, _>(welcome);
+    /// # }
+    /// ```
     pub fn register<T, Fut>(
         mut self,
         handler: impl Fn(T, JobContext) -> Fut + Send + Sync + 'static,
