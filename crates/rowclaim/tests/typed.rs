@@ -57,6 +57,13 @@ impl JobArgs for Invoice {
     }
 }
 
+/// What a worker that runs until its queue is empty is also given to run until: a bound, so
+/// that a worker that would never be done (a job retried when it should be dead) ends the test
+/// with its report instead of hanging it.
+async fn bounded() {
+    tokio::time::sleep(Duration::from_secs(120)).await
+}
+
 async fn queue(t: &TestDb) -> (rowclaim::Db, Queue) {
     let db = t.db().await;
     let q = db.queue();
@@ -169,7 +176,7 @@ async fn enqueue_and_handle(t: Arc<TestDb>) {
         })
         .concurrency(4)
         .until_empty(true)
-        .run(std::future::pending())
+        .run(bounded())
         .await
         .unwrap();
     assert_eq!((report.completed, report.dead), (7, 0), "{report:?}");
@@ -279,7 +286,7 @@ async fn bad_payload(t: Arc<TestDb>) {
             }
         })
         .until_empty(true)
-        .run(std::future::pending())
+        .run(bounded())
         .await
         .unwrap();
     assert_eq!(
@@ -328,7 +335,7 @@ async fn typed_results(t: Arc<TestDb>) {
         })
         .until_empty(true)
         .wait_scheduled(true)
-        .run(std::future::pending())
+        .run(bounded())
         .await
         .unwrap();
     assert_eq!((report.retried, report.completed), (1, 1), "{report:?}");
