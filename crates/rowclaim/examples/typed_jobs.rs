@@ -33,7 +33,7 @@ struct Sent {
 }
 
 async fn send_welcome(email: Welcome, job: JobContext) -> Result<Sent, std::io::Error> {
-    // job.id, job.attempt, job.queue; job.stopped() resolves if the job is cancelled.
+    // Also job.id, job.queue, and job.stopped() for work it hands to another task.
     println!(
         "welcome, {} <{}>: attempt {}",
         email.name, email.to, job.attempt

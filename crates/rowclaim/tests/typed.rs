@@ -156,7 +156,7 @@ async fn enqueue_and_handle(t: Arc<TestDb>) {
     let seen = ran.clone();
     let report = Worker::new(&db)
         .queue("billing")
-        .register::<Invoice, _>(move |invoice, job: JobContext| {
+        .register::<Invoice, _>(move |invoice, job| {
             let seen = seen.clone();
             async move {
                 assert_eq!(
