@@ -165,7 +165,8 @@ pub enum Error {
     /// serde's own error is kept as the source.
     #[error("{what}: {}{source}", describe_field_path(field))]
     Shape {
-        /// What was read or written, e.g. `the payload of a job of kind "welcome" as app::Welcome`.
+        /// What was read or written, and as what: `the payload of job 7 (kind "welcome") does
+        /// not read as Welcome`, `row 3 of emails does not read as Email`.
         what: String,
         /// The path to what did not fit (`to`, `items[2].sku`), or `.` for the value itself.
         field: String,

@@ -138,17 +138,18 @@ impl<T: Serialize + 'static> IntoTaskResult for T {
         {
             return TaskResult::Output(value.take().unwrap_or_default());
         }
-        let written = own.as_ref().map(|v| {
-            crate::shape::to_json(v, || {
-                format!("the handler's output ({})", crate::shape::type_name::<T>())
-            })
+        let Some(output) = own else {
+            return TaskResult::Done;
+        };
+        let written = crate::shape::to_json(&output, || {
+            format!("the handler's output ({})", crate::shape::type_name::<T>())
         });
         match written {
-            Some(Ok(serde_json::Value::Null)) | None => TaskResult::Done,
-            Some(Ok(value)) => TaskResult::Output(value),
+            Ok(serde_json::Value::Null) => TaskResult::Done,
+            Ok(value) => TaskResult::Output(value),
             // The work is done, but what it says cannot be kept; running it again would do
             // the work again and fail the same way.
-            Some(Err(e)) => TaskResult::Dead(e.to_string()),
+            Err(e) => TaskResult::Dead(e.to_string()),
         }
     }
 }
