@@ -41,6 +41,9 @@
 //!   [`Error::LeaseLost`]. A row reaches `done` once, even if it was executed twice.
 //! - A [`Strategy`] is how a claim is taken: `skip-locked`, `token`, `optimistic`, `lease-table`,
 //!   `transaction`, or `auto`.
+//! - The managed queue ([`Queue`]) holds jobs; a **job type** ([`JobArgs`]) is a serde type that
+//!   names its kind: [`Queue::enqueue`] takes its values and [`Worker::register`] runs them with a
+//!   handler of that type. [`NewJob`] and [`Worker::handle`] are the same in JSON.
 //!
 //! ## Guarantees
 //!
