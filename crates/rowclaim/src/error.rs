@@ -159,6 +159,22 @@ pub enum Error {
         limit: u64,
     },
 
+    /// A value that does not fit the Rust type it is read into or written from: a job's payload
+    /// and its [`JobArgs`](crate::JobArgs) type, a claimed row and the struct it is read as.
+    /// `field` names where it did not fit (a column, a payload field, `.` for the whole value);
+    /// serde's own error is kept as the source.
+    #[error("{what}: {}{source}", describe_field_path(field))]
+    Shape {
+        /// What was read or written, and as what: `the payload of job 7 (kind "welcome") does
+        /// not read as Welcome`, `row 3 of emails does not read as Email`.
+        what: String,
+        /// The path to what did not fit (`to`, `items[2].sku`), or `.` for the value itself.
+        field: String,
+        /// What serde said.
+        #[source]
+        source: serde_json::Error,
+    },
+
     /// The claim token no longer holds (some of) these rows: their lease expired and another
     /// claimer took them, or they were completed, failed, released or cancelled already. Nothing
     /// was changed.
@@ -426,6 +442,7 @@ impl Error {
             | Error::InvalidInput(_)
             | Error::MappingDisagrees { .. }
             | Error::PayloadTooLarge { .. }
+            | Error::Shape { .. }
             | Error::InvalidSchedule { .. }
             | Error::InvalidUrl(_)
             | Error::NoSqliteFile { .. } => ErrorKind::BadInput,
@@ -483,6 +500,16 @@ fn describe_field(field: &str, value: &str, problem: &str) -> String {
         format!("{field}: {problem}")
     } else {
         format!("{field} {value:?} {problem}")
+    }
+}
+
+/// `field: ` before serde's message, or nothing when what did not fit is the whole value (serde
+/// then names the field itself: "missing field `to`").
+fn describe_field_path(field: &str) -> String {
+    if field.is_empty() || field == "." {
+        String::new()
+    } else {
+        format!("{field}: ")
     }
 }
 

@@ -41,6 +41,9 @@
 //!   [`Error::LeaseLost`]. A row reaches `done` once, even if it was executed twice.
 //! - A [`Strategy`] is how a claim is taken: `skip-locked`, `token`, `optimistic`, `lease-table`,
 //!   `transaction`, or `auto`.
+//! - The managed queue ([`Queue`]) holds jobs; a **job type** ([`JobArgs`]) is a serde type that
+//!   names its kind: [`Queue::enqueue`] takes its values and [`Worker::register`] runs them with a
+//!   handler of that type. [`NewJob`] and [`Worker::handle`] are the same in JSON.
 //!
 //! ## Guarantees
 //!
@@ -71,11 +74,18 @@ mod queue;
 mod redact;
 pub mod registry;
 mod report;
+mod shape;
 mod source;
 mod strategy;
 mod value;
 mod wait;
 mod worker;
+
+/// README.md's Rust examples, compiled as doctests so that they keep compiling (each only
+/// defines functions: none runs against a database here; `tests/typed.rs` runs the typed one).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
 
 pub use backend::turn::Turns;
 pub use backend::{Capability, ServerInfo};
@@ -86,16 +96,16 @@ pub use error::{DatabaseError, Error, ErrorKind, Result};
 pub use id::RowId;
 pub use locking::{LockMode, LockWait};
 pub use queue::{
-    backoff, schedule_key, AttemptError, BulkAction, CatchUp, Enqueued, Job, JobFailure, JobFilter,
-    JobRecord, NewJob, Queue, QueueLimits, QueueSettings, QueueStats, Rate, Retention, Schedule,
-    ScheduleStatus, Scheduled, Scheduler, SchedulerReport, Wakeups, DEFAULT_MAX_ATTEMPTS,
-    JOB_STATUSES, LATE_WINDOW, MAX_CATCH_UP, MAX_RATE_PERIOD,
+    backoff, schedule_key, AttemptError, BulkAction, CatchUp, Enqueued, Job, JobArgs, JobFailure,
+    JobFilter, JobRecord, NewJob, Queue, QueueLimits, QueueSettings, QueueStats, Rate, Retention,
+    Schedule, ScheduleStatus, Scheduled, Scheduler, SchedulerReport, ToNewJob, Wakeups,
+    DEFAULT_MAX_ATTEMPTS, JOB_STATUSES, LATE_WINDOW, MAX_CATCH_UP, MAX_RATE_PERIOD,
 };
 pub use redact::redacted_url;
 pub use report::{Finding, Severity, Stats, Topic};
 pub use source::Source;
 pub use strategy::{Strategy, UnknownStrategy};
 pub use worker::{
-    Handler, IntoTaskResult, Shutdown, StopReason, Task, TaskFuture, TaskResult, Worker,
-    WorkerEntry, WorkerReport, WorkerState,
+    Handler, IntoTaskResult, JobContext, Shutdown, StopReason, Task, TaskFuture, TaskResult,
+    Worker, WorkerEntry, WorkerReport, WorkerState,
 };

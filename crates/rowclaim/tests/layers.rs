@@ -31,6 +31,7 @@ const LAYERS: &[Layer] = &[
         name: "values",
         modules: &[
             "value", "id", "mapping", "error", "strategy", "locking", "report", "wait", "redact",
+            "shape",
         ],
     },
     // 2. Drivers: one module per database, the SQL of each strategy for that dialect.

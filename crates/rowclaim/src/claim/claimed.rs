@@ -41,6 +41,41 @@ impl Claim {
         &self.rows
     }
 
+    /// The claimed rows as structs of yours, each with its id (to complete or fail it by),
+    /// in the claim's order: [`ClaimedRow::data_as`] of each. The first row that does not fit
+    /// is the error, naming its id and column; to go on with the others, read each with
+    /// `data_as` and fail those that do not.
+    ///
+    /// ```no_run
+    /// # async fn demo(claimer: rowclaim::Claimer) -> rowclaim::Result<()> {
+    /// #[derive(serde::Deserialize)]
+    /// struct Email {
+    ///     address: String,
+    /// }
+    /// let claim = claimer.claim(50, std::time::Duration::from_secs(30)).await?;
+    /// for (id, email) in claim.rows_as::<Email>()? {
+    ///     println!("sending to {}", email.address);
+    ///     claim.complete(&id).await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn rows_as<T: serde::de::DeserializeOwned>(&self) -> Result<Vec<(RowId, T)>> {
+        self.rows
+            .iter()
+            .map(|row| {
+                let data = crate::shape::from_json(&row.data, || {
+                    format!(
+                        "row {} of {} does not read as {}",
+                        row.id,
+                        self.claimer.table_name(),
+                        crate::shape::type_name::<T>()
+                    )
+                })?;
+                Ok((row.id.clone(), data))
+            })
+            .collect()
+    }
+
     /// Whether nothing was claimed.
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty()

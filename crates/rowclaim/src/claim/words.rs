@@ -13,6 +13,40 @@ pub struct ClaimedRow {
     pub data: serde_json::Value,
 }
 
+impl ClaimedRow {
+    /// The row as a struct of yours, read with serde from its columns (a field per column, by
+    /// name; columns the struct has no field for are left out, so the mapping's status, owner
+    /// and lease columns need none). A column that does not fit its field is an
+    /// [`Error::Shape`](crate::Error::Shape) naming the row, the type and the column.
+    ///
+    /// The columns come as each database writes them as JSON: numbers and text as such,
+    /// booleans as `true`/`false` on PostgreSQL but `0`/`1` on MySQL/MariaDB and SQLite, times
+    /// as text on PostgreSQL and MySQL/MariaDB (and as the column holds them on SQLite).
+    ///
+    /// ```
+    /// use rowclaim::{ClaimedRow, RowId};
+    /// #[derive(serde::Deserialize)]
+    /// struct Email {
+    ///     address: String,
+    /// }
+    /// let row = ClaimedRow {
+    ///     id: RowId::Int(1),
+    ///     data: serde_json::json!({"id": 1, "address": "ada@example.com", "status": "claimed"}),
+    /// };
+    /// assert_eq!(row.data_as::<Email>()?.address, "ada@example.com");
+    /// # Ok::<(), rowclaim::Error>(())
+    /// ```
+    pub fn data_as<T: serde::de::DeserializeOwned>(&self) -> crate::error::Result<T> {
+        crate::shape::from_json(&self.data, || {
+            format!(
+                "row {} does not read as {}",
+                self.id,
+                crate::shape::type_name::<T>()
+            )
+        })
+    }
+}
+
 /// Work left in a source, from [`Claimer::backlog`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]

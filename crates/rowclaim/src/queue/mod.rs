@@ -17,6 +17,7 @@ mod settings;
 #[cfg(test)]
 mod snapshots;
 mod store;
+mod typed;
 mod wakeups;
 
 pub use bulk::BulkAction;
@@ -32,6 +33,7 @@ pub use schedule::{
     LATE_WINDOW, MAX_CATCH_UP,
 };
 pub use settings::QueueSettings;
+pub use typed::{JobArgs, ToNewJob};
 pub use wakeups::Wakeups;
 #[cfg(feature = "postgres")]
 pub(crate) use wakeups::CHANNEL;
@@ -140,12 +142,15 @@ impl Queue {
         store(&self.db).init().await
     }
 
-    /// Enqueues one job. With a unique key that is pending already, returns that job instead.
-    pub async fn enqueue(&self, job: &NewJob) -> Result<Enqueued> {
+    /// Enqueues one job: a [`NewJob`], or a value of a [`JobArgs`] type (its kind, queue and
+    /// settings from its type). With a unique key that is pending already, returns that job
+    /// instead.
+    pub async fn enqueue(&self, job: &impl ToNewJob) -> Result<Enqueued> {
+        let job = job.to_new_job()?;
         job.check()?;
         let mut got = retry_transient!(
             store(&self.db)
-                .enqueue(std::slice::from_ref(job), true)
+                .enqueue(std::slice::from_ref(&*job), true)
                 .await
         )
         .map_err(not_initialised)?;
@@ -153,44 +158,58 @@ impl Queue {
             .ok_or_else(|| Error::InvalidInput("enqueue returned nothing".into()))
     }
 
-    /// Enqueues many jobs in one transaction: all of them or, on any error, none. Returns how many
-    /// new jobs were added (jobs whose unique key was pending already are not added).
-    pub async fn enqueue_many(&self, jobs: &[NewJob]) -> Result<u64> {
-        check_jobs(jobs)?;
-        let got = retry_transient!(store(&self.db).enqueue(jobs, false).await)
+    /// Enqueues many jobs ([`NewJob`]s, or values of one [`JobArgs`] type) in one
+    /// transaction: all of them or, on any error, none. Returns how many new jobs were added
+    /// (jobs whose unique key was pending already are not added).
+    pub async fn enqueue_many<J: ToNewJob>(&self, jobs: &[J]) -> Result<u64> {
+        let jobs = J::to_new_jobs(jobs)?;
+        check_jobs(&jobs)?;
+        let got = retry_transient!(store(&self.db).enqueue(&jobs, false).await)
             .map_err(not_initialised)?;
         Ok(got.iter().filter(|e| !e.existing).count() as u64)
     }
 
     /// [`Queue::enqueue_many`], returning one [`Enqueued`] per job given (`existing` for a
     /// job whose unique key was pending already: the id is that job's).
-    pub async fn enqueue_all(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
-        check_jobs(jobs)?;
-        retry_transient!(store(&self.db).enqueue(jobs, true).await).map_err(not_initialised)
+    pub async fn enqueue_all<J: ToNewJob>(&self, jobs: &[J]) -> Result<Vec<Enqueued>> {
+        let jobs = J::to_new_jobs(jobs)?;
+        check_jobs(&jobs)?;
+        retry_transient!(store(&self.db).enqueue(&jobs, true).await).map_err(not_initialised)
     }
 
-    /// Enqueues a job inside the caller's PostgreSQL transaction: it exists only if that
-    /// transaction commits. Pass `&mut tx`. Its statements are not kept prepared, so this
-    /// also works through a transaction-mode pooler (PgBouncer).
+    /// Enqueues a job ([`NewJob`] or [`JobArgs`] value) inside the caller's PostgreSQL
+    /// transaction: it exists only if that transaction commits. Pass `&mut tx`. Its statements
+    /// are not kept prepared, so this also works through a transaction-mode pooler (PgBouncer).
     #[cfg(feature = "postgres")]
-    pub async fn enqueue_postgres(conn: &mut sqlx::PgConnection, job: &NewJob) -> Result<Enqueued> {
+    pub async fn enqueue_postgres(
+        conn: &mut sqlx::PgConnection,
+        job: &impl ToNewJob,
+    ) -> Result<Enqueued> {
+        let job = job.to_new_job()?;
         job.check()?;
         postgres::enqueue_one(&OnConn::<sqlx::Postgres>::new(conn, false), &job.parts()).await
     }
 
-    /// Enqueues a job inside the caller's MySQL/MariaDB transaction. Pass `&mut tx`.
+    /// Enqueues a job ([`NewJob`] or [`JobArgs`] value) inside the caller's MySQL/MariaDB
+    /// transaction. Pass `&mut tx`.
     #[cfg(feature = "mysql")]
-    pub async fn enqueue_mysql(conn: &mut sqlx::MySqlConnection, job: &NewJob) -> Result<Enqueued> {
+    pub async fn enqueue_mysql(
+        conn: &mut sqlx::MySqlConnection,
+        job: &impl ToNewJob,
+    ) -> Result<Enqueued> {
+        let job = job.to_new_job()?;
         job.check()?;
         mysql::enqueue_one(&OnConn::<sqlx::MySql>::new(conn, true), &job.parts()).await
     }
 
-    /// Enqueues a job inside the caller's SQLite transaction. Pass `&mut tx`.
+    /// Enqueues a job ([`NewJob`] or [`JobArgs`] value) inside the caller's SQLite
+    /// transaction. Pass `&mut tx`.
     #[cfg(feature = "sqlite")]
     pub async fn enqueue_sqlite(
         conn: &mut sqlx::SqliteConnection,
-        job: &NewJob,
+        job: &impl ToNewJob,
     ) -> Result<Enqueued> {
+        let job = job.to_new_job()?;
         job.check()?;
         sqlite::enqueue_one(&OnConn::<sqlx::Sqlite>::new(conn, true), &job.parts()).await
     }

@@ -2,6 +2,7 @@
 //! [`Handler`] seam through which both kinds of work run: async functions (the library `Worker`)
 //! and commands (`rowclaim work`).
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::fmt::{self, Display};
 use std::future::Future;
@@ -9,6 +10,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::claim::{ClaimedRow, Token};
@@ -79,13 +81,18 @@ impl Task {
     /// handler that stops itself (a command that must be signalled, not just dropped) waits on
     /// it; see [`Handler::stop_grace`].
     pub fn stopped(&self) -> impl Future<Output = StopReason> + Send + 'static {
-        let mut stop = self.stop.clone();
-        async move {
-            match stop.wait_for(Option::is_some).await {
-                Ok(reason) => reason.unwrap_or(StopReason::Shutdown),
-                // The runtime is gone: nothing will ever record this job's result.
-                Err(_) => StopReason::Shutdown,
-            }
+        stopped(&self.stop)
+    }
+}
+
+/// A future that resolves when `stop` says the runtime wants the job stopped, with the reason.
+pub(crate) fn stopped(stop: &StopSignal) -> impl Future<Output = StopReason> + Send + 'static {
+    let mut stop = stop.clone();
+    async move {
+        match stop.wait_for(Option::is_some).await {
+            Ok(reason) => reason.unwrap_or(StopReason::Shutdown),
+            // The runtime is gone: nothing will ever record this job's result.
+            Err(_) => StopReason::Shutdown,
         }
     }
 }
@@ -115,21 +122,35 @@ pub enum TaskResult {
 }
 
 /// What a handler's `Ok` means: `()` is [`TaskResult::Done`], a JSON value is
-/// [`TaskResult::Output`], and a [`TaskResult`] says itself (e.g. `Ok(TaskResult::Snooze(d))`).
+/// [`TaskResult::Output`], any other serde value is kept as its JSON (one that writes as
+/// `null`, as `()` and `None` do, is just done), and a [`TaskResult`] says itself (e.g.
+/// `Ok(TaskResult::Snooze(d))`).
 pub trait IntoTaskResult {
     /// The result this `Ok` value stands for.
     fn into_task_result(self) -> TaskResult;
 }
 
-impl IntoTaskResult for () {
+impl<T: Serialize + 'static> IntoTaskResult for T {
     fn into_task_result(self) -> TaskResult {
-        TaskResult::Done
-    }
-}
-
-impl IntoTaskResult for serde_json::Value {
-    fn into_task_result(self) -> TaskResult {
-        TaskResult::Output(self)
+        // A JSON value is kept as it is: moved, not written out again.
+        let mut own = Some(self);
+        if let Some(value) = (&mut own as &mut dyn Any).downcast_mut::<Option<serde_json::Value>>()
+        {
+            return TaskResult::Output(value.take().unwrap_or_default());
+        }
+        let Some(output) = own else {
+            return TaskResult::Done;
+        };
+        let written = crate::shape::to_json(&output, || {
+            format!("the handler's output ({})", crate::shape::type_name::<T>())
+        });
+        match written {
+            Ok(serde_json::Value::Null) => TaskResult::Done,
+            Ok(value) => TaskResult::Output(value),
+            // The work is done, but what it says cannot be kept; running it again would do
+            // the work again and fail the same way.
+            Err(e) => TaskResult::Dead(e.to_string()),
+        }
     }
 }
 
@@ -182,7 +203,11 @@ where
     }
 }
 
-type JobFn = Arc<dyn Fn(Job) -> Pin<Box<dyn Future<Output = TaskResult> + Send>> + Send + Sync>;
+/// A job's stop signal, as the runtime hands it to a handler of the managed queue.
+pub(crate) type StopSignal = watch::Receiver<Option<StopReason>>;
+
+/// A handler of one kind of job (or of any kind): the job, and its stop signal.
+pub(crate) type JobFn = Arc<dyn Fn(Job, StopSignal) -> TaskFuture + Send + Sync>;
 
 pub(crate) fn job_fn<F, Fut, T, E>(handler: F) -> JobFn
 where
@@ -191,7 +216,7 @@ where
     T: IntoTaskResult,
     E: Display,
 {
-    Arc::new(move |job| {
+    Arc::new(move |job, _stop| {
         let fut = handler(job);
         Box::pin(async move { fut.await.into() })
     })
@@ -206,16 +231,65 @@ pub(crate) struct ByKind {
 
 impl Handler for ByKind {
     fn run(&self, task: Task) -> TaskFuture {
-        let Some(job) = task.job else {
+        let Task { job, stop, .. } = task;
+        let Some(job) = job else {
             let why = "not a job of the managed queue: give this worker a row handler";
             return Box::pin(async move { TaskResult::Dead(why.into()) });
         };
         match self.kinds.get(&job.kind).or(self.fallback.as_ref()) {
-            Some(handler) => handler(job),
+            Some(handler) => handler(job, stop),
             None => {
                 let why = format!("no handler for kind {:?}", job.kind);
                 Box::pin(async move { TaskResult::Dead(why) })
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[derive(Serialize)]
+    struct Sent {
+        id: u32,
+    }
+
+    #[test]
+    fn any_serde_value_is_an_output_and_null_is_none() {
+        assert_eq!(().into_task_result(), TaskResult::Done);
+        assert_eq!(None::<Sent>.into_task_result(), TaskResult::Done);
+        assert_eq!(
+            Sent { id: 3 }.into_task_result(),
+            TaskResult::Output(json!({"id": 3}))
+        );
+        assert_eq!(
+            Some(vec![1, 2]).into_task_result(),
+            TaskResult::Output(json!([1, 2]))
+        );
+        // A JSON value is kept as it is, null too (as before typed handlers).
+        assert_eq!(
+            json!({"a": 1}).into_task_result(),
+            TaskResult::Output(json!({"a": 1}))
+        );
+        assert_eq!(
+            serde_json::Value::Null.into_task_result(),
+            TaskResult::Output(serde_json::Value::Null)
+        );
+        let snooze = TaskResult::Snooze(Duration::from_secs(1));
+        assert_eq!(snooze.clone().into_task_result(), snooze);
+    }
+
+    #[test]
+    fn an_output_that_is_no_json_makes_the_job_dead() {
+        let odd: HashMap<(u8, u8), u8> = [((1, 2), 3)].into_iter().collect();
+        match odd.into_task_result() {
+            TaskResult::Dead(why) => assert!(
+                why.starts_with("the handler's output (HashMap<(u8, u8), u8>): key must be"),
+                "{why}"
+            ),
+            other => panic!("{other:?}"),
         }
     }
 }

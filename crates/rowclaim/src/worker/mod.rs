@@ -6,6 +6,7 @@ mod handler;
 pub(crate) mod outage;
 mod registry;
 mod runtime;
+mod typed;
 
 use std::fmt::Display;
 use std::future::Future;
@@ -16,6 +17,7 @@ use tokio::sync::watch;
 
 pub use handler::{Handler, IntoTaskResult, StopReason, Task, TaskFuture, TaskResult};
 pub use registry::{WorkerEntry, WorkerState};
+pub use typed::JobContext;
 
 use crate::claim::{ClaimedRow, Claimer};
 use crate::db::Db;
@@ -220,7 +222,8 @@ impl Worker {
     /// Runs jobs of `kind` with `handler`. An `Err` is retried with backoff until the job's last
     /// attempt, then the job is dead with the error kept. `Ok(())` completes the job; `Ok` of a
     /// JSON value completes it and keeps the value as its output; `Ok(TaskResult::Snooze(d))`
-    /// runs it again after `d` without using an attempt ([`IntoTaskResult`]).
+    /// runs it again after `d` without using an attempt ([`IntoTaskResult`]). For jobs of a
+    /// type of your own, [`Worker::register`] hands the handler the payload as that type.
     pub fn handle<F, Fut, T, E>(mut self, kind: impl Into<String>, handler: F) -> Self
     where
         F: Fn(Job) -> Fut + Send + Sync + 'static,
