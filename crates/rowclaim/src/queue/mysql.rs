@@ -249,6 +249,7 @@ impl Schema for Sql {
 )";
     const JOBS: &'static [&'static [&'static str]] = MIGRATIONS;
     const SCHEDULES: &'static [&'static [&'static str]] = SCHEDULE_MIGRATIONS;
+    const ENQUEUE: &'static [&'static [&'static str]] = super::enqueue_sql::MYSQL;
 
     /// Never backwards: a slower init that ran the same migration again must not undo a later
     /// one's record (inits on two Galera nodes run at once).
