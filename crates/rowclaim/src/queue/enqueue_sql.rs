@@ -239,3 +239,105 @@ END",
 /// SQLite has no routines that write: its contract is the documented `INSERT`.
 #[cfg(feature = "sqlite")]
 pub(crate) const SQLITE: &[&[&str]] = &[];
+
+/// The documented enqueue (`docs/enqueue-sql.md`, every option) on a database `init` migrated
+/// from each version of the jobs' schema it can start from (none, 1, …, the latest): the job it
+/// makes has every option, and run again with its unique key it makes no second job.
+#[cfg(test)]
+mod tests {
+    use rowclaim_testkit::{documented_sql, Backend, TestDb};
+
+    use super::super::migrate::Schema;
+
+    /// A database whose jobs' schema is at `version` (0: nothing yet), made by the migrations'
+    /// own statements, as an install of that version left it.
+    async fn at_version<D: Schema>(backend: Backend, version: usize) -> TestDb {
+        let t = TestDb::new(backend).await;
+        if version > 0 {
+            t.exec(D::SCHEMA_TABLE).await;
+            for step in D::JOBS[..version].iter().copied().flatten() {
+                t.exec(step).await;
+            }
+            t.exec(&format!(
+                "INSERT INTO rowclaim_schema (component, version) VALUES ('jobs', {version})"
+            ))
+            .await;
+        }
+        t
+    }
+
+    /// Migrates a database at each version with `init`, then enqueues with the documented
+    /// block `block` twice; `job` counts the jobs with every option the block gives.
+    async fn from_every_version<D: Schema>(backend: Backend, block: &str, job: &str) {
+        let sql = documented_sql(block);
+        for version in 0..=D::JOBS.len() {
+            let t = at_version::<D>(backend, version).await;
+            let db = crate::Db::connect(&t.url).await.expect("connect");
+            db.queue().init().await.expect("init");
+            t.exec(&sql).await;
+            t.exec(&sql).await;
+            let all = t.count("SELECT COUNT(*) FROM rowclaim_jobs").await;
+            assert_eq!(all, 1, "{block} from version {version}: jobs");
+            assert_eq!(
+                t.count(job).await,
+                1,
+                "{block} from version {version}: {job}"
+            );
+            let installed = format!(
+                "SELECT COUNT(*) FROM rowclaim_schema WHERE component = 'enqueue' AND version = {}",
+                D::ENQUEUE.len()
+            );
+            if !D::ENQUEUE.is_empty() {
+                assert_eq!(t.count(&installed).await, 1, "from version {version}");
+            }
+            drop(db);
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn postgres_from_every_version() {
+        from_every_version::<crate::backend::postgres::Sql>(
+            Backend::Postgres,
+            "postgres-options",
+            "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'mail' AND kind = 'welcome' \
+             AND payload = '{\"to\": \"ada\"}'::jsonb AND priority = 5 AND max_attempts = 3 \
+             AND unique_key = 'welcome:ada' AND limit_key = 'ada' AND timeout_ms = 30000 \
+             AND status = 'ready' AND attempts = 0 \
+             AND run_at BETWEEN now() + interval '9 minutes' AND now() + interval '10 minutes'",
+        )
+        .await;
+    }
+
+    #[cfg(feature = "mysql")]
+    #[tokio::test]
+    async fn mysql_from_every_version() {
+        from_every_version::<crate::backend::mysql::Sql>(
+            Backend::MySql,
+            "mysql-options",
+            "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'mail' AND kind = 'welcome' \
+             AND JSON_VALUE(payload, '$.to') = 'ada' AND priority = 5 AND max_attempts = 3 \
+             AND unique_key = 'welcome:ada' AND limit_key = 'ada' AND timeout_ms = 30000 \
+             AND status = 'ready' AND attempts = 0 AND created_at <= UTC_TIMESTAMP(6) \
+             AND run_at BETWEEN UTC_TIMESTAMP(6) + INTERVAL 9 MINUTE \
+             AND UTC_TIMESTAMP(6) + INTERVAL 10 MINUTE",
+        )
+        .await;
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn sqlite_from_every_version() {
+        from_every_version::<crate::backend::sqlite::Sql>(
+            Backend::Sqlite,
+            "sqlite-options",
+            "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'mail' AND kind = 'welcome' \
+             AND json_extract(payload, '$.to') = 'ada' AND priority = 5 AND max_attempts = 3 \
+             AND unique_key = 'welcome:ada' AND limit_key = 'ada' AND timeout_ms = 30000 \
+             AND status = 'ready' AND attempts = 0 \
+             AND created_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER) \
+             AND run_at - created_at BETWEEN 599000 AND 600000",
+        )
+        .await;
+    }
+}
