@@ -188,3 +188,18 @@ async def _sync_on_async(url: str) -> None:
         rowclaim.enqueue(conn, {})
     finally:
         await conn.close()
+
+
+def test_listening_workers_are_woken_at_the_commit(pg_db: Database) -> None:
+    """PostgreSQL: a worker's LISTEN hears of a committed job's queue, not of a rolled-back one."""
+    listener = psycopg.connect(pg_db.url, autocommit=True)
+    listener.execute("LISTEN rowclaim_jobs")
+    conn = pg_db.connect()
+    rowclaim.enqueue(conn, {}, queue="gone")
+    conn.rollback()
+    rowclaim.enqueue(conn, {}, queue="mail")
+    conn.commit()
+    conn.close()
+    heard = [n.payload for n in listener.notifies(timeout=30, stop_after=1)]
+    listener.close()
+    assert heard == ["mail"]
