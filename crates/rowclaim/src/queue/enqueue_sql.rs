@@ -103,7 +103,9 @@ $rowclaim$",
 /// object (MySQL's routines have neither named nor defaulted parameters: an object of options
 /// lets a later version add one without breaking a caller), the job's id answered as a
 /// one-row result (`id`). Local names start with `v_`: in a routine a variable wins over a
-/// column of the same name.
+/// column of the same name. (MySQL 8 has no `CREATE OR REPLACE PROCEDURE`: on a Galera
+/// cluster, whose nodes' inits take no turns, another node may create it between this one's
+/// `DROP` and `CREATE`, which `Schema::made_already` lets pass.)
 #[cfg(feature = "mysql")]
 pub(crate) const MYSQL: &[&[&str]] = &[&[
     "DROP PROCEDURE IF EXISTS rowclaim_enqueue",

@@ -7,7 +7,7 @@
 
 use crate::backend::run::{Fetch, Run};
 use crate::backend::sql::{Binder, Dialect, Stmt};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// What a database's schema is made of. Its migrations are lists of statements, one per
 /// version: append, never edit (they are the schema every install has).
@@ -23,6 +23,12 @@ pub(crate) trait Schema: Dialect {
     /// The end of the `INSERT` that records a component's version: on a row there already,
     /// the version becomes `to` (bound here when the text needs it).
     fn set_version(b: &mut Binder<Self>, to: i32) -> String;
+    /// Whether a step failed only because what it makes exists already: another init made it
+    /// at the same moment (MySQL's routines, whose `CREATE` has no `OR REPLACE` everywhere, on
+    /// the nodes of a Galera cluster, which take no turns).
+    fn made_already(_: &Error) -> bool {
+        false
+    }
 }
 
 /// A schema component, versioned on its own.
@@ -76,7 +82,10 @@ where
     let done = usize::try_from(version).unwrap_or(0);
     for (i, steps) in versions.iter().enumerate().skip(done) {
         for step in *steps {
-            r.execute(plain(step)).await?;
+            match r.execute(plain(step)).await {
+                Err(e) if !<R::Sql as Schema>::made_already(&e) => return Err(e),
+                _ => {}
+            }
         }
         let to = i32::try_from(i + 1).unwrap_or(i32::MAX);
         r.execute(record(component, to)).await?;

@@ -259,7 +259,16 @@ impl Schema for Sql {
             b.bind(to)
         )
     }
+
+    /// 1304: the routine exists; another node's init created it between this one's `DROP …
+    /// IF EXISTS` and its `CREATE` (the same version's routine).
+    fn made_already(e: &Error) -> bool {
+        matches!(e, Error::Database(d) if error_number(d.sqlx()) == Some(ROUTINE_EXISTS))
+    }
 }
+
+/// 1304: a routine of that name exists.
+const ROUTINE_EXISTS: u16 = 1304;
 
 /// The managed queue's migrations: version `i + 1` is entry `i`, one statement each.
 /// MySQL commits DDL at once, so each one must be safe to run again (after a crash between it and
