@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from typing import Any, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ._job import Job
 
@@ -147,7 +147,7 @@ def _id(row: Optional[Sequence[Any]]) -> int:
     return int(row[0])
 
 
-def _jobs(payload: Any, options: dict) -> Job:
+def _jobs(payload: Any, options: Dict[str, Any]) -> Job:
     return Job(payload, **options)
 
 
