@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
 from datetime import datetime, timedelta, timezone
 
 import psycopg
@@ -208,3 +209,38 @@ def test_listening_workers_are_woken_at_the_commit(pg_db: Database) -> None:
     heard = [n.payload for n in listener.notifies(timeout=30, stop_after=1)]
     listener.close()
     assert heard == ["mail"]
+
+
+def test_a_unique_key_enqueued_at_once_in_two_transactions(db: Database) -> None:
+    """The second enqueue waits for the first transaction; once it commits, it answers its job
+    (MySQL: read past the second transaction's own, older snapshot)."""
+    first = db.connect()
+    mine = rowclaim.enqueue(first, {"n": 1}, queue="mail", unique_key="twin")
+    begun = threading.Event()
+    answer: list = []
+
+    def racer() -> None:
+        second = db.connect()  # its own thread's (sqlite3 wants that)
+        if db.backend == "mysql":
+            # A snapshot taken before the first commits: the twin is not in it.
+            second.cursor().execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        begun.set()
+        try:
+            answer.append(rowclaim.enqueue(second, {"n": 2}, queue="mail", unique_key="twin"))
+            second.commit()
+        except Exception as e:  # reported by the assertion below; its locks go with it
+            answer.append(e)
+            second.rollback()
+        finally:
+            second.close()
+
+    thread = threading.Thread(target=racer)
+    thread.start()
+    assert begun.wait(timeout=60)
+    thread.join(timeout=0.5)  # it waits for the first transaction
+    first.commit()
+    first.close()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert answer == [mine]
+    assert db.count("SELECT COUNT(*) FROM rowclaim_jobs") == 1
