@@ -8,6 +8,7 @@
 //! - [`pgbouncer`]: a PgBouncer in transaction pooling mode in front of a server; a test's
 //!   database reached through one is [`Via::PgBouncer`].
 //! - [`galera`]: a 3-node MariaDB Galera cluster on spare ports, for the Galera test.
+//! - [`documented_sql`]: the enqueue SQL of `docs/enqueue-sql.md`, as tests run it.
 //! - [`browser`]: a headless Chromium under a private chromedriver, driven over WebDriver, for
 //!   tests of web pages.
 //! - [`proxy`]: a TCP proxy between clients and such a server, to cut or black-hole connections.
@@ -45,4 +46,22 @@ pub use testdb::{with_db, with_db_via, Backend, TestDb, Via};
 pub mod __private {
     pub use rowclaim;
     pub use tokio;
+}
+
+/// The SQL block of `docs/enqueue-sql.md` marked `<!-- tested: NAME -->`: tests run the
+/// documented enqueue as it is written there.
+pub fn documented_sql(name: &str) -> String {
+    let doc = include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/enqueue-sql.md"
+    ));
+    let marker = format!("<!-- tested: {name} -->\n```sql\n");
+    let start = doc
+        .find(&marker)
+        .unwrap_or_else(|| panic!("docs/enqueue-sql.md has no block {name:?}"))
+        + marker.len();
+    let len = doc[start..]
+        .find("```")
+        .unwrap_or_else(|| panic!("docs/enqueue-sql.md: block {name:?} does not end"));
+    doc[start..start + len].to_owned()
 }

@@ -1,13 +1,13 @@
 //! The managed queue's migrations, written once: each schema component (the jobs', the
-//! schedules') has a version in `rowclaim_schema`, and an init runs the steps of every later
-//! version, recording each version as it is done. Each database gives only what differs: its
+//! schedules', the enqueue routine's) has a version in `rowclaim_schema`, and an init runs the
+//! steps of every later version, recording each version as it is done. Each database gives only what differs: its
 //! DDL ([`Schema`], in its own file beside this one) and how concurrent inits take turns (its
 //! store's `init`: PostgreSQL's advisory lock in the init's transaction, MySQL's named lock on
 //! one connection, SQLite's write transaction).
 
 use crate::backend::run::{Fetch, Run};
 use crate::backend::sql::{Binder, Dialect, Stmt};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// What a database's schema is made of. Its migrations are lists of statements, one per
 /// version: append, never edit (they are the schema every install has).
@@ -18,9 +18,17 @@ pub(crate) trait Schema: Dialect {
     const JOBS: &'static [&'static [&'static str]];
     /// The schedules' migrations.
     const SCHEDULES: &'static [&'static [&'static str]];
+    /// The enqueue routine's versions (`enqueue_sql.rs`).
+    const ENQUEUE: &'static [&'static [&'static str]];
     /// The end of the `INSERT` that records a component's version: on a row there already,
     /// the version becomes `to` (bound here when the text needs it).
     fn set_version(b: &mut Binder<Self>, to: i32) -> String;
+    /// Whether a step failed only because what it makes exists already: another init made it
+    /// at the same moment (MySQL's routines, whose `CREATE` has no `OR REPLACE` everywhere, on
+    /// the nodes of a Galera cluster, which take no turns).
+    fn made_already(_: &Error) -> bool {
+        false
+    }
 }
 
 /// A schema component, versioned on its own.
@@ -30,17 +38,21 @@ pub(crate) enum Component {
     Jobs,
     /// `rowclaim_schedules`.
     Schedules,
+    /// The SQL routine `rowclaim_enqueue` (`enqueue_sql.rs`), after the tables it writes.
+    Enqueue,
 }
 
 impl Component {
     /// Every component, in the order an init migrates them.
-    pub(crate) const ALL: [Component; 2] = [Component::Jobs, Component::Schedules];
+    pub(crate) const ALL: [Component; 3] =
+        [Component::Jobs, Component::Schedules, Component::Enqueue];
 
     /// Its name in `rowclaim_schema`.
     pub(crate) fn name(self) -> &'static str {
         match self {
             Component::Jobs => "jobs",
             Component::Schedules => "schedules",
+            Component::Enqueue => "enqueue",
         }
     }
 
@@ -48,6 +60,7 @@ impl Component {
         match self {
             Component::Jobs => D::JOBS,
             Component::Schedules => D::SCHEDULES,
+            Component::Enqueue => D::ENQUEUE,
         }
     }
 }
@@ -69,7 +82,10 @@ where
     let done = usize::try_from(version).unwrap_or(0);
     for (i, steps) in versions.iter().enumerate().skip(done) {
         for step in *steps {
-            r.execute(plain(step)).await?;
+            match r.execute(plain(step)).await {
+                Err(e) if !<R::Sql as Schema>::made_already(&e) => return Err(e),
+                _ => {}
+            }
         }
         let to = i32::try_from(i + 1).unwrap_or(i32::MAX);
         r.execute(record(component, to)).await?;

@@ -7,6 +7,7 @@
 
 mod bulk;
 mod claim;
+mod enqueue_sql;
 mod limits;
 mod migrate;
 mod record;

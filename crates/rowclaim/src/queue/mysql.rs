@@ -249,6 +249,7 @@ impl Schema for Sql {
 )";
     const JOBS: &'static [&'static [&'static str]] = MIGRATIONS;
     const SCHEDULES: &'static [&'static [&'static str]] = SCHEDULE_MIGRATIONS;
+    const ENQUEUE: &'static [&'static [&'static str]] = super::enqueue_sql::MYSQL;
 
     /// Never backwards: a slower init that ran the same migration again must not undo a later
     /// one's record (inits on two Galera nodes run at once).
@@ -258,7 +259,16 @@ impl Schema for Sql {
             b.bind(to)
         )
     }
+
+    /// 1304: the routine exists; another node's init created it between this one's `DROP …
+    /// IF EXISTS` and its `CREATE` (the same version's routine).
+    fn made_already(e: &Error) -> bool {
+        matches!(e, Error::Database(d) if error_number(d.sqlx()) == Some(ROUTINE_EXISTS))
+    }
 }
+
+/// 1304: a routine of that name exists.
+const ROUTINE_EXISTS: u16 = 1304;
 
 /// The managed queue's migrations: version `i + 1` is entry `i`, one statement each.
 /// MySQL commits DDL at once, so each one must be safe to run again (after a crash between it and

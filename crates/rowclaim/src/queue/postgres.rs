@@ -173,6 +173,7 @@ impl Schema for Sql {
          (component text PRIMARY KEY, version integer NOT NULL)";
     const JOBS: &'static [&'static [&'static str]] = QUEUE_MIGRATIONS;
     const SCHEDULES: &'static [&'static [&'static str]] = SCHEDULE_MIGRATIONS;
+    const ENQUEUE: &'static [&'static [&'static str]] = super::enqueue_sql::POSTGRES;
 
     fn set_version(_: &mut B, _: i32) -> String {
         "ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version".to_owned()

@@ -87,6 +87,7 @@ impl Schema for Sql {
          (component TEXT PRIMARY KEY, version INTEGER NOT NULL)";
     const JOBS: &'static [&'static [&'static str]] = QUEUE_MIGRATIONS;
     const SCHEDULES: &'static [&'static [&'static str]] = SCHEDULE_MIGRATIONS;
+    const ENQUEUE: &'static [&'static [&'static str]] = super::enqueue_sql::SQLITE;
 
     fn set_version(_: &mut B, _: i32) -> String {
         "ON CONFLICT (component) DO UPDATE SET version = excluded.version".to_owned()

@@ -1,0 +1,267 @@
+// rowclaim's Node client on PostgreSQL (pg) and MariaDB (mysql2), against the servers
+// scripts/test gives (ROWCLAIM_TEST_POSTGRES, ROWCLAIM_TEST_MYSQL; a missing one fails): inside
+// the caller's transaction a rollback leaves no job and a commit gives one that `rowclaim work`
+// runs with the example handler; every option, unique keys, delays.
+
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { randomUUID } from "node:crypto";
+import path from "node:path";
+import { after, before, describe, test } from "node:test";
+import { fileURLToPath } from "node:url";
+
+import mysql from "mysql2/promise";
+import pg from "pg";
+
+import { enqueue, enqueueMany } from "../index.js";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const repo = path.resolve(here, "../../..");
+const rowclaimBin =
+  process.env.ROWCLAIM_BIN ??
+  path.join(process.env.CARGO_TARGET_DIR ?? path.join(repo, "target"), "debug", "rowclaim");
+const handler = path.join(here, "..", "examples", "handler.mjs");
+
+function serverUrl(name) {
+  const url = process.env[name];
+  if (!url) throw new Error(`${name} is not set: run these tests through scripts/test, or set it`);
+  return url;
+}
+
+function withDatabase(url, name) {
+  const u = new URL(url);
+  u.pathname = `/${name}`;
+  return u.toString();
+}
+
+function rowclaim(url, ...args) {
+  const env = { ...process.env };
+  delete env.DATABASE_URL;
+  delete env.ROWCLAIM_LOG;
+  return execFileSync(rowclaimBin, ["--database", url, ...args], {
+    env,
+    timeout: 120_000,
+    encoding: "utf8",
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+}
+
+function mysqlConfig(url) {
+  const u = new URL(url);
+  return {
+    host: u.hostname,
+    port: Number(u.port || 3306),
+    user: decodeURIComponent(u.username || "root"),
+    password: decodeURIComponent(u.password),
+    database: u.pathname.slice(1) || undefined,
+  };
+}
+
+// Each backend: how to make a fresh database, connect, and read what other transactions see.
+const backends = {
+  postgres: {
+    admin: () => serverUrl("ROWCLAIM_TEST_POSTGRES"),
+    async create(admin, name) {
+      const c = new pg.Client({ connectionString: admin });
+      await c.connect();
+      await c.query(`CREATE DATABASE ${name}`);
+      await c.end();
+    },
+    async drop(admin, name) {
+      const c = new pg.Client({ connectionString: admin });
+      await c.connect();
+      await c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+      await c.end();
+    },
+    async connect(url) {
+      const c = new pg.Client({ connectionString: url });
+      await c.connect();
+      return {
+        conn: c,
+        begin: () => c.query("BEGIN"),
+        commit: () => c.query("COMMIT"),
+        rollback: () => c.query("ROLLBACK"),
+        rows: async (sql) => (await c.query({ text: sql, rowMode: "array" })).rows,
+        end: () => c.end(),
+      };
+    },
+    runAtMs: "(extract(epoch FROM run_at) * 1000)::int8::text",
+    delayMs: "(extract(epoch FROM run_at - created_at) * 1000)::int8::text",
+    output: "output::text",
+    text: (c) => `${c}::text`,
+  },
+  mysql: {
+    admin: () => serverUrl("ROWCLAIM_TEST_MYSQL"),
+    async create(admin, name) {
+      const c = await mysql.createConnection(mysqlConfig(admin));
+      await c.query(`CREATE DATABASE ${name}`);
+      await c.end();
+    },
+    async drop(admin, name) {
+      const c = await mysql.createConnection(mysqlConfig(admin));
+      await c.query(`DROP DATABASE IF EXISTS ${name}`);
+      await c.end();
+    },
+    async connect(url) {
+      const c = await mysql.createConnection(mysqlConfig(url));
+      return {
+        conn: c,
+        begin: () => c.beginTransaction(),
+        commit: () => c.commit(),
+        rollback: () => c.rollback(),
+        rows: async (sql) => (await c.query({ sql, rowsAsArray: true }))[0],
+        end: () => c.end(),
+      };
+    },
+    runAtMs: "CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', run_at) DIV 1000 AS CHAR)",
+    delayMs: "CAST(TIMESTAMPDIFF(MICROSECOND, created_at, run_at) DIV 1000 AS CHAR)",
+    output: "output",
+    text: (c) => `CAST(${c} AS CHAR)`,
+  },
+};
+
+for (const [backend, b] of Object.entries(backends)) {
+  describe(backend, () => {
+    let admin;
+    let name;
+    let url;
+
+    // A fresh database for each test, initialised by the real `rowclaim init`.
+    async function fresh() {
+      if (name) await b.drop(admin, name);
+      name = `rowclaim_node_${randomUUID().replaceAll("-", "")}`;
+      await b.create(admin, name);
+      url = withDatabase(admin, name);
+      rowclaim(url, "init");
+    }
+
+    // What another connection sees.
+    async function rows(sql) {
+      const s = await b.connect(url);
+      try {
+        return await s.rows(sql);
+      } finally {
+        await s.end();
+      }
+    }
+
+    function work(queue) {
+      rowclaim(url, "work", "--queue", queue, "--until-empty", "--", process.execPath, handler);
+    }
+
+    before(() => {
+      admin = b.admin();
+    });
+    after(async () => {
+      if (name) await b.drop(admin, name);
+    });
+
+    test("a rolled-back transaction leaves no job", async () => {
+      await fresh();
+      const s = await b.connect(url);
+      await s.begin();
+      const id = await enqueue(s.conn, { to: "ada" }, { queue: "mail" });
+      assert.ok(id > 0);
+      await s.rollback();
+      await s.end();
+      assert.equal(Number((await rows("SELECT COUNT(*) FROM rowclaim_jobs"))[0][0]), 0);
+    });
+
+    test("a committed job is run by rowclaim work with the Node handler", async () => {
+      await fresh();
+      const s = await b.connect(url);
+      await s.begin();
+      const id = await enqueue(s.conn, { to: "ada" }, { queue: "mail", kind: "welcome" });
+      assert.equal((await rows("SELECT id FROM rowclaim_jobs")).length, 0, "seen before the commit");
+      await s.commit();
+      await s.end();
+      work("mail");
+      const done = await rows(`SELECT id, status, ${b.output} FROM rowclaim_jobs`);
+      assert.equal(done.length, 1);
+      assert.equal(Number(done[0][0]), id);
+      assert.equal(done[0][1], "completed");
+      assert.deepEqual(JSON.parse(done[0][2]), { sent_to: "ada", job: id, attempt: 1 });
+    });
+
+    test("every option", async () => {
+      await fresh();
+      const s = await b.connect(url);
+      await s.begin();
+      const delayed = await enqueue(s.conn, { to: "ada" }, {
+        queue: "mail",
+        kind: "welcome",
+        priority: 5,
+        delayMs: 600_000,
+        maxAttempts: 3,
+        uniqueKey: "welcome:ada",
+        limitKey: "ada",
+        timeoutMs: 30_000,
+      });
+      const at = new Date(Date.UTC(2030, 0, 2, 3, 4, 5, 678));
+      const later = await enqueue(s.conn, [1, 2], { queue: "mail", runAt: at });
+      const plain = await enqueue(s.conn);
+      await s.commit();
+      await s.end();
+      const got = await rows(
+        `SELECT ${b.text("id")}, queue, kind, ${b.text("priority")}, ${b.text("max_attempts")}, ` +
+          `unique_key, limit_key, ${b.text("timeout_ms")}, status, ${b.runAtMs}, ${b.delayMs} ` +
+          "FROM rowclaim_jobs ORDER BY id",
+      );
+      assert.deepEqual(
+        got.map((r) => r.slice(0, 9)),
+        [
+          [String(delayed), "mail", "welcome", "5", "3", "welcome:ada", "ada", "30000", "ready"],
+          [String(later), "mail", "", "0", "25", null, null, null, "ready"],
+          [String(plain), "default", "", "0", "25", null, null, null, "ready"],
+        ],
+      );
+      assert.equal(got[0][10], "600000");
+      assert.equal(got[1][9], String(at.getTime()));
+      assert.equal(got[2][10], "0");
+    });
+
+    test("a unique key answers the pending job", async () => {
+      await fresh();
+      const s = await b.connect(url);
+      await s.begin();
+      const first = await enqueue(s.conn, { to: "ada" }, { queue: "mail", uniqueKey: "k" });
+      assert.equal(await enqueue(s.conn, { to: "bob" }, { queue: "mail", uniqueKey: "k" }), first);
+      await s.commit();
+      work("mail");
+      await s.begin();
+      const fresh2 = await enqueue(s.conn, { to: "ada" }, { queue: "mail", uniqueKey: "k" });
+      await s.commit();
+      await s.end();
+      assert.notEqual(fresh2, first);
+      const statuses = await rows("SELECT status FROM rowclaim_jobs ORDER BY id");
+      assert.deepEqual(statuses, [["completed"], ["ready"]]);
+    });
+
+    test("a delayed job waits; enqueueMany keeps the order", async () => {
+      await fresh();
+      const s = await b.connect(url);
+      await s.begin();
+      const ids = await enqueueMany(s.conn, [
+        { payload: { to: "later" }, queue: "mail", delayMs: 3_600_000 },
+        { payload: { to: "now" }, queue: "mail" },
+      ]);
+      await s.commit();
+      await s.end();
+      assert.ok(ids[0] < ids[1]);
+      work("mail");
+      const got = await rows("SELECT status FROM rowclaim_jobs ORDER BY id");
+      assert.deepEqual(got, [["ready"], ["completed"]]);
+    });
+
+    test("bad options are refused, naming them", async () => {
+      await fresh();
+      const s = await b.connect(url);
+      await assert.rejects(enqueue(s.conn, {}, { maxAttempts: 0 }), /maxAttempts must be at least 1/);
+      await assert.rejects(enqueue(s.conn, {}, { queue: "" }), /queue name must have 1 to 255/);
+      await assert.rejects(enqueue(s.conn, {}, { queu: "mail" }), /unknown option queu/);
+      await assert.rejects(enqueue(s.conn, {}, { delayMs: 1.5 }), /delayMs must be an integer/);
+      await assert.rejects(enqueue({}, {}), /takes a pg Client/);
+      await s.end();
+    });
+  });
+}
