@@ -86,8 +86,8 @@ pub use error::{DatabaseError, Error, ErrorKind, Result};
 pub use id::RowId;
 pub use locking::{LockMode, LockWait};
 pub use queue::{
-    backoff, schedule_key, AttemptError, BulkAction, CatchUp, Enqueued, Job, JobFailure, JobFilter,
-    JobRecord, NewJob, Queue, QueueLimits, QueueSettings, QueueStats, Rate, Retention, Schedule,
+    backoff, schedule_key, AttemptError, BulkAction, CatchUp, Enqueued, Group, Job, JobFailure,
+    JobFilter, JobRecord, Link, Links, NewJob, Queue, QueueLimits, QueueSettings, QueueStats, Rate, Retention, Schedule,
     ScheduleStatus, Scheduled, Scheduler, SchedulerReport, Wakeups, DEFAULT_MAX_ATTEMPTS,
     JOB_STATUSES, LATE_WINDOW, MAX_CATCH_UP, MAX_RATE_PERIOD,
 };

@@ -5,6 +5,7 @@
 //! `ready` with a later run-at after a failure, or `dead` after the last attempt; `cancelled` by
 //! hand. Claiming, fencing and lease expiry are the same as for any source.
 
+mod after;
 mod bulk;
 mod claim;
 mod limits;
@@ -18,6 +19,7 @@ mod settings;
 mod snapshots;
 mod store;
 mod wakeups;
+mod waits;
 
 pub use bulk::BulkAction;
 pub(crate) use claim::served;
@@ -33,6 +35,7 @@ pub use schedule::{
 };
 pub use settings::QueueSettings;
 pub use wakeups::Wakeups;
+pub use waits::{Group, Link, Links};
 #[cfg(feature = "postgres")]
 pub(crate) use wakeups::CHANNEL;
 
@@ -64,7 +67,7 @@ mod sqlite;
 /// [`store::Shared`], [`schedule::Schedules`]). One door: [`store::store`] finds a database's.
 #[async_trait::async_trait]
 pub(crate) trait QueueStore:
-    store::Shared + schedule::Schedules + bulk::Bulk + Send + Sync
+    store::Shared + schedule::Schedules + bulk::Bulk + after::Waits + Send + Sync
 {
     /// Creates or migrates the managed queue's tables, then the schedules' (each component
     /// versioned; concurrent runs take turns).
@@ -143,12 +146,7 @@ impl Queue {
     /// Enqueues one job. With a unique key that is pending already, returns that job instead.
     pub async fn enqueue(&self, job: &NewJob) -> Result<Enqueued> {
         job.check()?;
-        let mut got = retry_transient!(
-            store(&self.db)
-                .enqueue(std::slice::from_ref(job), true)
-                .await
-        )
-        .map_err(not_initialised)?;
+        let mut got = self.enqueue_jobs(std::slice::from_ref(job), true).await?;
         got.pop()
             .ok_or_else(|| Error::InvalidInput("enqueue returned nothing".into()))
     }
@@ -157,8 +155,7 @@ impl Queue {
     /// new jobs were added (jobs whose unique key was pending already are not added).
     pub async fn enqueue_many(&self, jobs: &[NewJob]) -> Result<u64> {
         check_jobs(jobs)?;
-        let got = retry_transient!(store(&self.db).enqueue(jobs, false).await)
-            .map_err(not_initialised)?;
+        let got = self.enqueue_jobs(jobs, false).await?;
         Ok(got.iter().filter(|e| !e.existing).count() as u64)
     }
 
@@ -166,7 +163,7 @@ impl Queue {
     /// job whose unique key was pending already: the id is that job's).
     pub async fn enqueue_all(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>> {
         check_jobs(jobs)?;
-        retry_transient!(store(&self.db).enqueue(jobs, true).await).map_err(not_initialised)
+        self.enqueue_jobs(jobs, true).await
     }
 
     /// Enqueues a job inside the caller's PostgreSQL transaction: it exists only if that
@@ -175,6 +172,7 @@ impl Queue {
     #[cfg(feature = "postgres")]
     pub async fn enqueue_postgres(conn: &mut sqlx::PgConnection, job: &NewJob) -> Result<Enqueued> {
         job.check()?;
+        waits::not_in_own_transaction(job)?;
         postgres::enqueue_one(&OnConn::<sqlx::Postgres>::new(conn, false), &job.parts()).await
     }
 
@@ -182,6 +180,7 @@ impl Queue {
     #[cfg(feature = "mysql")]
     pub async fn enqueue_mysql(conn: &mut sqlx::MySqlConnection, job: &NewJob) -> Result<Enqueued> {
         job.check()?;
+        waits::not_in_own_transaction(job)?;
         mysql::enqueue_one(&OnConn::<sqlx::MySql>::new(conn, true), &job.parts()).await
     }
 
@@ -192,6 +191,7 @@ impl Queue {
         job: &NewJob,
     ) -> Result<Enqueued> {
         job.check()?;
+        waits::not_in_own_transaction(job)?;
         sqlite::enqueue_one(&OnConn::<sqlx::Sqlite>::new(conn, true), &job.parts()).await
     }
 
@@ -255,7 +255,12 @@ impl Queue {
     /// Cancels a ready or running job (a running one's result is then refused by fencing).
     /// Returns whether a job was cancelled.
     pub async fn cancel(&self, id: i64) -> Result<bool> {
-        Ok(retry_transient!(store(&self.db).admin(Admin::Cancel(id)).await)? > 0)
+        let cancelled = retry_transient!(store(&self.db).admin(Admin::Cancel(id)).await)? > 0;
+        if cancelled {
+            // The jobs that waited for it are cancelled with it (or run anyway).
+            self.resolve(after::Scope::For(vec![id])).await?;
+        }
+        Ok(cancelled)
     }
 
     /// Makes a dead or cancelled job ready again, with its attempts reset. Returns whether one was.
@@ -271,6 +276,9 @@ impl Queue {
 
     /// Deletes completed, dead and cancelled jobs that finished longer than `age` ago.
     pub async fn prune(&self, age: Duration) -> Result<u64> {
+        // A job waiting for a dead or cancelled job is cancelled before that job goes (a job
+        // that is gone counts as done).
+        self.release_waiting().await?;
         retry_transient!(store(&self.db).admin(Admin::Prune(age)).await)
     }
 
@@ -319,7 +327,7 @@ impl Queue {
         loop {
             let room = rest.map_or(bulk::BATCH, |r| r.min(u64::from(bulk::BATCH)) as u32);
             if room == 0 {
-                return Ok(changed);
+                break;
             }
             let batch =
                 retry_transient!(store.batch(action, &f, room).await).map_err(not_initialised)?;
@@ -331,9 +339,14 @@ impl Queue {
             rest = rest.map(|r| r.saturating_sub(batch.found as u64));
             match batch.lowest {
                 Some(low) if batch.found == room as usize => f.before_id = Some(low),
-                _ => return Ok(changed),
+                _ => break,
             }
         }
+        if action == BulkAction::Cancel && changed > 0 {
+            // The jobs that waited for those cancelled are cancelled with them.
+            self.release_waiting().await?;
+        }
+        Ok(changed)
     }
 
     /// Retries job `id`, which has a unique key: 1 if it is ready again, 0 if another pending

@@ -234,11 +234,18 @@ fn unstarted(sh: &Shared, held: Arc<Held>, row: &ClaimedRow) -> Finished {
 }
 
 /// Looks at the paused queues every third of the lease (as often as heartbeats renew it), for
-/// as long as the worker runs. A look that fails keeps the last answer.
+/// as long as the worker runs. A look that fails keeps the last answer. Once a lease it also
+/// sweeps the waiting jobs ([`crate::Queue::release_waiting`]): a job whose finisher died
+/// before it released the jobs waiting for it is seen there.
 pub(super) async fn watch_paused(sh: Arc<Shared>, paused: watch::Sender<Paused>) {
     let every = (sh.cfg.lease / 3).max(Duration::from_millis(100));
     let queue = sh.claimer.db().queue();
-    loop {
+    for round in 0u64.. {
+        if round % 3 == 0 {
+            if let Err(e) = queue.release_waiting().await {
+                tracing::debug!("sweeping the waiting jobs: {e}");
+            }
+        }
         match queue.paused().await {
             Ok(names) => {
                 let now = Paused(names.into_iter().collect());
