@@ -118,13 +118,27 @@ async fn groups_release_once(t: Arc<TestDb>) {
         workers.push(tokio::spawn(async move { w.run(stop.wait()).await }));
     }
     let mut lasts = HashMap::new();
-    for g in 0..n {
-        let jobs: Vec<NewJob> = (0..10).map(|i| member(g, i)).collect();
-        let last = NewJob::new(json!({"group": g})).kind("last");
-        let got = q.enqueue_group(&jobs, last).await.expect("enqueue a group");
-        assert_eq!(got.jobs.len(), 10);
-        lasts.insert(g as u64, got);
+    let started = std::time::Instant::now();
+    // Four enqueuers at once, as the workers run.
+    let mut enqueuers = Vec::new();
+    for e in 0..4 {
+        let q = q.clone();
+        enqueuers.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            for g in (e..n).step_by(4) {
+                let jobs: Vec<NewJob> = (0..10).map(|i| member(g, i)).collect();
+                let last = NewJob::new(json!({"group": g})).kind("last");
+                let group = q.enqueue_group(&jobs, last).await.expect("enqueue a group");
+                assert_eq!(group.jobs.len(), 10);
+                got.push((g as u64, group));
+            }
+            got
+        }));
     }
+    for e in enqueuers {
+        lasts.extend(e.await.unwrap());
+    }
+    eprintln!("enqueued {n} groups in {:?}", started.elapsed());
     let finished = "SELECT COUNT(*) FROM rowclaim_jobs WHERE kind = 'last' \
                     AND status IN ('completed', 'cancelled')";
     for _ in 0..1_200 {
@@ -133,6 +147,7 @@ async fn groups_release_once(t: Arc<TestDb>) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    eprintln!("finished in {:?}", started.elapsed());
     stop.set();
     for w in workers {
         w.await.unwrap().expect("a worker");
