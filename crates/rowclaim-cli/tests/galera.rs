@@ -390,7 +390,7 @@ async fn galera_cluster() {
         assert_eq!(
             db.count("SELECT version FROM rowclaim_schema WHERE component = 'jobs'")
                 .await,
-            10,
+            12,
             "round {round}"
         );
         assert_eq!(
