@@ -51,7 +51,7 @@ pub struct EnqueueArgs {
     /// Wait for these jobs (ids, comma-separated): the job runs only once every one of them
     /// has completed, and is cancelled, naming it, if one ends dead or cancelled (unless
     /// --run-anyway). Its status meanwhile is waiting. With JSON lines, every job waits.
-    #[arg(long, value_name = "ID,ID", value_delimiter = ',', num_args = 1.., value_parser = clap::value_parser!(i64).range(1..))]
+    #[arg(long, value_name = "ID,ID", value_delimiter = ',', value_parser = clap::value_parser!(i64).range(1..))]
     after: Vec<i64>,
     /// With --after: run once those jobs have finished, also when one ended dead or cancelled.
     #[arg(long, requires = "after")]
