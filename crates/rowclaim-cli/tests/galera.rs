@@ -390,15 +390,29 @@ async fn waits_across_nodes(cluster: &GaleraCluster, admin: &str) {
     for w in workers {
         w.await.expect("a worker task").expect("a worker");
     }
-    assert_eq!(db.count(finished).await, GROUPS as i64, "every last job finished");
+    assert_eq!(
+        db.count(finished).await,
+        GROUPS as i64,
+        "every last job finished"
+    );
     let runs = std::mem::take(&mut seen.lock().unwrap().1);
-    let queue = rowclaim::Db::connect(&urls[0]).await.expect("connect").queue();
+    let queue = rowclaim::Db::connect(&urls[0])
+        .await
+        .expect("connect")
+        .queue();
     for (g, got) in &lasts {
-        let last = queue.get(got.last.id).await.expect("get").expect("the last job");
+        let last = queue
+            .get(got.last.id)
+            .await
+            .expect("get")
+            .expect("the last job");
         if g % 25 == 3 {
             assert_eq!(last.status, "cancelled", "group {g}");
             let said = last.last_error.unwrap_or_default();
-            assert!(said.contains(&format!("job {}, ", got.jobs[7].id)), "{said}");
+            assert!(
+                said.contains(&format!("job {}, ", got.jobs[7].id)),
+                "{said}"
+            );
         } else {
             assert_eq!(last.status, "completed", "group {g}");
             assert_eq!(

@@ -51,7 +51,12 @@ async fn enqueue_after_waits_and_show_says_for_what() {
     assert_eq!(listed.lines().count(), 1, "{listed}");
 
     // The exports run, then the report: all three complete.
-    support::run_ok(&url, &["work", "--queue", "default", "--until-empty", "--", "cat"], "").await;
+    support::run_ok(
+        &url,
+        &["work", "--queue", "default", "--until-empty", "--", "cat"],
+        "",
+    )
+    .await;
     assert_eq!(show(last.clone()).await["status"], "completed");
 
     // An id of no job is refused, naming it; --run-anyway needs --after.

@@ -258,8 +258,16 @@ async fn enqueue_rules(t: Arc<TestDb>) {
     // A cancel cancels what waits for it, and what waits for that; a job that runs anyway
     // is released instead.
     let b = q.enqueue(&NewJob::new(json!({"b": 1}))).await.unwrap().id;
-    let w1 = q.enqueue(&NewJob::new(json!({})).after([b])).await.unwrap().id;
-    let w2 = q.enqueue(&NewJob::new(json!({})).after([w1])).await.unwrap().id;
+    let w1 = q
+        .enqueue(&NewJob::new(json!({})).after([b]))
+        .await
+        .unwrap()
+        .id;
+    let w2 = q
+        .enqueue(&NewJob::new(json!({})).after([w1]))
+        .await
+        .unwrap()
+        .id;
     let w3 = q
         .enqueue(&NewJob::new(json!({})).after([b]).run_anyway())
         .await
@@ -275,7 +283,10 @@ async fn enqueue_rules(t: Arc<TestDb>) {
     };
     let (s1, e1) = said(w1).await;
     assert_eq!(s1, "cancelled");
-    assert!(e1.contains(&format!("job {b}, ")) && e1.contains("cancelled"), "{e1}");
+    assert!(
+        e1.contains(&format!("job {b}, ")) && e1.contains("cancelled"),
+        "{e1}"
+    );
     let (s2, e2) = said(w2).await;
     assert_eq!(s2, "cancelled", "the cancel cascades");
     assert!(e2.contains(&format!("job {w1}, ")), "{e2}");
@@ -322,7 +333,11 @@ async fn deleted_and_pruned(t: Arc<TestDb>) {
         .await
         .unwrap()
         .id;
-    let w = q.enqueue(&NewJob::new(json!({})).after([d])).await.unwrap().id;
+    let w = q
+        .enqueue(&NewJob::new(json!({})).after([d]))
+        .await
+        .unwrap()
+        .id;
     let c = q.claimer(&[]).await.unwrap();
     let claim = c.claim(5, Duration::from_secs(30)).await.unwrap();
     assert_eq!(claim.len(), 1);

@@ -168,8 +168,8 @@ pub async fn run(url: &str, op: JobsCommand) -> Result<(), CliError> {
             let Some(job) = queue.get(id).await? else {
                 return Err(CliError::NothingClaimed(format!("no job {id}")));
             };
-            let mut shown =
-                serde_json::to_value(&job).map_err(|e| CliError::io("writing the job")(e.into()))?;
+            let mut shown = serde_json::to_value(&job)
+                .map_err(|e| CliError::io("writing the job")(e.into()))?;
             // What it waits for and what waits for it (none before the queue's schema has
             // waits: `rowclaim init`).
             match queue.links(id).await {

@@ -155,10 +155,7 @@ async fn states<R: Run + ?Sized>(
             sync_wait(sync),
             list(&mut b, chunk)
         );
-        for row in r
-            .values(Stmt::new(sql, b), &[Col::Int, Col::Text])
-            .await?
-        {
+        for row in r.values(Stmt::new(sql, b), &[Col::Int, Col::Text]).await? {
             let mut row = row.into_iter();
             if let (Some(id), status) = (row.next().and_then(Value::int), row.next()) {
                 found.insert(id, status.and_then(Value::text));
@@ -218,10 +215,7 @@ pub(crate) fn hold_stmt<D: Dialect>(job: i64, verdict: &Verdict, run_anyway: boo
         "{set}if_failed = {}",
         b.bind(run_anyway.then(|| RUN_ANYWAY.to_owned()))
     );
-    let sql = format!(
-        "UPDATE rowclaim_jobs SET {set} WHERE id = {}",
-        b.bind(job)
-    );
+    let sql = format!("UPDATE rowclaim_jobs SET {set} WHERE id = {}", b.bind(job));
     Stmt::new(sql, b)
 }
 
@@ -373,10 +367,7 @@ pub(crate) fn cancel_stmt<D: Dialect>(job: i64, dep: i64, status: &str) -> Stmt<
 /// `jobs show` and the dashboard.
 pub(crate) async fn links<R: Run + ?Sized>(r: &R, job: i64) -> Result<super::Links> {
     let mut links = super::Links::default();
-    for (mine, other, into_waits) in [
-        ("job", "waits_for", true),
-        ("waits_for", "job", false),
-    ] {
+    for (mine, other, into_waits) in [("job", "waits_for", true), ("waits_for", "job", false)] {
         let mut b = Binder::new();
         let sql = format!(
             "SELECT w.{other}, d.status FROM rowclaim_waits w \
@@ -405,35 +396,6 @@ pub(crate) async fn links<R: Run + ?Sized>(r: &R, job: i64) -> Result<super::Lin
     Ok(links)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_job_is_judged_by_what_it_waits_for() {
-        let j = |deps: &[(i64, Option<&'static str>)], anyway| judge(deps.iter().copied(), anyway);
-        assert_eq!(j(&[(1, Some("completed")), (2, None)], false), Verdict::Ready);
-        assert_eq!(
-            j(&[(1, Some("completed")), (2, Some("running"))], false),
-            Verdict::Waiting
-        );
-        assert_eq!(
-            j(&[(1, Some("ready")), (2, Some("dead"))], false),
-            Verdict::Cancel(2, "dead".into())
-        );
-        assert_eq!(j(&[(1, Some("ready")), (2, Some("dead"))], true), Verdict::Waiting);
-        assert_eq!(
-            j(&[(1, Some("cancelled")), (2, Some("completed"))], true),
-            Verdict::Ready
-        );
-        assert_eq!(
-            j(&[(1, Some("waiting"))], false),
-            Verdict::Waiting,
-            "a job that waits itself is unfinished"
-        );
-    }
-}
-
 /// The waits' statements on a driver (a part of the queue store, [`super::QueueStore`]).
 #[async_trait::async_trait]
 pub(crate) trait Waits: Send + Sync {
@@ -451,5 +413,40 @@ impl<R: Transact + Send + Sync> Waits for R {
 
     async fn links(&self, job: i64) -> Result<super::Links> {
         links(self, job).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_is_judged_by_what_it_waits_for() {
+        let j = |deps: &[(i64, Option<&'static str>)], anyway| judge(deps.iter().copied(), anyway);
+        assert_eq!(
+            j(&[(1, Some("completed")), (2, None)], false),
+            Verdict::Ready
+        );
+        assert_eq!(
+            j(&[(1, Some("completed")), (2, Some("running"))], false),
+            Verdict::Waiting
+        );
+        assert_eq!(
+            j(&[(1, Some("ready")), (2, Some("dead"))], false),
+            Verdict::Cancel(2, "dead".into())
+        );
+        assert_eq!(
+            j(&[(1, Some("ready")), (2, Some("dead"))], true),
+            Verdict::Waiting
+        );
+        assert_eq!(
+            j(&[(1, Some("cancelled")), (2, Some("completed"))], true),
+            Verdict::Ready
+        );
+        assert_eq!(
+            j(&[(1, Some("waiting"))], false),
+            Verdict::Waiting,
+            "a job that waits itself is unfinished"
+        );
     }
 }

@@ -18,8 +18,8 @@ mod settings;
 #[cfg(test)]
 mod snapshots;
 mod store;
-mod wakeups;
 mod waits;
+mod wakeups;
 
 pub use bulk::BulkAction;
 pub(crate) use claim::served;
@@ -34,8 +34,8 @@ pub use schedule::{
     LATE_WINDOW, MAX_CATCH_UP,
 };
 pub use settings::QueueSettings;
-pub use wakeups::Wakeups;
 pub use waits::{Group, Link, Links};
+pub use wakeups::Wakeups;
 #[cfg(feature = "postgres")]
 pub(crate) use wakeups::CHANNEL;
 

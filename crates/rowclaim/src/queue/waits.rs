@@ -49,8 +49,8 @@ impl Queue {
         let waits = jobs.iter().any(NewJob::waits);
         // A job that waits needs the ids of the jobs it waits for, and its own.
         let ids = ids || waits;
-        let got = retry_transient!(store(&self.db).enqueue(jobs, ids).await)
-            .map_err(not_initialised)?;
+        let got =
+            retry_transient!(store(&self.db).enqueue(jobs, ids).await).map_err(not_initialised)?;
         if waits {
             let waiting = jobs
                 .iter()
