@@ -19,7 +19,7 @@
 //!   commit, so a job that finished between the enqueue's read and its commit is seen too. On
 //!   Galera the looks first wait until their node has applied what the cluster committed
 //!   (`wsrep_sync_wait`). A finisher that died between its commit and its look is covered by
-//!   every worker's sweep ([`Scope::All`], each time it looks at the paused queues).
+//!   every worker's sweep ([`Scope::After`]: a page of waiting jobs once a lease).
 
 use std::collections::BTreeMap;
 
@@ -46,15 +46,20 @@ pub(crate) enum Scope {
     For(Vec<i64>),
     /// These jobs (just enqueued).
     Jobs(Vec<i64>),
-    /// Every waiting job (the sweep).
-    All,
+    /// The sweep: waiting jobs after this id, [`SWEEP_PAGE`] of them.
+    After(i64),
 }
+
+/// Waiting jobs per page of a sweep: a sweep's cost stays bounded however many jobs wait.
+pub(crate) const SWEEP_PAGE: usize = 1_000;
 
 /// What a look changed: jobs made ready (with their queues, to wake), jobs cancelled.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Resolved {
     pub released: Vec<(i64, String)>,
     pub cancelled: Vec<i64>,
+    /// Of a sweep's page: its last waiting job, if it was full (the next page starts after it).
+    pub next: Option<i64>,
 }
 
 /// What a waiting job is, judged from the jobs it waits for.
@@ -225,12 +230,16 @@ pub(crate) fn hold_stmt<D: Dialect>(job: i64, verdict: &Verdict, run_anyway: boo
 /// still waiting.
 pub(crate) async fn resolve<R: Transact + ?Sized>(r: &R, scope: Scope) -> Result<Resolved> {
     let sync = r.applies_others_late().await?;
+    let mut done = Resolved::default();
     let mut waiters = match scope {
         Scope::Jobs(ids) => ids,
         Scope::For(ids) => waiters_of(r, &ids, sync).await?,
-        Scope::All => all_waiting(r, sync).await?,
+        Scope::After(id) => {
+            let page = waiting_after(r, id, sync).await?;
+            done.next = page.last().copied().filter(|_| page.len() == SWEEP_PAGE);
+            page
+        }
     };
-    let mut done = Resolved::default();
     for _ in 0..CASCADE {
         if waiters.is_empty() {
             break;
@@ -274,15 +283,17 @@ async fn waiters_of<R: Run + ?Sized>(r: &R, ids: &[i64], sync: bool) -> Result<V
     Ok(out)
 }
 
-/// Every waiting job.
-async fn all_waiting<R: Run + ?Sized>(r: &R, sync: bool) -> Result<Vec<i64>> {
+/// A page of waiting jobs, by id, after `id`.
+async fn waiting_after<R: Run + ?Sized>(r: &R, id: i64, sync: bool) -> Result<Vec<i64>> {
+    let mut b = Binder::new();
     let sql = format!(
-        "{}SELECT id FROM rowclaim_jobs WHERE status = '{WAITING}'",
-        sync_wait(sync)
+        "{}SELECT id FROM rowclaim_jobs WHERE status = '{WAITING}' AND id > {} ORDER BY id \
+         LIMIT {}",
+        sync_wait(sync),
+        b.bind(id),
+        b.bind(SWEEP_PAGE as i64)
     );
-    Ok(ints(
-        r.values(Stmt::new(sql, Binder::new()), &[Col::Int]).await?,
-    ))
+    Ok(ints(r.values(Stmt::new(sql, b), &[Col::Int]).await?))
 }
 
 fn ints(rows: Vec<Vec<Value>>) -> Vec<i64> {

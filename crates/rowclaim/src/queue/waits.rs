@@ -96,8 +96,24 @@ impl Queue {
     /// ([`crate::Claimer`]) so that the jobs that wait for them need not wait for a worker.
     /// Returns how many jobs it released or cancelled.
     pub async fn release_waiting(&self) -> Result<u64> {
-        let done = self.resolve(Scope::All).await?;
-        Ok((done.released.len() + done.cancelled.len()) as u64)
+        let (mut from, mut changed) = (0, 0);
+        loop {
+            let (n, next) = self.sweep_from(from).await?;
+            changed += n;
+            match next {
+                Some(id) => from = id,
+                None => return Ok(changed),
+            }
+        }
+    }
+
+    /// One page of [`Queue::release_waiting`]: the waiting jobs after id `from`. Returns how
+    /// many it released or cancelled, and where the next page starts (`None`: this was the
+    /// last).
+    pub(crate) async fn sweep_from(&self, from: i64) -> Result<(u64, Option<i64>)> {
+        let done = self.resolve(Scope::After(from)).await?;
+        let n = (done.released.len() + done.cancelled.len()) as u64;
+        Ok((n, done.next))
     }
 
     /// The look after jobs `ids` finished (the worker's, right after their settle).
