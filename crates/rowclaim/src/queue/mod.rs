@@ -3,7 +3,8 @@
 //! Jobs carry a queue name, a kind, a JSON payload, a priority, a time to run at, a most-attempts
 //! count and an optional unique key. Their states: `ready` → `running` → `completed`, or back to
 //! `ready` with a later run-at after a failure, or `dead` after the last attempt; `cancelled` by
-//! hand. Claiming, fencing and lease expiry are the same as for any source.
+//! hand. A job that waits for other jobs is `waiting` until they finish (`after.rs`), then
+//! `ready`, or `cancelled` when one of them failed. Claiming, fencing and lease expiry are the same as for any source.
 
 mod after;
 mod bulk;
@@ -252,7 +253,9 @@ impl Queue {
             .map_err(not_initialised)
     }
 
-    /// Cancels a ready or running job (a running one's result is then refused by fencing).
+    /// Cancels a waiting, ready or running job (a running one's result is then refused by
+    /// fencing), and the jobs that wait for it (but those that run anyway, which it releases
+    /// once the rest of what they wait for finished).
     /// Returns whether a job was cancelled.
     pub async fn cancel(&self, id: i64) -> Result<bool> {
         let cancelled = retry_transient!(store(&self.db).admin(Admin::Cancel(id)).await)? > 0;
