@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use crate::backend::run::{Col, Run, Transact};
 use crate::backend::sql::{Binder, Dialect, Stmt};
 use crate::error::{Error, Result};
-use crate::value::Value;
+use crate::value::{IdList, Value};
 
 use super::{Enqueued, NewJob};
 
@@ -156,9 +156,9 @@ async fn states<R: Run + ?Sized>(
     for chunk in ids.chunks(CHUNK) {
         let mut b = Binder::new();
         let sql = format!(
-            "{}SELECT id, status FROM rowclaim_jobs WHERE id IN ({})",
+            "{}SELECT id, status FROM rowclaim_jobs WHERE {}",
             sync_wait(sync),
-            list(&mut b, chunk)
+            within(&mut b, "id", chunk)
         );
         for row in r.values(Stmt::new(sql, b), &[Col::Int, Col::Text]).await? {
             let mut row = row.into_iter();
@@ -170,12 +170,10 @@ async fn states<R: Run + ?Sized>(
     Ok(found)
 }
 
-/// Bound ids, comma-separated.
-fn list<D: Dialect>(b: &mut Binder<D>, ids: &[i64]) -> String {
-    ids.iter()
-        .map(|id| b.bind(*id))
-        .collect::<Vec<_>>()
-        .join(", ")
+/// "`column` is one of `ids`", bound as the dialect binds id lists (one array on PostgreSQL:
+/// one statement text however many ids, prepared once).
+fn within<D: Dialect>(b: &mut Binder<D>, column: &str, ids: &[i64]) -> String {
+    D::id_in(b, column, &IdList::Int(ids.to_vec()))
 }
 
 /// On a Galera node, the prefix that makes a read wait until the node has applied what the
@@ -272,9 +270,9 @@ async fn waiters_of<R: Run + ?Sized>(r: &R, ids: &[i64], sync: bool) -> Result<V
     for chunk in ids.chunks(CHUNK) {
         let mut b = Binder::new();
         let sql = format!(
-            "{}SELECT DISTINCT job FROM rowclaim_waits WHERE waits_for IN ({})",
+            "{}SELECT DISTINCT job FROM rowclaim_waits WHERE {}",
             sync_wait(sync),
-            list(&mut b, chunk)
+            within(&mut b, "waits_for", chunk)
         );
         out.extend(ints(r.values(Stmt::new(sql, b), &[Col::Int]).await?));
     }
@@ -311,9 +309,9 @@ async fn judge_waiting<R: Run + ?Sized>(r: &R, jobs: &[i64], sync: bool) -> Resu
     let sql = format!(
         "{}SELECT w.job, j.queue, j.if_failed, w.waits_for, d.status FROM rowclaim_waits w \
          JOIN rowclaim_jobs j ON j.id = w.job LEFT JOIN rowclaim_jobs d ON d.id = w.waits_for \
-         WHERE j.status = '{WAITING}' AND w.job IN ({}) ORDER BY w.job, w.waits_for",
+         WHERE j.status = '{WAITING}' AND {} ORDER BY w.job, w.waits_for",
         sync_wait(sync),
-        list(&mut b, jobs)
+        within(&mut b, "w.job", jobs)
     );
     let rows = r
         .values(
@@ -355,8 +353,8 @@ async fn judge_waiting<R: Run + ?Sized>(r: &R, jobs: &[i64], sync: bool) -> Resu
 pub(crate) fn release_stmt<D: Dialect>(jobs: &[i64]) -> Stmt<D> {
     let mut b = Binder::new();
     let sql = format!(
-        "UPDATE rowclaim_jobs SET status = 'ready' WHERE status = '{WAITING}' AND id IN ({})",
-        list(&mut b, jobs)
+        "UPDATE rowclaim_jobs SET status = 'ready' WHERE status = '{WAITING}' AND {}",
+        within(&mut b, "id", jobs)
     );
     Stmt::new(sql, b)
 }
