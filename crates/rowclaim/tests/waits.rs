@@ -298,6 +298,18 @@ async fn enqueue_rules(t: Arc<TestDb>) {
     assert_eq!(s2, "cancelled", "the cancel cascades");
     assert!(e2.contains(&format!("job {w1}, ")), "{e2}");
     assert_eq!(said(w3).await.0, "ready", "runs anyway");
+
+    // A job deleted before it completed cancels what waits for it.
+    let e = q.enqueue(&NewJob::new(json!({"e": 1}))).await.unwrap().id;
+    let w4 = q
+        .enqueue(&NewJob::new(json!({})).after([e]))
+        .await
+        .unwrap()
+        .id;
+    assert!(q.delete(e).await.unwrap());
+    let (s4, e4) = said(w4).await;
+    assert_eq!(s4, "cancelled", "{e4}");
+    assert!(e4.contains(&format!("job {e}, ")), "{e4}");
 }
 
 /// A job deleted when it completes still releases the jobs that wait for it; a prune cancels

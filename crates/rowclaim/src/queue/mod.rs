@@ -272,8 +272,20 @@ impl Queue {
     }
 
     /// Deletes a job that is not running (a running one must be cancelled first, so that its
-    /// worker is fenced out rather than finding its job gone). Returns whether one was deleted.
+    /// worker is fenced out rather than finding its job gone). The jobs waiting for one that
+    /// had not completed are cancelled first, naming it. Returns whether one was deleted.
     pub async fn delete(&self, id: i64) -> Result<bool> {
+        // The jobs waiting for a job deleted before it completed are cancelled (a job that is
+        // gone counts as done for those still waiting).
+        match self.get(id).await?.map(|j| j.status) {
+            Some(s) if s == "waiting" || s == "ready" => {
+                self.cancel(id).await?;
+            }
+            Some(s) if s == "dead" || s == "cancelled" => {
+                self.resolve(after::Scope::For(vec![id])).await?;
+            }
+            _ => {}
+        }
         Ok(retry_transient!(store(&self.db).admin(Admin::Delete(id)).await)? > 0)
     }
 
