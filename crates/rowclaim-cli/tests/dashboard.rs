@@ -661,6 +661,29 @@ async fn dashboard(t: Arc<TestDb>) {
         "the output on the job's page: {page}"
     );
 
+    // A job that waits: its page lists what it waits for, and that job's page what waits for it.
+    let first = enqueued_id(&run_ok(&t.url, &["enqueue", "--queue", "later", "{}"]).await);
+    let after = first.to_string();
+    let waits = enqueued_id(
+        &run_ok(
+            &t.url,
+            &["enqueue", "--queue", "later", "--after", &after, "{}"],
+        )
+        .await,
+    );
+    let page = d.get(&format!("/jobs/{waits}")).await.body;
+    assert!(
+        page.contains("id=\"waits-for\"")
+            && page.contains(&format!("href=\"/jobs/{first}\""))
+            && page.contains(">waiting<"),
+        "what it waits for on the job's page: {page}"
+    );
+    let page = d.get(&format!("/jobs/{first}")).await.body;
+    assert!(
+        page.contains("id=\"waited-by\"") && page.contains(&format!("href=\"/jobs/{waits}\"")),
+        "what waits for it on the job's page: {page}"
+    );
+
     // A release for a holder that no longer holds the row (the page was old) gives nothing back.
     let release = format!("/sources/{table}/rows/{row}/release");
     let stale = "01999999-0000-7000-8000-000000000000";

@@ -7,7 +7,8 @@
 //! than the run and no worker failing, every row run exactly once. Also: the server says it is
 //! a Galera node, `transaction` is refused with the reason, and three `rowclaim init`s at once
 //! (one per node) all succeed; a limited queue worked from every node keeps its limits across
-//! the cluster; `check` on a node names the cluster and its state.
+//! the cluster; `check` on a node names the cluster and its state; groups whose last job waits
+//! for them, enqueued and worked on every node, release that job once, after the group.
 
 use rowclaim_testkit as common;
 mod support;
@@ -306,6 +307,123 @@ async fn check_on_a_node(cluster: &GaleraCluster, admin: &str) {
     );
 }
 
+/// Groups of the managed queue whose last job waits for the group's 10 jobs, enqueued on
+/// every node in turn while one library `Worker` per node runs them: every last job runs once,
+/// after its 10 jobs (each node's look at the waiting jobs first waits for what the others
+/// committed); a group with a dead member has its last job cancelled naming it.
+async fn waits_across_nodes(cluster: &GaleraCluster, admin: &str) {
+    use std::sync::{Arc, Mutex};
+    let db = TestDb::on(Backend::MySql, admin).await;
+    let name = db.url.rsplit('/').next().expect("a database in the URL");
+    let urls = cluster.urls(name);
+    assert!(run_fed(&urls[0], &["init"], "").await.status.success());
+    // group → members finished (as their handler returns), and each last job's runs with the
+    // count it saw.
+    type Seen = (HashMap<u64, u64>, HashMap<u64, Vec<u64>>);
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let group = |job: &rowclaim::Job| job.payload["group"].as_u64().unwrap_or(u64::MAX);
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let mut workers = Vec::new();
+    for url in &urls {
+        let node = rowclaim::Db::connect(url).await.expect("connect to a node");
+        let (a, b) = (seen.clone(), seen.clone());
+        let w = rowclaim::Worker::new(&node)
+            .handle("member", move |job: rowclaim::Job| {
+                let seen = a.clone();
+                async move {
+                    *seen.lock().unwrap().0.entry(group(&job)).or_default() += 1;
+                    Ok::<_, String>(())
+                }
+            })
+            .handle("doomed", |_job: rowclaim::Job| async {
+                Err::<(), _>("never works")
+            })
+            .handle("last", move |job: rowclaim::Job| {
+                let seen = b.clone();
+                async move {
+                    let mut s = seen.lock().unwrap();
+                    let done = s.0.get(&group(&job)).copied().unwrap_or(0);
+                    s.1.entry(group(&job)).or_default().push(done);
+                    Ok::<_, String>(())
+                }
+            })
+            .concurrency(4)
+            .poll(std::time::Duration::from_millis(50));
+        let stop = stop.clone();
+        workers.push(tokio::spawn(async move {
+            w.run(async move { stop.notified().await }).await
+        }));
+    }
+    const GROUPS: u64 = 150;
+    let mut lasts = Vec::new();
+    for g in 0..GROUPS {
+        let node = rowclaim::Db::connect(&urls[g as usize % urls.len()])
+            .await
+            .expect("connect to a node");
+        let jobs: Vec<rowclaim::NewJob> = (0..10)
+            .map(|i| {
+                let job = rowclaim::NewJob::new(serde_json::json!({"group": g}));
+                if g % 25 == 3 && i == 7 {
+                    job.kind("doomed").max_attempts(1)
+                } else {
+                    job.kind("member")
+                }
+            })
+            .collect();
+        let last = rowclaim::NewJob::new(serde_json::json!({"group": g})).kind("last");
+        let got = node
+            .queue()
+            .enqueue_group(&jobs, last)
+            .await
+            .expect("enqueue a group");
+        lasts.push((g, got));
+    }
+    let finished = "SELECT COUNT(*) FROM rowclaim_jobs WHERE kind = 'last' \
+                    AND status IN ('completed', 'cancelled')";
+    for _ in 0..1_800 {
+        if db.count(finished).await == GROUPS as i64 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    stop.notify_waiters();
+    for w in workers {
+        w.await.expect("a worker task").expect("a worker");
+    }
+    assert_eq!(
+        db.count(finished).await,
+        GROUPS as i64,
+        "every last job finished"
+    );
+    let runs = std::mem::take(&mut seen.lock().unwrap().1);
+    let queue = rowclaim::Db::connect(&urls[0])
+        .await
+        .expect("connect")
+        .queue();
+    for (g, got) in &lasts {
+        let last = queue
+            .get(got.last.id)
+            .await
+            .expect("get")
+            .expect("the last job");
+        if g % 25 == 3 {
+            assert_eq!(last.status, "cancelled", "group {g}");
+            let said = last.last_error.unwrap_or_default();
+            assert!(
+                said.contains(&format!("job {}, ", got.jobs[7].id)),
+                "{said}"
+            );
+        } else {
+            assert_eq!(last.status, "completed", "group {g}");
+            assert_eq!(
+                runs.get(g).map(Vec::as_slice),
+                Some(&[10][..]),
+                "group {g}: ran once, after its 10 jobs"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn galera_cluster() {
     let t = Instant::now();
@@ -390,7 +508,7 @@ async fn galera_cluster() {
         assert_eq!(
             db.count("SELECT version FROM rowclaim_schema WHERE component = 'jobs'")
                 .await,
-            10,
+            12,
             "round {round}"
         );
         assert_eq!(
@@ -436,6 +554,7 @@ async fn galera_cluster() {
     );
     rates.push(format!("queue {rate:.0}"));
     limited_queue_across_nodes(&cluster, &admin).await;
+    waits_across_nodes(&cluster, &admin).await;
     check_on_a_node(&cluster, &admin).await;
     // For comparison (printed, not asserted): one worker on one node of the cluster.
     let db = TestDb::on(Backend::MySql, &admin).await;

@@ -107,7 +107,10 @@ async fn retry_and_cancel_say_why_nothing_changed() {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let said = stderr(&out);
     assert!(said.contains("job 1 is cancelled"), "{said}");
-    assert!(said.contains("only a ready or running job"), "{said}");
+    assert!(
+        said.contains("only a waiting, ready or running job"),
+        "{said}"
+    );
     let out = run(&s, &["jobs", "cancel", "7"]).await;
     assert!(stderr(&out).contains("there is no job 7"), "{out:?}");
 }

@@ -48,6 +48,14 @@ pub struct EnqueueArgs {
     /// after 5m") and is retried like any failure. Default: the worker's --timeout.
     #[arg(long, value_name = "DURATION", value_parser = super::values::duration, allow_hyphen_values = true)]
     timeout: Option<Duration>,
+    /// Wait for these jobs (ids, comma-separated): the job runs only once every one of them
+    /// has completed, and is cancelled, naming it, if one ends dead or cancelled (unless
+    /// --run-anyway). Its status meanwhile is waiting. With JSON lines, every job waits.
+    #[arg(long, value_name = "ID,ID", value_delimiter = ',', value_parser = clap::value_parser!(i64).range(1..))]
+    after: Vec<i64>,
+    /// With --after: run once those jobs have finished, also when one ended dead or cancelled.
+    #[arg(long, requires = "after")]
+    run_anyway: bool,
     /// The payload; without it, one payload per line is read from stdin. Prints each job's id as
     /// one JSON line, {"id":…,"existing":…}, in the order of the input.
     #[arg(value_name = "JSON")]
@@ -76,6 +84,12 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
         }
         if let Some(k) = &a.limit_key {
             job = job.limit_key(k);
+        }
+        if !a.after.is_empty() {
+            job = job.after(a.after.iter().copied());
+        }
+        if a.run_anyway {
+            job = job.run_anyway();
         }
         job
     };

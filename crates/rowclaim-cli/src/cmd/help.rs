@@ -95,7 +95,8 @@ const EXAMPLES: &[(&str, &str)] = &[
         "enqueue",
         "  rowclaim enqueue --queue mail '{\"to\":\"ada@example.com\"}'
   rowclaim enqueue --queue mail --delay 5m --unique-key welcome:ada '{\"to\":\"ada@example.com\"}'
-  rowclaim enqueue --queue mail < jobs.jsonl           # one payload per line; prints each id",
+  rowclaim enqueue --queue mail < jobs.jsonl           # one payload per line; prints each id
+  rowclaim enqueue --kind receipt --after 41,42 '{}'    # runs once jobs 41 and 42 completed",
     ),
     (
         "jobs",

@@ -108,7 +108,9 @@ pub enum JobsCommand {
         limit: u32,
     },
     /// Show one job as JSON (as in `jobs list`), with its failed attempts (`errors`: each
-    /// one's attempt, times and error, the last 20). Exits 1 when there is no such job.
+    /// one's attempt, times and error, the last 20), the jobs it waits for (`waits_for`) and
+    /// those that wait for it (`waited_by`), each with its status (null: gone). Exits 1 when
+    /// there is no such job.
     Show {
         /// The job's id.
         id: i64,
@@ -121,8 +123,9 @@ pub enum JobsCommand {
     /// batches. Says how many changed; exits 1 when none did.
     #[command(after_help = BULK_HELP)]
     Retry(Targets),
-    /// Cancel ready or running jobs (a running job's result is then refused): by id, or every
-    /// ready or running job the conditions match.
+    /// Cancel waiting, ready or running jobs (a running job's result is then refused), and the
+    /// jobs that wait for them: by id, or every waiting, ready or running job the conditions
+    /// match.
     #[command(after_help = BULK_HELP)]
     Cancel(Targets),
     /// Delete jobs that are not running (cancel a running one first): by id, or every such
@@ -165,7 +168,21 @@ pub async fn run(url: &str, op: JobsCommand) -> Result<(), CliError> {
             let Some(job) = queue.get(id).await? else {
                 return Err(CliError::NothingClaimed(format!("no job {id}")));
             };
-            let text = serde_json::to_string_pretty(&job)
+            let mut shown = serde_json::to_value(&job)
+                .map_err(|e| CliError::io("writing the job")(e.into()))?;
+            // What it waits for and what waits for it (none before the queue's schema has
+            // waits: `rowclaim init`).
+            match queue.links(id).await {
+                Ok(links) => {
+                    if let Some(o) = shown.as_object_mut() {
+                        o.insert("waits_for".into(), serde_json::json!(links.waits_for));
+                        o.insert("waited_by".into(), serde_json::json!(links.waited_by));
+                    }
+                }
+                Err(e) if e.kind() == rowclaim::ErrorKind::NotInitialised => {}
+                Err(e) => return Err(e.into()),
+            }
+            let text = serde_json::to_string_pretty(&shown)
                 .map_err(|e| CliError::io("writing the job")(e.into()))?;
             println!("{text}");
             return Ok(());
@@ -300,7 +317,7 @@ async fn why_unchanged(queue: &Queue, id: i64, action: BulkAction) -> Result<Str
     let verb = done(action);
     let takes = match action {
         BulkAction::Retry => "only a dead or cancelled job can be retried",
-        BulkAction::Cancel => "only a ready or running job can be cancelled",
+        BulkAction::Cancel => "only a waiting, ready or running job can be cancelled",
         _ => "a running job cannot be deleted; cancel it first",
     };
     Ok(match queue.get(id).await? {

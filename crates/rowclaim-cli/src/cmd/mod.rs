@@ -113,7 +113,7 @@ pub enum Command {
     /// from several processes at once.
     Init(init::InitArgs),
     /// Look at and change jobs of the managed queue: list, show, retry dead or cancelled jobs,
-    /// cancel ready or running ones, delete them (by id, or every job --queue, --status,
+    /// cancel waiting, ready or running ones, delete them (by id, or every job --queue, --status,
     /// --kind, --older-than or --search match), prune finished ones. show, retry, cancel and
     /// delete exit 1 when there was no such job to show or change.
     #[command(subcommand)]

@@ -36,6 +36,11 @@ impl Claim {
         &self.token
     }
 
+    /// The claimer that took it.
+    pub(crate) fn claimer(&self) -> &Claimer {
+        &self.claimer
+    }
+
     /// The claimed rows.
     pub fn rows(&self) -> &[ClaimedRow] {
         &self.rows

@@ -19,7 +19,7 @@ pub(crate) const BATCH: u32 = 2_000;
 pub enum BulkAction {
     /// Dead or cancelled jobs become ready again, their attempts reset ([`crate::Queue::retry`]).
     Retry,
-    /// Ready or running jobs are cancelled ([`crate::Queue::cancel`]).
+    /// Waiting, ready or running jobs are cancelled ([`crate::Queue::cancel`]).
     Cancel,
     /// Jobs that are not running are deleted ([`crate::Queue::delete`]).
     Delete,
@@ -30,8 +30,8 @@ impl BulkAction {
     pub fn takes(self) -> &'static [&'static str] {
         match self {
             BulkAction::Retry => &["dead", "cancelled"],
-            BulkAction::Cancel => &["ready", "running"],
-            BulkAction::Delete => &["ready", "completed", "dead", "cancelled"],
+            BulkAction::Cancel => &["waiting", "ready", "running"],
+            BulkAction::Delete => &["waiting", "ready", "completed", "dead", "cancelled"],
         }
     }
 
@@ -65,7 +65,7 @@ impl BulkAction {
     fn state_cond(self) -> &'static str {
         match self {
             BulkAction::Retry => "status IN ('dead', 'cancelled')",
-            BulkAction::Cancel => "status IN ('ready', 'running')",
+            BulkAction::Cancel => "status IN ('waiting', 'ready', 'running')",
             BulkAction::Delete => "status <> 'running'",
         }
     }

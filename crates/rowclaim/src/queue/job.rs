@@ -43,6 +43,15 @@ pub struct NewJob {
     timeout_ms: Option<i64>,
     #[serde(default)]
     limit_key: Option<String>,
+    /// The jobs it waits for ([`NewJob::after`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    after: Vec<i64>,
+    /// It runs even when a job it waits for ends dead or cancelled.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    run_anyway: bool,
+    /// It waits for every job enqueued before it in the same call (a group's last job).
+    #[serde(skip)]
+    after_prior: bool,
 }
 
 /// The attempts a job gets unless told otherwise.
@@ -63,6 +72,9 @@ impl NewJob {
             unique_key: None,
             timeout_ms: None,
             limit_key: None,
+            after: Vec::new(),
+            run_anyway: false,
+            after_prior: false,
         }
     }
 
@@ -136,7 +148,68 @@ impl NewJob {
         self
     }
 
+    /// Waits for the jobs `ids`: it becomes claimable only when every one of them has
+    /// completed. If one ends dead or cancelled, it is cancelled, its error naming that job
+    /// (unless it [`NewJob::run_anyway`]). Jobs completed already count as done; an id of no
+    /// job is an error naming it. Retries of a job it waits for keep it waiting. Its status
+    /// meanwhile is `waiting`. Needs the queue's schema version 7 (`rowclaim init`; 12 on
+    /// MySQL). A job that waits cannot have a unique key.
+    ///
+    /// ```
+    /// use rowclaim::NewJob;
+    /// let receipt = NewJob::new(serde_json::json!({"order": 7})).kind("receipt").after([41, 42]);
+    /// assert_eq!(receipt.waits_for_ids(), &[41, 42]);
+    /// ```
+    pub fn after(mut self, ids: impl IntoIterator<Item = i64>) -> Self {
+        self.after.extend(ids);
+        self
+    }
+
+    /// The jobs it waits for, as given to [`NewJob::after`].
+    pub fn waits_for_ids(&self) -> &[i64] {
+        &self.after
+    }
+
+    /// Runs once every job it waits for has finished, also when one of them ended dead or
+    /// cancelled (instead of being cancelled with it).
+    pub fn run_anyway(mut self) -> Self {
+        self.run_anyway = true;
+        self
+    }
+
+    /// Waits for every job enqueued before it in the same call ([`crate::Queue::enqueue_group`]).
+    pub(crate) fn after_prior(mut self) -> Self {
+        self.after_prior = true;
+        self
+    }
+
+    /// Whether it waits for other jobs.
+    pub(crate) fn waits(&self) -> bool {
+        !self.after.is_empty() || self.after_prior
+    }
+
+    pub(crate) fn runs_anyway(&self) -> bool {
+        self.run_anyway
+    }
+
+    /// The ids it waits for, given the jobs enqueued before it in the same call: sorted, each
+    /// once.
+    pub(crate) fn waits_for(&self, prior: &[Enqueued]) -> Vec<i64> {
+        let mut ids = self.after.clone();
+        if self.after_prior {
+            ids.extend(prior.iter().map(|e| e.id));
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
     pub(crate) fn check(&self) -> Result<()> {
+        if self.waits() && self.unique_key.is_some() {
+            return Err(Error::InvalidInput(
+                "a job that waits for other jobs (after) cannot have a unique key".into(),
+            ));
+        }
         if self.queue.is_empty() || self.queue.len() > 255 {
             return Err(Error::InvalidInput(
                 "queue name must have 1 to 255 characters".into(),

@@ -3,8 +3,10 @@
 //! Jobs carry a queue name, a kind, a JSON payload, a priority, a time to run at, a most-attempts
 //! count and an optional unique key. Their states: `ready` → `running` → `completed`, or back to
 //! `ready` with a later run-at after a failure, or `dead` after the last attempt; `cancelled` by
-//! hand. Claiming, fencing and lease expiry are the same as for any source.
+//! hand. A job that waits for other jobs is `waiting` until they finish (`after.rs`), then
+//! `ready`, or `cancelled` when one of them failed. Claiming, fencing and lease expiry are the same as for any source.
 
+mod after;
 mod bulk;
 mod claim;
 mod enqueue_sql;
@@ -19,6 +21,7 @@ mod settings;
 mod snapshots;
 mod store;
 mod typed;
+mod waits;
 mod wakeups;
 
 pub use bulk::BulkAction;
@@ -35,6 +38,7 @@ pub use schedule::{
 };
 pub use settings::QueueSettings;
 pub use typed::{JobArgs, ToNewJob};
+pub use waits::{Group, Link, Links};
 pub use wakeups::Wakeups;
 #[cfg(feature = "postgres")]
 pub(crate) use wakeups::CHANNEL;
@@ -67,7 +71,7 @@ mod sqlite;
 /// [`store::Shared`], [`schedule::Schedules`]). One door: [`store::store`] finds a database's.
 #[async_trait::async_trait]
 pub(crate) trait QueueStore:
-    store::Shared + schedule::Schedules + bulk::Bulk + Send + Sync
+    store::Shared + schedule::Schedules + bulk::Bulk + after::Waits + Send + Sync
 {
     /// Creates or migrates the managed queue's tables, then the schedules' (each component
     /// versioned; concurrent runs take turns).
@@ -149,12 +153,7 @@ impl Queue {
     pub async fn enqueue(&self, job: &impl ToNewJob) -> Result<Enqueued> {
         let job = job.to_new_job()?;
         job.check()?;
-        let mut got = retry_transient!(
-            store(&self.db)
-                .enqueue(std::slice::from_ref(&*job), true)
-                .await
-        )
-        .map_err(not_initialised)?;
+        let mut got = self.enqueue_jobs(std::slice::from_ref(&*job), true).await?;
         got.pop()
             .ok_or_else(|| Error::InvalidInput("enqueue returned nothing".into()))
     }
@@ -165,8 +164,7 @@ impl Queue {
     pub async fn enqueue_many<J: ToNewJob>(&self, jobs: &[J]) -> Result<u64> {
         let jobs = J::to_new_jobs(jobs)?;
         check_jobs(&jobs)?;
-        let got = retry_transient!(store(&self.db).enqueue(&jobs, false).await)
-            .map_err(not_initialised)?;
+        let got = self.enqueue_jobs(&jobs, false).await?;
         Ok(got.iter().filter(|e| !e.existing).count() as u64)
     }
 
@@ -175,7 +173,7 @@ impl Queue {
     pub async fn enqueue_all<J: ToNewJob>(&self, jobs: &[J]) -> Result<Vec<Enqueued>> {
         let jobs = J::to_new_jobs(jobs)?;
         check_jobs(&jobs)?;
-        retry_transient!(store(&self.db).enqueue(&jobs, true).await).map_err(not_initialised)
+        self.enqueue_jobs(&jobs, true).await
     }
 
     /// Enqueues a job ([`NewJob`] or [`JobArgs`] value) inside the caller's PostgreSQL
@@ -188,6 +186,7 @@ impl Queue {
     ) -> Result<Enqueued> {
         let job = job.to_new_job()?;
         job.check()?;
+        waits::not_in_own_transaction(&job)?;
         postgres::enqueue_one(&OnConn::<sqlx::Postgres>::new(conn, false), &job.parts()).await
     }
 
@@ -200,6 +199,7 @@ impl Queue {
     ) -> Result<Enqueued> {
         let job = job.to_new_job()?;
         job.check()?;
+        waits::not_in_own_transaction(&job)?;
         mysql::enqueue_one(&OnConn::<sqlx::MySql>::new(conn, true), &job.parts()).await
     }
 
@@ -212,6 +212,7 @@ impl Queue {
     ) -> Result<Enqueued> {
         let job = job.to_new_job()?;
         job.check()?;
+        waits::not_in_own_transaction(&job)?;
         sqlite::enqueue_one(&OnConn::<sqlx::Sqlite>::new(conn, true), &job.parts()).await
     }
 
@@ -272,10 +273,17 @@ impl Queue {
             .map_err(not_initialised)
     }
 
-    /// Cancels a ready or running job (a running one's result is then refused by fencing).
+    /// Cancels a waiting, ready or running job (a running one's result is then refused by
+    /// fencing), and the jobs that wait for it (but those that run anyway, which it releases
+    /// once the rest of what they wait for finished).
     /// Returns whether a job was cancelled.
     pub async fn cancel(&self, id: i64) -> Result<bool> {
-        Ok(retry_transient!(store(&self.db).admin(Admin::Cancel(id)).await)? > 0)
+        let cancelled = retry_transient!(store(&self.db).admin(Admin::Cancel(id)).await)? > 0;
+        if cancelled {
+            // The jobs that waited for it are cancelled with it (or run anyway).
+            self.resolve(after::Scope::For(vec![id])).await?;
+        }
+        Ok(cancelled)
     }
 
     /// Makes a dead or cancelled job ready again, with its attempts reset. Returns whether one was.
@@ -284,13 +292,28 @@ impl Queue {
     }
 
     /// Deletes a job that is not running (a running one must be cancelled first, so that its
-    /// worker is fenced out rather than finding its job gone). Returns whether one was deleted.
+    /// worker is fenced out rather than finding its job gone). The jobs waiting for one that
+    /// had not completed are cancelled first, naming it. Returns whether one was deleted.
     pub async fn delete(&self, id: i64) -> Result<bool> {
+        // The jobs waiting for a job deleted before it completed are cancelled (a job that is
+        // gone counts as done for those still waiting).
+        match self.get(id).await?.map(|j| j.status) {
+            Some(s) if s == "waiting" || s == "ready" => {
+                self.cancel(id).await?;
+            }
+            Some(s) if s == "dead" || s == "cancelled" => {
+                self.resolve(after::Scope::For(vec![id])).await?;
+            }
+            _ => {}
+        }
         Ok(retry_transient!(store(&self.db).admin(Admin::Delete(id)).await)? > 0)
     }
 
     /// Deletes completed, dead and cancelled jobs that finished longer than `age` ago.
     pub async fn prune(&self, age: Duration) -> Result<u64> {
+        // A job waiting for a dead or cancelled job is cancelled before that job goes (a job
+        // that is gone counts as done).
+        self.release_waiting().await?;
         retry_transient!(store(&self.db).admin(Admin::Prune(age)).await)
     }
 
@@ -339,7 +362,7 @@ impl Queue {
         loop {
             let room = rest.map_or(bulk::BATCH, |r| r.min(u64::from(bulk::BATCH)) as u32);
             if room == 0 {
-                return Ok(changed);
+                break;
             }
             let batch =
                 retry_transient!(store.batch(action, &f, room).await).map_err(not_initialised)?;
@@ -351,9 +374,14 @@ impl Queue {
             rest = rest.map(|r| r.saturating_sub(batch.found as u64));
             match batch.lowest {
                 Some(low) if batch.found == room as usize => f.before_id = Some(low),
-                _ => return Ok(changed),
+                _ => break,
             }
         }
+        if action == BulkAction::Cancel && changed > 0 {
+            // The jobs that waited for those cancelled are cancelled with them.
+            self.release_waiting().await?;
+        }
+        Ok(changed)
     }
 
     /// Retries job `id`, which has a unique key: 1 if it is ready again, 0 if another pending

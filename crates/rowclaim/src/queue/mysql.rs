@@ -74,6 +74,7 @@ impl QueueStore for My {
             run.push(p);
         }
         insert_run(&tx, &mut run, &mut step, &mut out).await?;
+        super::after::hold(&tx, jobs, &out).await?;
         tx.commit_as(|| super::job::enqueue_what(parts.len()))
             .await?;
         Ok(out)
@@ -333,6 +334,13 @@ const MIGRATIONS: &[&[&str]] = &[&["CREATE TABLE IF NOT EXISTS rowclaim_jobs (
     // v10: a job's failed attempts, each with its error and times (the last 20; see
     // `outcome_set`), as JSON text.
     &["ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS errors LONGTEXT NULL"],
+    // v11, v12: jobs that wait for other jobs (`after.rs`): what each waits for, and whether it
+    // runs anyway when one of those ends dead or cancelled. A waiting job's status is
+    // 'waiting', which no claim reads (the claim index, led by status, finds waiting jobs too).
+    &["CREATE TABLE IF NOT EXISTS rowclaim_waits (job BIGINT NOT NULL, waits_for BIGINT NOT NULL, \
+     PRIMARY KEY (job, waits_for), KEY rowclaim_waits_for (waits_for)) \
+     ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"],
+    &["ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS if_failed VARCHAR(16) NULL"],
 ];
 
 /// The schedules' migrations: version `i + 1` is entry `i`. MySQL

@@ -106,6 +106,7 @@ impl QueueStore for Pg {
         for q in woken {
             tx.execute(notify(q)).await?;
         }
+        super::after::hold(&tx, jobs, &out).await?;
         tx.commit_as(|| super::job::enqueue_what(jobs.len()))
             .await?;
         Ok(out)
@@ -244,6 +245,17 @@ const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
     // v6: a job's failed attempts, each with its error and times (the last 20; see
     // `outcome_set`).
     &["ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS errors jsonb"],
+    // v7: jobs that wait for other jobs (`after.rs`): what each waits for, and whether it runs
+    // anyway when one of those ends dead or cancelled. A waiting job's status is 'waiting',
+    // which no claim reads.
+    &[
+        "CREATE TABLE IF NOT EXISTS rowclaim_waits \
+         (job bigint NOT NULL, waits_for bigint NOT NULL, PRIMARY KEY (job, waits_for))",
+        "CREATE INDEX IF NOT EXISTS rowclaim_waits_for ON rowclaim_waits (waits_for)",
+        "ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS if_failed text",
+        "CREATE INDEX IF NOT EXISTS rowclaim_jobs_waiting ON rowclaim_jobs (id) \
+         WHERE status = 'waiting'",
+    ],
 ];
 
 /// The schedules' schema, one list of statements per version. Append, never edit.

@@ -11,7 +11,14 @@ use crate::backend::sql::{Binder, Dialect};
 use crate::error::{Error, Result};
 
 /// The states a job of the managed queue can be in.
-pub const JOB_STATUSES: &[&str] = &["ready", "running", "completed", "dead", "cancelled"];
+pub const JOB_STATUSES: &[&str] = &[
+    "waiting",
+    "ready",
+    "running",
+    "completed",
+    "dead",
+    "cancelled",
+];
 
 /// Which jobs [`crate::Queue::list`] returns: all of them unless narrowed, newest first.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -56,7 +63,7 @@ impl JobFilter {
         self
     }
 
-    /// Only jobs in `status`: `ready`, `running`, `completed`, `dead` or `cancelled`.
+    /// Only jobs in `status`: `waiting`, `ready`, `running`, `completed`, `dead` or `cancelled`.
     pub fn status(mut self, status: impl Into<String>) -> Self {
         self.status = Some(status.into());
         self
@@ -138,7 +145,7 @@ pub struct JobRecord {
     pub queue: String,
     /// Its kind.
     pub kind: String,
-    /// `ready`, `running`, `completed`, `dead` or `cancelled`.
+    /// `waiting`, `ready`, `running`, `completed`, `dead` or `cancelled`.
     pub status: String,
     /// Its payload.
     pub payload: serde_json::Value,

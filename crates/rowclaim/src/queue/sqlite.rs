@@ -46,6 +46,7 @@ impl QueueStore for Lite {
         for job in jobs {
             out.push(enqueue_one(&tx, &job.parts()).await?);
         }
+        super::after::hold(&tx, jobs, &out).await?;
         tx.commit_as(|| super::job::enqueue_what(jobs.len()))
             .await?;
         Ok(out)
@@ -160,6 +161,17 @@ const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
     // v6: a job's failed attempts, each with its error and times (the last 20; see
     // `outcome_set`), as JSON text.
     &["ALTER TABLE rowclaim_jobs ADD COLUMN errors TEXT"],
+    // v7: jobs that wait for other jobs (`after.rs`): what each waits for, and whether it runs
+    // anyway when one of those ends dead or cancelled. A waiting job's status is 'waiting',
+    // which no claim reads.
+    &[
+        "CREATE TABLE IF NOT EXISTS rowclaim_waits (job INTEGER NOT NULL, \
+         waits_for INTEGER NOT NULL, PRIMARY KEY (job, waits_for)) WITHOUT ROWID",
+        "CREATE INDEX IF NOT EXISTS rowclaim_waits_for ON rowclaim_waits (waits_for)",
+        "ALTER TABLE rowclaim_jobs ADD COLUMN if_failed TEXT",
+        "CREATE INDEX IF NOT EXISTS rowclaim_jobs_waiting ON rowclaim_jobs (id) \
+         WHERE status = 'waiting'",
+    ],
 ];
 
 /// The schedules' schema, one list of statements per version. Append, never edit.

@@ -33,7 +33,7 @@ pub async fn job(
         "cancel" => (
             "cancel job",
             queue.cancel(id).await,
-            "not ready or running (only those can be cancelled)",
+            "not waiting, ready or running (only those can be cancelled)",
         ),
         "delete" => (
             "delete job",

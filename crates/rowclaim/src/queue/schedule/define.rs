@@ -203,6 +203,10 @@ impl Schedule {
         self.job
             .check()
             .map_err(|e| self.invalid("job", "", e.to_string()))?;
+        if self.job.waits() {
+            let why = "waits for other jobs (after): a tick's job cannot (it has a unique key)";
+            return Err(self.invalid("job", "", why.to_owned()));
+        }
         let (timing, expression, zone) = match &self.when {
             When::Every(every) => self.every_timing(*every)?,
             When::Cron(expr) => self.cron_timing(expr.trim())?,

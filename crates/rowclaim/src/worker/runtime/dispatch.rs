@@ -234,11 +234,21 @@ fn unstarted(sh: &Shared, held: Arc<Held>, row: &ClaimedRow) -> Finished {
 }
 
 /// Looks at the paused queues every third of the lease (as often as heartbeats renew it), for
-/// as long as the worker runs. A look that fails keeps the last answer.
+/// as long as the worker runs. A look that fails keeps the last answer. Once a lease it also
+/// sweeps a page of the waiting jobs ([`crate::Queue::release_waiting`], page by page): a job
+/// whose finisher died before it released the jobs waiting for it is seen there.
 pub(super) async fn watch_paused(sh: Arc<Shared>, paused: watch::Sender<Paused>) {
     let every = (sh.cfg.lease / 3).max(Duration::from_millis(100));
     let queue = sh.claimer.db().queue();
-    loop {
+    // Where the sweep goes on: a page of waiting jobs a round, so its cost stays bounded.
+    let mut swept_to = 0;
+    for round in 0u64.. {
+        if round % 3 == 0 {
+            match queue.sweep_from(swept_to).await {
+                Ok((_, next)) => swept_to = next.unwrap_or(0),
+                Err(e) => tracing::debug!("sweeping the waiting jobs: {e}"),
+            }
+        }
         match queue.paused().await {
             Ok(names) => {
                 let now = Paused(names.into_iter().collect());

@@ -88,6 +88,32 @@ impl Held {
     }
 }
 
+impl Held {
+    /// After jobs of the managed queue finished for good (completed or dead), the jobs that
+    /// wait for them look again (`queue/after.rs`), right after the settle committed. A look
+    /// that fails is left to the workers' sweep: the finish is written already.
+    async fn release_waiters(&self, ids: &[RowId], lost: &[RowId]) {
+        let claimer = self.claim.claimer();
+        if crate::queue::served(claimer).is_none() {
+            return;
+        }
+        let done: Vec<i64> = ids
+            .iter()
+            .filter(|id| !lost.contains(id))
+            .filter_map(|id| match id {
+                RowId::Int(i) => Some(*i),
+                RowId::Text(_) => None,
+            })
+            .collect();
+        if done.is_empty() {
+            return;
+        }
+        if let Err(e) = claimer.db().queue().finished(done).await {
+            tracing::warn!("releasing the jobs that wait for finished jobs (the sweep will): {e}");
+        }
+    }
+}
+
 /// The claim core behind the settler.
 impl Settle for Held {
     fn lease(&self) -> &Lease {
@@ -98,7 +124,12 @@ impl Settle for Held {
         // A broken transaction claim loses all its rows at once: stop the others' jobs now, also
         // when the settler's time limit cuts the statement off.
         let _after = StopForgotten(self);
-        self.claim.settle_rows(ids, outcome).await
+        let finished = matches!(outcome, Outcome::Done(_) | Outcome::Failed(_));
+        let lost = self.claim.settle_rows(ids, outcome).await?;
+        if finished {
+            self.release_waiters(ids, &lost).await;
+        }
+        Ok(lost)
     }
 
     fn give_up(&self, ids: &[RowId]) {

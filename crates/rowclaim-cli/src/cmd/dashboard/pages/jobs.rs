@@ -36,12 +36,16 @@ pub async fn job(
             )
         }
     };
+    // What it waits for and what waits for it (nothing to show before the queue's schema has
+    // waits, or when they cannot be read: the job itself still shows).
+    let links = state.db.queue().links(id).await.unwrap_or_default();
     let payload = serde_json::to_string_pretty(&job.payload).unwrap_or_default();
     let mut timeline: Vec<(SystemTime, String)> = vec![(job.created_at, "enqueued".to_owned())];
     timeline.push((
         job.run_at,
         match job.status.as_str() {
             "ready" => "due to run",
+            "waiting" => "due once its wait is over",
             _ => "last run due",
         }
         .to_owned(),
@@ -87,6 +91,14 @@ pub async fn job(
             @if let Some(t) = job.attempted_at { tr { th { "last started" } td { (when(t)) } } }
             @if let Some(t) = job.timeout_ms { tr { th { "timeout" } td { (t) " ms" } } }
         }
+        @if !links.waits_for.is_empty() {
+            h2 { "Waits for" }
+            (linked("waits-for", &links.waits_for))
+        }
+        @if !links.waited_by.is_empty() {
+            h2 { "Waited for by" }
+            (linked("waited-by", &links.waited_by))
+        }
         h2 { "Timeline" }
         ol #timeline { @for (t, what) in &timeline { li { (when(*t)) " — " (what) } } }
         h2 { "Payload" }
@@ -120,7 +132,7 @@ pub async fn job(
                 @if st == "dead" || st == "cancelled" {
                     (action_button(&who, &format!("/jobs/{id}/retry"), &[], "Retry", &format!("Retry job {id} (ready again, attempts reset)?"), false)) " "
                 }
-                @if st == "ready" || st == "running" {
+                @if st == "waiting" || st == "ready" || st == "running" {
                     (action_button(&who, &format!("/jobs/{id}/cancel"), &[], "Cancel", &format!("Cancel job {id}? A running job's result will be refused."), true)) " "
                 }
                 @if st != "running" {
@@ -130,4 +142,24 @@ pub async fn job(
         }
     };
     layout(&state, &who, &format!("Job {id}"), true, body).into_response()
+}
+
+/// Jobs linked to this one by a wait, each a link to its page with its status (a job that is
+/// gone, deleted when it completed or pruned, has no page).
+fn linked(id: &str, jobs: &[rowclaim::Link]) -> maud::Markup {
+    html! {
+        ul id=(id) {
+            @for j in jobs {
+                li {
+                    @match &j.status {
+                        Some(s) => {
+                            a href=(format!("/jobs/{}", j.id)) { "job " (j.id) } " — "
+                            span.problem[s == "dead" || s == "cancelled"] { (s) }
+                        }
+                        None => { "job " (j.id) " — " span.muted { "gone (deleted or pruned)" } }
+                    }
+                }
+            }
+        }
+    }
 }
