@@ -14,7 +14,8 @@
 /// PostgreSQL's versions: named parameters with defaults (NULL means the default too, so that
 /// a client may pass every option), the job's id returned.
 #[cfg(feature = "postgres")]
-pub(crate) const POSTGRES: &[&[&str]] = &[&[
+pub(crate) const POSTGRES: &[&[&str]] = &[
+    &[
     "CREATE OR REPLACE FUNCTION rowclaim_enqueue(
     payload jsonb DEFAULT '{}',
     queue text DEFAULT 'default',
@@ -97,7 +98,147 @@ BEGIN
     END LOOP;
 END
 $rowclaim$",
-]];
+    ],
+    // 2: `after` and `run_anyway` (jobs that wait).
+    &[
+        "DROP FUNCTION IF EXISTS rowclaim_enqueue(jsonb, text, text, integer, timestamptz, \
+         interval, integer, text, text, interval)",
+    "CREATE OR REPLACE FUNCTION rowclaim_enqueue(
+    payload jsonb DEFAULT '{}',
+    queue text DEFAULT 'default',
+    kind text DEFAULT '',
+    priority integer DEFAULT 0,
+    run_at timestamptz DEFAULT NULL,
+    delay interval DEFAULT NULL,
+    max_attempts integer DEFAULT 25,
+    unique_key text DEFAULT NULL,
+    limit_key text DEFAULT NULL,
+    timeout interval DEFAULT NULL,
+    after bigint[] DEFAULT NULL,
+    run_anyway boolean DEFAULT false)
+RETURNS bigint
+LANGUAGE plpgsql
+AS $rowclaim$
+#variable_conflict use_column
+DECLARE
+    q text := COALESCE(rowclaim_enqueue.queue, 'default');
+    k text := COALESCE(rowclaim_enqueue.kind, '');
+    tries integer := 0;
+    job_id bigint;
+    -- What it waits for, sorted and without twins (as NewJob::waits_for); NULL: nothing.
+    deps bigint[] := NULLIF(ARRAY(SELECT DISTINCT d FROM unnest(rowclaim_enqueue.after) AS d
+        ORDER BY d), '{}');
+    anyway boolean := COALESCE(rowclaim_enqueue.run_anyway, false);
+    missing bigint;
+    failed_id bigint;
+    failed_status text;
+BEGIN
+    IF rowclaim_enqueue.payload IS NULL THEN
+        RAISE EXCEPTION 'rowclaim_enqueue: payload is NULL; give a JSON value, e.g. ''{}''::jsonb'
+            USING ERRCODE = '22023';
+    END IF;
+    IF length(q) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'rowclaim_enqueue: queue name must have 1 to 255 characters'
+            USING ERRCODE = '22023';
+    END IF;
+    IF COALESCE(rowclaim_enqueue.max_attempts, 1) < 1 THEN
+        RAISE EXCEPTION 'rowclaim_enqueue: max_attempts must be at least 1, not %',
+            rowclaim_enqueue.max_attempts USING ERRCODE = '22023';
+    END IF;
+    IF length(rowclaim_enqueue.unique_key) > 255 THEN
+        RAISE EXCEPTION 'rowclaim_enqueue: unique_key is longer than 255 characters'
+            USING ERRCODE = '22023';
+    END IF;
+    IF length(rowclaim_enqueue.limit_key) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'rowclaim_enqueue: limit_key must have 1 to 255 characters'
+            USING ERRCODE = '22023';
+    END IF;
+    IF rowclaim_enqueue.delay < interval '0' THEN
+        RAISE EXCEPTION 'rowclaim_enqueue: delay must not be negative, not %',
+            rowclaim_enqueue.delay USING ERRCODE = '22023';
+    END IF;
+    IF rowclaim_enqueue.timeout <= interval '0' THEN
+        RAISE EXCEPTION 'rowclaim_enqueue: timeout must be longer than zero, not %',
+            rowclaim_enqueue.timeout USING ERRCODE = '22023';
+    END IF;
+    IF deps IS NOT NULL THEN
+        IF rowclaim_enqueue.unique_key IS NOT NULL THEN
+            RAISE EXCEPTION 'rowclaim_enqueue: a job that waits for other jobs (after) cannot have a unique key'
+                USING ERRCODE = '22023';
+        END IF;
+        IF array_position(deps, NULL) IS NOT NULL THEN
+            RAISE EXCEPTION 'rowclaim_enqueue: after holds a NULL; give the ids of jobs'
+                USING ERRCODE = '22023';
+        END IF;
+        SELECT d INTO missing FROM unnest(deps) AS d
+        WHERE NOT EXISTS (SELECT 1 FROM rowclaim_jobs AS j WHERE j.id = d) ORDER BY d LIMIT 1;
+        IF missing IS NOT NULL THEN
+            RAISE EXCEPTION 'rowclaim_enqueue: waits for job %, which does not exist (never enqueued, deleted, or pruned after it finished); leave it out of after',
+                missing USING ERRCODE = '22023';
+        END IF;
+    END IF;
+    LOOP
+        tries := tries + 1;
+        -- As Queue::enqueue: a pending twin (ready or running) makes this insert nothing, a
+        -- concurrent one waits for the other transaction, then conflicts.
+        INSERT INTO rowclaim_jobs
+            (queue, kind, payload, priority, run_at, max_attempts, unique_key, timeout_ms,
+             limit_key)
+        VALUES (q, k, rowclaim_enqueue.payload, COALESCE(rowclaim_enqueue.priority, 0),
+            COALESCE(rowclaim_enqueue.run_at, now() + COALESCE(rowclaim_enqueue.delay, interval '0')),
+            COALESCE(rowclaim_enqueue.max_attempts, 25), rowclaim_enqueue.unique_key,
+            ceil(extract(epoch FROM rowclaim_enqueue.timeout) * 1000)::bigint,
+            rowclaim_enqueue.limit_key)
+        ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('ready', 'running')
+        DO NOTHING
+        RETURNING id INTO job_id;
+        IF job_id IS NOT NULL AND deps IS NOT NULL THEN
+            -- As after::hold: the edges, then the verdict of after::judge on the jobs it
+            -- waits for as they are now (the first dead or cancelled one cancels it, unless
+            -- it runs anyway; any unfinished one makes it wait). One that finishes between
+            -- this read and the commit is seen by the workers' sweep.
+            INSERT INTO rowclaim_waits (job, waits_for) SELECT job_id, d FROM unnest(deps) AS d;
+            SELECT j.id, j.status INTO failed_id, failed_status FROM rowclaim_jobs AS j
+            WHERE j.id = ANY (deps) AND j.status IN ('dead', 'cancelled') AND NOT anyway
+            ORDER BY j.id LIMIT 1;
+            IF failed_id IS NOT NULL THEN
+                UPDATE rowclaim_jobs SET status = 'cancelled', finished_at = now(),
+                    last_error = format('cancelled: job %s, which it waited for, %s', failed_id,
+                        CASE failed_status WHEN 'dead' THEN 'ended dead' ELSE 'was cancelled' END)
+                WHERE id = job_id;
+                RETURN job_id;
+            END IF;
+            UPDATE rowclaim_jobs SET if_failed = CASE WHEN anyway THEN 'run' END,
+                status = CASE WHEN EXISTS (SELECT 1 FROM rowclaim_jobs AS j
+                    WHERE j.id = ANY (deps)
+                    AND j.status NOT IN ('completed', 'dead', 'cancelled'))
+                    THEN 'waiting' ELSE status END
+            WHERE id = job_id
+            RETURNING status INTO failed_status;
+            IF failed_status <> 'ready' THEN
+                RETURN job_id;
+            END IF;
+        END IF;
+        IF job_id IS NOT NULL THEN
+            -- Delivered at the commit, as Queue::enqueue's wake-up.
+            PERFORM pg_notify('rowclaim_jobs', q);
+            RETURN job_id;
+        END IF;
+        SELECT id INTO job_id FROM rowclaim_jobs
+        WHERE unique_key = rowclaim_enqueue.unique_key AND status IN ('ready', 'running');
+        IF job_id IS NOT NULL THEN
+            RETURN job_id;
+        END IF;
+        -- The twin finished between the two statements: try the insert again.
+        IF tries >= 5 THEN
+            RAISE EXCEPTION 'rowclaim_enqueue: unique key % keeps changing hands; try again',
+                rowclaim_enqueue.unique_key USING ERRCODE = '40001';
+        END IF;
+    END LOOP;
+END
+$rowclaim$",
+    ],
+];
 
 /// MariaDB/MySQL's versions: `CALL rowclaim_enqueue(payload, options)`, the options a JSON
 /// object (MySQL's routines have neither named nor defaulted parameters: an object of options
@@ -294,6 +435,76 @@ mod tests {
             }
             drop(db);
         }
+    }
+
+    /// The documented enqueue that waits (`block`, for jobs 1 and 2, enqueued first): the job
+    /// waits until both completed, then is ready; with an id of no job it is refused with an
+    /// error containing `unknown` and leaves no job; waiting for a dead job it is cancelled,
+    /// naming that job.
+    async fn waits(backend: Backend, block: &str, unknown: &str) {
+        let sql = documented_sql(block);
+        assert!(sql.contains("[1, 2]"), "{block}: waits for jobs 1 and 2");
+        let t = TestDb::new(backend).await;
+        let db = crate::Db::connect(&t.url).await.expect("connect");
+        let q = db.queue();
+        q.init().await.expect("init");
+        for want in [1, 2] {
+            let dep = crate::NewJob::new(serde_json::json!({"dep": want}));
+            assert_eq!(q.enqueue(&dep).await.expect("enqueue").id, want);
+        }
+        let jobs = "SELECT COUNT(*) FROM rowclaim_jobs";
+
+        let err = t
+            .try_exec(&sql.replace("[1, 2]", "[2, 987654]"))
+            .await
+            .expect_err("an unknown id");
+        assert!(err.contains(unknown), "{block}: {err}");
+        assert_eq!(t.count(jobs).await, 2, "{block}: refused whole");
+
+        t.exec(&sql).await;
+        let waiter = 3;
+        let status = |id: i64| {
+            let q = q.clone();
+            async move { q.get(id).await.expect("get").expect("the job") }
+        };
+        assert_eq!(status(waiter).await.status, "waiting", "{block}");
+        let edges = "SELECT COUNT(*) FROM rowclaim_waits WHERE job = 3";
+        assert_eq!(t.count(edges).await, 2, "{block}");
+        let claimer = q.claimer(&[]).await.expect("claimer");
+        let lease = std::time::Duration::from_secs(30);
+        let c = claimer.claim(10, lease).await.expect("claim");
+        assert_eq!(c.len(), 2, "{block}: the waiting job is not claimed");
+        c.complete(&c.rows()[0].id).await.expect("complete");
+        assert_eq!(q.release_waiting().await.expect("look"), 0, "{block}");
+        assert_eq!(status(waiter).await.status, "waiting", "{block}: one left");
+        c.complete(&c.rows()[1].id).await.expect("complete");
+        assert_eq!(q.release_waiting().await.expect("look"), 1, "{block}");
+        assert_eq!(status(waiter).await.status, "ready", "{block}: released");
+
+        let doomed = crate::NewJob::new(serde_json::json!({}))
+            .priority(100)
+            .max_attempts(1);
+        let dead = q.enqueue(&doomed).await.expect("enqueue").id;
+        let c = claimer.claim(1, lease).await.expect("claim");
+        assert_eq!(c.rows()[0].id.to_string(), dead.to_string());
+        c.fail(&c.rows()[0].id).await.expect("fail");
+        t.exec(&sql.replace("[1, 2]", &format!("[1, {dead}]")))
+            .await;
+        let cancelled = status(dead + 1).await;
+        assert_eq!(cancelled.status, "cancelled", "{block}");
+        assert_eq!(
+            cancelled.last_error.as_deref(),
+            Some(super::super::after::cancel_reason(dead, "dead").as_str()),
+            "{block}"
+        );
+        assert_eq!(t.count(jobs).await, 5, "{block}");
+        drop(db);
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn postgres_waits() {
+        waits(Backend::Postgres, "postgres-after", "job 987654,").await;
     }
 
     #[cfg(feature = "postgres")]
