@@ -18,6 +18,11 @@ export interface JobOptions {
   limitKey?: string | null;
   /** How long one run may take, in milliseconds; default the worker's. */
   timeoutMs?: number | null;
+  /** Ids of jobs it waits for: it runs once all of them completed; if one ended dead or
+   * cancelled, it is cancelled (naming that job) unless runAnyway. No unique key with it. */
+  after?: number[] | null;
+  /** With after: run also when one of them ended dead or cancelled. */
+  runAnyway?: boolean | null;
 }
 
 /** A job for enqueueMany: its payload and options. */

@@ -16,6 +16,8 @@ const OPTIONS = new Set([
   "uniqueKey",
   "limitKey",
   "timeoutMs",
+  "after",
+  "runAnyway",
 ]);
 
 // PostgreSQL: every option passed, NULL being the function's default.
@@ -23,7 +25,8 @@ const POSTGRES =
   "SELECT rowclaim_enqueue(payload => $1::jsonb, queue => $2, kind => $3, priority => $4, " +
   "run_at => $5::timestamptz, delay => make_interval(secs => $6::float8 / 1000), " +
   "max_attempts => $7, unique_key => $8, limit_key => $9, " +
-  "timeout => make_interval(secs => $10::float8 / 1000)) AS id";
+  "timeout => make_interval(secs => $10::float8 / 1000), after => $11::int8[], " +
+  "run_anyway => $12) AS id";
 
 const MYSQL = "CALL rowclaim_enqueue(?, ?)";
 
@@ -71,6 +74,15 @@ function check(options) {
   if (o.timeoutMs != null && o.timeoutMs <= 0) {
     throw new RangeError("timeoutMs must be more than zero");
   }
+  if (o.after != null && !(Array.isArray(o.after) && o.after.every(isInt))) {
+    throw new TypeError("after must be an array of job ids (integers)");
+  }
+  if (o.after?.length && o.uniqueKey != null) {
+    throw new TypeError("a job that waits for other jobs (after) cannot have a unique key");
+  }
+  if (o.runAnyway != null && typeof o.runAnyway !== "boolean") {
+    throw new TypeError("runAnyway must be true or false");
+  }
 }
 
 function payloadJson(payload) {
@@ -117,6 +129,8 @@ async function one(conn, payload, options = {}) {
       o.uniqueKey ?? null,
       o.limitKey ?? null,
       o.timeoutMs ?? null,
+      o.after ?? null,
+      o.runAnyway ?? null,
     ]);
     return toId(res.rows[0]?.id);
   }
@@ -130,6 +144,8 @@ async function one(conn, payload, options = {}) {
     unique_key: o.uniqueKey,
     limit_key: o.limitKey,
     timeout_ms: o.timeoutMs,
+    after: o.after,
+    run_anyway: o.runAnyway,
   };
   // mysql2's callback connections give their promise API with .promise().
   const c = typeof conn.promise === "function" ? conn.promise() : conn;
@@ -140,7 +156,9 @@ async function one(conn, payload, options = {}) {
 /**
  * Enqueues one job on `conn` (pg Client or PoolClient, or a mysql2 connection), in the
  * transaction it has open; resolves to the job's id. With a unique key that a ready or running
- * job has already, resolves to that job's id.
+ * job has already, resolves to that job's id. With `after` (ids of jobs it waits for) it is
+ * enqueued waiting and runs once all of them completed; if one ended dead or cancelled it is
+ * cancelled, naming it, unless `runAnyway`.
  */
 export async function enqueue(conn, payload, options) {
   return one(conn, payload, options);

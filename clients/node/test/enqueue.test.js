@@ -253,6 +253,50 @@ for (const [backend, b] of Object.entries(backends)) {
       assert.deepEqual(got, [["ready"], ["completed"]]);
     });
 
+    test("a job that waits runs after its job; a dead one cancels it unless it runs anyway", async () => {
+      await fresh();
+      const s = await b.connect(url);
+      // Ended however the test ends: an open connection would keep node --test waiting.
+      try {
+        await waitsThenRuns(s);
+      } finally {
+        await s.end();
+      }
+    });
+
+    async function waitsThenRuns(s) {
+      await s.begin();
+      const first = await enqueue(s.conn, { to: "first" }, { queue: "mail" });
+      const waits = await enqueue(s.conn, { to: "second" }, { queue: "mail", after: [first] });
+      // No recipient: the example handler fails it, and with one attempt it is dead.
+      const doomed = await enqueue(s.conn, {}, { queue: "doomed", maxAttempts: 1 });
+      await s.commit();
+      const status = async (id) =>
+        (await rows(`SELECT status FROM rowclaim_jobs WHERE id = ${id}`))[0][0];
+      assert.equal(await status(waits), "waiting");
+      work("mail");
+      assert.equal(await status(waits), "completed");
+      assert.throws(() => work("doomed"), /exited with status 1/);
+      assert.equal(await status(doomed), "dead");
+      await s.begin();
+      const cancelled = await enqueue(s.conn, { to: "x" }, { queue: "mail", after: [doomed] });
+      const anyway = await enqueue(s.conn, { to: "y" }, {
+        queue: "mail",
+        after: [doomed],
+        runAnyway: true,
+      });
+      await s.commit();
+      await assert.rejects(
+        enqueue(s.conn, {}, { after: [first, 987654] }),
+        /waits for job 987654, which does not exist/,
+      );
+      const got = await rows(`SELECT status, last_error FROM rowclaim_jobs WHERE id = ${cancelled}`);
+      assert.deepEqual(got, [
+        ["cancelled", `cancelled: job ${doomed}, which it waited for, ended dead`],
+      ]);
+      assert.equal(await status(anyway), "ready");
+    }
+
     test("bad options are refused, naming them", async () => {
       await fresh();
       const s = await b.connect(url);

@@ -1,6 +1,7 @@
 //! Enqueue in SQL from the databases' own command-line clients (`psql`, `mariadb`/`mysql`,
 //! `sqlite3`), as `docs/enqueue-sql.md` writes it: inside a transaction that rolls back it
-//! leaves no job; inside one that commits it makes a job that `rowclaim work` runs.
+//! leaves no job; inside one that commits it makes a job that `rowclaim work` runs; a job
+//! enqueued waiting for two others runs once `rowclaim work` completed them.
 
 mod support;
 
@@ -136,6 +137,59 @@ async fn mysql() {
 async fn sqlite3() {
     with_db(Backend::Sqlite, |t| async move {
         rolled_back_or_run(&t, "sqlite").await
+    })
+    .await;
+}
+
+/// The documented enqueue that waits for jobs 1 and 2 (enqueued first with `rowclaim enqueue`),
+/// through the database's own client: the job waits; one `rowclaim work --until-empty` runs the
+/// two, releases it and runs it.
+async fn waits_then_runs(t: &TestDb, block: &str) {
+    run_ok(&t.url, &["init"], "").await;
+    run_ok(
+        &t.url,
+        &["enqueue", "--queue", "mail"],
+        "{\"to\": \"a\"}\n{\"to\": \"b\"}\n",
+    )
+    .await;
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE id IN (1, 2)")
+            .await,
+        2
+    );
+    client(t, &documented_sql(block)).await;
+    let waiting = "SELECT COUNT(*) FROM rowclaim_jobs WHERE id = 3 AND status = 'waiting'";
+    assert_eq!(t.count(waiting).await, 1, "{block}");
+    run_ok(
+        &t.url,
+        &["work", "--queue", "mail", "--until-empty", "--", "cat"],
+        "",
+    )
+    .await;
+    let completed = "SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'completed'";
+    assert_eq!(t.count(completed).await, 3, "{block}");
+}
+
+#[tokio::test]
+async fn psql_waits() {
+    with_db(Backend::Postgres, |t| async move {
+        waits_then_runs(&t, "postgres-after").await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mysql_waits() {
+    with_db(Backend::MySql, |t| async move {
+        waits_then_runs(&t, "mysql-after").await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sqlite3_waits() {
+    with_db(Backend::Sqlite, |t| async move {
+        waits_then_runs(&t, "sqlite-after").await
     })
     .await;
 }

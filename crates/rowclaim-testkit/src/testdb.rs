@@ -207,6 +207,31 @@ impl TestDb {
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
+    /// Runs raw SQL on one connection; on an error, rolls back what the SQL left open on it
+    /// (a `BEGIN` its failing statement never reached the end of) and answers the error's text.
+    pub async fn try_exec(&self, sql: &str) -> Result<(), String> {
+        async fn on<DB: sqlx::Database>(p: &sqlx::Pool<DB>, sql: &str) -> Result<(), String>
+        where
+            for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+        {
+            let mut c = p.acquire().await.map_err(|e| e.to_string())?;
+            let q = sqlx::AssertSqlSafe(sql.to_owned());
+            let r = sqlx::raw_sql(q).execute(&mut *c).await.map(|_| ());
+            if let Err(e) = r {
+                let _ = sqlx::raw_sql(sqlx::AssertSqlSafe("ROLLBACK".to_owned()))
+                    .execute(&mut *c)
+                    .await;
+                return Err(e.to_string());
+            }
+            Ok(())
+        }
+        match &self.raw {
+            Raw::Pg(p) => on(p, sql).await,
+            Raw::My(p) => on(p, sql).await,
+            Raw::Lite(p) => on(p, sql).await,
+        }
+    }
+
     /// The first column of every row, as text (cast it in the SQL where needed).
     pub async fn strings(&self, sql: &str) -> Vec<Option<String>> {
         let q = sqlx::AssertSqlSafe(sql.to_owned());

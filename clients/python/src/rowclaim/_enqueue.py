@@ -16,7 +16,8 @@ from ._job import Job
 _POSTGRES = (
     "SELECT rowclaim_enqueue(payload => %s::jsonb, queue => %s, kind => %s, priority => %s, "
     "run_at => %s::timestamptz, delay => %s::interval, max_attempts => %s, "
-    "unique_key => %s, limit_key => %s, timeout => %s::interval)"
+    "unique_key => %s, limit_key => %s, timeout => %s::interval, after => %s::bigint[], "
+    "run_anyway => %s)"
 )
 
 
@@ -34,6 +35,8 @@ def _postgres_args(job: Job) -> Tuple[Any, ...]:
         job.unique_key,
         job.limit_key,
         timeout,
+        job.after_ids(),
+        job.run_anyway,
     )
 
 
@@ -52,6 +55,8 @@ def _mysql_options(job: Job) -> str:
         "unique_key": job.unique_key,
         "limit_key": job.limit_key,
         "timeout_ms": job.timeout_ms(),
+        "after": job.after_ids(),
+        "run_anyway": job.run_anyway,
     }
     return json.dumps({k: v for k, v in options.items() if v is not None})
 
@@ -68,6 +73,35 @@ _SQLITE_INSERT = (
 _SQLITE_PENDING = (
     "SELECT id FROM rowclaim_jobs WHERE unique_key = ? AND status IN ('ready', 'running')"
 )
+# A job that waits (docs/enqueue-sql.md, "sqlite-after"): its ids checked first (so that an
+# unknown one is named and nothing is written), then one row of rowclaim_waits per job it
+# waits for, then waiting while one has not finished, cancelled (naming it) if one failed.
+_SQLITE_UNKNOWN = (
+    "SELECT value FROM json_each(?) WHERE value NOT IN (SELECT id FROM rowclaim_jobs) "
+    "ORDER BY value LIMIT 1"
+)
+_SQLITE_EDGES = (
+    "INSERT INTO rowclaim_waits (job, waits_for) "
+    "SELECT DISTINCT ?, (SELECT id FROM rowclaim_jobs WHERE id = value) FROM json_each(?)"
+)
+_SQLITE_DEPS = (
+    "SELECT 1 FROM rowclaim_waits AS w JOIN rowclaim_jobs AS d ON d.id = w.waits_for "
+    "WHERE w.job = rowclaim_jobs.id AND d.status "
+)
+_SQLITE_WAITING = (
+    "UPDATE rowclaim_jobs SET status = 'waiting' WHERE id = ? AND EXISTS ("
+    f"{_SQLITE_DEPS}NOT IN ('completed', 'dead', 'cancelled'))"
+)
+_SQLITE_CANCEL = (
+    f"UPDATE rowclaim_jobs SET status = 'cancelled', finished_at = {_NOW_MS}, last_error = ("
+    "SELECT 'cancelled: job ' || d.id || ', which it waited for, ' "
+    "|| CASE d.status WHEN 'dead' THEN 'ended dead' ELSE 'was cancelled' END "
+    "FROM rowclaim_waits AS w JOIN rowclaim_jobs AS d ON d.id = w.waits_for "
+    "WHERE w.job = rowclaim_jobs.id AND d.status IN ('dead', 'cancelled') "
+    "ORDER BY d.id LIMIT 1) "
+    f"WHERE id = ? AND EXISTS ({_SQLITE_DEPS}IN ('dead', 'cancelled'))"
+)
+_SQLITE_RUN_ANYWAY = "UPDATE rowclaim_jobs SET if_failed = 'run' WHERE id = ?"
 # How often a unique job is inserted again when its pending twin finished in between.
 _UNIQUE_TRIES = 5
 
@@ -127,6 +161,9 @@ def _one(conn: Any, job: Job) -> int:
             while cur.nextset():
                 pass
             return _id(row)
+        ids = job.after_ids()
+        if ids:
+            return _sqlite_waiting(cur, job, json.dumps(ids))
         for _ in range(_UNIQUE_TRIES):
             cur.execute(_SQLITE_INSERT, _sqlite_args(job))
             row = cur.fetchone()
@@ -139,6 +176,26 @@ def _one(conn: Any, job: Job) -> int:
         raise RuntimeError(f"unique key {job.unique_key!r} keeps changing hands; try again")
     finally:
         cur.close()
+
+
+def _sqlite_waiting(cur: Any, job: Job, ids: str) -> int:
+    """SQLite: enqueues a job that waits for the jobs `ids` (a JSON array; no unique key)."""
+    cur.execute(_SQLITE_UNKNOWN, (ids,))
+    unknown = cur.fetchone()
+    if unknown is not None:
+        raise ValueError(
+            f"rowclaim_enqueue: waits for job {unknown[0]}, which does not exist (never "
+            "enqueued, deleted, or pruned after it finished); leave it out of after"
+        )
+    cur.execute(_SQLITE_INSERT, _sqlite_args(job))
+    job_id = _id(cur.fetchone())
+    cur.execute(_SQLITE_EDGES, (job_id, ids))
+    cur.execute(_SQLITE_WAITING, (job_id,))
+    if job.run_anyway:
+        cur.execute(_SQLITE_RUN_ANYWAY, (job_id,))
+    else:
+        cur.execute(_SQLITE_CANCEL, (job_id,))
+    return job_id
 
 
 def _id(row: Optional[Sequence[Any]]) -> int:
@@ -156,7 +213,8 @@ def enqueue(conn: Any, payload: Any = None, **options: Any) -> int:
     transaction it has open, and returns the job's id. It exists once the caller commits.
 
     The options are those of :class:`rowclaim.Job`: ``queue``, ``kind``, ``priority``,
-    ``run_at`` or ``delay``, ``max_attempts``, ``unique_key``, ``limit_key``, ``timeout``.
+    ``run_at`` or ``delay``, ``max_attempts``, ``unique_key``, ``limit_key``, ``timeout``,
+    ``after`` (ids of jobs it waits for) and ``run_anyway``.
     With a unique key that a ready or running job has already, returns that job's id.
     """
     return _one(conn, _jobs(payload, options))

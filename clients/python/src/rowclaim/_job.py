@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 #: The attempts a job gets unless told otherwise (rowclaim's `DEFAULT_MAX_ATTEMPTS`).
 DEFAULT_MAX_ATTEMPTS = 25
@@ -26,6 +26,9 @@ class Job:
     - ``unique_key``: while a job with this key is ready or running, enqueueing returns its id.
     - ``limit_key``: the key its queue's per-key limits count it under.
     - ``timeout``: how long one run may take (a timedelta or seconds); default the worker's.
+    - ``after``: the ids of jobs it waits for: it is enqueued ``waiting`` and runs once all of
+      them completed; if one ended dead or cancelled, it is cancelled (naming that job).
+    - ``run_anyway``: with ``after``, run also when one of them ended dead or cancelled.
     """
 
     payload: Any = None
@@ -38,6 +41,8 @@ class Job:
     unique_key: Optional[str] = None
     limit_key: Optional[str] = None
     timeout: Optional[Seconds] = None
+    after: Optional[Sequence[int]] = None
+    run_anyway: Optional[bool] = None
 
     def payload_json(self) -> str:
         """The payload as JSON text (None: ``{}``)."""
@@ -65,7 +70,24 @@ class Job:
             raise ValueError("delay must not be negative")
         if self.timeout is not None and self.timeout_ms() == 0:
             raise ValueError("timeout must be at least one millisecond")
+        ids = self.after_ids()
+        if ids and self.unique_key is not None:
+            raise ValueError("a job that waits for other jobs (after) cannot have a unique key")
+        if self.run_anyway is not None and not isinstance(self.run_anyway, bool):
+            raise ValueError(f"run_anyway must be True or False, not {self.run_anyway!r}")
         self.payload_json()
+
+    def after_ids(self) -> Optional[list[int]]:
+        """``after`` as a list of job ids (None when it waits for nothing)."""
+        if self.after is None:
+            return None
+        if isinstance(self.after, (str, bytes)):
+            raise ValueError("after must be a sequence of job ids, not a string")
+        ids = list(self.after)
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, int):
+                raise ValueError(f"after must hold job ids (integers), not {i!r}")
+        return ids or None
 
     def run_at_ms(self) -> Optional[int]:
         """``run_at`` in milliseconds since the Unix epoch."""
