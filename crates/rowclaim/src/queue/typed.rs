@@ -84,7 +84,7 @@ pub trait JobArgs: Serialize + DeserializeOwned {
 impl NewJob {
     /// The job that enqueuing `args` makes: its value as the payload, its type's kind, queue,
     /// priority, attempts, time limit and keys. Change what varies from one enqueue to the
-    /// next on it (`.delay(…)`, `.run_at(…)`). Fails with [`crate::Error::Shape`] when the value
+    /// next on it (`.delay(…)`, `.run_at(…)`). Fails with [`crate::error::Error::Shape`] when the value
     /// cannot be written as JSON (a map whose keys are not strings, say).
     pub fn of<T: JobArgs>(args: &T) -> Result<NewJob> {
         let payload = to_json(args, || {
@@ -108,7 +108,7 @@ impl NewJob {
     }
 }
 
-/// What [`crate::Queue::enqueue`] and its kin take: a [`NewJob`] (the dynamic form: any kind,
+/// What [`super::Queue::enqueue`] and its kin take: a [`NewJob`] (the dynamic form: any kind,
 /// any JSON), or a value of a [`JobArgs`] type. Not for implementing: implement [`JobArgs`].
 pub trait ToNewJob: sealed::Sealed {
     /// The job to enqueue (a `NewJob` as it is, a typed one as [`NewJob::of`] makes it).
@@ -141,11 +141,11 @@ impl<T: JobArgs> ToNewJob for T {
             .map(|(i, job)| {
                 NewJob::of(job).map_err(|e| match e {
                     // Which one, among many.
-                    crate::Error::Shape {
+                    crate::error::Error::Shape {
                         what,
                         field,
                         source,
-                    } => crate::Error::Shape {
+                    } => crate::error::Error::Shape {
                         what: format!("job {}: {what}", i + 1),
                         field,
                         source,
@@ -248,7 +248,7 @@ mod tests {
             text.starts_with("a job of kind \"odd\" (Odd): by_pair: "),
             "{text}"
         );
-        assert_eq!(e.kind(), crate::ErrorKind::BadInput);
+        assert_eq!(e.kind(), crate::error::ErrorKind::BadInput);
         let e = Odd::to_new_jobs(&[
             Odd {
                 by_pair: Default::default(),
