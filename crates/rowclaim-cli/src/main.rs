@@ -5,7 +5,7 @@
 //! - `error.rs`: [`CliError`], every way a command can fail, and the exit code each means.
 //! - `exit.rs`: the exit codes, written down once (for `--help`, the README and the errors).
 //! - `run_command.rs`: the worker handler behind `work`, which runs a COMMAND per row.
-//! - `spawn.rs`: how it starts a command (on Linux without forking the worker, and with the
+//! - `spawn/`: how it starts a command (on Linux without forking the worker, and with the
 //!   parent-death signal set).
 //! - `signals.rs`: how `work` stops on SIGINT, SIGTERM and SIGHUP.
 //! - `env_file.rs`: the `.env` file read before the flags.

@@ -124,7 +124,7 @@ async fn run_command(
         ]);
     }
     // In a process group of its own; killed when dropped; on Linux told to stop (SIGTERM) if
-    // rowclaim dies without stopping it (SIGKILL). See `spawn.rs`.
+    // rowclaim dies without stopping it (SIGKILL). See `spawn/`.
     let mut child = match spawn::spawn(program, args, &env, output_limit > 0) {
         Ok(child) => child,
         // A command that does not exist or may not run never will: stop the worker.
