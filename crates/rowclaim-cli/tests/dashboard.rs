@@ -695,7 +695,15 @@ async fn dashboard(t: Arc<TestDb>) {
     let anyway = enqueued_id(
         &run_ok(
             &t.url,
-            &["enqueue", "--queue", "later", "--after", &after, "--run-anyway", "{}"],
+            &[
+                "enqueue",
+                "--queue",
+                "later",
+                "--after",
+                &after,
+                "--run-anyway",
+                "{}",
+            ],
         )
         .await,
     );

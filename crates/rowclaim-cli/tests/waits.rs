@@ -51,7 +51,15 @@ async fn enqueue_after_waits_and_show_says_for_what() {
     let anyway = id_of(
         &support::run_ok(
             &url,
-            &["enqueue", "--kind", "tidy", "--after", &a, "--run-anyway", "{}"],
+            &[
+                "enqueue",
+                "--kind",
+                "tidy",
+                "--after",
+                &a,
+                "--run-anyway",
+                "{}",
+            ],
             "",
         )
         .await,

@@ -385,7 +385,9 @@ async fn in_own_tx(
 ) -> Vec<rowclaim::Result<Enqueued>> {
     macro_rules! own {
         ($pool:ty, $enqueue:path) => {{
-            let pool = <$pool>::connect(&t.url).await.expect("a pool of the test's own");
+            let pool = <$pool>::connect(&t.url)
+                .await
+                .expect("a pool of the test's own");
             let mut tx = pool.begin().await.expect("begin");
             let mut got = Vec::new();
             for job in jobs {
@@ -507,7 +509,10 @@ async fn own_transaction(t: Arc<TestDb>) {
     let x = q.get(cancelled).await.unwrap().unwrap();
     assert_eq!(x.status, "cancelled");
     let said = x.last_error.unwrap_or_default();
-    assert!(said.contains(&format!("job {d}, ")) && said.contains("dead"), "{said}");
+    assert!(
+        said.contains(&format!("job {d}, ")) && said.contains("dead"),
+        "{said}"
+    );
     assert_eq!(status(anyway).await, "ready");
 
     // Its job finishes between the enqueue and the commit (not on SQLite, whose open write
@@ -530,7 +535,11 @@ async fn own_transaction(t: Arc<TestDb>) {
             panic!("one job")
         };
         assert_eq!(status(b).await, "completed");
-        assert_eq!(status(w).await, "waiting", "no look after the caller's commit");
+        assert_eq!(
+            status(w).await,
+            "waiting",
+            "no look after the caller's commit"
+        );
         assert_eq!(q.release_waiting().await.unwrap(), 1);
         assert_eq!(status(w).await, "ready");
     }

@@ -122,10 +122,9 @@ impl Held {
 fn finished_for_good(outcome: &Outcome) -> bool {
     match outcome {
         Outcome::Done(_) | Outcome::Failed(_) => true,
-        Outcome::Ready
-        | Outcome::Retry { .. }
-        | Outcome::Snooze { .. }
-        | Outcome::Unstarted => false,
+        Outcome::Ready | Outcome::Retry { .. } | Outcome::Snooze { .. } | Outcome::Unstarted => {
+            false
+        }
     }
 }
 
