@@ -46,6 +46,27 @@ function rowclaim(url, ...args) {
   });
 }
 
+// One statement on a connection of its own, closed however the statement ends (an open
+// connection would keep node --test waiting instead of failing).
+async function pgOnce(url, sql) {
+  const c = new pg.Client({ connectionString: url });
+  await c.connect();
+  try {
+    await c.query(sql);
+  } finally {
+    await c.end();
+  }
+}
+
+async function mysqlOnce(url, sql) {
+  const c = await mysql.createConnection(mysqlConfig(url));
+  try {
+    await c.query(sql);
+  } finally {
+    await c.end();
+  }
+}
+
 function mysqlConfig(url) {
   const u = new URL(url);
   return {
@@ -61,18 +82,8 @@ function mysqlConfig(url) {
 const backends = {
   postgres: {
     admin: () => serverUrl("ROWCLAIM_TEST_POSTGRES"),
-    async create(admin, name) {
-      const c = new pg.Client({ connectionString: admin });
-      await c.connect();
-      await c.query(`CREATE DATABASE ${name}`);
-      await c.end();
-    },
-    async drop(admin, name) {
-      const c = new pg.Client({ connectionString: admin });
-      await c.connect();
-      await c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
-      await c.end();
-    },
+    create: (admin, name) => pgOnce(admin, `CREATE DATABASE ${name}`),
+    drop: (admin, name) => pgOnce(admin, `DROP DATABASE IF EXISTS ${name} WITH (FORCE)`),
     async connect(url) {
       const c = new pg.Client({ connectionString: url });
       await c.connect();
@@ -92,16 +103,8 @@ const backends = {
   },
   mysql: {
     admin: () => serverUrl("ROWCLAIM_TEST_MYSQL"),
-    async create(admin, name) {
-      const c = await mysql.createConnection(mysqlConfig(admin));
-      await c.query(`CREATE DATABASE ${name}`);
-      await c.end();
-    },
-    async drop(admin, name) {
-      const c = await mysql.createConnection(mysqlConfig(admin));
-      await c.query(`DROP DATABASE IF EXISTS ${name}`);
-      await c.end();
-    },
+    create: (admin, name) => mysqlOnce(admin, `CREATE DATABASE ${name}`),
+    drop: (admin, name) => mysqlOnce(admin, `DROP DATABASE IF EXISTS ${name}`),
     async connect(url) {
       const c = await mysql.createConnection(mysqlConfig(url));
       return {
@@ -135,15 +138,19 @@ for (const [backend, b] of Object.entries(backends)) {
       rowclaim(url, "init");
     }
 
-    // What another connection sees.
-    async function rows(sql) {
+    // `fn` on a new connection, ended however `fn` ends: a failing assertion with a
+    // connection open would otherwise keep node --test waiting instead of failing.
+    async function session(fn) {
       const s = await b.connect(url);
       try {
-        return await s.rows(sql);
+        return await fn(s);
       } finally {
         await s.end();
       }
     }
+
+    // What another connection sees.
+    const rows = (sql) => session((s) => s.rows(sql));
 
     function work(queue) {
       rowclaim(url, "work", "--queue", queue, "--until-empty", "--", process.execPath, handler);
@@ -158,23 +165,25 @@ for (const [backend, b] of Object.entries(backends)) {
 
     test("a rolled-back transaction leaves no job", async () => {
       await fresh();
-      const s = await b.connect(url);
-      await s.begin();
-      const id = await enqueue(s.conn, { to: "ada" }, { queue: "mail" });
-      assert.ok(id > 0);
-      await s.rollback();
-      await s.end();
+      await session(async (s) => {
+        await s.begin();
+        const id = await enqueue(s.conn, { to: "ada" }, { queue: "mail" });
+        assert.ok(id > 0);
+        await s.rollback();
+      });
       assert.equal(Number((await rows("SELECT COUNT(*) FROM rowclaim_jobs"))[0][0]), 0);
     });
 
     test("a committed job is run by rowclaim work with the Node handler", async () => {
       await fresh();
-      const s = await b.connect(url);
-      await s.begin();
-      const id = await enqueue(s.conn, { to: "ada" }, { queue: "mail", kind: "welcome" });
-      assert.equal((await rows("SELECT id FROM rowclaim_jobs")).length, 0, "seen before the commit");
-      await s.commit();
-      await s.end();
+      const id = await session(async (s) => {
+        await s.begin();
+        const id = await enqueue(s.conn, { to: "ada" }, { queue: "mail", kind: "welcome" });
+        const seen = await rows("SELECT id FROM rowclaim_jobs");
+        assert.equal(seen.length, 0, "seen before the commit");
+        await s.commit();
+        return id;
+      });
       work("mail");
       const done = await rows(`SELECT id, status, ${b.output} FROM rowclaim_jobs`);
       assert.equal(done.length, 1);
@@ -185,23 +194,24 @@ for (const [backend, b] of Object.entries(backends)) {
 
     test("every option", async () => {
       await fresh();
-      const s = await b.connect(url);
-      await s.begin();
-      const delayed = await enqueue(s.conn, { to: "ada" }, {
-        queue: "mail",
-        kind: "welcome",
-        priority: 5,
-        delayMs: 600_000,
-        maxAttempts: 3,
-        uniqueKey: "welcome:ada",
-        limitKey: "ada",
-        timeoutMs: 30_000,
-      });
       const at = new Date(Date.UTC(2030, 0, 2, 3, 4, 5, 678));
-      const later = await enqueue(s.conn, [1, 2], { queue: "mail", runAt: at });
-      const plain = await enqueue(s.conn);
-      await s.commit();
-      await s.end();
+      const [delayed, later, plain] = await session(async (s) => {
+        await s.begin();
+        const delayed = await enqueue(s.conn, { to: "ada" }, {
+          queue: "mail",
+          kind: "welcome",
+          priority: 5,
+          delayMs: 600_000,
+          maxAttempts: 3,
+          uniqueKey: "welcome:ada",
+          limitKey: "ada",
+          timeoutMs: 30_000,
+        });
+        const later = await enqueue(s.conn, [1, 2], { queue: "mail", runAt: at });
+        const plain = await enqueue(s.conn);
+        await s.commit();
+        return [delayed, later, plain];
+      });
       const got = await rows(
         `SELECT ${b.text("id")}, queue, kind, ${b.text("priority")}, ${b.text("max_attempts")}, ` +
           `unique_key, limit_key, ${b.text("timeout_ms")}, status, ${b.runAtMs}, ${b.delayMs} ` +
@@ -222,16 +232,18 @@ for (const [backend, b] of Object.entries(backends)) {
 
     test("a unique key answers the pending job", async () => {
       await fresh();
-      const s = await b.connect(url);
-      await s.begin();
-      const first = await enqueue(s.conn, { to: "ada" }, { queue: "mail", uniqueKey: "k" });
-      assert.equal(await enqueue(s.conn, { to: "bob" }, { queue: "mail", uniqueKey: "k" }), first);
-      await s.commit();
-      work("mail");
-      await s.begin();
-      const fresh2 = await enqueue(s.conn, { to: "ada" }, { queue: "mail", uniqueKey: "k" });
-      await s.commit();
-      await s.end();
+      const [first, fresh2] = await session(async (s) => {
+        await s.begin();
+        const first = await enqueue(s.conn, { to: "ada" }, { queue: "mail", uniqueKey: "k" });
+        const twin = await enqueue(s.conn, { to: "bob" }, { queue: "mail", uniqueKey: "k" });
+        assert.equal(twin, first);
+        await s.commit();
+        work("mail");
+        await s.begin();
+        const fresh2 = await enqueue(s.conn, { to: "ada" }, { queue: "mail", uniqueKey: "k" });
+        await s.commit();
+        return [first, fresh2];
+      });
       assert.notEqual(fresh2, first);
       const statuses = await rows("SELECT status FROM rowclaim_jobs ORDER BY id");
       assert.deepEqual(statuses, [["completed"], ["ready"]]);
@@ -239,14 +251,15 @@ for (const [backend, b] of Object.entries(backends)) {
 
     test("a delayed job waits; enqueueMany keeps the order", async () => {
       await fresh();
-      const s = await b.connect(url);
-      await s.begin();
-      const ids = await enqueueMany(s.conn, [
-        { payload: { to: "later" }, queue: "mail", delayMs: 3_600_000 },
-        { payload: { to: "now" }, queue: "mail" },
-      ]);
-      await s.commit();
-      await s.end();
+      const ids = await session(async (s) => {
+        await s.begin();
+        const ids = await enqueueMany(s.conn, [
+          { payload: { to: "later" }, queue: "mail", delayMs: 3_600_000 },
+          { payload: { to: "now" }, queue: "mail" },
+        ]);
+        await s.commit();
+        return ids;
+      });
       assert.ok(ids[0] < ids[1]);
       work("mail");
       const got = await rows("SELECT status FROM rowclaim_jobs ORDER BY id");
@@ -255,13 +268,7 @@ for (const [backend, b] of Object.entries(backends)) {
 
     test("a job that waits runs after its job; a dead one cancels it unless it runs anyway", async () => {
       await fresh();
-      const s = await b.connect(url);
-      // Ended however the test ends: an open connection would keep node --test waiting.
-      try {
-        await waitsThenRuns(s);
-      } finally {
-        await s.end();
-      }
+      await session(waitsThenRuns);
     });
 
     async function waitsThenRuns(s) {
@@ -299,13 +306,14 @@ for (const [backend, b] of Object.entries(backends)) {
 
     test("bad options are refused, naming them", async () => {
       await fresh();
-      const s = await b.connect(url);
-      await assert.rejects(enqueue(s.conn, {}, { maxAttempts: 0 }), /maxAttempts must be at least 1/);
-      await assert.rejects(enqueue(s.conn, {}, { queue: "" }), /queue name must have 1 to 255/);
-      await assert.rejects(enqueue(s.conn, {}, { queu: "mail" }), /unknown option queu/);
-      await assert.rejects(enqueue(s.conn, {}, { delayMs: 1.5 }), /delayMs must be an integer/);
-      await assert.rejects(enqueue({}, {}), /takes a pg Client/);
-      await s.end();
+      await session(async (s) => {
+        const refused = (options, says) => assert.rejects(enqueue(s.conn, {}, options), says);
+        await refused({ maxAttempts: 0 }, /maxAttempts must be at least 1/);
+        await refused({ queue: "" }, /queue name must have 1 to 255/);
+        await refused({ queu: "mail" }, /unknown option queu/);
+        await refused({ delayMs: 1.5 }, /delayMs must be an integer/);
+        await assert.rejects(enqueue({}, {}), /takes a pg Client/);
+      });
     });
   });
 }

@@ -1,11 +1,15 @@
 """Jobs that wait (``after``, ``run_anyway``) on PostgreSQL, MariaDB and SQLite: a job enqueued
 waiting runs once the job it waits for completed; one waiting for a dead job is cancelled,
-naming it, unless it runs anyway; an unknown id is refused, naming it, and leaves no job."""
+naming it, unless it runs anyway; an unknown id is refused, naming it, and leaves no job. The
+same through psycopg's ``AsyncConnection``."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
+from typing import Tuple
 
+import psycopg
 import pytest
 
 import rowclaim
@@ -84,3 +88,42 @@ def test_bad_after_options_are_refused(db: Database) -> None:
         with pytest.raises(ValueError, match=says):
             rowclaim.enqueue(conn, {}, **options)
     conn.close()
+
+
+def test_async_psycopg_after_and_run_anyway(pg_db: Database) -> None:
+    """``enqueue_async`` / ``enqueue_many_async`` with ``after`` and ``run_anyway``: the jobs
+    wait; a cancel of one they wait for cancels the one that does not run anyway, naming it,
+    and the other runs once the rest completed; an unknown id is refused, naming it."""
+    db = pg_db
+
+    async def enqueue() -> Tuple[int, int, int, int]:
+        conn = await psycopg.AsyncConnection.connect(db.url)
+        try:
+            first = await rowclaim.enqueue_async(conn, {"to": "first"}, queue="mail")
+            doomed = await rowclaim.enqueue_async(conn, {"to": "doomed"}, queue="held")
+            waits, anyway = await rowclaim.enqueue_many_async(conn, [
+                rowclaim.Job({"to": "w"}, queue="mail", after=[first, doomed]),
+                rowclaim.Job({"to": "a"}, queue="mail", after=[doomed, first], run_anyway=True),
+            ])
+            await conn.commit()
+            with pytest.raises(Exception, match="waits for job 987654, which does not exist"):
+                await rowclaim.enqueue_async(conn, {"to": "x"}, queue="mail", after=[987654])
+            await conn.rollback()
+        finally:
+            await conn.close()
+        return first, doomed, waits, anyway
+
+    first, doomed, waits, anyway = asyncio.run(enqueue())
+    assert [status(db, j) for j in (first, doomed, waits, anyway)] == [
+        "ready", "ready", "waiting", "waiting"]
+    assert db.count("SELECT COUNT(*) FROM rowclaim_jobs") == 4, "the refused job left nothing"
+    assert db.count(f"SELECT COUNT(*) FROM rowclaim_waits WHERE job = {anyway}") == 2
+    assert db.rows(f"SELECT if_failed FROM rowclaim_jobs WHERE id IN ({waits}, {anyway}) "
+                   "ORDER BY id") == [(None,), ("run",)]
+    db.rowclaim("jobs", "cancel", str(doomed))
+    rows = db.rows(f"SELECT status, last_error FROM rowclaim_jobs WHERE id = {waits}")
+    assert rows == [("cancelled", f"cancelled: job {doomed}, which it waited for, was cancelled")]
+    assert status(db, anyway) == "waiting", "it still waits for the first job"
+    work(db, "mail")
+    assert [status(db, j) for j in (first, waits, anyway)] == [
+        "completed", "cancelled", "completed"]

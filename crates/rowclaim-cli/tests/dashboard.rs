@@ -683,6 +683,35 @@ async fn dashboard(t: Arc<TestDb>) {
         page.contains("id=\"waited-by\"") && page.contains(&format!("href=\"/jobs/{waits}\"")),
         "what waits for it on the job's page: {page}"
     );
+    assert!(
+        !page.contains("id=\"run-anyway\""),
+        "a job that waits for nothing says nothing of running anyway: {page}"
+    );
+    let page = d.get(&format!("/jobs/{waits}")).await.body;
+    assert!(
+        !page.contains("id=\"run-anyway\""),
+        "a job that does not run anyway: {page}"
+    );
+    let anyway = enqueued_id(
+        &run_ok(
+            &t.url,
+            &[
+                "enqueue",
+                "--queue",
+                "later",
+                "--after",
+                &after,
+                "--run-anyway",
+                "{}",
+            ],
+        )
+        .await,
+    );
+    let page = d.get(&format!("/jobs/{anyway}")).await.body;
+    assert!(
+        page.contains("id=\"waits-for\"") && page.contains("id=\"run-anyway\""),
+        "a job that runs anyway says so beside what it waits for: {page}"
+    );
 
     // A release for a holder that no longer holds the row (the page was old) gives nothing back.
     let release = format!("/sources/{table}/rows/{row}/release");

@@ -179,15 +179,17 @@ async fn jobs_have_one_json_shape_on_every_database() {
     .collect();
     for (backend, (list, show)) in seen.iter() {
         assert_eq!(list.len(), 4, "{backend:?}: {list:?}");
-        // `jobs show` adds what the job waits for and what waits for it.
+        // `jobs show` adds what the job waits for, what waits for it, and whether it runs
+        // anyway.
         let mut shown = expected.clone();
-        shown.extend(["waits_for".to_owned(), "waited_by".to_owned()]);
+        shown.extend(["waits_for", "waited_by", "run_anyway"].map(str::to_owned));
         assert_eq!(keys(show), shown, "{backend:?}: {show}");
         for job in list.iter().chain([show]) {
             let mut job = job.clone();
             if let Some(o) = job.as_object_mut() {
                 o.remove("waits_for");
                 o.remove("waited_by");
+                o.remove("run_anyway");
             }
             let job = &job;
             assert_eq!(keys(job), expected, "{backend:?}: {job}");
@@ -216,6 +218,11 @@ async fn jobs_have_one_json_shape_on_every_database() {
             assert_eq!(
                 o.remove("waited_by"),
                 Some(serde_json::json!([])),
+                "{backend:?}"
+            );
+            assert_eq!(
+                o.remove("run_anyway"),
+                Some(serde_json::json!(false)),
                 "{backend:?}"
             );
         }

@@ -43,14 +43,37 @@ async fn enqueue_after_waits_and_show_says_for_what() {
         .collect();
     assert_eq!(waits, [a.clone(), b.clone()], "{job}");
     assert_eq!(job["waits_for"][0]["status"], "ready", "{job}");
+    assert_eq!(job["run_anyway"], false, "{job}");
     let first = show(a.clone()).await;
     assert_eq!(first["waited_by"][0]["id"].to_string(), last, "{first}");
 
-    // `jobs list --status waiting` finds it.
-    let listed = support::run_ok(&url, &["jobs", "list", "--status", "waiting"], "").await;
-    assert_eq!(listed.lines().count(), 1, "{listed}");
+    // One that runs anyway says so, with --json as without.
+    let anyway = id_of(
+        &support::run_ok(
+            &url,
+            &[
+                "enqueue",
+                "--kind",
+                "tidy",
+                "--after",
+                &a,
+                "--run-anyway",
+                "{}",
+            ],
+            "",
+        )
+        .await,
+    );
+    assert_eq!(show(anyway.clone()).await["run_anyway"], true);
+    let out = support::run_ok(&url, &["jobs", "show", &anyway, "--json"], "").await;
+    let shown: Value = serde_json::from_str(&out).expect("show --json is JSON");
+    assert_eq!(shown["run_anyway"], true, "{shown}");
 
-    // The exports run, then the report: all three complete.
+    // `jobs list --status waiting` finds them.
+    let listed = support::run_ok(&url, &["jobs", "list", "--status", "waiting"], "").await;
+    assert_eq!(listed.lines().count(), 2, "{listed}");
+
+    // The exports run, then the report (and the tidy-up): all of them complete.
     support::run_ok(
         &url,
         &["work", "--queue", "default", "--until-empty", "--", "cat"],
@@ -58,6 +81,7 @@ async fn enqueue_after_waits_and_show_says_for_what() {
     )
     .await;
     assert_eq!(show(last.clone()).await["status"], "completed");
+    assert_eq!(show(anyway.clone()).await["status"], "completed");
 
     // An id of no job is refused, naming it; --run-anyway needs --after.
     let out = support::run_fed(&url, &["enqueue", "--after", "9999", "{}"], "").await;

@@ -1,7 +1,8 @@
 //! Jobs that wait for other jobs, on every backend: groups released once after all their jobs
 //! completed under three workers at once, a dead member cancelling its group's last job, the
 //! rules at enqueue (unknown ids, finished jobs), cancels that cascade, jobs deleted when they
-//! complete, and a prune that strands no one.
+//! complete, a prune that strands no one, and jobs that wait enqueued inside the caller's own
+//! transaction.
 
 use rowclaim_testkit as common;
 
@@ -12,6 +13,11 @@ use std::time::Duration;
 use common::{with_db, Backend, TestDb};
 use rowclaim::{Db, ErrorKind, Job, NewJob, Queue, Retention, Worker};
 use serde_json::json;
+
+// Jobs that wait, enqueued inside the caller's own transaction.
+#[path = "waits/own_tx.rs"]
+mod own_tx;
+use own_tx::own_transaction;
 
 async fn ready_queue(t: &TestDb) -> (Db, Queue) {
     let db = t.db().await;
@@ -412,6 +418,10 @@ macro_rules! wait_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn deleted_on_completion_and_pruned() {
             with_db($backend, deleted_and_pruned).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn enqueued_in_own_transaction() {
+            with_db($backend, own_transaction).await
         }
     };
 }

@@ -109,7 +109,8 @@ pub enum JobsCommand {
     },
     /// Show one job as JSON (as in `jobs list`), with its failed attempts (`errors`: each
     /// one's attempt, times and error, the last 20), the jobs it waits for (`waits_for`) and
-    /// those that wait for it (`waited_by`), each with its status (null: gone). Exits 1 when
+    /// those that wait for it (`waited_by`), each with its status (null: gone), and whether it
+    /// runs also when one it waits for ends dead or cancelled (`run_anyway`). Exits 1 when
     /// there is no such job.
     Show {
         /// The job's id.
@@ -170,13 +171,14 @@ pub async fn run(url: &str, op: JobsCommand) -> Result<(), CliError> {
             };
             let mut shown = serde_json::to_value(&job)
                 .map_err(|e| CliError::io("writing the job")(e.into()))?;
-            // What it waits for and what waits for it (none before the queue's schema has
-            // waits: `rowclaim init`).
+            // What it waits for, what waits for it, and whether it runs anyway (none before the
+            // queue's schema has waits: `rowclaim init`).
             match queue.links(id).await {
                 Ok(links) => {
                     if let Some(o) = shown.as_object_mut() {
                         o.insert("waits_for".into(), serde_json::json!(links.waits_for));
                         o.insert("waited_by".into(), serde_json::json!(links.waited_by));
+                        o.insert("run_anyway".into(), serde_json::json!(links.run_anyway));
                     }
                 }
                 Err(e) if e.kind() == rowclaim::ErrorKind::NotInitialised => {}

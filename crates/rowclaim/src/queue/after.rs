@@ -3,10 +3,11 @@
 //! (a claim reads `ready` rows only: the claim's statements are the same with or without
 //! waiting jobs), and one row of `rowclaim_waits` per job it waits for.
 //!
-//! - **Enqueue** ([`hold`], in the enqueue's transaction, after its inserts): the jobs it waits
-//!   for are read (an unknown id is an error naming it); completed ones count as done; a dead
-//!   or cancelled one cancels the new job at once (naming it), unless it runs anyway; the new
-//!   job is `waiting` while any other is unfinished.
+//! - **Enqueue** ([`hold`], in the enqueue's transaction, after its inserts; [`enqueue_in`],
+//!   in the caller's own transaction, around its insert): the jobs it waits for are read (an
+//!   unknown id is an error naming it); completed ones count as done; a dead or cancelled one
+//!   cancels the new job at once (naming it), unless it runs anyway; the new job is `waiting`
+//!   while any other is unfinished.
 //! - **Release** ([`resolve`]): after a job finished (the worker that settled it, right after
 //!   its settle commits; `Queue::cancel`; the enqueue itself, after its commit), the jobs that
 //!   wait for it are judged again from what they wait for, as it is now: all completed (or
@@ -28,6 +29,7 @@ use crate::backend::sql::{Binder, Dialect, Stmt};
 use crate::error::{Error, Result};
 use crate::value::{IdList, Value};
 
+use super::store::EnqueueOne;
 use super::{Enqueued, NewJob};
 
 /// A waiting job's status: no claim reads it.
@@ -120,30 +122,81 @@ pub(crate) async fn hold<R: Run + ?Sized>(
 ) -> Result<Vec<i64>> {
     let mut held = Vec::new();
     for (i, (job, new)) in jobs.iter().zip(out).enumerate() {
-        let deps = job.waits_for(&out[..i]);
-        if deps.is_empty() {
+        let Some(deps) = Deps::read(r, job, &out[..i], i + 1).await? else {
             continue;
-        }
-        let states = states(r, &deps, false).await?;
-        if let Some(gone) = deps.iter().find(|d| !states.contains_key(d)) {
-            return Err(Error::InvalidInput(format!(
-                "job {}: waits for job {gone}, which does not exist (never enqueued, deleted, \
-                 or pruned after it finished); leave it out of after()",
-                i + 1
-            )));
-        }
-        for chunk in deps.chunks(CHUNK) {
-            r.execute(edges_stmt(new.id, chunk)).await?;
-        }
-        let verdict = judge(
-            deps.iter().map(|d| (*d, states[d].as_deref())),
-            job.runs_anyway(),
-        );
-        r.execute(hold_stmt(new.id, &verdict, job.runs_anyway()))
-            .await?;
+        };
+        deps.hold(r, new.id).await?;
         held.push(new.id);
     }
     Ok(held)
+}
+
+/// Enqueues one job inside the caller's own transaction (`Queue::enqueue_postgres` and its
+/// kin). What it waits for is read before its row is written, so that an id of no job leaves
+/// that transaction as it was. There is no look after the commit, which is the caller's: a job
+/// it waits for that finishes between this read and that commit leaves it waiting until a
+/// worker's sweep or [`crate::Queue::release_waiting`].
+pub(crate) async fn enqueue_in<R: EnqueueOne + ?Sized>(r: &R, job: &NewJob) -> Result<Enqueued> {
+    let deps = Deps::read(r, job, &[], 1).await?;
+    let got = r.enqueue_one(&job.parts()).await?;
+    if let Some(deps) = deps {
+        deps.hold(r, got.id).await?;
+    }
+    Ok(got)
+}
+
+/// What one job waits for, as those jobs are now: read, then held for the job's row.
+struct Deps {
+    /// Sorted, each once.
+    ids: Vec<i64>,
+    /// Each one's state (every one exists: [`Deps::read`] refuses an id of no job).
+    states: BTreeMap<i64, Option<String>>,
+    run_anyway: bool,
+}
+
+impl Deps {
+    /// What `job` waits for (`prior`: the jobs enqueued before it in the same call; `which`:
+    /// its place among them, for the error), with each one's state; `None` when it waits for
+    /// nothing. An id of no job is an error naming it.
+    async fn read<R: Run + ?Sized>(
+        r: &R,
+        job: &NewJob,
+        prior: &[Enqueued],
+        which: usize,
+    ) -> Result<Option<Deps>> {
+        let ids = job.waits_for(prior);
+        if ids.is_empty() {
+            return Ok(None);
+        }
+        let states = states(r, &ids, false).await?;
+        if let Some(gone) = ids.iter().find(|d| !states.contains_key(d)) {
+            return Err(Error::InvalidInput(format!(
+                "job {which}: waits for job {gone}, which does not exist (never enqueued, \
+                 deleted, or pruned after it finished); leave it out of after()"
+            )));
+        }
+        Ok(Some(Deps {
+            ids,
+            states,
+            run_anyway: job.runs_anyway(),
+        }))
+    }
+
+    /// Records that job `id` (just inserted, ready) waits for these, and puts it in the state
+    /// they make it: ready, waiting, or cancelled naming the one that failed.
+    async fn hold<R: Run + ?Sized>(&self, r: &R, id: i64) -> Result<()> {
+        for chunk in self.ids.chunks(CHUNK) {
+            r.execute(edges_stmt(id, chunk)).await?;
+        }
+        let verdict = judge(
+            self.ids
+                .iter()
+                .map(|d| (*d, self.states.get(d).and_then(Option::as_deref))),
+            self.run_anyway,
+        );
+        r.execute(hold_stmt(id, &verdict, self.run_anyway)).await?;
+        Ok(())
+    }
 }
 
 /// Each of `ids`' status, where the job exists.
@@ -372,10 +425,22 @@ pub(crate) fn cancel_stmt<D: Dialect>(job: i64, dep: i64, status: &str) -> Stmt<
     Stmt::new(sql, b)
 }
 
-/// What a job waits for and what waits for it, each with its state (`None`: gone), for
-/// `jobs show` and the dashboard.
+/// What a job waits for and what waits for it, each with its state (`None`: gone), and
+/// whether it runs anyway, for `jobs show` and the dashboard.
 pub(crate) async fn links<R: Run + ?Sized>(r: &R, job: i64) -> Result<super::Links> {
     let mut links = super::Links::default();
+    let mut b = Binder::new();
+    let sql = format!(
+        "SELECT if_failed FROM rowclaim_jobs WHERE id = {}",
+        b.bind(job)
+    );
+    let if_failed = r.values(Stmt::new(sql, b), &[Col::OptText]).await?;
+    links.run_anyway = if_failed
+        .into_iter()
+        .next()
+        .and_then(|row| row.into_iter().next())
+        .and_then(Value::text)
+        .is_some_and(|v| v == RUN_ANYWAY);
     for (mine, other, into_waits) in [("job", "waits_for", true), ("waits_for", "job", false)] {
         let mut b = Binder::new();
         let sql = format!(

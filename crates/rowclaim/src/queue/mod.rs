@@ -179,6 +179,14 @@ impl Queue {
     /// Enqueues a job ([`NewJob`] or [`JobArgs`] value) inside the caller's PostgreSQL
     /// transaction: it exists only if that transaction commits. Pass `&mut tx`. Its statements
     /// are not kept prepared, so this also works through a transaction-mode pooler (PgBouncer).
+    ///
+    /// A job that waits ([`NewJob::after`]) follows the rules of [`Queue::enqueue`]: an id of
+    /// no job is an error naming it, and then nothing was written in the transaction; jobs
+    /// completed already count as done; one dead or cancelled cancels the job at once, naming
+    /// it (unless it [`NewJob::run_anyway`]); otherwise it is `waiting`. Since the commit is
+    /// yours, nothing looks after it: a job it waits for that finishes between this call and
+    /// your commit leaves it waiting until a worker's sweep (once a lease) or until you call
+    /// [`Queue::release_waiting`] after your commit.
     #[cfg(feature = "postgres")]
     pub async fn enqueue_postgres(
         conn: &mut sqlx::PgConnection,
@@ -186,12 +194,13 @@ impl Queue {
     ) -> Result<Enqueued> {
         let job = job.to_new_job()?;
         job.check()?;
-        waits::not_in_own_transaction(&job)?;
-        postgres::enqueue_one(&OnConn::<sqlx::Postgres>::new(conn, false), &job.parts()).await
+        after::enqueue_in(&OnConn::<sqlx::Postgres>::new(conn, false), &job).await
     }
 
     /// Enqueues a job ([`NewJob`] or [`JobArgs`] value) inside the caller's MySQL/MariaDB
-    /// transaction. Pass `&mut tx`.
+    /// transaction. Pass `&mut tx`. A job that waits ([`NewJob::after`]): as
+    /// [`Queue::enqueue_postgres`] says (call [`Queue::release_waiting`] after your commit, or
+    /// leave it to the workers' sweep).
     #[cfg(feature = "mysql")]
     pub async fn enqueue_mysql(
         conn: &mut sqlx::MySqlConnection,
@@ -199,12 +208,13 @@ impl Queue {
     ) -> Result<Enqueued> {
         let job = job.to_new_job()?;
         job.check()?;
-        waits::not_in_own_transaction(&job)?;
-        mysql::enqueue_one(&OnConn::<sqlx::MySql>::new(conn, true), &job.parts()).await
+        after::enqueue_in(&OnConn::<sqlx::MySql>::new(conn, true), &job).await
     }
 
     /// Enqueues a job ([`NewJob`] or [`JobArgs`] value) inside the caller's SQLite
-    /// transaction. Pass `&mut tx`.
+    /// transaction. Pass `&mut tx`. A job that waits ([`NewJob::after`]): as
+    /// [`Queue::enqueue_postgres`] says (call [`Queue::release_waiting`] after your commit, or
+    /// leave it to the workers' sweep).
     #[cfg(feature = "sqlite")]
     pub async fn enqueue_sqlite(
         conn: &mut sqlx::SqliteConnection,
@@ -212,8 +222,7 @@ impl Queue {
     ) -> Result<Enqueued> {
         let job = job.to_new_job()?;
         job.check()?;
-        waits::not_in_own_transaction(&job)?;
-        sqlite::enqueue_one(&OnConn::<sqlx::Sqlite>::new(conn, true), &job.parts()).await
+        after::enqueue_in(&OnConn::<sqlx::Sqlite>::new(conn, true), &job).await
     }
 
     /// A claimer of due jobs from `queues` (all queues when empty), highest priority first, then

@@ -32,7 +32,7 @@ pub struct Link {
     pub status: Option<String>,
 }
 
-/// What a job waits for, and what waits for it ([`Queue::links`]).
+/// What a job waits for, what waits for it, and whether it runs anyway ([`Queue::links`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct Links {
@@ -40,6 +40,9 @@ pub struct Links {
     pub waits_for: Vec<Link>,
     /// The jobs that wait (or waited) for it.
     pub waited_by: Vec<Link>,
+    /// It runs also when a job it waits for ends dead or cancelled ([`NewJob::run_anyway`]),
+    /// instead of being cancelled with it.
+    pub run_anyway: bool,
 }
 
 impl Queue {
@@ -134,21 +137,9 @@ impl Queue {
         Ok(done)
     }
 
-    /// What job `id` waits (or waited) for, and what waits for it, each with its state.
+    /// What job `id` waits (or waited) for, and what waits for it, each with its state; and
+    /// whether it runs anyway.
     pub async fn links(&self, id: i64) -> Result<Links> {
         retry_transient!(store(&self.db).links(id).await).map_err(not_initialised)
     }
-}
-
-/// Refuses a job that waits in an enqueue inside the caller's transaction: its look at what it
-/// waits for must come after that transaction commits, which rowclaim does not see.
-pub(super) fn not_in_own_transaction(job: &NewJob) -> Result<()> {
-    if job.waits() {
-        return Err(Error::InvalidInput(
-            "a job that waits for other jobs (after) is enqueued with Queue::enqueue or \
-             enqueue_group, not inside your own transaction"
-                .into(),
-        ));
-    }
-    Ok(())
 }

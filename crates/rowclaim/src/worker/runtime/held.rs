@@ -114,6 +114,20 @@ impl Held {
     }
 }
 
+/// Whether rows settled so finished for good, so that the jobs waiting for them may be
+/// released or cancelled: completed, or dead (a worker's failure that will be retried is
+/// [`Outcome::Retry`], and leaves its job unfinished; one settles dead as [`Outcome::Failed`]
+/// only on its last attempt). A batch settled otherwise sends no look at all. A cancelled job
+/// is never settled by its worker (its result is refused): [`crate::Queue::cancel`] looks.
+fn finished_for_good(outcome: &Outcome) -> bool {
+    match outcome {
+        Outcome::Done(_) | Outcome::Failed(_) => true,
+        Outcome::Ready | Outcome::Retry { .. } | Outcome::Snooze { .. } | Outcome::Unstarted => {
+            false
+        }
+    }
+}
+
 /// The claim core behind the settler.
 impl Settle for Held {
     fn lease(&self) -> &Lease {
@@ -124,7 +138,7 @@ impl Settle for Held {
         // A broken transaction claim loses all its rows at once: stop the others' jobs now, also
         // when the settler's time limit cuts the statement off.
         let _after = StopForgotten(self);
-        let finished = matches!(outcome, Outcome::Done(_) | Outcome::Failed(_));
+        let finished = finished_for_good(&outcome);
         let lost = self.claim.settle_rows(ids, outcome).await?;
         if finished {
             self.release_waiters(ids, &lost).await;
@@ -151,5 +165,33 @@ struct StopForgotten<'a>(&'a Held);
 impl Drop for StopForgotten<'_> {
     fn drop(&mut self) {
         self.0.stop_forgotten();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn only_jobs_finished_for_good_release_their_waiters() {
+        let error = Some("boom".to_owned());
+        assert!(finished_for_good(&Outcome::Done(None)));
+        assert!(finished_for_good(&Outcome::Failed(error.clone())), "dead");
+        let unfinished = [
+            Outcome::Retry {
+                after: Duration::from_secs(1),
+                error,
+            },
+            Outcome::Ready,
+            Outcome::Snooze {
+                after: Duration::from_secs(1),
+            },
+            Outcome::Unstarted,
+        ];
+        for o in unfinished {
+            assert!(!finished_for_good(&o), "{o:?} is not finished");
+        }
     }
 }

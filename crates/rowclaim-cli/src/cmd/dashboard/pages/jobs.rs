@@ -94,6 +94,9 @@ pub async fn job(
         @if !links.waits_for.is_empty() {
             h2 { "Waits for" }
             (linked("waits-for", &links.waits_for))
+            @if links.run_anyway {
+                p #run-anyway { "Runs anyway: also when one of these ends dead or cancelled." }
+            }
         }
         @if !links.waited_by.is_empty() {
             h2 { "Waited for by" }
