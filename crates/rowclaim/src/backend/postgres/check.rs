@@ -95,6 +95,27 @@ impl Pg {
         b: B,
         sorts_priced_out: bool,
     ) -> Result<Lookup> {
+        let plan = self.plan(sql, b, sorts_priced_out).await?;
+        let relation = unquoted(m.table.rsplit('.').next().unwrap_or(&m.table));
+        let (mut scans, mut sorted) = (Vec::new(), false);
+        for root in plan.as_array().into_iter().flatten() {
+            if let Some(node) = root.get("Plan") {
+                walk(node, &relation, &mut scans, &mut sorted);
+            }
+        }
+        let mut judge = Judge::default();
+        for scan in scans {
+            self.judge_scan(m, scan, &mut judge).await?;
+        }
+        if sorted {
+            judge.step("Sort");
+            judge.sorts();
+        }
+        Ok(judge.lookup())
+    }
+
+    /// The plan of `sql` (not run), as JSON.
+    async fn plan(&self, sql: String, b: B, sorts_priced_out: bool) -> Result<serde_json::Value> {
         let mut tx = self.begin().await?;
         // Whether an index *can* serve the statement, whatever the table's size and statistics:
         // with sequential scans and sorts priced out, the planner takes an index that yields the
@@ -119,55 +140,45 @@ impl Pg {
         .await;
         // Nothing ran, but the settings must not outlive the look.
         tx.rollback().await.map_err(error)?;
-        let plan = explained?.0;
-        let relation = unquoted(m.table.rsplit('.').next().unwrap_or(&m.table));
-        let (mut scans, mut sorted) = (Vec::new(), false);
-        for root in plan.as_array().into_iter().flatten() {
-            if let Some(node) = root.get("Plan") {
-                walk(node, &relation, &mut scans, &mut sorted);
+        Ok(explained?.0)
+    }
+
+    /// Adds one scan of `m`'s table to `judge`: the step as the plan says it, and what it reads.
+    async fn judge_scan(&self, m: &Mapping, scan: Scan, judge: &mut Judge) -> Result<()> {
+        let mut step = match &scan.index {
+            Some(i) => format!("{} using {i}", scan.node),
+            None => scan.node.clone(),
+        };
+        for (what, cond) in [("Index Cond", &scan.cond), ("Filter", &scan.filter)] {
+            if let Some(c) = cond {
+                step.push_str(&format!(", {what}: {c}"));
             }
         }
-        let status = unquoted(&m.status);
-        let mut judge = Judge::default();
-        for scan in scans {
-            let mut step = match &scan.index {
-                Some(i) => format!("{} using {i}", scan.node),
-                None => scan.node.clone(),
-            };
-            for (what, cond) in [("Index Cond", &scan.cond), ("Filter", &scan.filter)] {
-                if let Some(c) = cond {
-                    step.push_str(&format!(", {what}: {c}"));
+        judge.step(step);
+        match (scan.node.as_str(), scan.index) {
+            ("Seq Scan", _) => judge.reads(Reads::Everything),
+            (_, Some(index)) => {
+                // The index serves the claim when it is searched by status, or holds only rows
+                // of the status the claim looks for (a partial index).
+                let status = unquoted(&m.status);
+                let searched = scan.cond.as_deref().is_some_and(|c| mentions(c, &status));
+                let partial = if searched {
+                    None
+                } else {
+                    self.index_predicate(m, &index).await?
+                };
+                if let Some(p) = &partial {
+                    judge.step(format!("{index} is partial: WHERE {p}"));
+                }
+                if searched || partial.is_some_and(|p| mentions(&p, &status)) {
+                    judge.reads(Reads::Index(index));
+                } else {
+                    judge.reads(Reads::Walks(index));
                 }
             }
-            judge.step(step);
-            match (scan.node.as_str(), scan.index) {
-                ("Seq Scan", _) => judge.reads(Reads::Everything),
-                (_, Some(index)) => {
-                    // The index serves the claim when it is searched by status, or holds only
-                    // rows of the status the claim looks for (a partial index).
-                    let searched = scan.cond.as_deref().is_some_and(|c| mentions(c, &status));
-                    let partial = if searched {
-                        None
-                    } else {
-                        self.index_predicate(m, &index).await?
-                    };
-                    if let Some(p) = &partial {
-                        judge.step(format!("{index} is partial: WHERE {p}"));
-                    }
-                    if searched || partial.is_some_and(|p| mentions(&p, &status)) {
-                        judge.reads(Reads::Index(index));
-                    } else {
-                        judge.reads(Reads::Walks(index));
-                    }
-                }
-                _ => {}
-            }
+            _ => {}
         }
-        if sorted {
-            judge.step("Sort");
-            judge.sorts();
-        }
-        Ok(judge.lookup())
+        Ok(())
     }
 }
 
