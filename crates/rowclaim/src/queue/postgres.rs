@@ -464,48 +464,7 @@ async fn insert_bulk<R: Run<Sql = Sql>>(r: &R, jobs: Vec<JobParts<'_>>) -> Resul
 /// send and for the server to unnest), else as an array beside the payloads. A run-at of "now"
 /// for every job is the column's default, `now()`, as `now() + 0 s` would be.
 fn bulk_stmt(jobs: Vec<JobParts<'_>>) -> Stmt<Sql> {
-    /// The columns written, what each row's value is, and the arrays unnested (named in `j`).
-    struct Insert {
-        b: B,
-        columns: Vec<&'static str>,
-        values: Vec<String>,
-        arrays: Vec<String>,
-        names: Vec<&'static str>,
-    }
-    impl Insert {
-        /// `column` of every job, as `get` reads it (borrowed) and `own` binds it: one bound
-        /// value (cast to `ty`) when all are equal, else an array named `column` in `j`.
-        fn column<'a, T: PartialEq + Copy, U>(
-            &mut self,
-            jobs: &[JobParts<'a>],
-            column: &'static str,
-            ty: &str,
-            get: impl Fn(&JobParts<'a>) -> T,
-            own: impl Fn(T) -> U,
-        ) where
-            U: Into<crate::backend::sql::Value>,
-            Vec<U>: Into<crate::backend::sql::Value>,
-        {
-            let first = get(&jobs[0]);
-            self.columns.push(column);
-            if jobs[1..].iter().all(|j| get(j) == first) {
-                self.values
-                    .push(format!("{}::{ty}", self.b.bind(own(first))));
-            } else {
-                let all: Vec<U> = jobs.iter().map(|j| own(get(j))).collect();
-                self.values.push(format!("j.{column}"));
-                self.arrays.push(format!("{}::{ty}[]", self.b.bind(all)));
-                self.names.push(column);
-            }
-        }
-    }
-    let mut i = Insert {
-        b: B::new(),
-        columns: Vec::new(),
-        values: Vec::new(),
-        arrays: Vec::new(),
-        names: Vec::new(),
-    };
+    let mut i = BulkInsert::default();
     let same = |v| v;
     i.column(&jobs, "queue", "text", |j| j.queue, str::to_owned);
     i.column(&jobs, "kind", "text", |j| j.kind, str::to_owned);
@@ -514,25 +473,7 @@ fn bulk_stmt(jobs: Vec<JobParts<'_>>) -> Stmt<Sql> {
     i.column(&jobs, "timeout_ms", "int8", |j| j.timeout_ms, |v| v);
     let owned = |k: Option<&str>| k.map(str::to_owned);
     i.column(&jobs, "limit_key", "text", |j| j.limit_key, owned);
-    // The run-at: the default (now) for all, one time for all, or each job's own.
-    let when = |j: &JobParts<'_>| (j.run_at_ms, j.delay_ms);
-    let first = when(&jobs[0]);
-    if jobs[1..].iter().all(|j| when(j) == first) {
-        if first != (None, 0) {
-            i.columns.push("run_at");
-            let (at, delay) = (i.b.bind(first.0), i.b.bind(first.1));
-            i.values.push(run_at(&at, &delay));
-        }
-    } else {
-        i.columns.push("run_at");
-        i.values.push(run_at("j.at", "j.delay"));
-        let at: Vec<Option<i64>> = jobs.iter().map(|j| j.run_at_ms).collect();
-        let delay: Vec<i64> = jobs.iter().map(|j| j.delay_ms).collect();
-        let (at, delay) = (i.b.bind(at), i.b.bind(delay));
-        i.arrays.push(format!("{at}::int8[]"));
-        i.arrays.push(format!("{delay}::int8[]"));
-        i.names.extend(["at", "delay"]);
-    }
+    i.run_at(&jobs);
     // The payloads, moved (not copied) into their array.
     let payloads: Vec<String> = jobs.into_iter().map(|j| j.payload).collect();
     i.columns.push("payload");
@@ -548,6 +489,67 @@ fn bulk_stmt(jobs: Vec<JobParts<'_>>) -> Stmt<Sql> {
         i.names.join(", ")
     );
     Stmt::new(sql, i.b)
+}
+
+/// [`bulk_stmt`]'s parts: the columns written, what each row's value is, and the arrays
+/// unnested (named in `j`).
+#[derive(Default)]
+struct BulkInsert {
+    b: B,
+    columns: Vec<&'static str>,
+    values: Vec<String>,
+    arrays: Vec<String>,
+    names: Vec<&'static str>,
+}
+
+impl BulkInsert {
+    /// `column` of every job, as `get` reads it (borrowed) and `own` binds it: one bound value
+    /// (cast to `ty`) when all are equal, else an array named `column` in `j`.
+    fn column<'a, T: PartialEq + Copy, U>(
+        &mut self,
+        jobs: &[JobParts<'a>],
+        column: &'static str,
+        ty: &str,
+        get: impl Fn(&JobParts<'a>) -> T,
+        own: impl Fn(T) -> U,
+    ) where
+        U: Into<crate::backend::sql::Value>,
+        Vec<U>: Into<crate::backend::sql::Value>,
+    {
+        let first = get(&jobs[0]);
+        self.columns.push(column);
+        if jobs[1..].iter().all(|j| get(j) == first) {
+            self.values
+                .push(format!("{}::{ty}", self.b.bind(own(first))));
+        } else {
+            let all: Vec<U> = jobs.iter().map(|j| own(get(j))).collect();
+            self.values.push(format!("j.{column}"));
+            self.arrays.push(format!("{}::{ty}[]", self.b.bind(all)));
+            self.names.push(column);
+        }
+    }
+
+    /// The run-at: the column's default (now) for all, one time for all, or each job's own.
+    fn run_at(&mut self, jobs: &[JobParts<'_>]) {
+        let when = |j: &JobParts<'_>| (j.run_at_ms, j.delay_ms);
+        let first = when(&jobs[0]);
+        if jobs[1..].iter().all(|j| when(j) == first) {
+            if first != (None, 0) {
+                self.columns.push("run_at");
+                let (at, delay) = (self.b.bind(first.0), self.b.bind(first.1));
+                self.values.push(run_at(&at, &delay));
+            }
+        } else {
+            self.columns.push("run_at");
+            self.values.push(run_at("j.at", "j.delay"));
+            let at: Vec<Option<i64>> = jobs.iter().map(|j| j.run_at_ms).collect();
+            let delay: Vec<i64> = jobs.iter().map(|j| j.delay_ms).collect();
+            let (at, delay) = (self.b.bind(at), self.b.bind(delay));
+            self.arrays.push(format!("{at}::int8[]"));
+            self.arrays.push(format!("{delay}::int8[]"));
+            self.names.extend(["at", "delay"]);
+        }
+    }
 }
 
 /// Wakes listening workers of `queue` (when the enqueueing transaction commits, inside one).
