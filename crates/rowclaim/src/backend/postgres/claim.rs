@@ -105,9 +105,11 @@ impl Pg {
 /// Expired leases are taken first, then ready rows fill the batch; each arm walks its own index
 /// (an OR of the two walks the primary key past every finished row). A claim given arms to look
 /// for ready rows in (a layer above resumes where its last claim ended) walks them in order,
-/// each an index range. The outer LIMIT on c keeps the planner's estimate of c small (a LIMIT
-/// computed from a subquery alone is guessed at a tenth of the table, and then it hashes the
-/// whole table instead of joining by the primary key).
+/// each an index range. The claimed rows are then found by their ids, each through the primary
+/// key (`= ANY(ARRAY(…))`, which the planner reads so at any size): as a join on c, with fresh
+/// statistics the planner hashed the whole table once a batch was a few percent of it (a claim
+/// of 500 among 50,000 ready rows took 22 ms instead of 3.6 ms). The outer LIMIT on
+/// c keeps the arms from taking more than the batch between them.
 pub(crate) fn skip_locked_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
     let (m, t, id) = (a.m, &a.m.table, &a.m.id);
     let mut b = B::new();
@@ -148,7 +150,8 @@ pub(crate) fn skip_locked_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
     };
     let sql = format!(
         "WITH {}, c AS ({union} LIMIT {limit}) \
-         UPDATE {t} AS t SET {set} FROM c WHERE t.{id} = c.{id} RETURNING {returning}",
+         UPDATE {t} AS t SET {set} WHERE t.{id} = ANY(ARRAY(SELECT {id} FROM c)) \
+         RETURNING {returning}",
         ctes.join(", ")
     );
     Stmt::new(sql, b)
