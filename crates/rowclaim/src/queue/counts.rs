@@ -25,8 +25,26 @@ pub const COUNT_CAP: u64 = 10_000;
 /// Rows a capped count reads: one more than the cap, to know it was passed.
 const LIMIT: i64 = COUNT_CAP as i64 + 1;
 
+/// Ready jobs read row by row (for what no index holds: the attempts of a retry) before the
+/// figure becomes an estimate: each such row is a read of the table, not of an index.
+const ROW_READS: i64 = 1_000;
+
 /// Pairs (or queues) per statement: a statement's placeholders stay few.
 const CHUNK: usize = 100;
+
+/// Jobs in `status`, said so that each database uses the partial index that holds them: SQLite
+/// uses a partial index only when the condition names its own `WHERE` (PostgreSQL proves the
+/// implication, MySQL has no partial indexes: the repetition is harmless there).
+fn is(status: &str) -> String {
+    match status {
+        "dead" | "cancelled" => format!("status IN ('dead', 'cancelled') AND status = '{status}'"),
+        "completed" => format!("{FINISHED} AND status = 'completed'"),
+        _ => format!("status = '{status}'"),
+    }
+}
+
+/// The finished jobs: the condition of the finished index.
+const FINISHED: &str = "status IN ('completed', 'dead', 'cancelled')";
 
 /// What differs between databases in counting.
 pub(crate) struct Counting {
@@ -34,6 +52,10 @@ pub(crate) struct Counting {
     pub per_queue: &'static [&'static str],
     /// How the database estimates the rows of a condition; None where it cannot (SQLite).
     pub estimate: Option<Estimate>,
+    /// Whether the loose scan for a status's queues is one recursive statement (its probes
+    /// use the index), or a statement per queue found (MariaDB reads every entry of the
+    /// status for a probe inside a recursive statement).
+    pub recursive_scan: bool,
 }
 
 /// A database's estimate of the rows a condition matches.
@@ -60,7 +82,7 @@ pub(crate) async fn stats<R: Run>(
     let mut s = QueueStats::default();
     let pairs: Vec<(String, &'static str)> = match only {
         Some(q) => how.per_queue.iter().map(|st| (q.to_owned(), *st)).collect(),
-        None => present(r, how.per_queue).await?,
+        None => present(r, how, how.per_queue).await?,
     };
     let (ready, others): (Vec<_>, Vec<_>) = pairs.into_iter().partition(|(_, st)| *st == "ready");
     let ready: Vec<String> = ready.into_iter().map(|(q, _)| q).collect();
@@ -105,18 +127,23 @@ async fn put<R: Run>(
 /// the status by queue (the next queue after the last, one probe each).
 async fn present<R: Run>(
     r: &R,
+    how: &Counting,
     statuses: &'static [&'static str],
 ) -> Result<Vec<(String, &'static str)>> {
     if statuses.is_empty() {
         return Ok(Vec::new());
     }
+    if !how.recursive_scan {
+        return present_stepped(r, statuses).await;
+    }
     let text = R::Sql::TEXT;
     let mut ctes = Vec::new();
     let mut selects = Vec::new();
     for (i, st) in statuses.iter().enumerate() {
+        let st = is(st);
         ctes.push(format!(
-            "s{i}(q) AS (SELECT MIN(queue) FROM rowclaim_jobs WHERE status = '{st}' \
-             UNION ALL SELECT (SELECT MIN(queue) FROM rowclaim_jobs WHERE status = '{st}' \
+            "s{i}(q) AS (SELECT MIN(queue) FROM rowclaim_jobs WHERE {st} \
+             UNION ALL SELECT (SELECT MIN(queue) FROM rowclaim_jobs WHERE {st} \
              AND queue > s{i}.q) FROM s{i} WHERE s{i}.q IS NOT NULL)"
         ));
         selects.push(format!(
@@ -141,6 +168,51 @@ async fn present<R: Run>(
         .collect())
 }
 
+/// [`present`] a statement per step: each step asks, for every status not done yet, the next
+/// queue after the one it found last.
+async fn present_stepped<R: Run>(
+    r: &R,
+    statuses: &'static [&'static str],
+) -> Result<Vec<(String, &'static str)>> {
+    let text = R::Sql::TEXT;
+    let mut last: Vec<(&'static str, Option<String>)> =
+        statuses.iter().map(|st| (*st, None)).collect();
+    let mut out = Vec::new();
+    while !last.is_empty() {
+        let mut b = Binder::new();
+        let probes: Vec<String> = last
+            .iter()
+            .map(|(st, after)| {
+                let after = match after {
+                    Some(q) => format!(" AND queue > {}", b.bind(q.clone())),
+                    None => String::new(),
+                };
+                format!(
+                    "CAST((SELECT MIN(queue) FROM rowclaim_jobs WHERE {}{after}) AS {text})",
+                    is(st)
+                )
+            })
+            .collect();
+        let sql = format!("SELECT {}", probes.join(", "));
+        let cols = vec![Col::OptText; last.len()];
+        let row = r.values(Stmt::new(sql, b), &cols).await?;
+        let found: Vec<Option<String>> = row
+            .into_iter()
+            .next()
+            .map(|row| row.into_iter().map(Value::text).collect())
+            .unwrap_or_default();
+        let mut next = Vec::new();
+        for ((st, _), q) in last.into_iter().zip(found) {
+            if let Some(q) = q {
+                out.push((q.clone(), st));
+                next.push((st, Some(q)));
+            }
+        }
+        last = next;
+    }
+    Ok(out)
+}
+
 /// Each pair's jobs, counted up to [`LIMIT`] through the index of its status.
 async fn capped<R: Run>(
     r: &R,
@@ -155,7 +227,8 @@ async fn capped<R: Run>(
             .map(|(i, (q, st))| {
                 format!(
                     "SELECT '{i}', COUNT(*) FROM (SELECT 1 AS one FROM rowclaim_jobs \
-                     WHERE status = '{st}' AND queue = {} LIMIT {LIMIT}) t{i}",
+                     WHERE {} AND queue = {} LIMIT {LIMIT}) t{i}",
+                    is(st),
                     b.bind(q.clone())
                 )
             })
@@ -189,11 +262,16 @@ async fn ready_figures<R: Run>(
             .iter()
             .enumerate()
             .map(|(i, q)| {
+                // The ready index holds run-at: the count, the due and the oldest are read
+                // from it; the retries (attempts) from the first rows only.
                 format!(
                     "SELECT '{i}', COUNT(*), COUNT(CASE WHEN run_at <= {d} THEN 1 END), \
-                     COUNT(CASE WHEN attempts > 0 THEN 1 END), {} \
-                     FROM (SELECT run_at, attempts FROM rowclaim_jobs \
+                     (SELECT COUNT(CASE WHEN attempts > 0 THEN 1 END) FROM (SELECT attempts \
+                     FROM rowclaim_jobs WHERE status = 'ready' AND queue = {} \
+                     LIMIT {ROW_READS}) a{i}), {} \
+                     FROM (SELECT run_at FROM rowclaim_jobs \
                      WHERE status = 'ready' AND queue = {} LIMIT {LIMIT}) t{i}",
+                    b.bind(q.clone()),
                     R::Sql::epoch_ms(&format!("MIN(CASE WHEN run_at <= {d} THEN run_at END)")),
                     b.bind(q.clone())
                 )
@@ -219,15 +297,16 @@ async fn ready_figures<R: Run>(
                 s.oldest_ready_secs
                     .insert(q.clone(), (now - at).max(0) as f64 / 1000.0);
             }
-            for (figure, n, cond) in [
-                ("due", due, format!(" AND run_at <= {d}")),
-                ("retrying", retrying, " AND attempts > 0".to_owned()),
+            for (figure, n, cond, read_all) in [
+                ("due", due, format!(" AND run_at <= {d}"), !full),
+                ("retrying", retrying, " AND attempts > 0".to_owned(), jobs <= ROW_READS),
             ] {
                 let mut n = u64::try_from(n).unwrap_or(0);
-                if full {
+                if !read_all {
                     match estimate(r, how, q, "ready", &cond).await? {
                         Some(est) => {
-                            n = n.max(est);
+                            // Never more than the ready jobs said.
+                            n = n.max(est.min(ready_shown(s, q)));
                             s.mark_estimated(q, figure);
                         }
                         None => s.mark_at_least(q, figure),
@@ -241,6 +320,15 @@ async fn ready_figures<R: Run>(
         }
     }
     Ok(())
+}
+
+/// The ready jobs of `queue` as `stats` says them (a count, an estimate or the cap).
+fn ready_shown(s: &QueueStats, queue: &str) -> u64 {
+    s.by_queue
+        .get(queue)
+        .and_then(|m| m.get("ready"))
+        .copied()
+        .unwrap_or(0)
 }
 
 /// The earliest run-at of a queue's ready jobs (epoch ms), with more of them than the cap: the
@@ -296,8 +384,7 @@ async fn sampled<R: Run>(
         // cancelled are counted by queue through their own): the latest finished first.
         selects.push(format!(
             "SELECT CAST(status AS {text}), CAST(queue AS {text}), COUNT(*), COUNT(*) \
-             FROM (SELECT queue, status FROM rowclaim_jobs \
-             WHERE status IN ('completed', 'dead', 'cancelled') \
+             FROM (SELECT queue, status FROM rowclaim_jobs WHERE {FINISHED} \
              ORDER BY finished_at DESC LIMIT {LIMIT}) f GROUP BY status, queue"
         ));
     }
@@ -404,10 +491,11 @@ async fn last_minute<R: Run>(
     let since = R::Sql::at_ms(&b.bind(now - 60_000));
     let sql = format!(
         "SELECT CAST(queue AS {}), COUNT(*), {} FROM (SELECT queue, finished_at \
-         FROM rowclaim_jobs WHERE status = 'completed' AND finished_at >= {since} \
+         FROM rowclaim_jobs WHERE {} AND finished_at >= {since} \
          ORDER BY finished_at DESC LIMIT {LIMIT}) t GROUP BY queue",
         R::Sql::TEXT,
-        R::Sql::epoch_ms("MIN(finished_at)")
+        R::Sql::epoch_ms("MIN(finished_at)"),
+        is("completed")
     );
     let rows = r
         .values(Stmt::new(sql, b), &[Col::Text, Col::Int, Col::OptInt])

@@ -551,6 +551,7 @@ const COUNTING: Counting = Counting {
         explain: "EXPLAIN FORMAT=JSON",
         rows: explained_rows,
     }),
+    recursive_scan: false,
 };
 
 /// The rows `EXPLAIN FORMAT=JSON` expects of the one table: the rows it reads (`rows` on

@@ -572,6 +572,7 @@ const COUNTING: Counting = Counting {
         explain: "EXPLAIN",
         rows: planned_rows,
     }),
+    recursive_scan: true,
 };
 
 /// The rows the plan's top node expects: `rows=N` in the first line of `EXPLAIN`'s text.

@@ -224,4 +224,5 @@ pub(crate) fn insert_one(job: &JobParts<'_>) -> Stmt<Sql> {
 const COUNTING: Counting = Counting {
     per_queue: &["ready", "dead", "cancelled"],
     estimate: None,
+    recursive_scan: true,
 };
