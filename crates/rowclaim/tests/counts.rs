@@ -100,7 +100,11 @@ async fn counts_above_and_below_the_cap(t: Arc<TestDb>) {
     assert_eq!(s.exactness("done", "completed"), above, "{s:?}");
     assert!(s.by_queue["done"]["completed"] > 0, "{s:?}");
     assert_eq!(s.exactness("held", "running"), above, "{s:?}");
-    assert_eq!(s.exactness("held", "expired_leases"), Exactness::AtLeast, "{s:?}");
+    assert_eq!(
+        s.exactness("held", "expired_leases"),
+        Exactness::AtLeast,
+        "{s:?}"
+    );
     assert!(s.expired_leases["held"] >= cap, "{s:?}");
     // The oldest due job is found however many ready jobs come before it in claim order.
     let oldest = s.oldest_ready_secs["big"];

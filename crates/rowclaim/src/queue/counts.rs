@@ -68,11 +68,7 @@ pub(crate) struct Estimate {
 
 /// The figures of the managed queue (of `only`, or of every queue), counted as the module
 /// comment says.
-pub(crate) async fn stats<R: Run>(
-    r: &R,
-    how: &Counting,
-    only: Option<&str>,
-) -> Result<QueueStats> {
+pub(crate) async fn stats<R: Run>(r: &R, how: &Counting, only: Option<&str>) -> Result<QueueStats> {
     let now = r
         .count(Stmt::new(
             format!("SELECT {}", R::Sql::epoch_ms(R::Sql::NOW)),
@@ -236,7 +232,10 @@ async fn capped<R: Run>(
         let sql = selects.join(" UNION ALL ");
         for row in r.values(Stmt::new(sql, b), &[Col::Text, Col::Int]).await? {
             let mut row = row.into_iter();
-            let i: Option<usize> = row.next().and_then(Value::text).and_then(|t| t.parse().ok());
+            let i: Option<usize> = row
+                .next()
+                .and_then(Value::text)
+                .and_then(|t| t.parse().ok());
             let n = row.next().and_then(Value::int).unwrap_or(0);
             if let Some((q, st)) = i.and_then(|i| chunk.get(i)) {
                 out.push((q.clone(), *st, n));
@@ -283,7 +282,10 @@ async fn ready_figures<R: Run>(
             .await?;
         for row in rows {
             let mut row = row.into_iter();
-            let i: Option<usize> = row.next().and_then(Value::text).and_then(|t| t.parse().ok());
+            let i: Option<usize> = row
+                .next()
+                .and_then(Value::text)
+                .and_then(|t| t.parse().ok());
             let Some(q) = i.and_then(|i| chunk.get(i)) else {
                 continue;
             };
@@ -292,14 +294,23 @@ async fn ready_figures<R: Run>(
             let oldest = row.next().and_then(Value::int);
             put(s, r, how, q, "ready", jobs).await?;
             let full = jobs >= LIMIT;
-            let oldest = if full { oldest_run_at(r, q).await? } else { oldest };
+            let oldest = if full {
+                oldest_run_at(r, q).await?
+            } else {
+                oldest
+            };
             if let Some(at) = oldest.filter(|at| *at <= now) {
                 s.oldest_ready_secs
                     .insert(q.clone(), (now - at).max(0) as f64 / 1000.0);
             }
             for (figure, n, cond, read_all) in [
                 ("due", due, format!(" AND run_at <= {d}"), !full),
-                ("retrying", retrying, " AND attempts > 0".to_owned(), jobs <= ROW_READS),
+                (
+                    "retrying",
+                    retrying,
+                    " AND attempts > 0".to_owned(),
+                    jobs <= ROW_READS,
+                ),
             ] {
                 let mut n = u64::try_from(n).unwrap_or(0);
                 if !read_all {
@@ -309,11 +320,18 @@ async fn ready_figures<R: Run>(
                             n = n.max(est.min(ready_shown(s, q)));
                             s.mark_estimated(q, figure);
                         }
-                        None => s.mark_at_least(q, figure),
+                        None => {
+                            n = n.min(COUNT_CAP);
+                            s.mark_at_least(q, figure);
+                        }
                     }
                 }
                 if n > 0 {
-                    let m = if figure == "due" { &mut s.due } else { &mut s.retrying };
+                    let m = if figure == "due" {
+                        &mut s.due
+                    } else {
+                        &mut s.retrying
+                    };
                     m.insert(q.clone(), n);
                 }
             }
@@ -336,7 +354,11 @@ fn ready_shown(s: &QueueStats, queue: &str) -> u64 {
 /// found by a loose scan.
 async fn oldest_run_at<R: Run>(r: &R, q: &str) -> Result<Option<i64>> {
     let mut b = Binder::new();
-    let (q1, q2, q3) = (b.bind(q.to_owned()), b.bind(q.to_owned()), b.bind(q.to_owned()));
+    let (q1, q2, q3) = (
+        b.bind(q.to_owned()),
+        b.bind(q.to_owned()),
+        b.bind(q.to_owned()),
+    );
     let ready = "FROM rowclaim_jobs WHERE status = 'ready' AND queue =";
     let sql = format!(
         "WITH RECURSIVE p(priority) AS (SELECT MAX(priority) {ready} {q1} \
@@ -440,7 +462,10 @@ async fn sampled<R: Run>(
                         n = n.max(est);
                         s.mark_estimated(&q, status);
                     }
-                    None => s.mark_at_least(&q, status),
+                    None => {
+                        n = n.min(COUNT_CAP);
+                        s.mark_at_least(&q, status);
+                    }
                 }
             }
             s.by_queue
@@ -473,7 +498,8 @@ async fn expired_leases<R: Run>(r: &R, s: &mut QueueStats, only: Option<&str>) -
         if full {
             s.mark_at_least(&q, "expired_leases");
         }
-        s.expired_leases.insert(q, u64::try_from(n).unwrap_or(0));
+        let n = u64::try_from(n).unwrap_or(0).min(COUNT_CAP);
+        s.expired_leases.insert(q, n);
     }
     Ok(())
 }
@@ -526,7 +552,8 @@ async fn last_minute<R: Run>(
         } else {
             n
         };
-        s.completed_last_minute.insert(q, u64::try_from(n).unwrap_or(0));
+        s.completed_last_minute
+            .insert(q, u64::try_from(n).unwrap_or(0));
     }
     Ok(())
 }

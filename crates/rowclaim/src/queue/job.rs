@@ -324,7 +324,9 @@ impl QueueStats {
     /// Whether `figure` of `queue` (a status, or `due`, `retrying`, `expired_leases`,
     /// `completed_last_minute`) is exact, an estimate, or a lower bound.
     pub fn exactness(&self, queue: &str, figure: &str) -> Exactness {
-        let has = |m: &BTreeMap<String, BTreeSet<String>>| m.get(queue).is_some_and(|s| s.contains(figure));
+        let has = |m: &BTreeMap<String, BTreeSet<String>>| {
+            m.get(queue).is_some_and(|s| s.contains(figure))
+        };
         if has(&self.estimated) {
             Exactness::Estimate
         } else if has(&self.at_least) {

@@ -26,12 +26,13 @@ mod waits;
 mod wakeups;
 
 pub use bulk::BulkAction;
-pub use counts::COUNT_CAP;
 pub(crate) use claim::served;
-pub use job::{
-    backoff, Enqueued, Exactness, Job, JobFailure, NewJob, QueueStats, Retention, DEFAULT_MAX_ATTEMPTS,
-};
+pub use counts::COUNT_CAP;
 pub(crate) use job::JobParts;
+pub use job::{
+    backoff, Enqueued, Exactness, Job, JobFailure, NewJob, QueueStats, Retention,
+    DEFAULT_MAX_ATTEMPTS,
+};
 pub use limits::{QueueLimits, Rate, MAX_RATE_PERIOD};
 pub use record::{AttemptError, JobFilter, JobRecord, Scheduled, JOB_STATUSES};
 pub use schedule::{

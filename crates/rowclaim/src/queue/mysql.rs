@@ -5,13 +5,13 @@
 
 use sqlx::MySql;
 
+use super::counts::{Counting, Estimate};
 use super::migrate::{migrate, Component, Schema};
 use super::record::{records_sql, RecordRow};
 use super::store::{admin_stmt, first_int, UNIQUE_TRIES};
 use super::{
     Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
 };
-use super::counts::{Counting, Estimate};
 use crate::backend::mysql::{error_number, lease_us, My, Sql, NOW};
 use crate::backend::run::{Finish, InTx, OnConn, Run, Transact};
 use crate::backend::sql::{Binder, Dialect, Stmt};
@@ -570,9 +570,9 @@ fn explained_rows(lines: &[String]) -> Option<u64> {
 /// The first value named `key` in a JSON document, depth first.
 fn find<'a>(v: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::Value> {
     match v {
-        serde_json::Value::Object(o) => o
-            .get(key)
-            .or_else(|| o.values().find_map(|v| find(v, key))),
+        serde_json::Value::Object(o) => {
+            o.get(key).or_else(|| o.values().find_map(|v| find(v, key)))
+        }
         serde_json::Value::Array(a) => a.iter().find_map(|v| find(v, key)),
         _ => None,
     }

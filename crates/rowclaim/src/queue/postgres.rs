@@ -5,13 +5,13 @@
 
 use sqlx::Postgres;
 
+use super::counts::{Counting, Estimate};
 use super::migrate::{migrate, Component, Schema};
 use super::record::{records_sql, RecordRow};
 use super::store::{admin_stmt, insert_unless_pending};
 use super::{
     Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
 };
-use super::counts::{Counting, Estimate};
 use crate::backend::postgres::{Pg, Sql};
 use crate::backend::run::{Finish, InTx, OnConn, Run, Transact};
 use crate::backend::sql::{Binder, Dialect, Stmt};
@@ -579,6 +579,9 @@ const COUNTING: Counting = Counting {
 fn planned_rows(lines: &[String]) -> Option<u64> {
     let first = lines.first()?;
     let at = first.find(" rows=")? + " rows=".len();
-    let digits: String = first[at..].chars().take_while(char::is_ascii_digit).collect();
+    let digits: String = first[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
     digits.parse().ok()
 }

@@ -3,13 +3,13 @@
 
 use sqlx::Sqlite;
 
+use super::counts::Counting;
 use super::migrate::{migrate, Component, Schema};
 use super::record::{records_sql, RecordRow};
 use super::store::{admin_stmt, insert_unless_pending};
 use super::{
     Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
 };
-use super::counts::Counting;
 use crate::backend::run::{Finish, InTx, OnConn, Run, Transact};
 use crate::backend::sql::{self, Binder, Stmt};
 use crate::backend::sqlite::{Lite, Sql, NOW};
