@@ -82,6 +82,7 @@ pub(crate) async fn stats<R: Run>(r: &R, how: &Counting, only: Option<&str>) -> 
     };
     let (ready, others): (Vec<_>, Vec<_>) = pairs.into_iter().partition(|(_, st)| *st == "ready");
     let ready: Vec<String> = ready.into_iter().map(|(q, _)| q).collect();
+    let others = unless_far_above(r, how, &mut s, others).await?;
     for (q, st, n) in capped(r, &others).await? {
         put(&mut s, r, how, &q, st, n).await?;
     }
@@ -89,6 +90,42 @@ pub(crate) async fn stats<R: Run>(r: &R, how: &Counting, only: Option<&str>) -> 
     sampled(r, how, &mut s, only).await?;
     last_minute(r, &mut s, only, now).await?;
     Ok(s)
+}
+
+/// Completed jobs kept by the hundred thousand are not counted even to the cap: where the
+/// database estimates, a figure it puts far above the cap (ten times) is taken as it is. (Only
+/// completed jobs: a stale estimate of dead or ready jobs must not hide a small count.)
+const FAR_ABOVE: u64 = 10 * COUNT_CAP;
+
+/// `pairs` but those of completed jobs the database estimates far above the cap, whose
+/// estimates go into `s`.
+async fn unless_far_above<R: Run>(
+    r: &R,
+    how: &Counting,
+    s: &mut QueueStats,
+    pairs: Vec<(String, &'static str)>,
+) -> Result<Vec<(String, &'static str)>> {
+    if how.estimate.is_none() {
+        return Ok(pairs);
+    }
+    let mut left = Vec::with_capacity(pairs.len());
+    for (q, st) in pairs {
+        if st == "completed" {
+            if let Some(est) = estimate(r, how, &q, st, "")
+                .await?
+                .filter(|e| *e > FAR_ABOVE)
+            {
+                s.mark_estimated(&q, st);
+                s.by_queue
+                    .entry(q.clone())
+                    .or_default()
+                    .insert(st.to_owned(), est);
+                continue;
+            }
+        }
+        left.push((q, st));
+    }
+    Ok(left)
 }
 
 /// Sets a status's count of a queue from a capped count: the count, or above the cap the
