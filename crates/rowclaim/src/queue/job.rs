@@ -287,7 +287,7 @@ pub struct Enqueued {
 
 /// Counts of the managed queue, per queue and status.
 ///
-/// Counted without reading the whole table (see `queue/counts.rs`): each figure is exact up to
+/// Counted without reading the whole table (see `queue/counts/`): each figure is exact up to
 /// [`COUNT_CAP`](crate::queue::COUNT_CAP) jobs; a larger one is the database's estimate
 /// (PostgreSQL, MySQL/MariaDB; named in [`QueueStats::estimated`]) or, where the database keeps
 /// no statistics to estimate from (SQLite), a lower bound (named in [`QueueStats::at_least`]).

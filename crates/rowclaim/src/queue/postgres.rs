@@ -256,7 +256,7 @@ const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
          WHERE status = 'waiting'",
     ],
     // v8: dead and cancelled jobs by queue, so that stats count them per queue without
-    // reading the other finished jobs (`counts.rs`). A completion writes no entry here.
+    // reading the other finished jobs (`counts/`). A completion writes no entry here.
     &["CREATE INDEX IF NOT EXISTS rowclaim_jobs_failed ON rowclaim_jobs (status, queue) \
        WHERE status IN ('dead', 'cancelled')"],
 ];
