@@ -268,6 +268,23 @@ fn queue_gauges(out: &mut String, stats: &rowclaim::QueueStats) {
             );
         }
     }
+    gauge_header(
+        out,
+        "rowclaim_queue_jobs_estimated",
+        "1 when rowclaim_queue_jobs of this queue and status is not a count: above the count \
+         cap, the database's estimate (or on SQLite the cap, a lower bound).",
+    );
+    for q in &queues {
+        for status in rowclaim::JOB_STATUSES {
+            let inexact = stats.exactness(q, status) != rowclaim::Exactness::Exact;
+            let _ = writeln!(
+                out,
+                "rowclaim_queue_jobs_estimated{{queue=\"{}\",status=\"{status}\"}} {}",
+                escape(q),
+                u8::from(inexact)
+            );
+        }
+    }
     let per_queue: [(&str, &str, &PerQueue); 5] = [
         (
             "rowclaim_queue_due_jobs",

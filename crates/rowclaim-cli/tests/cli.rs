@@ -823,6 +823,9 @@ async fn queue_cli(t: Arc<TestDb>) {
     let out = output(&t, &["stats", "--json"]).await;
     let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(s["by_queue"]["q"]["dead"], 1);
+    // Every figure counted: nothing named as an estimate or a lower bound.
+    assert_eq!(s["estimated"], serde_json::json!({}), "{s}");
+    assert_eq!(s["at_least"], serde_json::json!({}), "{s}");
 
     let id = t
         .count("SELECT MAX(id) FROM rowclaim_jobs")

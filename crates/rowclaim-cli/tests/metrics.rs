@@ -113,6 +113,11 @@ async fn queue_metrics(t: Arc<TestDb>) {
     let q = [("queue", "m")];
     let dead = [("queue", "m"), ("status", "dead")];
     assert_eq!(value(&body, "rowclaim_queue_jobs", &dead), Some(3.0));
+    // Counted, not estimated: far below the cap.
+    assert_eq!(
+        value(&body, "rowclaim_queue_jobs_estimated", &dead),
+        Some(0.0)
+    );
     assert_eq!(value(&body, "rowclaim_queue_due_jobs", &q), Some(0.0));
     assert_eq!(value(&body, "rowclaim_queue_expired_leases", &q), Some(0.0));
     assert_eq!(value(&body, "rowclaim_database_up", &[]), Some(1.0));

@@ -96,11 +96,11 @@ pub use error::{DatabaseError, Error, ErrorKind, Result};
 pub use id::RowId;
 pub use locking::{LockMode, LockWait};
 pub use queue::{
-    backoff, schedule_key, AttemptError, BulkAction, CatchUp, Enqueued, Group, Job, JobArgs,
-    JobFailure, JobFilter, JobRecord, Link, Links, NewJob, Queue, QueueLimits, QueueSettings,
-    QueueStats, Rate, Retention, Schedule, ScheduleStatus, Scheduled, Scheduler, SchedulerReport,
-    ToNewJob, Wakeups, DEFAULT_MAX_ATTEMPTS, JOB_STATUSES, LATE_WINDOW, MAX_CATCH_UP,
-    MAX_RATE_PERIOD,
+    backoff, schedule_key, AttemptError, BulkAction, CatchUp, Enqueued, Exactness, Group, Job,
+    JobArgs, JobFailure, JobFilter, JobRecord, Link, Links, NewJob, Queue, QueueLimits,
+    QueueSettings, QueueStats, Rate, Retention, Schedule, ScheduleStatus, Scheduled, Scheduler,
+    SchedulerReport, ToNewJob, Wakeups, COUNT_CAP, DEFAULT_MAX_ATTEMPTS, JOB_STATUSES, LATE_WINDOW,
+    MAX_CATCH_UP, MAX_RATE_PERIOD,
 };
 pub use redact::redacted_url;
 pub use report::{Finding, Severity, Stats, Topic};

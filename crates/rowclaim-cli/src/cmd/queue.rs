@@ -200,12 +200,17 @@ async fn list(db: &Db, json: bool) -> Result<(), CliError> {
                 "paused_at": paused.map(|t| humantime::format_rfc3339_millis(t).to_string()),
                 "limits": limits,
                 "jobs": counts,
+                "estimated": stats.estimated.get(name.as_str()),
+                "at_least": stats.at_least.get(name.as_str()),
             }))?;
             continue;
         }
         let jobs: Vec<String> = rowclaim::JOB_STATUSES
             .iter()
-            .map(|s| format!("{s} {}", counts.get(*s).copied().unwrap_or(0)))
+            .map(|s| {
+                let n = stats.shown(name, s, counts.get(*s).copied().unwrap_or(0));
+                format!("{s} {n}")
+            })
             .collect();
         let mut state = match paused {
             Some(t) => format!("paused since {}", humantime::format_rfc3339_seconds(t)),

@@ -44,18 +44,29 @@ async fn queue_stats(url: &str, a: StatsArgs) -> Result<(), CliError> {
     println!("{:<20} {:<12} {:>10}", "queue", "status", "jobs");
     for (queue, by_status) in &stats.by_queue {
         for (status, n) in by_status {
+            let n = stats.shown(queue, status, *n);
             println!("{queue:<20} {status:<12} {n:>10}");
         }
     }
     println!();
     for (queue, by_status) in &stats.by_queue {
         let oldest = stats.oldest_ready_secs.get(queue).copied().unwrap_or(0.0);
-        let done = stats.completed_last_minute.get(queue).copied().unwrap_or(0);
-        let ready = by_status.get("ready").copied().unwrap_or(0);
-        let retrying = stats.retrying.get(queue).copied().unwrap_or(0);
+        let figure = |name: &str, m: &std::collections::BTreeMap<String, u64>| {
+            stats.shown(queue, name, m.get(queue).copied().unwrap_or(0))
+        };
+        let done = figure("completed_last_minute", &stats.completed_last_minute);
+        let retrying = figure("retrying", &stats.retrying);
+        let ready = stats.shown(queue, "ready", by_status.get("ready").copied().unwrap_or(0));
         println!(
             "{queue}: {ready} ready ({retrying} of them waiting for a retry), oldest due waits \
              {oldest:.1}s, {done} completed in the last minute"
+        );
+    }
+    if !stats.estimated.is_empty() || !stats.at_least.is_empty() {
+        println!(
+            "\n≈: the database's estimate; +: at least. Counts stop at {} jobs of a queue and \
+             status.",
+            rowclaim::COUNT_CAP
         );
     }
     Ok(())

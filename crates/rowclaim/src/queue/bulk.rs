@@ -107,8 +107,14 @@ pub(crate) trait Bulk: Send + Sync {
     /// in one transaction. A retry leaves jobs with a unique key out (in `keyed`): another job
     /// may hold the key, which only one job at a time may do while pending.
     async fn batch(&self, action: BulkAction, filter: &JobFilter, room: u32) -> Result<Batch>;
-    /// How many jobs `filter` matches (of those `action` takes, when given).
-    async fn count(&self, filter: &JobFilter, action: Option<BulkAction>) -> Result<u64>;
+    /// How many jobs `filter` matches (of those `action` takes, when given), counting at most
+    /// `most` of them when given.
+    async fn count(
+        &self,
+        filter: &JobFilter,
+        action: Option<BulkAction>,
+        most: Option<u64>,
+    ) -> Result<u64>;
     /// Whether a job other than `id` that is ready or running has `id`'s unique key.
     async fn key_taken(&self, id: i64) -> Result<bool>;
 }
@@ -141,13 +147,26 @@ where
         Ok(batch)
     }
 
-    async fn count(&self, filter: &JobFilter, action: Option<BulkAction>) -> Result<u64> {
+    async fn count(
+        &self,
+        filter: &JobFilter,
+        action: Option<BulkAction>,
+        most: Option<u64>,
+    ) -> Result<u64> {
         let mut b = Binder::new();
         let mut cond = filter_cond(&mut b, filter);
         if let Some(a) = action {
             cond.push_str(&format!(" AND {}", a.state_cond()));
         }
-        let sql = format!("SELECT COUNT(*) FROM rowclaim_jobs WHERE {cond}");
+        let sql = match most {
+            // Stops reading at the bound: a count of a million matching jobs is not read.
+            Some(most) => format!(
+                "SELECT COUNT(*) FROM (SELECT 1 AS one FROM rowclaim_jobs WHERE {cond} \
+                 LIMIT {}) t",
+                b.bind(i64::try_from(most).unwrap_or(i64::MAX))
+            ),
+            None => format!("SELECT COUNT(*) FROM rowclaim_jobs WHERE {cond}"),
+        };
         let (n,): (i64,) = self.fetch_one(Stmt::new(sql, b)).await?;
         Ok(u64::try_from(n).unwrap_or(0))
     }

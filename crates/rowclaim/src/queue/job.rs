@@ -2,6 +2,7 @@
 //! a failure is retried, and what a queue reports.
 
 use super::*;
+use std::collections::BTreeSet;
 
 /// What becomes of a job that completed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -285,6 +286,14 @@ pub struct Enqueued {
 }
 
 /// Counts of the managed queue, per queue and status.
+///
+/// Counted without reading the whole table (see `queue/counts/`): each figure is exact up to
+/// [`COUNT_CAP`](crate::queue::COUNT_CAP) jobs; a larger one is the database's estimate
+/// (PostgreSQL, MySQL/MariaDB; named in [`QueueStats::estimated`]) or, where the database keeps
+/// no statistics to estimate from (SQLite), a lower bound (named in [`QueueStats::at_least`]).
+/// A status counted in one sample for all queues (PostgreSQL and SQLite: running, waiting and
+/// completed, which no index holds by queue) is exact while the status has at most the cap in
+/// all queues together.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct QueueStats {
@@ -292,7 +301,8 @@ pub struct QueueStats {
     pub by_queue: BTreeMap<String, BTreeMap<String, u64>>,
     /// How long the oldest due ready job has waited, in seconds, per queue.
     pub oldest_ready_secs: BTreeMap<String, f64>,
-    /// Jobs completed in the last minute, per queue.
+    /// Jobs completed in the last minute, per queue (above the cap, the rate of the latest
+    /// completions over a minute: an estimate).
     pub completed_last_minute: BTreeMap<String, u64>,
     /// Ready jobs whose time has come, per queue (the rest of `ready` waits for its run-at).
     pub due: BTreeMap<String, u64>,
@@ -302,46 +312,68 @@ pub struct QueueStats {
     /// Ready jobs that failed before and wait for a retry, per queue (counted in `ready` too):
     /// a queue whose ready jobs are all retries is failing, not healthy.
     pub retrying: BTreeMap<String, u64>,
+    /// queue → the figures of that queue that are estimates, not counts: statuses of
+    /// `by_queue`, or `due`, `retrying`, `completed_last_minute` (above the cap).
+    pub estimated: BTreeMap<String, BTreeSet<String>>,
+    /// queue → the figures of that queue that are lower bounds: counting stopped at the cap
+    /// and the database has no estimate (SQLite), or too many leases had expired to count.
+    pub at_least: BTreeMap<String, BTreeSet<String>>,
 }
 
-/// One row of the stats statement: a queue and status, its jobs, and of those the due ones,
-/// the oldest due one's wait, the expired leases, the completions of the last minute and the
-/// ready jobs waiting for a retry.
-pub(crate) type StatsRow = (String, String, i64, i64, Option<f64>, i64, i64, i64);
-
 impl QueueStats {
-    /// Folds the rows of the one stats statement each database sends.
-    pub(crate) fn from_rows(rows: impl IntoIterator<Item = StatsRow>) -> QueueStats {
-        let mut stats = QueueStats::default();
-        for (queue, status, jobs, due, oldest, expired, recent, retrying) in rows {
-            let n = |v: i64| v.max(0) as u64;
-            if due > 0 {
-                *stats.due.entry(queue.clone()).or_default() += n(due);
-            }
-            if let Some(secs) = oldest {
-                let e = stats.oldest_ready_secs.entry(queue.clone()).or_default();
-                *e = e.max(secs.max(0.0));
-            }
-            if retrying > 0 {
-                *stats.retrying.entry(queue.clone()).or_default() += n(retrying);
-            }
-            if expired > 0 {
-                *stats.expired_leases.entry(queue.clone()).or_default() += n(expired);
-            }
-            if recent > 0 {
-                *stats
-                    .completed_last_minute
-                    .entry(queue.clone())
-                    .or_default() += n(recent);
-            }
-            stats
-                .by_queue
-                .entry(queue)
-                .or_default()
-                .insert(status, n(jobs));
+    /// Whether `figure` of `queue` (a status, or `due`, `retrying`, `expired_leases`,
+    /// `completed_last_minute`) is exact, an estimate, or a lower bound.
+    pub fn exactness(&self, queue: &str, figure: &str) -> Exactness {
+        let has = |m: &BTreeMap<String, BTreeSet<String>>| {
+            m.get(queue).is_some_and(|s| s.contains(figure))
+        };
+        if has(&self.estimated) {
+            Exactness::Estimate
+        } else if has(&self.at_least) {
+            Exactness::AtLeast
+        } else {
+            Exactness::Exact
         }
-        stats
     }
+
+    /// `n`, a figure of `queue`, as a person reads it: `1234`, `≈1234000` (an estimate) or
+    /// `10000+` (a lower bound).
+    pub fn shown(&self, queue: &str, figure: &str, n: u64) -> String {
+        match self.exactness(queue, figure) {
+            Exactness::Exact => n.to_string(),
+            Exactness::Estimate => format!("≈{n}"),
+            Exactness::AtLeast => format!("{n}+"),
+        }
+    }
+
+    /// Marks `figure` of `queue` as the database's estimate.
+    pub(crate) fn mark_estimated(&mut self, queue: &str, figure: &str) {
+        self.estimated
+            .entry(queue.to_owned())
+            .or_default()
+            .insert(figure.to_owned());
+    }
+
+    /// Marks `figure` of `queue` as a lower bound.
+    pub(crate) fn mark_at_least(&mut self, queue: &str, figure: &str) {
+        self.at_least
+            .entry(queue.to_owned())
+            .or_default()
+            .insert(figure.to_owned());
+    }
+}
+
+/// How a figure of [`QueueStats`] was had.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Exactness {
+    /// Counted.
+    Exact,
+    /// The database's estimate from its statistics (more jobs than the cap).
+    Estimate,
+    /// At least this many: counting stopped there.
+    AtLeast,
 }
 
 /// A claimed job, read from its row.

@@ -9,6 +9,7 @@
 mod after;
 mod bulk;
 mod claim;
+mod counts;
 mod enqueue_sql;
 mod limits;
 mod migrate;
@@ -26,10 +27,12 @@ mod wakeups;
 
 pub use bulk::BulkAction;
 pub(crate) use claim::served;
+pub use counts::COUNT_CAP;
+pub(crate) use job::JobParts;
 pub use job::{
-    backoff, Enqueued, Job, JobFailure, NewJob, QueueStats, Retention, DEFAULT_MAX_ATTEMPTS,
+    backoff, Enqueued, Exactness, Job, JobFailure, NewJob, QueueStats, Retention,
+    DEFAULT_MAX_ATTEMPTS,
 };
-pub(crate) use job::{JobParts, StatsRow};
 pub use limits::{QueueLimits, Rate, MAX_RATE_PERIOD};
 pub use record::{AttemptError, JobFilter, JobRecord, Scheduled, JOB_STATUSES};
 pub use schedule::{
@@ -348,7 +351,29 @@ impl Queue {
             after_id: None,
             ..filter.clone()
         };
-        retry_transient!(store(&self.db).count(&f, action).await).map_err(not_initialised)
+        retry_transient!(store(&self.db).count(&f, action, None).await).map_err(not_initialised)
+    }
+
+    /// As [`Queue::count`], but reading at most `most + 1` matching jobs: `Some(n)` when `n <=
+    /// most` jobs match, `None` when more do (the dashboard's "more than 10000 matching",
+    /// [`COUNT_CAP`]). Many matching jobs are not read one by one; few matching jobs among
+    /// many others may still be, as the filter's columns allow.
+    pub async fn count_at_most(
+        &self,
+        filter: &JobFilter,
+        action: Option<BulkAction>,
+        most: u64,
+    ) -> Result<Option<u64>> {
+        filter.check()?;
+        let f = JobFilter {
+            before_id: None,
+            after_id: None,
+            ..filter.clone()
+        };
+        let bound = Some(most.saturating_add(1));
+        let n = retry_transient!(store(&self.db).count(&f, action, bound).await)
+            .map_err(not_initialised)?;
+        Ok((n <= most).then_some(n))
     }
 
     /// Does `action` to every job `filter` matches that is in a state the action takes (as

@@ -3,12 +3,12 @@
 
 use sqlx::Sqlite;
 
+use super::counts::Counting;
 use super::migrate::{migrate, Component, Schema};
 use super::record::{records_sql, RecordRow};
 use super::store::{admin_stmt, insert_unless_pending};
 use super::{
     Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
-    StatsRow,
 };
 use crate::backend::run::{Finish, InTx, OnConn, Run, Transact};
 use crate::backend::sql::{self, Binder, Stmt};
@@ -60,8 +60,7 @@ impl QueueStore for Lite {
     }
 
     async fn stats(&self, queue: Option<&str>) -> Result<QueueStats> {
-        let rows: Vec<StatsRow> = self.fetch_all(stats_stmt(queue)).await?;
-        Ok(QueueStats::from_rows(rows))
+        super::counts::stats(self, &COUNTING, queue).await
     }
 
     async fn records(&self, filter: &JobFilter, id: Option<i64>) -> Result<Vec<JobRecord>> {
@@ -172,6 +171,10 @@ const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
         "CREATE INDEX IF NOT EXISTS rowclaim_jobs_waiting ON rowclaim_jobs (id) \
          WHERE status = 'waiting'",
     ],
+    // v8: dead and cancelled jobs by queue, so that stats count them per queue without
+    // reading the other finished jobs (`counts/`). A completion writes no entry here.
+    &["CREATE INDEX IF NOT EXISTS rowclaim_jobs_failed ON rowclaim_jobs (status, queue) \
+       WHERE status IN ('dead', 'cancelled')"],
 ];
 
 /// The schedules' schema, one list of statements per version. Append, never edit.
@@ -215,23 +218,11 @@ pub(crate) fn insert_one(job: &JobParts<'_>) -> Stmt<Sql> {
     Stmt::new(sql, b)
 }
 
-/// Jobs per queue and status in one statement, so that a dashboard or a metrics scrape costs
-/// one query.
-fn stats_stmt(queue: Option<&str>) -> Stmt<Sql> {
-    let mut b = B::new();
-    let only = match queue {
-        Some(q) => format!(" WHERE queue = {}", b.bind(q.to_owned())),
-        None => String::new(),
-    };
-    let sql = format!(
-        "SELECT queue, status, COUNT(*), \
-           SUM(status = 'ready' AND run_at <= {NOW}), \
-           ({NOW} - MIN(CASE WHEN status = 'ready' AND run_at <= {NOW} THEN run_at END)) \
-             / 1000.0, \
-           SUM(status = 'running' AND lease_until < {NOW}), \
-           SUM(status = 'completed' AND finished_at > {NOW} - 60000), \
-           SUM(status = 'ready' AND attempts > 0) \
-         FROM rowclaim_jobs{only} GROUP BY 1, 2"
-    );
-    Stmt::new(sql, b)
-}
+/// How stats count here: ready jobs through the ready index, dead and cancelled through theirs
+/// (v8), each by queue; SQLite keeps no statistics to estimate from, so above the cap a figure
+/// is the cap, a lower bound.
+const COUNTING: Counting = Counting {
+    per_queue: &["ready", "dead", "cancelled"],
+    estimate: None,
+    recursive_scan: true,
+};

@@ -121,21 +121,25 @@ async fn all_matching(state: &Dashboard, who: &Who, search: &JobSearch) -> Marku
     let said = search.said();
     let fields = search.fields();
     let mut offered = Vec::new();
-    // With a status, every action offered takes the same jobs: one count (a scan of the
-    // matching jobs) serves them all.
+    // With a status, every action offered takes the same jobs: one count serves them all.
+    // Counting stops past the cap ("more than 10000"): the action still takes every match.
+    let cap = rowclaim::COUNT_CAP;
     let mut same = None;
     for a in [BulkAction::Retry, BulkAction::Cancel, BulkAction::Delete] {
         let counted = match (&filter.status, same) {
             (Some(s), _) if !a.takes().contains(&s.as_str()) => continue,
             (Some(_), Some(n)) => Ok(n),
-            (Some(_), None) => state.db.queue().count(&filter, None).await,
-            (None, _) => state.db.queue().count(&filter, Some(a)).await,
+            (Some(_), None) => state.db.queue().count_at_most(&filter, None, cap).await,
+            (None, _) => state.db.queue().count_at_most(&filter, Some(a), cap).await,
         };
         if let Ok(n) = counted {
             same = filter.status.as_ref().map(|_| n);
-            if n > 0 {
-                offered.push((a, n));
-            }
+            let n = match n {
+                Some(0) => continue,
+                Some(n) => n.to_string(),
+                None => format!("(more than {cap})"),
+            };
+            offered.push((a, n));
         }
     }
     let buttons: Vec<Markup> = offered

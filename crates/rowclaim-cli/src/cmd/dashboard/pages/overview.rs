@@ -60,10 +60,13 @@ impl SourceLine {
 /// `GET /`: every managed queue and every recorded source, problem ones first.
 pub async fn overview(State(state): State<St>, Extension(who): Extension<Who>) -> Response {
     let paused = paused_queues(&state).await;
+    // Kept to say which figures are estimates or lower bounds (above the count cap).
+    let mut counted = rowclaim::QueueStats::default();
     let (queues, queue_problem) = match state.db.queue().stats(None).await {
         Ok(stats) => {
             let mut lines: Vec<QueueLine> = stats
                 .by_queue
+                .clone()
                 .into_iter()
                 .map(|(name, by_status)| QueueLine {
                     oldest_wait: stats.oldest_ready_secs.get(&name).copied().unwrap_or(0.0),
@@ -81,6 +84,7 @@ pub async fn overview(State(state): State<St>, Extension(who): Extension<Who>) -
                 })
                 .collect();
             lines.sort_by(|a, b| b.rank().cmp(&a.rank()).then(a.name.cmp(&b.name)));
+            counted = stats;
             (lines, None)
         }
         Err(e) if no_queue(&e) => (Vec::new(), None),
@@ -112,6 +116,9 @@ pub async fn overview(State(state): State<St>, Extension(who): Extension<Who>) -
         @if queues.is_empty() {
             p.muted { "No jobs in a managed queue here (rowclaim_jobs is missing or empty)." }
         } @else {
+            @if !counted.estimated.is_empty() || !counted.at_least.is_empty() {
+                p.muted { "≈: the database's estimate; +: at least. Counts stop at " (rowclaim::COUNT_CAP) " jobs of a queue and status." }
+            }
             table #queues {
                 tr {
                     th { "queue" }
@@ -126,12 +133,12 @@ pub async fn overview(State(state): State<St>, Extension(who): Extension<Who>) -
                         }
                         @for s in JOB_STATUSES {
                             @let n = q.by_status.get(*s).copied().unwrap_or(0);
-                            td.num.problem[*s == "dead" && n > 0] data-status=(s) { (n) }
+                            td.num.problem[*s == "dead" && n > 0] data-status=(s) { (counted.shown(&q.name, s, n)) }
                         }
-                        td.num.problem[q.retrying > 0] data-retrying { (q.retrying) }
-                        td.num.problem[q.expired > 0] { (q.expired) }
+                        td.num.problem[q.retrying > 0] data-retrying { (counted.shown(&q.name, "retrying", q.retrying)) }
+                        td.num.problem[q.expired > 0] { (counted.shown(&q.name, "expired_leases", q.expired)) }
                         td.num { (secs(q.oldest_wait)) }
-                        td.num { (q.completed_last_minute) }
+                        td.num { (counted.shown(&q.name, "completed_last_minute", q.completed_last_minute)) }
                     }
                 }
             }

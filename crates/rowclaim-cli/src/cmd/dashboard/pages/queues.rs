@@ -98,12 +98,15 @@ pub async fn queue(
         table #counts {
             tr { @for s in JOB_STATUSES { th.num { (s) } } th.num { "waiting for a retry" } th.num { "oldest wait" } th.num { "completed last min" } }
             tr {
-                @for s in JOB_STATUSES { td.num data-status=(s) { (counts.get(*s).copied().unwrap_or(0)) } }
+                @for s in JOB_STATUSES { td.num data-status=(s) { (stats.shown(&name, s, counts.get(*s).copied().unwrap_or(0))) } }
                 @let retrying = stats.retrying.get(&name).copied().unwrap_or(0);
-                td.num.problem[retrying > 0] data-retrying { (retrying) }
+                td.num.problem[retrying > 0] data-retrying { (stats.shown(&name, "retrying", retrying)) }
                 td.num { (secs(stats.oldest_ready_secs.get(&name).copied().unwrap_or(0.0))) }
-                td.num { (stats.completed_last_minute.get(&name).copied().unwrap_or(0)) }
+                td.num { (stats.shown(&name, "completed_last_minute", stats.completed_last_minute.get(&name).copied().unwrap_or(0))) }
             }
+        }
+        @if stats.estimated.contains_key(&name) || stats.at_least.contains_key(&name) {
+            p.muted { "≈: the database's estimate; +: at least. Counts stop at " (rowclaim::COUNT_CAP) " jobs of a status." }
         }
         // The list before the charts: what an operator searches and acts on comes first.
         h2 { "Jobs" }
