@@ -316,10 +316,20 @@ async fn failover(death: Death, sync: bool, work: Work) {
     let dir = tempfile::tempdir().expect("temp dir");
     let log = dir.path().join("runs.log");
     // Jobs of 0.2 s: the pool is idle most of the time, so that the fault usually finds no
-    // statement on its way to report it (what a server that dies in silence looks like).
-    let mut workers: Vec<Child> = (0..3)
-        .map(|_| worker(&url, &args, &log, "cat >/dev/null; sleep 0.2"))
-        .collect();
+    // statement on its way to report it (what a server that dies in silence looks like). Once
+    // half the rows are done, a job waits at its end for the fault (the file `fault`, made right
+    // after it): however late a loaded machine lets this test see that the workers got going, the
+    // fault comes mid-run, with rows left that only the new primary can give out.
+    let fault = dir.path().join("fault");
+    let work = format!(
+        "cat >/dev/null; sleep 0.2; \
+         if [ ! -e {fault} ] && [ \"$(grep -c '^E ' {log})\" -ge {half} ]; then \
+         until [ -e {fault} ]; do sleep 0.05; done; fi",
+        fault = fault.display(),
+        log = log.display(),
+        half = JOBS / 2
+    );
+    let mut workers: Vec<Child> = (0..3).map(|_| worker(&url, &args, &log, &work)).collect();
 
     // Mid-run: the primary dies, the standby takes over.
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -331,11 +341,17 @@ async fn failover(death: Death, sync: bool, work: Work) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let killed_at = now_us();
+    let ended = runs(&log).values().filter(|r| r[0].1.is_some()).count();
+    assert!(
+        ended < JOBS,
+        "{case}: the fault came mid-run ({ended} rows had ended)"
+    );
     match death {
         Death::Immediate => primary.stop(StopMode::Immediate).await,
         Death::Kill => primary.stop(StopMode::Kill).await,
         Death::BlackHole => proxy.blackhole(true),
     }
+    std::fs::write(&fault, "").expect("write the fault file");
     // An operator's (or a failover manager's) reaction time.
     tokio::time::sleep(Duration::from_secs(1)).await;
     standby.promote().await;

@@ -117,6 +117,8 @@ struct Driver {
     child: Child,
     dir: tempfile::TempDir,
     port: u16,
+    /// Holds `port` for this chromedriver alone while it lives.
+    _claim: crate::servers::PortClaim,
 }
 
 impl Drop for Driver {
@@ -538,8 +540,9 @@ async fn start_chromedriver(program: &Path) -> Result<Driver> {
     let log_path = dir.path().join("chromedriver.log");
     let mut last = String::new();
     for _ in 0..3 {
-        let port = crate::servers::try_spare_port()
+        let claim = crate::servers::try_spare_port()
             .context(|| "find a spare port on 127.0.0.1".to_owned())?;
+        let port = claim.port();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -575,7 +578,14 @@ async fn start_chromedriver(program: &Path) -> Result<Driver> {
             .spawn()
             .context(|| format!("start {}", program.display()))?;
         match wait_listening(&mut child, port).await {
-            Ok(()) => return Ok(Driver { child, dir, port }),
+            Ok(()) => {
+                return Ok(Driver {
+                    child,
+                    dir,
+                    port,
+                    _claim: claim,
+                })
+            }
             Err(e) => {
                 let _ = child.kill();
                 let _ = child.wait();

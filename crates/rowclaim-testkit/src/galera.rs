@@ -20,7 +20,7 @@ use tokio::process::{Child, Command};
 
 use crate::servers::{
     check_name, first_existing, is_root, new_dir, os_user, output_text, port_taken, spare_port,
-    sweep_leftovers, tail, MARIADB_FLAGS, MY_PREFIX, POLL,
+    sweep_leftovers, tail, PortClaim, MARIADB_FLAGS, MY_PREFIX, POLL,
 };
 
 const PROVIDER: &str = "/usr/lib/galera/libgalera_smm.so";
@@ -42,17 +42,21 @@ struct Node {
     ist: u16,
     /// Full state transfer (`wsrep_sst_receive_address`): the joiner's rsync daemon.
     sst: u16,
+    /// Hold the four ports for this node alone while it lives.
+    _claims: [PortClaim; 4],
     child: Option<Child>,
     dir: tempfile::TempDir,
 }
 
 impl Node {
     fn new() -> Node {
+        let claims = [spare_port(), spare_port(), spare_port(), spare_port()];
         Node {
-            port: spare_port(),
-            gcomm: spare_port(),
-            ist: spare_port(),
-            sst: spare_port(),
+            port: claims[0].port(),
+            gcomm: claims[1].port(),
+            ist: claims[2].port(),
+            sst: claims[3].port(),
+            _claims: claims,
             child: None,
             dir: new_dir(MY_PREFIX),
         }

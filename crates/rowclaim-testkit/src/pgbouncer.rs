@@ -25,6 +25,8 @@ pub const POOL_SIZE: u32 = 4;
 /// A running PgBouncer (transaction pooling) on a spare port of 127.0.0.1.
 pub struct PgBouncer {
     port: u16,
+    /// Holds `port` for this PgBouncer alone while it lives.
+    _claim: servers::PortClaim,
     child: Child,
     dir: tempfile::TempDir,
 }
@@ -46,7 +48,8 @@ impl PgBouncer {
         }
         let mut last = String::new();
         for _ in 0..3 {
-            let listen = servers::spare_port();
+            let claim = servers::spare_port();
+            let listen = claim.port();
             let ini = dir.path().join("pgbouncer.ini");
             std::fs::write(
                 &ini,
@@ -86,6 +89,7 @@ impl PgBouncer {
                 Ok(()) => {
                     return PgBouncer {
                         port: listen,
+                        _claim: claim,
                         child,
                         dir,
                     }

@@ -14,7 +14,8 @@
 //!   from two tasks at once (they are serialised, but the outcome would make no sense).
 //! - As root (CI), PostgreSQL runs as the `postgres` OS user and MariaDB as root (`--user=root`).
 //! - Nothing is shared with other servers: no unix sockets in /tmp (PostgreSQL has none, MariaDB's
-//!   and its tmpdir are in its own dir), ports taken below the ephemeral range (see `spare_port`).
+//!   and its tmpdir are in its own dir), ports taken below the ephemeral range and claimed machine-wide for the server's life (see
+//!   `spare_port`).
 //!
 //! A new backend proves itself by a driver and one `contract_suite!` invocation (see
 //! [`crate::contract`]); a private server of its kind here is needed only for the fault suite.
@@ -53,6 +54,8 @@ pub enum StopMode {
 /// A PostgreSQL server of the test's own; superuser `postgres`, no password (trust).
 pub struct PrivatePostgres {
     port: u16,
+    /// Holds `port` for this server alone while it lives, also while it is stopped.
+    _claim: Option<PortClaim>,
     bin: PathBuf,
     /// (uid, gid) of the `postgres` OS user when we are root.
     run_as: Option<(u32, u32)>,
@@ -87,6 +90,7 @@ impl PrivatePostgres {
         }
         let mut pg = PrivatePostgres {
             port: 0,
+            _claim: None,
             bin,
             run_as,
             running: tokio::sync::Mutex::new(false),
@@ -132,7 +136,9 @@ impl PrivatePostgres {
     /// meanwhile; panics with the log tail when it does not start.
     async fn first_launch(&mut self, what: &str) {
         for attempt in 1..=3 {
-            self.port = spare_port();
+            let claim = spare_port();
+            self.port = claim.port();
+            self._claim = Some(claim);
             match self.launch().await {
                 Ok(()) => {
                     *self.running.get_mut() = true;
@@ -167,6 +173,7 @@ impl PrivatePostgres {
         }
         let mut pg = PrivatePostgres {
             port: 0,
+            _claim: None,
             bin: primary.bin.clone(),
             run_as: primary.run_as,
             running: tokio::sync::Mutex::new(false),
@@ -546,6 +553,8 @@ fn pg_bindir() -> PathBuf {
 /// A MariaDB server of the test's own; user `root` without password over TCP.
 pub struct PrivateMariadb {
     port: u16,
+    /// Holds `port` for this server alone while it lives, also while it is stopped.
+    _claim: Option<PortClaim>,
     mariadbd: PathBuf,
     root: bool,
     /// The running server; the lock serialises stop/start.
@@ -595,6 +604,7 @@ impl PrivateMariadb {
             });
         let mut my = PrivateMariadb {
             port: 0,
+            _claim: None,
             mariadbd,
             root: is_root(),
             child: tokio::sync::Mutex::new(None),
@@ -628,7 +638,9 @@ impl PrivateMariadb {
         }
 
         for attempt in 1..=3 {
-            my.port = spare_port();
+            let claim = spare_port();
+            my.port = claim.port();
+            my._claim = Some(claim);
             match my.launch().await {
                 Ok(child) => {
                     *my.child.get_mut() = Some(child);
@@ -926,15 +938,37 @@ where
     }
 }
 
-/// A port nobody listens on now. Taken below the kernel's ephemeral range when there is room,
-/// so that while a server is down for a restart its port is unlikely to be handed out to an
-/// outgoing connection or a `bind(0)` (the proxies use those, and chromedriver's clients).
-pub(crate) fn spare_port() -> u16 {
+/// A port reserved on this machine for one private server (or PgBouncer, Galera port,
+/// chromedriver) of any test process, for as long as the claim lives: a lock (flock) on
+/// `/tmp/rowclaim-ports/PORT`, which the kernel also drops when the process dies. Keep it beside
+/// the server for the server's whole life, also while it is stopped: a failover test's killed
+/// primary keeps its port, so that another test (of this binary or of one running beside it)
+/// cannot start a server there that the workers' route would then take for the old primary.
+#[derive(Debug)]
+pub(crate) struct PortClaim {
+    port: u16,
+    _lock: std::fs::File,
+}
+
+impl PortClaim {
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+/// Where the port locks are: one directory for every user's test processes.
+const PORT_LOCKS: &str = "/tmp/rowclaim-ports";
+
+/// A port nobody listens on now and no other live claim holds. Taken below the kernel's
+/// ephemeral range when there is room, so that while a server is down for a restart its port is
+/// not handed out to an outgoing connection or a `bind(0)` (the proxies use those, and
+/// chromedriver's clients).
+pub(crate) fn spare_port() -> PortClaim {
     try_spare_port().unwrap_or_else(|e| panic!("find a spare port on 127.0.0.1: {e}"))
 }
 
 /// [`spare_port`], for a caller that reports the error instead of panicking.
-pub(crate) fn try_spare_port() -> std::io::Result<u16> {
+pub(crate) fn try_spare_port() -> std::io::Result<PortClaim> {
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
@@ -943,14 +977,54 @@ pub(crate) fn try_spare_port() -> std::io::Result<u16> {
     if ephemeral_low > LOW + 1000 {
         for _ in 0..200 {
             let port = (LOW + random() % (ephemeral_low - LOW)) as u16;
-            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-                return Ok(port);
+            if let Some(claim) = claim_port(port)? {
+                return Ok(claim);
             }
         }
     }
-    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?
-        .local_addr()?
-        .port())
+    for _ in 0..200 {
+        let port = std::net::TcpListener::bind(("127.0.0.1", 0))?
+            .local_addr()?
+            .port();
+        if let Some(claim) = claim_port(port)? {
+            return Ok(claim);
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "no free, unclaimed port found (locks in {PORT_LOCKS})"
+    )))
+}
+
+/// The claim of `port`, or None when another claim holds it or something listens on it.
+fn claim_port(port: u16) -> std::io::Result<Option<PortClaim>> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let dir = Path::new(PORT_LOCKS);
+    if !dir.is_dir() {
+        match std::fs::create_dir(dir) {
+            // Every user's tests lock here (sticky, like /tmp).
+            Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777))?,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    // The files stay (one per port ever claimed, empty): removing one could let two processes
+    // lock two different files of the same name.
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o666)
+        .open(dir.join(port.to_string()))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => return Err(e),
+    }
+    if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+        return Ok(None);
+    }
+    Ok(Some(PortClaim { port, _lock: lock }))
 }
 
 fn random() -> u32 {
@@ -1168,4 +1242,45 @@ pub(crate) fn output_text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A claimed port is handed out to nobody else while the claim lives: not in this process, not
+    /// in another (flock(1) stands in for another test binary); dropped, it is free again.
+    #[test]
+    fn a_claimed_port_is_not_handed_out_again() {
+        let claim = spare_port();
+        let port = claim.port();
+        assert!(
+            claim_port(port).expect("claim").is_none(),
+            "port {port} handed out twice in one process"
+        );
+        let lock = Path::new(PORT_LOCKS).join(port.to_string());
+        let other = std::process::Command::new("flock")
+            .arg("-n")
+            .arg(&lock)
+            .arg("true")
+            .status()
+            .expect("run flock (util-linux)");
+        assert!(
+            !other.success(),
+            "another process could lock {} while the claim lives",
+            lock.display()
+        );
+        drop(claim);
+        let other = std::process::Command::new("flock")
+            .arg("-n")
+            .arg(&lock)
+            .arg("true")
+            .status()
+            .expect("run flock (util-linux)");
+        assert!(
+            other.success(),
+            "{} still locked after the claim ended",
+            lock.display()
+        );
+    }
 }
