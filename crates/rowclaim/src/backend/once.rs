@@ -3,7 +3,7 @@
 //! which rows it changed (`RETURNING`), the change of named rows that commits all or nothing,
 //! and the release of a held row by hand. A driver's `store.rs` calls them.
 
-use super::run::{Finish, Run, Transact};
+use super::run::{Col, Finish, Run, Transact};
 use super::sql::{
     and_each, candidates, change_sql, held_by, lock_row_sql, outcome_set, release_lease_sql,
     release_refused, release_row_sql, Binder, Dialect, Stmt,
@@ -157,7 +157,9 @@ pub(crate) async fn settle_returning<R: Run + ?Sized>(
 
 /// Rows waiting for a worker: ready rows that are due or await a retry (a row scheduled for
 /// later that never ran is not work yet), claimed rows, and those scheduled for later; all
-/// within what a layer above counts as its work, and the source's filter.
+/// within what a layer above counts as its work, and the source's filter. One statement, so
+/// that the three counts see one "now": counted apart, a row whose time came between the first
+/// count and the last was in neither, and `--until-empty` ended with it still to run.
 pub(crate) async fn backlog<R: Run + ?Sized>(r: &R, m: &Mapping) -> Result<(u64, u64, u64)> {
     let now = R::Sql::NOW;
     let (due, later) = match (&m.lifecycle, &m.attempts) {
@@ -172,29 +174,40 @@ pub(crate) async fn backlog<R: Run + ?Sized>(r: &R, m: &Mapping) -> Result<(u64,
         _ => (String::new(), None),
     };
     let ready = status_literal(&m.ready);
-    let mut counts = [0u64; 3];
-    for (cond, n) in [
-        Some(format!("{} = {ready}{due}", m.status)),
-        Some(format!("{} = {}", m.status, status_literal(&m.claimed))),
-        later.map(|later| format!("{} = {ready}{later}", m.status)),
-    ]
-    .into_iter()
-    .zip(counts.iter_mut())
-    {
-        let Some(cond) = cond else { continue };
-        let mut b = Binder::new();
+    let mut b = Binder::new();
+    let mut count = |cond: &str| {
         let work = m
             .lifecycle
             .as_ref()
             .map(|l| and_each(&l.work, &mut b))
             .unwrap_or_default();
-        let sql = format!(
-            "SELECT COUNT(*) FROM {} WHERE {cond}{work}{}",
+        format!(
+            "(SELECT COUNT(*) FROM {} WHERE {cond}{work}{})",
             m.table, m.filter
-        );
-        *n = u64::try_from(r.count(Stmt::new(sql, b)).await?).unwrap_or(0);
-    }
-    Ok((counts[0], counts[1], counts[2]))
+        )
+    };
+    let counts = [
+        count(&format!("{} = {ready}{due}", m.status)),
+        count(&format!("{} = {}", m.status, status_literal(&m.claimed))),
+        match later {
+            Some(later) => count(&format!("{} = {ready}{later}", m.status)),
+            // Nothing is scheduled where rows have no due time; counted all the same, so
+            // that the column is the same integer type as the others on every database.
+            None => format!("(SELECT COUNT(*) FROM {} WHERE 1 = 0)", m.table),
+        },
+    ];
+    let sql = format!("SELECT {}", counts.join(", "));
+    let row = r
+        .values(Stmt::new(sql, b), &[Col::Int, Col::Int, Col::Int])
+        .await?
+        .into_iter()
+        .next()
+        .unwrap_or_default();
+    let mut n = row
+        .into_iter()
+        .map(|v| v.int().map_or(0, |n| u64::try_from(n).unwrap_or(0)));
+    let mut next = || n.next().unwrap_or(0);
+    Ok((next(), next(), next()))
 }
 
 /// Whether any row could be claimed now: asked when a claim that can lose races (token) came
