@@ -103,7 +103,7 @@ impl QueueStore for My {
     }
 
     async fn stats(&self, queue: Option<&str>) -> Result<QueueStats> {
-        super::counts::stats(self, &COUNTING, queue).await
+        super::counts::stats_in_one(self, &COUNTING, queue).await
     }
 
     async fn records(&self, filter: &JobFilter, id: Option<i64>) -> Result<Vec<JobRecord>> {

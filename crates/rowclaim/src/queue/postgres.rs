@@ -128,7 +128,7 @@ impl QueueStore for Pg {
     }
 
     async fn stats(&self, queue: Option<&str>) -> Result<QueueStats> {
-        super::counts::stats(self, &COUNTING, queue).await
+        super::counts::stats_in_one(self, &COUNTING, queue).await
     }
 
     async fn records(&self, filter: &JobFilter, id: Option<i64>) -> Result<Vec<JobRecord>> {

@@ -70,6 +70,24 @@ pub(crate) struct Estimate {
     pub rows: fn(&[String]) -> Option<u64>,
 }
 
+/// [`stats`] over one connection of a server's pool, in a transaction that writes nothing: its
+/// statements follow each other closely, and the pool would open a second connection for a
+/// statement sent while the last one's connection was still on its way back. (SQLite's
+/// transactions are its one writer's: it counts through the pool.)
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn stats_in_one<T: crate::backend::run::Transact>(
+    db: &T,
+    how: &Counting,
+    only: Option<&str>,
+) -> Result<QueueStats> {
+    let tx = db.transaction(false).await?;
+    let stats = stats(&tx, how, only).await;
+    let ended = crate::backend::run::Finish::rollback(tx).await;
+    let stats = stats?;
+    ended?;
+    Ok(stats)
+}
+
 /// The figures of the managed queue (of `only`, or of every queue), counted as the module
 /// comment says.
 pub(crate) async fn stats<R: Run>(r: &R, how: &Counting, only: Option<&str>) -> Result<QueueStats> {
