@@ -477,8 +477,18 @@ async fn shutdown_now(t: Arc<TestDb>) {
         .prefetch(3)
         .grace(Duration::from_secs(60));
     let stop = worker.shutdown_handle();
+    let holder = t.clone();
     let stopper = async move {
         until_at_least(&started, 2).await;
+        // Every row held (two running, three waiting) before the drain: a claim may come back
+        // with fewer rows than it asked for, and the one that takes the rest follows it.
+        for _ in 0..3000 {
+            let held = "SELECT COUNT(*) FROM jobs WHERE owner IS NOT NULL";
+            if holder.count(held).await >= 5 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         stop.drain();
         tokio::time::sleep(Duration::from_millis(200)).await;
         stop.now();
