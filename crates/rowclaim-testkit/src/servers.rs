@@ -1259,26 +1259,24 @@ mod tests {
             "port {port} handed out twice in one process"
         );
         let lock = Path::new(PORT_LOCKS).join(port.to_string());
-        let other = std::process::Command::new("flock")
-            .arg("-n")
-            .arg(&lock)
-            .arg("true")
-            .status()
-            .expect("run flock (util-linux)");
+        // Whether another process gets the port's lock at once.
+        let another_locks = || {
+            std::process::Command::new("flock")
+                .arg("-n")
+                .arg(&lock)
+                .arg("true")
+                .status()
+                .expect("run flock (util-linux)")
+                .success()
+        };
         assert!(
-            !other.success(),
+            !another_locks(),
             "another process could lock {} while the claim lives",
             lock.display()
         );
         drop(claim);
-        let other = std::process::Command::new("flock")
-            .arg("-n")
-            .arg(&lock)
-            .arg("true")
-            .status()
-            .expect("run flock (util-linux)");
         assert!(
-            other.success(),
+            another_locks(),
             "{} still locked after the claim ended",
             lock.display()
         );
