@@ -346,6 +346,15 @@ impl QueueStats {
         }
     }
 
+    /// Sets the jobs of `queue` in `status` (counted, estimated or a lower bound: the marks say
+    /// which).
+    pub(crate) fn set_jobs(&mut self, queue: &str, status: &str, n: u64) {
+        self.by_queue
+            .entry(queue.to_owned())
+            .or_default()
+            .insert(status.to_owned(), n);
+    }
+
     /// Marks `figure` of `queue` as the database's estimate.
     pub(crate) fn mark_estimated(&mut self, queue: &str, figure: &str) {
         self.estimated

@@ -138,10 +138,7 @@ async fn unless_far_above<R: Run>(
                 .filter(|e| *e > FAR_ABOVE)
             {
                 s.mark_estimated(&q, st);
-                s.by_queue
-                    .entry(q.clone())
-                    .or_default()
-                    .insert(st.to_owned(), est);
+                s.set_jobs(&q, st, est);
                 continue;
             }
         }
@@ -170,10 +167,7 @@ async fn put<R: Run>(
         COUNT_CAP
     };
     if n > 0 {
-        s.by_queue
-            .entry(q.to_owned())
-            .or_default()
-            .insert(status.to_owned(), n);
+        s.set_jobs(q, status, n);
     }
     Ok(())
 }

@@ -102,10 +102,7 @@ pub(super) async fn sampled<R: Run>(
                     }
                 }
             }
-            s.by_queue
-                .entry(q)
-                .or_default()
-                .insert(status.to_owned(), n);
+            s.set_jobs(&q, status, n);
         }
         if status == "running" && full {
             expired_leases(r, s, only).await?;
