@@ -51,7 +51,7 @@ use serde::Serialize;
 pub(crate) use error::{bad, check_failed, Context};
 pub use error::{BenchError, Result};
 pub use logging::{
-    init_logging, init_logging_with, init_quiet_logging, log_filter, ExtraLayer, AUDIT,
+    init_logging, init_logging_with, init_quiet_logging, log_filter, ExtraLayer, Gated, AUDIT,
 };
 pub use recorder::prometheus_recorder;
 pub use setup::Stats;

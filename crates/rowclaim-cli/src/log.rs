@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use rowclaim_bench::{ExtraLayer, AUDIT};
+use rowclaim_bench::{ExtraLayer, Gated, AUDIT};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
@@ -16,7 +16,6 @@ use tracing_subscriber::registry::LookupSpan;
 pub fn init(verbose: u8, quiet: bool, extra: Option<ExtraLayer>) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    use tracing_subscriber::Layer;
     // One layer per arm below: each is typed for the subscriber under it.
     macro_rules! stderr {
         () => {
@@ -25,18 +24,20 @@ pub fn init(verbose: u8, quiet: bool, extra: Option<ExtraLayer>) {
                 .event_format(Voice {
                     origin: verbose > 0 && !quiet,
                 })
-                .with_filter(rowclaim_bench::log_filter(verbose, quiet))
         };
     }
+    let filter = rowclaim_bench::log_filter(verbose, quiet);
     // Without an extra layer the registry gets none, not a `None` one: an absent layer of
     // `Option` type takes an interest in every span, so that each job's span would be made
     // (and dropped unseen) on every run.
     match extra {
         Some(extra) => tracing_subscriber::registry()
             .with(extra)
-            .with(stderr!())
+            .with(Gated::new(stderr!(), filter, false))
             .init(),
-        None => tracing_subscriber::registry().with(stderr!()).init(),
+        None => tracing_subscriber::registry()
+            .with(Gated::new(stderr!(), filter, true))
+            .init(),
     }
 }
 
