@@ -186,7 +186,8 @@ fn carried(l: &crate::mapping::Lifecycle, b: &mut B) -> String {
 /// again after waiting for another claimer's row lock, so a row is never taken twice. The
 /// candidates are locked in id order, as a settle locks its rows: a candidate that turned out
 /// taken stays locked until this statement ends, and two statements that lock in different
-/// orders deadlock.
+/// orders deadlock. The candidates are an array, not an `IN` list, for the reason the
+/// skip-locked claim gives: as a join, fresh statistics made it hash the whole table twice.
 pub(crate) fn token_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
     let (m, t, id, filter) = (a.m, &a.m.table, &a.m.id, &a.m.filter);
     let row = Sql::row_json(m);
@@ -196,7 +197,7 @@ pub(crate) fn token_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
     let outer = sql::claimable(m, &mut b);
     let sql = format!(
         "UPDATE {t} AS t SET {set} FROM (SELECT {id} AS rowclaim_id FROM {t} \
-         WHERE {id} IN (SELECT {id} FROM ({pick}) AS c) ORDER BY {id} FOR UPDATE) AS l \
+         WHERE {id} = ANY(ARRAY(SELECT {id} FROM ({pick}) AS c)) ORDER BY {id} FOR UPDATE) AS l \
          WHERE t.{id} = l.rowclaim_id AND {outer}{filter} RETURNING {row}"
     );
     Stmt::new(sql, b)
