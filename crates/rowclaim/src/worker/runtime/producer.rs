@@ -208,10 +208,11 @@ async fn claim_rows(sh: Arc<Shared>, most: u32) -> Option<Result<Claim>> {
         token = tracing::field::Empty,
     );
     let started = Instant::now();
-    let claim = sh
-        .claimer
-        .claim(most, sh.cfg.lease)
-        .instrument(span.clone());
+    let claim = async {
+        let _turn = sh.turns.take().await;
+        sh.claimer.claim(most, sh.cfg.lease).await
+    }
+    .instrument(span.clone());
     // SQLite always answers (a lock wait ends at its busy timeout), and a claim cut short
     // there may still commit after its answer was given up on: its rows would be claimed by
     // nobody until their lease ends. So it is never cut short. A server's claim is: its

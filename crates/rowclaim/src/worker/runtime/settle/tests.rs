@@ -9,6 +9,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::super::turns::WriteTurns;
 use super::batch::{FLUSHES_AT_ONCE, FLUSH_MOST, PILE_UP};
 use super::*;
 use crate::worker::outage::Health;
@@ -158,7 +159,13 @@ fn send(
 
 fn start(delay: Duration) -> (mpsc::UnboundedSender<Settling<Fake>>, JoinHandle<()>) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let settler = tokio::spawn(settler(rx, delay, LIMIT, FlushMetrics::noop()));
+    let settler = tokio::spawn(settler(
+        rx,
+        delay,
+        LIMIT,
+        FlushMetrics::noop(),
+        WriteTurns::default(),
+    ));
     (tx, settler)
 }
 
@@ -186,7 +193,13 @@ async fn results_that_piled_up_make_one_statement_per_claim_and_outcome() {
             _ => send(&tx, &b, n, done()),
         })
         .collect();
-    let settler = tokio::spawn(settler(rx, Duration::ZERO, LIMIT, FlushMetrics::noop()));
+    let settler = tokio::spawn(settler(
+        rx,
+        Duration::ZERO,
+        LIMIT,
+        FlushMetrics::noop(),
+        WriteTurns::default(),
+    ));
     recorded(answers).await;
     let of = |n: i64| (0..30).filter(|i| i % 3 == n).map(id).collect::<Vec<_>>();
     assert_eq!(a.statements(), [(of(0), done()), (of(1), failed)]);
@@ -255,7 +268,13 @@ async fn a_flush_writes_at_most_flush_most_rows() {
     let answers: Vec<_> = (0..total as i64)
         .map(|n| send(&tx, &a, n, done()))
         .collect();
-    let _settler = tokio::spawn(settler(rx, Duration::ZERO, LIMIT, FlushMetrics::noop()));
+    let _settler = tokio::spawn(settler(
+        rx,
+        Duration::ZERO,
+        LIMIT,
+        FlushMetrics::noop(),
+        WriteTurns::default(),
+    ));
     settle_down().await;
     // The rest is fewer than PILE_UP: it waits for a running flush.
     assert_eq!(a.sizes(), [FLUSH_MOST, FLUSH_MOST]);
@@ -269,7 +288,13 @@ async fn rows_the_claim_no_longer_held_are_answered_lost() {
     let a = Fake::with(false, [Answer::Lost(vec![id(1)])]);
     let (tx, rx) = mpsc::unbounded_channel();
     let answers: Vec<_> = (0..3).map(|n| send(&tx, &a, n, done())).collect();
-    let _settler = tokio::spawn(settler(rx, Duration::ZERO, LIMIT, FlushMetrics::noop()));
+    let _settler = tokio::spawn(settler(
+        rx,
+        Duration::ZERO,
+        LIMIT,
+        FlushMetrics::noop(),
+        WriteTurns::default(),
+    ));
     let mut flushed = Vec::new();
     for answer in answers {
         flushed.push(answer.await.expect("answered"));
@@ -293,7 +318,13 @@ async fn a_failed_or_unanswered_statement_answers_its_own_rows_only() {
         send(&tx, &failing, 1, done()),
         send(&tx, &fine, 2, done()),
     ];
-    let _settler = tokio::spawn(settler(rx, Duration::ZERO, LIMIT, FlushMetrics::noop()));
+    let _settler = tokio::spawn(settler(
+        rx,
+        Duration::ZERO,
+        LIMIT,
+        FlushMetrics::noop(),
+        WriteTurns::default(),
+    ));
     let [hung_answer, failed_answer, fine_answer] = answers;
     let started = Instant::now();
     assert!(matches!(fine_answer.await, Ok(Flushed::Recorded)));
