@@ -259,6 +259,40 @@ async fn another_flush_starts_only_when_results_pile_up_and_few_run_at_once() {
     assert_eq!(once.len(), written.len(), "no row in two flushes");
 }
 
+/// SQLite: the claim loop and the settler take turns at the one write lock.
+#[tokio::test(start_paused = true)]
+async fn where_writes_take_turns_one_statement_writes_at_a_time() {
+    let (a, b) = (Fake::new(), Fake::new());
+    a.open.send_replace(false);
+    b.open.send_replace(false);
+    let turns = WriteTurns::new(true);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let claim = turns.take().await;
+    let _settler = tokio::spawn(settler(
+        rx,
+        Duration::ZERO,
+        LIMIT,
+        FlushMetrics::noop(),
+        turns.clone(),
+    ));
+    let mut answers = vec![send(&tx, &a, 0, done()), send(&tx, &b, 1, done())];
+    settle_down().await;
+    let started = || a.sizes().len() + b.sizes().len();
+    assert_eq!(started(), 0, "the flush waits while a claim has the turn");
+    drop(claim);
+    settle_down().await;
+    assert_eq!(started(), 1, "one claim's statement at a time");
+    // Results that pile up start no second flush: it could only wait for the lock.
+    answers.extend((2..2 + PILE_UP as i64).map(|n| send(&tx, &a, n, done())));
+    settle_down().await;
+    assert_eq!(started(), 1);
+    a.open.send_replace(true);
+    b.open.send_replace(true);
+    recorded(answers).await;
+    assert_eq!(a.sizes().iter().sum::<usize>(), PILE_UP + 1);
+    assert_eq!(b.sizes(), [1]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_flush_writes_at_most_flush_most_rows() {
     let a = Fake::new();
