@@ -208,16 +208,17 @@ async fn claim_rows(sh: Arc<Shared>, most: u32) -> Option<Result<Claim>> {
         token = tracing::field::Empty,
     );
     let started = Instant::now();
-    let claim = async {
-        let _turn = sh.turns.take().await;
-        sh.claimer.claim(most, sh.cfg.lease).await
-    }
-    .instrument(span.clone());
+    let claim = sh
+        .claimer
+        .claim(most, sh.cfg.lease)
+        .instrument(span.clone());
     // SQLite always answers (a lock wait ends at its busy timeout), and a claim cut short
     // there may still commit after its answer was given up on: its rows would be claimed by
     // nobody until their lease ends. So it is never cut short. A server's claim is: its
     // connection may be gone without a word.
     let got = if sh.one_writer() {
+        // In its turn at the write lock (see `turns`).
+        let _turn = sh.turns.take().await;
         Some(claim.await)
     } else {
         tokio::time::timeout(sh.claim_timeout(), claim).await.ok()
