@@ -316,7 +316,18 @@ async fn one_row_of_a_claim_lost(t: Arc<TestDb>) {
 /// their results go to the database together; the one row another claimer took over meanwhile
 /// is refused, the other two complete.
 async fn batched_results_fenced_per_row(t: Arc<TestDb>) {
-    t.jobs(3).await;
+    fenced_batch(t, 3).await
+}
+
+/// The same with twelve rows: a batch SQLite counts rather than names row by row (the count
+/// finds one row missing, and the batch is named row by row after all).
+async fn a_large_batch_fenced_per_row(t: Arc<TestDb>) {
+    fenced_batch(t, 12).await
+}
+
+/// `jobs` rows start at once; one of them is taken over by another claimer; all end together.
+async fn fenced_batch(t: Arc<TestDb>, jobs: i64) {
+    t.jobs(jobs).await;
     let go = Arc::new(tokio::sync::Notify::new());
     let started = Arc::new(AtomicUsize::new(0));
     let (g, s) = (go.clone(), started.clone());
@@ -329,14 +340,14 @@ async fn batched_results_fenced_per_row(t: Arc<TestDb>) {
                 Ok::<_, String>(())
             }
         })
-        .concurrency(3)
+        .concurrency(jobs as usize)
         // No heartbeat before the results: the refusal comes from the batch itself.
         .lease(Duration::from_secs(120))
         .settle_delay(Duration::from_millis(200));
     let run = {
         let t = t.clone();
         async move {
-            until_at_least(&started, 3).await;
+            until_at_least(&started, jobs as usize).await;
             let later = match t.backend {
                 Backend::Postgres => "now() + interval '1 hour'",
                 Backend::MySql => "UTC_TIMESTAMP(6) + INTERVAL 1 HOUR",
@@ -347,16 +358,21 @@ async fn batched_results_fenced_per_row(t: Arc<TestDb>) {
             ))
             .await;
             go.notify_waiters();
+            let done = jobs - 1;
             until_count(
                 t.clone(),
                 "SELECT COUNT(*) FROM jobs WHERE status = 'done'",
-                2,
+                done,
             )
             .await;
         }
     };
     let report = worker.run(run).await.unwrap();
-    assert_eq!((report.completed, report.lost), (2, 1), "{report:?}");
+    assert_eq!(
+        (report.completed, report.lost),
+        (jobs as u64 - 1, 1),
+        "{report:?}"
+    );
     assert_eq!(
         t.count("SELECT COUNT(*) FROM jobs WHERE id = 2 AND status = 'claimed' AND owner = 'another-claimer'")
             .await,
@@ -750,6 +766,10 @@ macro_rules! worker_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn results_are_batched_and_fenced_row_by_row() {
             with_db($backend, batched_results_fenced_per_row).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_large_batch_is_fenced_row_by_row() {
+            with_db($backend, a_large_batch_fenced_per_row).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn completed_jobs_can_be_deleted() {

@@ -48,6 +48,7 @@ mod settle;
 mod shutdown;
 mod supervise;
 mod tally;
+mod turns;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
@@ -73,6 +74,7 @@ use producer::{listen, Producer};
 use results::Results;
 use settle::{settler, FlushMetrics, Recorder, Settling};
 use tally::{Counter, Tally};
+use turns::WriteTurns;
 
 /// What the runtime was asked to do.
 pub(crate) struct Config {
@@ -140,6 +142,8 @@ struct Shared {
     settles: mpsc::UnboundedSender<Settling<Held>>,
     /// Handlers running now, for the worker registry's heartbeat.
     running: Arc<AtomicUsize>,
+    /// Its claims' and flushes' turns at the write lock (SQLite).
+    turns: WriteTurns,
 }
 
 impl Shared {
@@ -151,6 +155,11 @@ impl Shared {
         running: Arc<AtomicUsize>,
     ) -> Shared {
         let metrics = WorkerMetrics::of(&claimer);
+        // A claim of the transaction strategy holds the write lock until its rows are settled,
+        // through its own transaction: a claim waiting its turn would hold up that settle.
+        let turns = WriteTurns::new(
+            claimer.db().backend.one_writer() && claimer.strategy() != Strategy::Transaction,
+        );
         Shared {
             settles,
             health: Health::new(
@@ -172,6 +181,7 @@ impl Shared {
             snooze_warned: AtomicBool::new(false),
             results: Results::default(),
             running,
+            turns,
         }
     }
 
@@ -273,6 +283,7 @@ pub(crate) async fn run(
         sh.cfg.settle_delay,
         sh.attempt_most(),
         FlushMetrics::of(&sh.metrics),
+        sh.turns.clone(),
     )));
     let wake = Arc::new(Notify::new());
     let _listener = wakeups

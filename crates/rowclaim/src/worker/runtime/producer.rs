@@ -217,6 +217,8 @@ async fn claim_rows(sh: Arc<Shared>, most: u32) -> Option<Result<Claim>> {
     // nobody until their lease ends. So it is never cut short. A server's claim is: its
     // connection may be gone without a word.
     let got = if sh.one_writer() {
+        // In its turn at the write lock (see `turns`).
+        let _turn = sh.turns.take().await;
         Some(claim.await)
     } else {
         tokio::time::timeout(sh.claim_timeout(), claim).await.ok()

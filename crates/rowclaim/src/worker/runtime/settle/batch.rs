@@ -7,6 +7,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::super::turns::WriteTurns;
 use super::{Flushed, Reply, Settle, Settling};
 use crate::backend::Outcome;
 use crate::error::Result;
@@ -54,20 +55,23 @@ impl FlushMetrics {
 /// statements side by side; more flushes at once when results pile up (see [`FLUSHES_AT_ONCE`]).
 /// A row's result is sent again only after its flush answered, so no two flushes hold the same
 /// row. A flush that takes longer than `limit` answers "timed out" to its rows, whose recorders
-/// try again.
+/// try again. Where writes take `turns` (one writer), one flush runs at a time, each statement
+/// in its turn: a second flush could only wait for the lock, and results pile up meanwhile into
+/// the next one.
 pub(in crate::worker::runtime) async fn settler<T: Settle>(
     mut rx: mpsc::UnboundedReceiver<Settling<T>>,
     delay: Duration,
     limit: Duration,
     metrics: FlushMetrics,
+    turns: WriteTurns,
 ) {
+    let at_once = if turns.taken() { 1 } else { FLUSHES_AT_ONCE };
     let mut flushing = JoinSet::new();
     let mut pending: Vec<Settling<T>> = Vec::new();
     let mut open = true;
     loop {
         let start = !pending.is_empty()
-            && (flushing.is_empty()
-                || (pending.len() >= PILE_UP && flushing.len() < FLUSHES_AT_ONCE));
+            && (flushing.is_empty() || (pending.len() >= PILE_UP && flushing.len() < at_once));
         if start {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
@@ -80,6 +84,7 @@ pub(in crate::worker::runtime) async fn settler<T: Settle>(
                 pending.drain(..take).collect(),
                 limit,
                 metrics.clone(),
+                turns.clone(),
             ));
             continue;
         }
@@ -101,8 +106,14 @@ pub(in crate::worker::runtime) async fn settler<T: Settle>(
 
 type Replies = Vec<(RowId, Reply)>;
 
-/// One flush: the batch's statements, one per claim and outcome, side by side.
-pub(super) async fn flush<T: Settle>(batch: Vec<Settling<T>>, limit: Duration, m: FlushMetrics) {
+/// One flush: the batch's statements, one per claim and outcome, side by side (each in its
+/// turn where writes take turns).
+pub(super) async fn flush<T: Settle>(
+    batch: Vec<Settling<T>>,
+    limit: Duration,
+    m: FlushMetrics,
+    turns: WriteTurns,
+) {
     let mut groups: Vec<(Arc<T>, Outcome, Replies)> = Vec::new();
     for s in batch {
         match groups
@@ -115,11 +126,19 @@ pub(super) async fn flush<T: Settle>(batch: Vec<Settling<T>>, limit: Duration, m
     }
     let mut statements = JoinSet::new();
     for (target, outcome, rows) in groups {
-        let m = m.clone();
+        let (m, turns) = (m.clone(), turns.clone());
         statements.spawn(async move {
             let ids: Vec<RowId> = rows.iter().map(|(id, _)| id.clone()).collect();
             let started = Instant::now();
-            let result = tokio::time::timeout(limit, target.settle(&ids, outcome)).await;
+            let result = if turns.taken() {
+                let settle = async {
+                    let _turn = turns.take().await;
+                    target.settle(&ids, outcome).await
+                };
+                tokio::time::timeout(limit, settle).await
+            } else {
+                tokio::time::timeout(limit, target.settle(&ids, outcome)).await
+            };
             m.seconds.record(secs(started.elapsed()));
             m.rows.record(ids.len() as f64);
             answer(rows, result.ok());

@@ -9,6 +9,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::super::turns::WriteTurns;
 use super::batch::{FLUSHES_AT_ONCE, FLUSH_MOST, PILE_UP};
 use super::*;
 use crate::worker::outage::Health;
@@ -158,7 +159,13 @@ fn send(
 
 fn start(delay: Duration) -> (mpsc::UnboundedSender<Settling<Fake>>, JoinHandle<()>) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let settler = tokio::spawn(settler(rx, delay, LIMIT, FlushMetrics::noop()));
+    let settler = tokio::spawn(settler(
+        rx,
+        delay,
+        LIMIT,
+        FlushMetrics::noop(),
+        WriteTurns::default(),
+    ));
     (tx, settler)
 }
 
@@ -186,7 +193,13 @@ async fn results_that_piled_up_make_one_statement_per_claim_and_outcome() {
             _ => send(&tx, &b, n, done()),
         })
         .collect();
-    let settler = tokio::spawn(settler(rx, Duration::ZERO, LIMIT, FlushMetrics::noop()));
+    let settler = tokio::spawn(settler(
+        rx,
+        Duration::ZERO,
+        LIMIT,
+        FlushMetrics::noop(),
+        WriteTurns::default(),
+    ));
     recorded(answers).await;
     let of = |n: i64| (0..30).filter(|i| i % 3 == n).map(id).collect::<Vec<_>>();
     assert_eq!(a.statements(), [(of(0), done()), (of(1), failed)]);
@@ -246,6 +259,40 @@ async fn another_flush_starts_only_when_results_pile_up_and_few_run_at_once() {
     assert_eq!(once.len(), written.len(), "no row in two flushes");
 }
 
+/// SQLite: the claim loop and the settler take turns at the one write lock.
+#[tokio::test(start_paused = true)]
+async fn where_writes_take_turns_one_statement_writes_at_a_time() {
+    let (a, b) = (Fake::new(), Fake::new());
+    a.open.send_replace(false);
+    b.open.send_replace(false);
+    let turns = WriteTurns::new(true);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let claim = turns.take().await;
+    let _settler = tokio::spawn(settler(
+        rx,
+        Duration::ZERO,
+        LIMIT,
+        FlushMetrics::noop(),
+        turns.clone(),
+    ));
+    let mut answers = vec![send(&tx, &a, 0, done()), send(&tx, &b, 1, done())];
+    settle_down().await;
+    let started = || a.sizes().len() + b.sizes().len();
+    assert_eq!(started(), 0, "the flush waits while a claim has the turn");
+    drop(claim);
+    settle_down().await;
+    assert_eq!(started(), 1, "one claim's statement at a time");
+    // Results that pile up start no second flush: it could only wait for the lock.
+    answers.extend((2..2 + PILE_UP as i64).map(|n| send(&tx, &a, n, done())));
+    settle_down().await;
+    assert_eq!(started(), 1);
+    a.open.send_replace(true);
+    b.open.send_replace(true);
+    recorded(answers).await;
+    assert_eq!(a.sizes().iter().sum::<usize>(), PILE_UP + 1);
+    assert_eq!(b.sizes(), [1]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_flush_writes_at_most_flush_most_rows() {
     let a = Fake::new();
@@ -255,7 +302,13 @@ async fn a_flush_writes_at_most_flush_most_rows() {
     let answers: Vec<_> = (0..total as i64)
         .map(|n| send(&tx, &a, n, done()))
         .collect();
-    let _settler = tokio::spawn(settler(rx, Duration::ZERO, LIMIT, FlushMetrics::noop()));
+    let _settler = tokio::spawn(settler(
+        rx,
+        Duration::ZERO,
+        LIMIT,
+        FlushMetrics::noop(),
+        WriteTurns::default(),
+    ));
     settle_down().await;
     // The rest is fewer than PILE_UP: it waits for a running flush.
     assert_eq!(a.sizes(), [FLUSH_MOST, FLUSH_MOST]);
@@ -269,7 +322,13 @@ async fn rows_the_claim_no_longer_held_are_answered_lost() {
     let a = Fake::with(false, [Answer::Lost(vec![id(1)])]);
     let (tx, rx) = mpsc::unbounded_channel();
     let answers: Vec<_> = (0..3).map(|n| send(&tx, &a, n, done())).collect();
-    let _settler = tokio::spawn(settler(rx, Duration::ZERO, LIMIT, FlushMetrics::noop()));
+    let _settler = tokio::spawn(settler(
+        rx,
+        Duration::ZERO,
+        LIMIT,
+        FlushMetrics::noop(),
+        WriteTurns::default(),
+    ));
     let mut flushed = Vec::new();
     for answer in answers {
         flushed.push(answer.await.expect("answered"));
@@ -293,7 +352,13 @@ async fn a_failed_or_unanswered_statement_answers_its_own_rows_only() {
         send(&tx, &failing, 1, done()),
         send(&tx, &fine, 2, done()),
     ];
-    let _settler = tokio::spawn(settler(rx, Duration::ZERO, LIMIT, FlushMetrics::noop()));
+    let _settler = tokio::spawn(settler(
+        rx,
+        Duration::ZERO,
+        LIMIT,
+        FlushMetrics::noop(),
+        WriteTurns::default(),
+    ));
     let [hung_answer, failed_answer, fine_answer] = answers;
     let started = Instant::now();
     assert!(matches!(fine_answer.await, Ok(Flushed::Recorded)));
