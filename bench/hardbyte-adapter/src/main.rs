@@ -67,7 +67,11 @@ async fn main() -> anyhow::Result<()> {
     let offer = Arc::new(Offer::default());
     producer::read_tokens(cfg.clone(), offer.clone());
     if !cfg.harness_paced() && !cfg.depth_target() {
-        tokio::spawn(producer::tick_locally(cfg.clone(), offer.clone(), stop.clone()));
+        tokio::spawn(producer::tick_locally(
+            cfg.clone(),
+            offer.clone(),
+            stop.clone(),
+        ));
     }
     let producer = tokio::spawn(producer::run(
         producer_db.queue(),
@@ -77,7 +81,11 @@ async fn main() -> anyhow::Result<()> {
         stop.clone(),
     ));
     if cfg.instance == 0 {
-        tokio::spawn(poll_depth(producer_db.queue(), counters.clone(), stop.clone()));
+        tokio::spawn(poll_depth(
+            producer_db.queue(),
+            counters.clone(),
+            stop.clone(),
+        ));
     }
     let sampler = tokio::spawn(sample(cfg.clone(), counters.clone(), stop.clone()));
     let worker = tokio::spawn(work(worker_db, cfg.clone(), counters.clone(), stop.clone()));
@@ -203,7 +211,11 @@ async fn sample(cfg: Arc<Config>, counters: Arc<Counters>, mut stop: watch::Rece
         let done = counters.completed.load(Ordering::Relaxed);
         let mut out = Samples::new(&cfg);
         out.add("enqueue_rate", (enq - last_enq) as f64 / dt, every as f64);
-        out.add("completion_rate", (done - last_done) as f64 / dt, every as f64);
+        out.add(
+            "completion_rate",
+            (done - last_done) as f64 / dt,
+            every as f64,
+        );
         (last_enq, last_done) = (enq, done);
         if let Some([p50, p95, p99]) = counters.pickup.percentiles() {
             out.add("claim_p50_ms", p50, 30.0);

@@ -137,7 +137,9 @@ pub async fn run(
         match queue.enqueue_many(&jobs).await {
             Ok(_) => {
                 counters.enqueued.fetch_add(n, Ordering::Relaxed);
-                counters.producer_call.record(started.elapsed().as_secs_f64() * 1000.0);
+                counters
+                    .producer_call
+                    .record(started.elapsed().as_secs_f64() * 1000.0);
                 if !cfg.depth_target() {
                     offer.owed.fetch_sub(n, Ordering::Relaxed);
                 }
@@ -149,7 +151,9 @@ pub async fn run(
             }
             Err(e) => {
                 counters.producer_errors.fetch_add(1, Ordering::Relaxed);
-                eprintln!("[rowclaim-adapter] enqueue of {n} jobs failed, retrying in {pause:?}: {e}");
+                eprintln!(
+                    "[rowclaim-adapter] enqueue of {n} jobs failed, retrying in {pause:?}: {e}"
+                );
                 tokio::select! {
                     _ = tokio::time::sleep(pause) => {}
                     _ = stop.changed() => return,
