@@ -80,9 +80,15 @@ async fn main() -> anyhow::Result<()> {
         counters.clone(),
         stop.clone(),
     ));
-    if cfg.instance == 0 {
+    // Depth is sampled by replica 0 only (as the awa adapter does), but a depth-target
+    // producer steers by it on every replica.
+    if cfg.instance == 0 || cfg.depth_target() {
+        // A depth-target producer refills what was taken since the last look: looking once a
+        // second would cap it at TARGET_DEPTH jobs a second.
+        let every = Duration::from_millis(if cfg.depth_target() { 100 } else { 1000 });
         tokio::spawn(poll_depth(
             producer_db.queue(),
+            every,
             counters.clone(),
             stop.clone(),
         ));
@@ -123,7 +129,7 @@ async fn connect(url: &str, connections: u32) -> Db {
 async fn init_queue(queue: &Queue) {
     while let Err(e) = queue.init().await {
         eprintln!("[rowclaim-adapter] queue init failed ({e}); again in 1s");
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(every).await;
     }
 }
 
@@ -172,8 +178,13 @@ async fn run_job(job: Job, work: Duration, counters: Arc<Counters>) -> Result<()
     Ok(())
 }
 
-/// Jobs ready and running in the bench queue, once a second.
-async fn poll_depth(queue: Queue, counters: Arc<Counters>, stop: watch::Receiver<bool>) {
+/// Jobs ready and running in the bench queue, every `every`.
+async fn poll_depth(
+    queue: Queue,
+    every: Duration,
+    counters: Arc<Counters>,
+    stop: watch::Receiver<bool>,
+) {
     let ready = JobFilter::new().queues([QUEUE]).status("ready");
     let running = JobFilter::new().queues([QUEUE]).status("running");
     while !*stop.borrow() {
@@ -183,7 +194,7 @@ async fn poll_depth(queue: Queue, counters: Arc<Counters>, stop: watch::Receiver
         if let Ok(n) = queue.count(&running, None).await {
             counters.running.store(n, Ordering::Relaxed);
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(every).await;
     }
 }
 

@@ -144,7 +144,7 @@ pub async fn run(
                     offer.owed.fetch_sub(n, Ordering::Relaxed);
                 }
                 if cfg.depth_target() {
-                    // Depth is polled once a second; count what was just added until then.
+                    // Depth is polled every 100 ms; count what was just added until then.
                     counters.depth.fetch_add(n, Ordering::Relaxed);
                 }
                 pause = Duration::from_millis(100);
