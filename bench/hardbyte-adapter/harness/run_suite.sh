@@ -6,6 +6,7 @@
 #
 #   HARNESS_DIR=/work/hb-harness PYTHON=/work/hb-venv/bin/python \
 #     bash run_suite.sh [A] [B] [C]          (default: A B C)
+#   SYSTEMS=rowclaim,pgboss PEERS_NATIVE=pgboss A_WORKERS=64 bash run_suite.sh A   (peers beside it)
 #
 # Durations: phase B (chaos) uses the harness's named scenarios unchanged. Phases A and C are
 # shortened for a 2-core machine (A: 20 s warmup + 60 s clean instead of 30 s + 180 s, at W=16
@@ -36,7 +37,7 @@ cell() { # cell PHASE ID TIMEOUT ARGS...
 phase_a() {
   local p="--phase warmup=warmup:20s --phase clean=clean:60s"
   [[ ${FULL:-0} == 1 ]] && p="--phase warmup=warmup:30s --phase clean=clean:180s"
-  for w in 16 64; do
+  for w in ${A_WORKERS:-16 64}; do
     # shellcheck disable=SC2086
     cell A "perf_w$w" 15m --producer-rate 50000 --producer-mode depth-target \
       --target-depth 4000 --worker-count "$w" $p

@@ -129,7 +129,7 @@ async fn connect(url: &str, connections: u32) -> Db {
 async fn init_queue(queue: &Queue) {
     while let Err(e) = queue.init().await {
         eprintln!("[rowclaim-adapter] queue init failed ({e}); again in 1s");
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
