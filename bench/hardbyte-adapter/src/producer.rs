@@ -1,0 +1,177 @@
+//! The producer: enqueues jobs with `Queue::enqueue_many` (rowclaim's documented bulk insert,
+//! COPY on PostgreSQL), at the rate the harness offers.
+//!
+//! Offered load is a count of jobs owed (`Offer`), credited on real wall-clock time: by the
+//! harness's `ENQUEUE <n>` tokens on stdin (PRODUCER_PACING=harness, its default) or by a local
+//! ticker. The producer inserts what is owed in batches of at most PRODUCER_BATCH_MAX. A batch
+//! that fails (PostgreSQL restarting, the session killed) stays owed and is tried again after a
+//! short pause, so an outage delays offered jobs instead of dropping them.
+
+use std::io::BufRead;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rowclaim::{NewJob, Queue};
+use serde_json::json;
+use tokio::sync::{watch, Notify};
+
+use crate::config::Config;
+use crate::window::epoch_ms;
+use crate::Counters;
+
+/// Jobs owed to the queue, and a wake-up for the producer when more are.
+#[derive(Default)]
+pub struct Offer {
+    owed: AtomicU64,
+    more: Notify,
+}
+
+impl Offer {
+    fn credit(&self, n: u64) {
+        if n > 0 {
+            self.owed.fetch_add(n, Ordering::Relaxed);
+            self.more.notify_one();
+        }
+    }
+}
+
+/// Reads the harness's pacing tokens from stdin on a thread of its own (stdin is always read,
+/// so that the harness never blocks on a full pipe). With harness pacing in fixed mode each
+/// token is credited, scaled by the control file's rate over the base rate (the harness's
+/// high-load phase writes 1.5× the base there; its pacer keeps sending the base rate).
+pub fn read_tokens(cfg: Arc<Config>, offer: Arc<Offer>) {
+    std::thread::spawn(move || {
+        let use_tokens = cfg.harness_paced();
+        let mut scale = Scale::new(&cfg);
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { return };
+            let Some(n) = line.trim().strip_prefix("ENQUEUE ") else {
+                continue;
+            };
+            if let (true, Ok(n)) = (use_tokens, n.parse::<u64>()) {
+                offer.credit(scale.apply(&cfg, n));
+            }
+        }
+    });
+}
+
+/// Credits the offered rate on real elapsed time, for PRODUCER_PACING=adapter.
+pub async fn tick_locally(cfg: Arc<Config>, offer: Arc<Offer>, mut stop: watch::Receiver<bool>) {
+    let period = Duration::from_millis(cfg.batch_ms);
+    let mut last = Instant::now();
+    let mut credit = 0.0_f64;
+    while !*stop.borrow() {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = stop.changed() => return,
+        }
+        let now = Instant::now();
+        credit += cfg.current_rate() * now.duration_since(last).as_secs_f64();
+        last = now;
+        let whole = credit.floor();
+        credit -= whole;
+        offer.credit(whole as u64);
+    }
+}
+
+/// The control file's rate over the base rate, re-read twice a second at most.
+struct Scale {
+    factor: f64,
+    read_at: Instant,
+    credit: f64,
+}
+
+impl Scale {
+    fn new(cfg: &Config) -> Scale {
+        Scale {
+            factor: cfg.current_rate() / cfg.rate.max(1) as f64,
+            read_at: Instant::now(),
+            credit: 0.0,
+        }
+    }
+
+    fn apply(&mut self, cfg: &Config, n: u64) -> u64 {
+        if self.read_at.elapsed() > Duration::from_millis(500) {
+            self.factor = cfg.current_rate() / cfg.rate.max(1) as f64;
+            self.read_at = Instant::now();
+        }
+        self.credit += n as f64 * self.factor;
+        let whole = self.credit.floor();
+        self.credit -= whole;
+        whole as u64
+    }
+}
+
+/// Inserts what is owed (fixed mode) or what keeps the queue at TARGET_DEPTH (depth-target
+/// mode) until `stop`.
+pub async fn run(
+    queue: Queue,
+    cfg: Arc<Config>,
+    offer: Arc<Offer>,
+    counters: Arc<Counters>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let padding = "x".repeat(cfg.payload_bytes.saturating_sub(64).max(1));
+    let mut seq: u64 = 0;
+    let mut pause = Duration::from_millis(100);
+    while !*stop.borrow() {
+        let want = if cfg.depth_target() {
+            let depth = counters.depth.load(Ordering::Relaxed);
+            cfg.target_depth.saturating_sub(depth)
+        } else {
+            offer.owed.load(Ordering::Relaxed)
+        };
+        if want == 0 {
+            let wait = tokio::time::sleep(Duration::from_millis(50));
+            tokio::select! {
+                _ = offer.more.notified() => {}
+                _ = wait => {}
+                _ = stop.changed() => return,
+            }
+            continue;
+        }
+        let n = want.min(cfg.batch_max);
+        let jobs = batch(n, &mut seq, &padding);
+        let started = Instant::now();
+        match queue.enqueue_many(&jobs).await {
+            Ok(_) => {
+                counters.enqueued.fetch_add(n, Ordering::Relaxed);
+                counters
+                    .producer_call
+                    .record(started.elapsed().as_secs_f64() * 1000.0);
+                if !cfg.depth_target() {
+                    offer.owed.fetch_sub(n, Ordering::Relaxed);
+                }
+                if cfg.depth_target() {
+                    // Depth is polled every 100 ms; count what was just added until then.
+                    counters.depth.fetch_add(n, Ordering::Relaxed);
+                }
+                pause = Duration::from_millis(100);
+            }
+            Err(e) => {
+                counters.producer_errors.fetch_add(1, Ordering::Relaxed);
+                eprintln!(
+                    "[rowclaim-adapter] enqueue of {n} jobs failed, retrying in {pause:?}: {e}"
+                );
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = stop.changed() => return,
+                }
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+fn batch(n: u64, seq: &mut u64, padding: &str) -> Vec<NewJob> {
+    let now = epoch_ms();
+    (0..n)
+        .map(|_| {
+            *seq += 1;
+            NewJob::new(json!({ "seq": *seq, "produced_at_ms": now, "padding": padding }))
+                .queue(crate::QUEUE)
+                .kind(crate::KIND)
+        })
+        .collect()
+}
