@@ -169,6 +169,17 @@ fn start(delay: Duration) -> (mpsc::UnboundedSender<Settling<Fake>>, JoinHandle<
     (tx, settler)
 }
 
+/// The settler without a delay, reading `rx`.
+fn spawn_settler(rx: mpsc::UnboundedReceiver<Settling<Fake>>, turns: WriteTurns) -> JoinHandle<()> {
+    tokio::spawn(settler(
+        rx,
+        Duration::ZERO,
+        LIMIT,
+        FlushMetrics::noop(),
+        turns,
+    ))
+}
+
 /// Lets every task run until it waits (the clock is paused: it moves only when all wait).
 async fn settle_down() {
     tokio::time::sleep(Duration::from_millis(1)).await;
@@ -193,13 +204,7 @@ async fn results_that_piled_up_make_one_statement_per_claim_and_outcome() {
             _ => send(&tx, &b, n, done()),
         })
         .collect();
-    let settler = tokio::spawn(settler(
-        rx,
-        Duration::ZERO,
-        LIMIT,
-        FlushMetrics::noop(),
-        WriteTurns::default(),
-    ));
+    let settler = spawn_settler(rx, WriteTurns::default());
     recorded(answers).await;
     let of = |n: i64| (0..30).filter(|i| i % 3 == n).map(id).collect::<Vec<_>>();
     assert_eq!(a.statements(), [(of(0), done()), (of(1), failed)]);
@@ -268,13 +273,7 @@ async fn where_writes_take_turns_one_statement_writes_at_a_time() {
     let turns = WriteTurns::new(true);
     let (tx, rx) = mpsc::unbounded_channel();
     let claim = turns.take().await;
-    let _settler = tokio::spawn(settler(
-        rx,
-        Duration::ZERO,
-        LIMIT,
-        FlushMetrics::noop(),
-        turns.clone(),
-    ));
+    let _settler = spawn_settler(rx, turns.clone());
     let mut answers = vec![send(&tx, &a, 0, done()), send(&tx, &b, 1, done())];
     settle_down().await;
     let started = || a.sizes().len() + b.sizes().len();
@@ -302,13 +301,7 @@ async fn a_flush_writes_at_most_flush_most_rows() {
     let answers: Vec<_> = (0..total as i64)
         .map(|n| send(&tx, &a, n, done()))
         .collect();
-    let _settler = tokio::spawn(settler(
-        rx,
-        Duration::ZERO,
-        LIMIT,
-        FlushMetrics::noop(),
-        WriteTurns::default(),
-    ));
+    let _settler = spawn_settler(rx, WriteTurns::default());
     settle_down().await;
     // The rest is fewer than PILE_UP: it waits for a running flush.
     assert_eq!(a.sizes(), [FLUSH_MOST, FLUSH_MOST]);
@@ -322,13 +315,7 @@ async fn rows_the_claim_no_longer_held_are_answered_lost() {
     let a = Fake::with(false, [Answer::Lost(vec![id(1)])]);
     let (tx, rx) = mpsc::unbounded_channel();
     let answers: Vec<_> = (0..3).map(|n| send(&tx, &a, n, done())).collect();
-    let _settler = tokio::spawn(settler(
-        rx,
-        Duration::ZERO,
-        LIMIT,
-        FlushMetrics::noop(),
-        WriteTurns::default(),
-    ));
+    let _settler = spawn_settler(rx, WriteTurns::default());
     let mut flushed = Vec::new();
     for answer in answers {
         flushed.push(answer.await.expect("answered"));
@@ -352,13 +339,7 @@ async fn a_failed_or_unanswered_statement_answers_its_own_rows_only() {
         send(&tx, &failing, 1, done()),
         send(&tx, &fine, 2, done()),
     ];
-    let _settler = tokio::spawn(settler(
-        rx,
-        Duration::ZERO,
-        LIMIT,
-        FlushMetrics::noop(),
-        WriteTurns::default(),
-    ));
+    let _settler = spawn_settler(rx, WriteTurns::default());
     let [hung_answer, failed_answer, fine_answer] = answers;
     let started = Instant::now();
     assert!(matches!(fine_answer.await, Ok(Flushed::Recorded)));
