@@ -69,10 +69,11 @@ pub fn log_filter(verbose: u8, quiet: bool) -> tracing_subscriber::EnvFilter {
 /// The stderr log's layer behind its filter, without a per-layer filter.
 ///
 /// `tracing-subscriber`'s per-layer filters (`.with_filter`) carry each decision from `enabled`
-/// to `on_event` in a thread-local that another `enabled` call can leave stale: sqlx asks
-/// whether its query log is enabled after every statement, and the next event on that thread
-/// whose callsite is always enabled (a warning such as "rowclaim created table …") was then
-/// dropped, now and then (tokio-rs/tracing#2519). This layer decides at the event itself.
+/// to `on_event` in a thread-local that another `enabled` call can leave stale: after a
+/// statement it counts as slow, sqlx asks (through the `log` crate) whether its warning would
+/// be written, the filter's `sqlx=error` says no, and the next event on that thread whose
+/// callsite is always enabled (a warning such as "rowclaim created table …") was dropped
+/// (tokio-rs/tracing#2519). This layer decides at the event itself.
 ///
 /// Alone (`veto`), it filters for the whole subscriber, as a global filter does. Beside another
 /// layer with a filter of its own (the OpenTelemetry export) it vetoes nothing, so that the
@@ -131,9 +132,8 @@ mod gated {
         }
 
         fn on_event(&self, event: &Event<'_>, cx: Context<'_, S>) {
-            let wanted = self.veto
-                || (Layer::<S>::enabled(&self.filter, event.metadata(), cx.clone())
-                    && Layer::<S>::event_enabled(&self.filter, event, cx.clone()));
+            let wanted =
+                self.veto || Layer::<S>::enabled(&self.filter, event.metadata(), cx.clone());
             if wanted {
                 self.layer.on_event(event, cx);
             }

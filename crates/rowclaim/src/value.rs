@@ -69,6 +69,14 @@ impl IdList {
         }
     }
 
+    /// The ids as row ids, in their order.
+    pub(crate) fn row_ids(&self) -> Vec<RowId> {
+        match self {
+            IdList::Int(v) => v.iter().map(|i| RowId::Int(*i)).collect(),
+            IdList::Text(v) => v.iter().map(|t| RowId::Text(t.clone())).collect(),
+        }
+    }
+
     /// The ids as a JSON array, for SQLite's `json_each(?)`.
     pub(crate) fn to_json(&self) -> String {
         match self {

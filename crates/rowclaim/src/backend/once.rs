@@ -202,7 +202,7 @@ pub(crate) async fn backlog<R: Run + ?Sized>(r: &R, m: &Mapping) -> Result<(u64,
         .await?
         .into_iter()
         .next()
-        .unwrap_or_default();
+        .ok_or_else(|| Error::Internal("the backlog's three counts answered no row".into()))?;
     let mut n = row
         .into_iter()
         .map(|v| v.int().map_or(0, |n| u64::try_from(n).unwrap_or(0)));

@@ -226,14 +226,6 @@ fn id_text(m: &Mapping) -> String {
     format!("CAST(t.{} AS CHAR) AS rowclaim_id", m.id)
 }
 
-/// The ids of a list, as row ids.
-fn list_ids(list: &IdList) -> Vec<RowId> {
-    match list {
-        IdList::Int(v) => v.iter().map(|i| RowId::Int(*i)).collect(),
-        IdList::Text(v) => v.iter().map(|t| RowId::Text(t.clone())).collect(),
-    }
-}
-
 fn id_list(m: &Mapping, texts: &[String]) -> Result<IdList> {
     IdList::new(m.id_kind, &m.parse_ids(texts)?)
 }

@@ -64,7 +64,7 @@ impl ClaimStore for My {
         let n = list.len();
         let s = sql::settle_in_table_sql(m, token, &Target::Ids(list, n), &outcome)?;
         if self.execute(s).await? == n as u64 {
-            return Ok(Some(list_ids(list)));
+            return Ok(Some(list.row_ids()));
         }
         let ours = self
             .texts(settled_by_sql(m, owner, token, list, &outcome))

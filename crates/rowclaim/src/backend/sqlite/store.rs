@@ -48,7 +48,7 @@ impl ClaimStore for Lite {
             let target = Target::Ids(list, list.len());
             let s = sql::settle_in_table_sql(m, token, &target, &outcome)?;
             if once::change_all_or_nothing(self, s, &target).await? == list.len() as u64 {
-                return Ok(Some(row_ids(list)));
+                return Ok(Some(list.row_ids()));
             }
         }
         once::settle_returning(self, m, strategy, token, list, outcome).await
@@ -248,14 +248,6 @@ impl ClaimStore for Lite {
 /// The fewest rows a settle counts (in a transaction of its own) rather than names by
 /// `RETURNING`: below it, the transaction's two statements more cost more than the ids sent back.
 const COUNTED_FROM: usize = 8;
-
-/// The ids of `list` as row ids.
-fn row_ids(list: &IdList) -> Vec<RowId> {
-    match list {
-        IdList::Int(v) => v.iter().map(|i| RowId::Int(*i)).collect(),
-        IdList::Text(v) => v.iter().map(|t| RowId::Text(t.clone())).collect(),
-    }
-}
 
 /// The lease table's condition "these leases belong to `token`" (all of them, or those of
 /// `target`'s ids).

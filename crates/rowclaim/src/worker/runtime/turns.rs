@@ -26,7 +26,7 @@ impl WriteTurns {
     }
 
     /// Whether writes take turns (one writer at a time).
-    pub(super) fn taken(&self) -> bool {
+    pub(super) fn takes_turns(&self) -> bool {
         self.0.is_some()
     }
 }

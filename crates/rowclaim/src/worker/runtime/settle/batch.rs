@@ -65,7 +65,11 @@ pub(in crate::worker::runtime) async fn settler<T: Settle>(
     metrics: FlushMetrics,
     turns: WriteTurns,
 ) {
-    let at_once = if turns.taken() { 1 } else { FLUSHES_AT_ONCE };
+    let at_once = if turns.takes_turns() {
+        1
+    } else {
+        FLUSHES_AT_ONCE
+    };
     let mut flushing = JoinSet::new();
     let mut pending: Vec<Settling<T>> = Vec::new();
     let mut open = true;
@@ -130,15 +134,12 @@ pub(super) async fn flush<T: Settle>(
         statements.spawn(async move {
             let ids: Vec<RowId> = rows.iter().map(|(id, _)| id.clone()).collect();
             let started = Instant::now();
-            let result = if turns.taken() {
-                let settle = async {
-                    let _turn = turns.take().await;
-                    target.settle(&ids, outcome).await
-                };
-                tokio::time::timeout(limit, settle).await
-            } else {
-                tokio::time::timeout(limit, target.settle(&ids, outcome)).await
+            let settle = async {
+                // At once where writes take no turns.
+                let _turn = turns.take().await;
+                target.settle(&ids, outcome).await
             };
+            let result = tokio::time::timeout(limit, settle).await;
             m.seconds.record(secs(started.elapsed()));
             m.rows.record(ids.len() as f64);
             answer(rows, result.ok());
