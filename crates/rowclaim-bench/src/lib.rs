@@ -51,7 +51,8 @@ use serde::Serialize;
 pub(crate) use error::{bad, check_failed, Context};
 pub use error::{BenchError, Result};
 pub use logging::{
-    init_logging, init_logging_with, init_quiet_logging, log_filter, ExtraLayer, Gated, AUDIT,
+    colour, init_logging, init_logging_with, init_quiet_logging, log_filter, ExtraLayer, Gated,
+    AUDIT,
 };
 pub use recorder::prometheus_recorder;
 pub use setup::Stats;

@@ -21,6 +21,13 @@ pub fn init_quiet_logging() {
 pub type ExtraLayer =
     Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync + 'static>;
 
+/// Whether the stderr log may colour (an event's field names): only on a terminal, and not
+/// under `NO_COLOR`. A log in a file or a pipe reads `worker="…"`, not escape codes.
+pub fn colour() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
 /// [`init_logging`] (or, `quiet`, [`init_quiet_logging`]) with `extra` beside the stderr log.
 pub fn init_logging_with(verbose: u8, quiet: bool, extra: Option<ExtraLayer>) {
     use tracing_subscriber::layer::SubscriberExt;
@@ -30,7 +37,7 @@ pub fn init_logging_with(verbose: u8, quiet: bool, extra: Option<ExtraLayer>) {
         () => {
             tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .with_ansi(colour())
                 // Where a line comes from in the code helps when debugging (-v), not otherwise.
                 .with_target(verbose > 0 && !quiet)
         };

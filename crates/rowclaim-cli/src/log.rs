@@ -16,11 +16,13 @@ use tracing_subscriber::registry::LookupSpan;
 pub fn init(verbose: u8, quiet: bool, extra: Option<ExtraLayer>) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
+    let colour = rowclaim_bench::colour();
     // One layer per arm below: each is typed for the subscriber under it.
     macro_rules! stderr {
         () => {
             tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
+                .with_ansi(colour)
                 .event_format(Voice {
                     origin: verbose > 0 && !quiet,
                 })

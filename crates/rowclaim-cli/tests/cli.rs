@@ -683,10 +683,13 @@ async fn queue_crash_recovery(t: Arc<TestDb>) {
     survivors.push(worker(false));
     // How often the survivors said they lost each job (lease lost, result refused or given up).
     let mut lost: HashMap<String, usize> = HashMap::new();
+    // What the survivors said, kept to show with a failure.
+    let mut told = String::new();
     for w in survivors {
         let out = w.wait_with_output().await.unwrap();
         let said = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{said}");
+        told.push_str(&said);
         for line in said.lines() {
             let Some((_, rest)) = line.split_once("row ") else {
                 continue;
@@ -746,12 +749,19 @@ async fn queue_crash_recovery(t: Arc<TestDb>) {
         );
     }
     for id in &again {
+        // Lines about this row, and every line that is not about one row.
+        let about = format!("row {id}:");
+        let told: String = told
+            .lines()
+            .filter(|l| l.contains(&about) || !l.contains("row "))
+            .map(|l| format!("{l}\n"))
+            .collect();
         let failed_holders =
             usize::from(killed.contains(id)) + lost.get(id.as_str()).copied().unwrap_or(0);
         assert!(
             runs[id] - 1 <= failed_holders,
             "job {id} ran {} times, but only {failed_holders} of its holders failed (killed \
-             worker held it: {})",
+             worker held it: {}); the survivors said:\n{told}",
             runs[id],
             killed.contains(id)
         );

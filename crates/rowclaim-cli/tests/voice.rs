@@ -88,3 +88,37 @@ async fn verbose_lines(t: Arc<TestDb>) {
 async fn verbose_lines_are_in_the_commands_voice() {
     with_db(Backend::Sqlite, verbose_lines).await;
 }
+
+/// A log that is not a terminal gets no colour codes: an event's fields read `worker="…"`,
+/// not with escape sequences around the name, in a file or a pipe.
+async fn plain_in_a_pipe(t: Arc<TestDb>) {
+    let init = support::rowclaim(&t.url, &["init"])
+        .output()
+        .await
+        .expect("run init");
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let args = ["-v", "work", "--queue", "q", "--until-empty", "--", "true"];
+    let out = support::rowclaim(&t.url, &args)
+        .output()
+        .await
+        .expect("run work");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("worker=\""),
+        "a line with a field: {stderr}"
+    );
+    assert!(
+        !stderr.contains('\x1b'),
+        "escape codes in a pipe: {stderr:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_in_a_pipe_has_no_colour_codes() {
+    with_db(Backend::Sqlite, plain_in_a_pipe).await;
+}

@@ -54,7 +54,8 @@ pub struct Cli {
     pub quiet: bool,
     /// Log more on stderr (-v: what rowclaim decides, -vv: every retry and the database
     /// driver's own warnings, slow statements included). ROWCLAIM_LOG, a tracing filter such
-    /// as "rowclaim=debug,sqlx=warn", overrides -v, -vv and --quiet.
+    /// as "rowclaim=debug,sqlx=warn", overrides -v, -vv and --quiet. Colour only on a
+    /// terminal, none under NO_COLOR.
     #[arg(short, long, global = true, action = clap::ArgAction::Count, help_heading = GLOBAL)]
     pub verbose: u8,
     /// Whether --database was given on the command line (set after parsing).

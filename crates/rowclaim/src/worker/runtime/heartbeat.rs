@@ -44,6 +44,10 @@ pub(super) async fn heartbeat(sh: Arc<Shared>, held: Arc<Held>) {
                 held.claim.token(),
                 rows.len()
             );
+            // Row by row too, so that one row's story can be followed through the log.
+            for id in &rows {
+                tracing::debug!("row {id}: given up: its claim's lease was not renewed in time");
+            }
             held.give_up(&rows);
             return;
         }
