@@ -65,16 +65,22 @@ async fn a_created_table_is_said_once_in_the_commands_voice_sqlite() {
     with_db(Backend::Sqlite, created_once).await;
 }
 
+/// What a command that must succeed said on stderr.
+async fn said(t: &TestDb, args: &[&str]) -> String {
+    let out = support::rowclaim(&t.url, args)
+        .output()
+        .await
+        .expect("run rowclaim");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{args:?}: {stderr}");
+    stderr
+}
+
 /// At -v the library's decisions are said too, each line `rowclaim: [target] …`.
 async fn verbose_lines(t: Arc<TestDb>) {
     t.jobs(2).await;
     let args = [&["-v", "claim"][..], &support::TABLE[..]].concat();
-    let out = support::rowclaim(&t.url, &args)
-        .output()
-        .await
-        .expect("run claim");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let stderr = said(&t, &args).await;
     assert!(
         stderr.contains("] rowclaim created table"),
         "the origin from -v on: {stderr}"
@@ -92,22 +98,12 @@ async fn verbose_lines_are_in_the_commands_voice() {
 /// A log that is not a terminal gets no colour codes: an event's fields read `worker="…"`,
 /// not with escape sequences around the name, in a file or a pipe.
 async fn plain_in_a_pipe(t: Arc<TestDb>) {
-    let init = support::rowclaim(&t.url, &["init"])
-        .output()
-        .await
-        .expect("run init");
-    assert!(
-        init.status.success(),
-        "{}",
-        String::from_utf8_lossy(&init.stderr)
-    );
-    let args = ["-v", "work", "--queue", "q", "--until-empty", "--", "true"];
-    let out = support::rowclaim(&t.url, &args)
-        .output()
-        .await
-        .expect("run work");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    said(&t, &["init"]).await;
+    let stderr = said(
+        &t,
+        &["-v", "work", "--queue", "q", "--until-empty", "--", "true"],
+    )
+    .await;
     assert!(
         stderr.contains("worker=\""),
         "a line with a field: {stderr}"
