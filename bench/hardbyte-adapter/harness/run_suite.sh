@@ -7,6 +7,7 @@
 #   HARNESS_DIR=/work/hb-harness PYTHON=/work/hb-venv/bin/python \
 #     bash run_suite.sh [A] [B] [C]          (default: A B C)
 #   SYSTEMS=rowclaim,pgboss PEERS_NATIVE=pgboss A_WORKERS=64 bash run_suite.sh A   (peers beside it)
+#   CELLS=event_burst bash run_suite.sh C    (only the named cells, comma-separated)
 #
 # Durations: phase B (chaos) uses the harness's named scenarios unchanged. Phases A and C are
 # shortened for a 2-core machine (A: 20 s warmup + 60 s clean instead of 30 s + 180 s, at W=16
@@ -24,6 +25,7 @@ export HARNESS_DIR
 
 cell() { # cell PHASE ID TIMEOUT ARGS...
   local phase=$1 id=$2 limit=$3; shift 3
+  [[ -z ${CELLS:-} || ,$CELLS, == *,$id,* ]] || return 0
   local log="$OUT/logs/$id.log" started load rc run_dir
   started=$(date -u +%FT%TZ); load=$(uptime | sed 's/.*load average: //')
   echo "[$(date -u +%T)] START $id ($*)"
