@@ -8,6 +8,7 @@
 #     bash run_suite.sh [A] [B] [C]          (default: A B C)
 #   SYSTEMS=rowclaim,pgboss PEERS_NATIVE=pgboss A_WORKERS=64 bash run_suite.sh A   (peers beside it)
 #   CELLS=event_burst bash run_suite.sh C    (only the named cells, comma-separated)
+#   A_TIMEOUT=30m: phase A's cell limit (default 15m, as the sweep; four systems at FULL=1 need more)
 #
 # Durations: phase B (chaos) uses the harness's named scenarios unchanged. Phases A and C are
 # shortened for a 2-core machine (A: 20 s warmup + 60 s clean instead of 30 s + 180 s, at W=16
@@ -41,7 +42,7 @@ phase_a() {
   [[ ${FULL:-0} == 1 ]] && p="--phase warmup=warmup:30s --phase clean=clean:180s"
   for w in ${A_WORKERS:-16 64}; do
     # shellcheck disable=SC2086
-    cell A "perf_w$w" 15m --producer-rate 50000 --producer-mode depth-target \
+    cell A "perf_w$w" "${A_TIMEOUT:-15m}" --producer-rate 50000 --producer-mode depth-target \
       --target-depth 4000 --worker-count "$w" $p
   done
 }
