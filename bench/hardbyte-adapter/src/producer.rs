@@ -259,3 +259,32 @@ fn batch(n: u64, seq: &mut u64, padding: &str) -> Vec<NewJob> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_while_paused_are_one_step_and_success_resets() {
+        let mut b = Backoff::default();
+        assert!(b.ready());
+        b.failed(format_args!("first"));
+        assert!(!b.ready(), "no batch starts during the pause");
+        assert_eq!(b.pause, Duration::from_millis(200));
+        // Batches that were in flight with the first fail too: the same pause, one step.
+        b.failed(format_args!("second, in flight with the first"));
+        assert_eq!(b.pause, Duration::from_millis(200));
+        assert!(b.left() <= Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(110));
+        assert!(b.ready(), "the pause is over");
+        b.failed(format_args!("again after the pause"));
+        assert_eq!(b.pause, Duration::from_millis(400));
+        for _ in 0..10 {
+            b.until = None;
+            b.failed(format_args!("outage"));
+        }
+        assert_eq!(b.pause, Duration::from_secs(2), "the pause is capped");
+        b.succeeded();
+        assert_eq!(b.pause, Duration::from_millis(100));
+    }
+}
