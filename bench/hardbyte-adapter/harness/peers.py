@@ -8,6 +8,12 @@ set, e.g. PEERS_NATIVE=procrastinate).
   'psycopg[binary]==3.3.3'`).
 - pgboss: the harness's pgboss-bench/main.js after `npm ci` there (pg-boss 12.18.2, which asks
   for Node >= 22.12).
+- pgmq: the harness's pgmq-bench/main.py, by a venv with its pinned `psycopg[binary]==3.3.3`
+  (PGMQ_PYTHON, default: the procrastinate venv, which has it). Its adapter.json declares the
+  `pgmq` extension, which the server must offer: PGMQ 1.11.1 is pure SQL, and its `pgmq.control`
+  and `pgmq.sql` (shipped in the `pgmq` crate's `install-sql-embedded` feature) installed as
+  `pgmq--1.11.1.sql` in the server's extension directory make `CREATE EXTENSION pgmq` work, as
+  PGMQ's own `make install` does (see README.md: a private copy of the PostgreSQL 15 tree).
 """
 from __future__ import annotations
 
@@ -39,7 +45,19 @@ def _pgboss(manifest, overrides):
     )
 
 
-LAUNCHERS = {"procrastinate": _procrastinate, "pgboss": _pgboss}
+def _pgmq(manifest, overrides):
+    python = os.environ.get(
+        "PGMQ_PYTHON",
+        os.environ.get("PROCRASTINATE_PYTHON", "/work/hb-venv-procrastinate/bin/python"),
+    )
+    return adapters.LaunchSpec(
+        argv=[python, "main.py"],
+        env=adapters._base_env(manifest, overrides),
+        cwd=str(DIR / "pgmq-bench"),
+    )
+
+
+LAUNCHERS = {"procrastinate": _procrastinate, "pgboss": _pgboss, "pgmq": _pgmq}
 
 
 def register(names: list[str]) -> None:

@@ -7,6 +7,8 @@
 #   HARNESS_DIR=/work/hb-harness PYTHON=/work/hb-venv/bin/python \
 #     bash run_suite.sh [A] [B] [C]          (default: A B C)
 #   SYSTEMS=rowclaim,pgboss PEERS_NATIVE=pgboss A_WORKERS=64 bash run_suite.sh A   (peers beside it)
+#   CELLS=event_burst bash run_suite.sh C    (only the named cells, comma-separated)
+#   A_TIMEOUT=30m: phase A's cell limit (default 15m, as the sweep; four systems at FULL=1 need more)
 #
 # Durations: phase B (chaos) uses the harness's named scenarios unchanged. Phases A and C are
 # shortened for a 2-core machine (A: 20 s warmup + 60 s clean instead of 30 s + 180 s, at W=16
@@ -24,6 +26,7 @@ export HARNESS_DIR
 
 cell() { # cell PHASE ID TIMEOUT ARGS...
   local phase=$1 id=$2 limit=$3; shift 3
+  [[ -z ${CELLS:-} || ,$CELLS, == *,$id,* ]] || return 0
   local log="$OUT/logs/$id.log" started load rc run_dir
   started=$(date -u +%FT%TZ); load=$(uptime | sed 's/.*load average: //')
   echo "[$(date -u +%T)] START $id ($*)"
@@ -39,7 +42,7 @@ phase_a() {
   [[ ${FULL:-0} == 1 ]] && p="--phase warmup=warmup:30s --phase clean=clean:180s"
   for w in ${A_WORKERS:-16 64}; do
     # shellcheck disable=SC2086
-    cell A "perf_w$w" 15m --producer-rate 50000 --producer-mode depth-target \
+    cell A "perf_w$w" "${A_TIMEOUT:-15m}" --producer-rate 50000 --producer-mode depth-target \
       --target-depth 4000 --worker-count "$w" $p
   done
 }

@@ -12,6 +12,8 @@ pub struct Config {
     pub rate_file: Option<String>,
     pub batch_max: u64,
     pub batch_ms: u64,
+    /// PRODUCER_INFLIGHT: `enqueue_many` batches in flight at once, at most (default 4).
+    pub inflight: usize,
     pub target_depth: u64,
     pub workers: usize,
     pub payload_bytes: usize,
@@ -42,6 +44,7 @@ impl Config {
             rate_file: std::env::var("PRODUCER_RATE_CONTROL_FILE").ok(),
             batch_max: number("PRODUCER_BATCH_MAX", 128).max(1),
             batch_ms: number("PRODUCER_BATCH_MS", 25).max(1),
+            inflight: number("PRODUCER_INFLIGHT", 4).clamp(1, 64) as usize,
             target_depth: number("TARGET_DEPTH", 1000),
             workers: number("WORKER_COUNT", 32).max(1) as usize,
             payload_bytes: number("JOB_PAYLOAD_BYTES", 256) as usize,

@@ -60,7 +60,8 @@ async fn main() -> anyhow::Result<()> {
     // The worker's pool: claims, lease renewals, settles; the producer and the depth poller
     // have their own, so that a burst of inserts does not queue behind settles.
     let worker_db = connect(&cfg.database_url, 8 + cfg.workers as u32 / 16).await;
-    let producer_db = connect(&cfg.database_url, 4).await;
+    // One connection per batch in flight, and one for the depth poller.
+    let producer_db = connect(&cfg.database_url, cfg.inflight as u32 + 1).await;
     init_queue(&worker_db.queue()).await;
     descriptor(&cfg);
 

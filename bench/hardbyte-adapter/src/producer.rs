@@ -3,10 +3,12 @@
 //!
 //! Offered load is a count of jobs owed (`Offer`), credited on real wall-clock time: by the
 //! harness's `ENQUEUE <n>` tokens on stdin (PRODUCER_PACING=harness, its default) or by a local
-//! ticker. The producer inserts what is owed in batches of at most PRODUCER_BATCH_MAX. A batch
-//! that fails (PostgreSQL restarting, the session killed) stays owed and is tried again after a
-//! short pause, so an outage delays offered jobs instead of dropping them.
+//! ticker. The producer inserts what is owed in batches of at most PRODUCER_BATCH_MAX, up to
+//! PRODUCER_INFLIGHT of them at once while it is behind. A batch that fails (PostgreSQL
+//! restarting, the session killed) stays owed and is tried again after a short pause, so an
+//! outage delays offered jobs instead of dropping them.
 
+use std::collections::HashMap;
 use std::io::BufRead;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,6 +17,7 @@ use std::time::{Duration, Instant};
 use rowclaim::{NewJob, Queue};
 use serde_json::json;
 use tokio::sync::{watch, Notify};
+use tokio::task::{self, JoinSet};
 
 use crate::config::Config;
 use crate::window::epoch_ms;
@@ -104,7 +107,14 @@ impl Scale {
 }
 
 /// Inserts what is owed (fixed mode) or what keeps the queue at TARGET_DEPTH (depth-target
-/// mode) until `stop`.
+/// mode) until `stop`, with up to PRODUCER_INFLIGHT batches in flight at once.
+///
+/// A batch smaller than PRODUCER_BATCH_MAX starts only when none is in flight (so at a rate
+/// one batch keeps up with, jobs owed during a call gather into the next batch, as with one
+/// producer); more batches run at once only while at least a full batch is owed. What is in
+/// flight is counted as reserved so that no job is inserted twice. A failed batch is no
+/// longer reserved, so what it carried is owed again; no batch starts until its pause
+/// (100 ms, doubling to 2 s, one step per failure seen after the last pause ended) is over.
 pub async fn run(
     queue: Queue,
     cfg: Arc<Config>,
@@ -114,54 +124,128 @@ pub async fn run(
 ) {
     let padding = "x".repeat(cfg.payload_bytes.saturating_sub(64).max(1));
     let mut seq: u64 = 0;
-    let mut pause = Duration::from_millis(100);
+    let mut backoff = Backoff::default();
+    let mut flights: JoinSet<Flight> = JoinSet::new();
+    // Jobs of each batch in flight, by task (a task that panicked returns no Flight).
+    let mut sizes: HashMap<task::Id, u64> = HashMap::new();
     while !*stop.borrow() {
-        let want = if cfg.depth_target() {
-            let depth = counters.depth.load(Ordering::Relaxed);
-            cfg.target_depth.saturating_sub(depth)
-        } else {
-            offer.owed.load(Ordering::Relaxed)
-        };
-        if want == 0 {
-            let wait = tokio::time::sleep(Duration::from_millis(50));
-            tokio::select! {
-                _ = offer.more.notified() => {}
-                _ = wait => {}
-                _ = stop.changed() => return,
+        while backoff.ready() && flights.len() < cfg.inflight {
+            let reserved: u64 = sizes.values().sum();
+            let want = if cfg.depth_target() {
+                let depth = counters.depth.load(Ordering::Relaxed);
+                cfg.target_depth.saturating_sub(depth + reserved)
+            } else {
+                offer.owed.load(Ordering::Relaxed).saturating_sub(reserved)
+            };
+            if want == 0 || (want < cfg.batch_max && !flights.is_empty()) {
+                break;
             }
-            continue;
+            let n = want.min(cfg.batch_max);
+            let jobs = batch(n, &mut seq, &padding);
+            let queue = queue.clone();
+            let handle = flights.spawn(async move {
+                let started = Instant::now();
+                let result = queue.enqueue_many(&jobs).await.map(|_| ());
+                Flight {
+                    n,
+                    took: started.elapsed(),
+                    result,
+                }
+            });
+            sizes.insert(handle.id(), n);
         }
-        let n = want.min(cfg.batch_max);
-        let jobs = batch(n, &mut seq, &padding);
-        let started = Instant::now();
-        match queue.enqueue_many(&jobs).await {
-            Ok(_) => {
-                counters.enqueued.fetch_add(n, Ordering::Relaxed);
-                counters
-                    .producer_call
-                    .record(started.elapsed().as_secs_f64() * 1000.0);
-                if !cfg.depth_target() {
-                    offer.owed.fetch_sub(n, Ordering::Relaxed);
+        let wait = backoff.left().min(Duration::from_millis(50));
+        tokio::select! {
+            Some(done) = flights.join_next_with_id(), if !flights.is_empty() => {
+                let id = match &done {
+                    Ok((id, _)) => *id,
+                    Err(e) => e.id(),
+                };
+                sizes.remove(&id);
+                match done.map(|(_, flight)| flight) {
+                    Ok(Flight { n, took, result: Ok(()) }) => {
+                        counters.enqueued.fetch_add(n, Ordering::Relaxed);
+                        counters.producer_call.record(took.as_secs_f64() * 1000.0);
+                        if cfg.depth_target() {
+                            // Depth is polled every 100 ms; count what was just added until then.
+                            counters.depth.fetch_add(n, Ordering::Relaxed);
+                        } else {
+                            offer.owed.fetch_sub(n, Ordering::Relaxed);
+                        }
+                        backoff.succeeded();
+                    }
+                    Ok(Flight { n, result: Err(e), .. }) => {
+                        counters.producer_errors.fetch_add(1, Ordering::Relaxed);
+                        backoff.failed(format_args!("enqueue of {n} jobs failed: {e}"));
+                    }
+                    Err(e) => {
+                        counters.producer_errors.fetch_add(1, Ordering::Relaxed);
+                        backoff.failed(format_args!("enqueue task failed: {e}"));
+                    }
                 }
-                if cfg.depth_target() {
-                    // Depth is polled every 100 ms; count what was just added until then.
-                    counters.depth.fetch_add(n, Ordering::Relaxed);
-                }
-                pause = Duration::from_millis(100);
             }
-            Err(e) => {
-                counters.producer_errors.fetch_add(1, Ordering::Relaxed);
-                eprintln!(
-                    "[rowclaim-adapter] enqueue of {n} jobs failed, retrying in {pause:?}: {e}"
-                );
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => {}
-                    _ = stop.changed() => return,
-                }
-                pause = (pause * 2).min(Duration::from_secs(2));
-            }
+            _ = offer.more.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => return,
         }
     }
+}
+
+/// The pause after a failed batch: 100 ms, doubling to 2 s, back to 100 ms after a batch
+/// goes in. Failures of batches that were in flight together count as one step.
+struct Backoff {
+    pause: Duration,
+    until: Option<Instant>,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            pause: Duration::from_millis(100),
+            until: None,
+        }
+    }
+}
+
+impl Backoff {
+    /// Whether a batch may start now.
+    fn ready(&mut self) -> bool {
+        if self.until.is_some_and(|at| Instant::now() >= at) {
+            self.until = None;
+        }
+        self.until.is_none()
+    }
+
+    /// How long until a batch may start.
+    fn left(&self) -> Duration {
+        self.until.map_or(Duration::MAX, |at| {
+            at.saturating_duration_since(Instant::now())
+        })
+    }
+
+    fn succeeded(&mut self) {
+        self.pause = Duration::from_millis(100);
+    }
+
+    fn failed(&mut self, why: std::fmt::Arguments<'_>) {
+        if self.until.is_some() {
+            eprintln!("[rowclaim-adapter] {why}; it is owed again");
+            return;
+        }
+        eprintln!(
+            "[rowclaim-adapter] {why}; owed again, retrying in {:?}",
+            self.pause
+        );
+        self.until = Some(Instant::now() + self.pause);
+        self.pause = (self.pause * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// One batch's outcome.
+struct Flight {
+    n: u64,
+    took: Duration,
+    result: Result<(), rowclaim::Error>,
 }
 
 fn batch(n: u64, seq: &mut u64, padding: &str) -> Vec<NewJob> {
@@ -174,4 +258,33 @@ fn batch(n: u64, seq: &mut u64, padding: &str) -> Vec<NewJob> {
                 .kind(crate::KIND)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_while_paused_are_one_step_and_success_resets() {
+        let mut b = Backoff::default();
+        assert!(b.ready());
+        b.failed(format_args!("first"));
+        assert!(!b.ready(), "no batch starts during the pause");
+        assert_eq!(b.pause, Duration::from_millis(200));
+        // Batches that were in flight with the first fail too: the same pause, one step.
+        b.failed(format_args!("second, in flight with the first"));
+        assert_eq!(b.pause, Duration::from_millis(200));
+        assert!(b.left() <= Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(110));
+        assert!(b.ready(), "the pause is over");
+        b.failed(format_args!("again after the pause"));
+        assert_eq!(b.pause, Duration::from_millis(400));
+        for _ in 0..10 {
+            b.until = None;
+            b.failed(format_args!("outage"));
+        }
+        assert_eq!(b.pause, Duration::from_secs(2), "the pause is capped");
+        b.succeeded();
+        assert_eq!(b.pause, Duration::from_millis(100));
+    }
 }
