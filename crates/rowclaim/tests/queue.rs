@@ -178,7 +178,7 @@ async fn retries_and_dead(t: Arc<TestDb>) {
         }
         assert!(
             before.elapsed() < Duration::from_secs(60),
-            "never due again"
+            "the job retried with a {DELAY:?} delay was not claimable again within 60 s"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };

@@ -157,27 +157,19 @@ fn send(
     answer
 }
 
+/// A settler with this delay, where writes take no turns, and its channel.
 fn start(delay: Duration) -> (mpsc::UnboundedSender<Settling<Fake>>, JoinHandle<()>) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let settler = tokio::spawn(settler(
-        rx,
-        delay,
-        LIMIT,
-        FlushMetrics::noop(),
-        WriteTurns::default(),
-    ));
-    (tx, settler)
+    (tx, spawn_settler(rx, delay, WriteTurns::default()))
 }
 
-/// The settler without a delay, reading `rx`.
-fn spawn_settler(rx: mpsc::UnboundedReceiver<Settling<Fake>>, turns: WriteTurns) -> JoinHandle<()> {
-    tokio::spawn(settler(
-        rx,
-        Duration::ZERO,
-        LIMIT,
-        FlushMetrics::noop(),
-        turns,
-    ))
+/// The settler with this delay and these turns, reading `rx`.
+fn spawn_settler(
+    rx: mpsc::UnboundedReceiver<Settling<Fake>>,
+    delay: Duration,
+    turns: WriteTurns,
+) -> JoinHandle<()> {
+    tokio::spawn(settler(rx, delay, LIMIT, FlushMetrics::noop(), turns))
 }
 
 /// Lets every task run until it waits (the clock is paused: it moves only when all wait).
@@ -204,7 +196,7 @@ async fn results_that_piled_up_make_one_statement_per_claim_and_outcome() {
             _ => send(&tx, &b, n, done()),
         })
         .collect();
-    let settler = spawn_settler(rx, WriteTurns::default());
+    let settler = spawn_settler(rx, Duration::ZERO, WriteTurns::default());
     recorded(answers).await;
     let of = |n: i64| (0..30).filter(|i| i % 3 == n).map(id).collect::<Vec<_>>();
     assert_eq!(a.statements(), [(of(0), done()), (of(1), failed)]);
@@ -273,7 +265,7 @@ async fn where_writes_take_turns_one_statement_writes_at_a_time() {
     let turns = WriteTurns::new(true);
     let (tx, rx) = mpsc::unbounded_channel();
     let claim = turns.take().await;
-    let _settler = spawn_settler(rx, turns.clone());
+    let _settler = spawn_settler(rx, Duration::ZERO, turns.clone());
     let mut answers = vec![send(&tx, &a, 0, done()), send(&tx, &b, 1, done())];
     settle_down().await;
     let started = || a.sizes().len() + b.sizes().len();
@@ -301,7 +293,7 @@ async fn a_flush_writes_at_most_flush_most_rows() {
     let answers: Vec<_> = (0..total as i64)
         .map(|n| send(&tx, &a, n, done()))
         .collect();
-    let _settler = spawn_settler(rx, WriteTurns::default());
+    let _settler = spawn_settler(rx, Duration::ZERO, WriteTurns::default());
     settle_down().await;
     // The rest is fewer than PILE_UP: it waits for a running flush.
     assert_eq!(a.sizes(), [FLUSH_MOST, FLUSH_MOST]);
@@ -315,7 +307,7 @@ async fn rows_the_claim_no_longer_held_are_answered_lost() {
     let a = Fake::with(false, [Answer::Lost(vec![id(1)])]);
     let (tx, rx) = mpsc::unbounded_channel();
     let answers: Vec<_> = (0..3).map(|n| send(&tx, &a, n, done())).collect();
-    let _settler = spawn_settler(rx, WriteTurns::default());
+    let _settler = spawn_settler(rx, Duration::ZERO, WriteTurns::default());
     let mut flushed = Vec::new();
     for answer in answers {
         flushed.push(answer.await.expect("answered"));
@@ -339,7 +331,7 @@ async fn a_failed_or_unanswered_statement_answers_its_own_rows_only() {
         send(&tx, &failing, 1, done()),
         send(&tx, &fine, 2, done()),
     ];
-    let _settler = spawn_settler(rx, WriteTurns::default());
+    let _settler = spawn_settler(rx, Duration::ZERO, WriteTurns::default());
     let [hung_answer, failed_answer, fine_answer] = answers;
     let started = Instant::now();
     assert!(matches!(fine_answer.await, Ok(Flushed::Recorded)));
