@@ -948,7 +948,10 @@ async fn queue_notify_wakes_an_idle_worker() {
 }
 
 /// enqueue of many JSON lines: the first bad line is named however far in it is (and nothing is
-/// enqueued); a good input gives one id line per job, in the order of the lines, ids ascending.
+/// enqueued, also of the chunks before it, which the database had written by then); a good
+/// input gives one id line per job, in the order of the lines, ids ascending. The input spans
+/// four of the command's chunks of 20,000 jobs, the bad lines in the third and fourth (parsed by
+/// different threads).
 async fn queue_enqueue_many_lines(t: Arc<TestDb>) {
     assert!(output(&t, &["init"]).await.status.success());
     let enqueue = |input: String| {
@@ -968,20 +971,20 @@ async fn queue_enqueue_many_lines(t: Arc<TestDb>) {
         }
     };
     let line = |i: usize| match i {
-        15_001 | 18_999 => "{\"i\": oops}\n".to_owned(),
+        45_001 | 63_999 => "{\"i\": oops}\n".to_owned(),
         _ if i.is_multiple_of(1000) => "\n".to_owned(),
         _ => format!("{{\"i\":{i}}}\n"),
     };
-    let bad: String = (1..=20_000).map(line).collect();
+    let bad: String = (1..=65_000).map(line).collect();
     let out = enqueue(bad).await;
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("line 15001:"), "{err}");
+    assert!(err.contains("line 45001:"), "{err}");
     assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_jobs").await, 0);
 
-    let good: String = (1..=20_000)
+    let good: String = (1..=65_000)
         .map(|i| {
-            if i == 15_001 || i == 18_999 {
+            if i == 45_001 || i == 63_999 {
                 "{}\n".to_owned()
             } else {
                 line(i)
@@ -1002,7 +1005,7 @@ async fn queue_enqueue_many_lines(t: Arc<TestDb>) {
             v["id"].as_i64().unwrap()
         })
         .collect();
-    assert_eq!(ids.len(), 19_980, "one line per job, blank lines skipped");
+    assert_eq!(ids.len(), 64_935, "one line per job, blank lines skipped");
     assert!(
         ids.windows(2).all(|w| w[0] < w[1]),
         "ids ascend in input order"
@@ -1010,7 +1013,7 @@ async fn queue_enqueue_many_lines(t: Arc<TestDb>) {
     assert_eq!(
         t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'q' AND priority = 3")
             .await,
-        19_980
+        64_935
     );
 }
 

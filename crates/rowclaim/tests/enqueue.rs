@@ -100,9 +100,44 @@ fn job(i: usize, e: &Expect) -> NewJob {
     j
 }
 
+/// How a test hands its jobs to the queue.
+#[derive(Clone, Copy)]
+enum Call {
+    /// `enqueue_all`, one slice.
+    All,
+    /// `enqueue_stream`, in uneven chunks (one of them empty).
+    Stream,
+}
+
+async fn enqueue_by(
+    q: &rowclaim::Queue,
+    jobs: &[NewJob],
+    call: Call,
+) -> rowclaim::Result<Vec<rowclaim::Enqueued>> {
+    match call {
+        Call::All => q.enqueue_all(jobs).await,
+        Call::Stream => {
+            let cuts = [0, 1, 7_000, 7_000, 19_999, jobs.len()];
+            let chunks: Vec<rowclaim::Result<Vec<NewJob>>> = cuts
+                .windows(2)
+                .map(|w| Ok(jobs[w[0].min(jobs.len())..w[1].min(jobs.len())].to_vec()))
+                .collect();
+            q.enqueue_stream(futures_util::stream::iter(chunks)).await
+        }
+    }
+}
+
+async fn every_job_once_with_its_options(t: Arc<TestDb>) {
+    every_job_once(t, Call::All).await
+}
+
+async fn every_job_once_from_a_stream(t: Arc<TestDb>) {
+    every_job_once(t, Call::Stream).await
+}
+
 /// Every job once, with its options; ids in the order given; unique keys answered by the
 /// pending job.
-async fn every_job_once_with_its_options(t: Arc<TestDb>) {
+async fn every_job_once(t: Arc<TestDb>, call: Call) {
     let db = t.db().await;
     let q = db.queue();
     q.init().await.expect("init");
@@ -114,7 +149,7 @@ async fn every_job_once_with_its_options(t: Arc<TestDb>) {
     let expects: Vec<Expect> = (0..N).map(|i| expect(i, later)).collect();
     let jobs: Vec<NewJob> = expects.iter().enumerate().map(|(i, e)| job(i, e)).collect();
     let before = SystemTime::now();
-    let got = q.enqueue_all(&jobs).await.expect("enqueue_all");
+    let got = enqueue_by(&q, &jobs, call).await.expect("enqueue");
     let after = SystemTime::now();
     assert_eq!(got.len(), N, "one answer per job");
 
@@ -297,12 +332,90 @@ async fn all_or_nothing_on_a_database_error(t: Arc<TestDb>) {
     );
 }
 
+/// A stream's enqueue is one transaction: an error from the stream after chunks were written,
+/// or a job the database refuses in a late chunk, leaves nothing of the call. A job of a later
+/// chunk that waits for a job is held for that job, not for another.
+async fn a_stream_is_all_or_nothing(t: Arc<TestDb>) {
+    let db = t.db().await;
+    let q = db.queue();
+    q.init().await.expect("init");
+    let first = q
+        .enqueue(&NewJob::new(json!({"before": true})))
+        .await
+        .unwrap();
+    poison_trigger(&t).await;
+    let chunk = |c: usize| -> Vec<NewJob> {
+        (0..10_000)
+            .map(|i| {
+                let j = NewJob::new(json!({ "c": c, "i": i })).queue("bulk");
+                if i == 7 {
+                    j.unique_key(format!("key{c}"))
+                } else {
+                    j
+                }
+            })
+            .collect()
+    };
+    let refused = rowclaim::Error::InvalidInput("line 30001 is not JSON".into());
+    let chunks = vec![Ok(chunk(0)), Ok(chunk(1)), Ok(chunk(2)), Err(refused)];
+    let err = q
+        .enqueue_stream(futures_util::stream::iter(chunks))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("line 30001"), "{err}");
+    assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_jobs").await, 1);
+    let mut late = chunk(2);
+    late[9_000] = NewJob::new(json!({"poison": true})).queue("bulk");
+    let chunks = vec![Ok(chunk(0)), Ok(chunk(1)), Ok(late)];
+    let err = q
+        .enqueue_stream(futures_util::stream::iter(chunks))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("poisoned job"), "{err}");
+    assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_jobs").await, 1);
+
+    // The same chunks go in (their unique keys were left free), and a job of the last chunk
+    // waits for the job from before.
+    let mut last = chunk(2);
+    last.push(
+        NewJob::new(json!({"waits": true}))
+            .queue("bulk")
+            .after([first.id]),
+    );
+    let chunks = vec![Ok(chunk(0)), Ok(chunk(1)), Ok(last)];
+    let got = q
+        .enqueue_stream(futures_util::stream::iter(chunks))
+        .await
+        .expect("enqueue_stream");
+    assert_eq!(got.len(), 30_001);
+    assert!(got.iter().all(|e| !e.existing));
+    assert!(got.windows(2).all(|w| w[0].id < w[1].id), "ids ascend");
+    let waiting = got[30_000].id;
+    assert_eq!(
+        t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'waiting'")
+            .await,
+        1,
+        "only the job that waits is waiting"
+    );
+    let links = q.links(waiting).await.expect("links");
+    assert_eq!(links.waits_for.len(), 1, "{links:?}");
+    assert_eq!(links.waits_for[0].id, first.id, "{links:?}");
+}
+
 macro_rules! enqueue_cases {
     ($backend:expr) => {
         use super::*;
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn bulk_enqueue_keeps_every_job_and_its_options() {
             with_db($backend, every_job_once_with_its_options).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_streamed_enqueue_keeps_every_job_and_its_options() {
+            with_db($backend, every_job_once_from_a_stream).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_streamed_enqueue_is_all_or_nothing() {
+            with_db($backend, a_stream_is_all_or_nothing).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn bulk_enqueue_is_all_or_nothing_on_a_database_error() {

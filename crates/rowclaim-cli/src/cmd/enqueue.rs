@@ -64,35 +64,6 @@ pub struct EnqueueArgs {
 
 /// `rowclaim enqueue`: one job from the argument, or JSON lines from stdin, all or nothing.
 pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
-    let template = |payload: serde_json::Value| {
-        let mut job = rowclaim::NewJob::new(payload)
-            .queue(&a.queue)
-            .kind(&a.kind)
-            .priority(a.priority)
-            .max_attempts(i32::try_from(a.max_attempts).unwrap_or(i32::MAX));
-        if let Some(d) = a.delay {
-            job = job.delay(d);
-        }
-        if let Some(t) = a.run_at {
-            job = job.run_at(t.at);
-        }
-        if let Some(k) = &a.unique_key {
-            job = job.unique_key(k);
-        }
-        if let Some(limit) = a.timeout {
-            job = job.timeout(limit);
-        }
-        if let Some(k) = &a.limit_key {
-            job = job.limit_key(k);
-        }
-        if !a.after.is_empty() {
-            job = job.after(a.after.iter().copied());
-        }
-        if a.run_anyway {
-            job = job.run_anyway();
-        }
-        job
-    };
     if let Some(t) = a.run_at.filter(|t| t.naive) {
         let utc = humantime::format_rfc3339_seconds(t.at);
         say!("--run-at has no offset: read as UTC, {utc}");
@@ -102,7 +73,7 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
     if let Some(text) = &a.json {
         let payload: serde_json::Value = serde_json::from_str(text)
             .map_err(|e| CliError::BadInput(format!("the JSON argument is not valid JSON: {e}")))?;
-        let done = queue.enqueue(&template(payload)).await?;
+        let done = queue.enqueue(&job_of(&a, payload)).await?;
         let text =
             serde_json::to_string(&done).map_err(|e| CliError::io("writing the job")(e.into()))?;
         println!("{text}");
@@ -121,63 +92,34 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
     } else {
         indicatif::ProgressDrawTarget::stderr()
     });
-    // All of stdin first (nothing is enqueued unless every line is a job), then its lines
-    // parsed on every core: the database waits for them.
+    // All of stdin first; then its lines are parsed on every core, chunk by chunk, while the
+    // database writes the chunks before (one transaction: nothing is enqueued unless every line
+    // is a job).
     let mut text = String::new();
     std::io::Read::read_to_string(&mut stdin().lock(), &mut text)
         .map_err(CliError::io("reading stdin"))?;
-    progress.set_message("reading the jobs");
-    progress.tick();
-    // The stdin line of each job (blank lines are skipped), to name it in errors.
-    let numbered: Vec<(usize, &str)> = text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| (i + 1, l))
-        .collect();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let per_thread = numbered.len().div_ceil(threads).max(1);
-    let parse = |part: &[(usize, &str)]| -> Result<Vec<rowclaim::NewJob>, CliError> {
-        part.iter()
-            .map(|(line, l)| match serde_json::from_str(l) {
-                Ok(payload) => Ok(template(payload)),
-                Err(e) => Err(CliError::BadInput(format!(
-                    "line {line}: not valid JSON ({e}); nothing was enqueued"
-                ))),
-            })
-            .collect()
-    };
-    // Parts in order, each stopping at its first bad line: the first error is the first line's.
-    let parts: Vec<Result<Vec<rowclaim::NewJob>, CliError>> = std::thread::scope(|s| {
-        let parse = &parse;
-        let running: Vec<_> = numbered
-            .chunks(per_thread)
-            .map(|part| s.spawn(move || parse(part)))
-            .collect();
-        running
-            .into_iter()
-            .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    });
-    let mut jobs = Vec::with_capacity(numbered.len());
-    for part in parts {
-        jobs.extend(part?);
-    }
-    let lines: Vec<usize> = numbered.iter().map(|(line, _)| *line).collect();
-    drop(numbered);
-    drop(text);
-    progress.set_message(format!("enqueueing {} jobs", jobs.len()));
+    let lines = Lines::of(text);
+    progress.set_message(format!("enqueueing {} jobs", lines.jobs.len()));
     progress.enable_steady_tick(Duration::from_millis(200));
-    let done = match queue.enqueue_all(&jobs).await {
+    let args = std::sync::Arc::new(a);
+    let (chunks, bad_line) = parse_in_chunks(&lines, {
+        let args = args.clone();
+        move |payload| job_of(&args, payload)
+    });
+    let done = match queue.enqueue_stream(chunks).await {
         Ok(done) => done,
         Err(rowclaim::Error::PayloadTooLarge { job, bytes, limit }) => {
-            let line = lines.get(job.wrapping_sub(1)).copied().unwrap_or(job);
+            let line = lines.line_of(job);
             return Err(CliError::BadInput(format!(
                 "line {line}: its payload is {bytes} bytes, more than one statement may carry to \
                  this server (max_allowed_packet is {limit} bytes); nothing was enqueued"
             )));
         }
-        Err(e) => return Err(e.into()),
+        // A line that is not JSON ended the stream; the enqueue rolled back.
+        Err(e) => match bad_line.lock().ok().and_then(|mut slot| slot.take()) {
+            Some((_, bad)) => return Err(bad),
+            None => return Err(e.into()),
+        },
     };
     progress.finish_and_clear();
     // Each job's id, one JSON line per job, as for a job given as the argument.
@@ -190,6 +132,154 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
     }
     out.flush().map_err(CliError::io("writing to stdout"))?;
     let added = done.iter().filter(|j| !j.existing).count();
-    say!("enqueued {added} jobs on queue {}", a.queue);
+    say!("enqueued {added} jobs on queue {}", args.queue);
     Ok(())
+}
+
+/// The job of one payload, with the settings of the command's flags.
+fn job_of(a: &EnqueueArgs, payload: serde_json::Value) -> rowclaim::NewJob {
+    let mut job = rowclaim::NewJob::new(payload)
+        .queue(&a.queue)
+        .kind(&a.kind)
+        .priority(a.priority)
+        .max_attempts(i32::try_from(a.max_attempts).unwrap_or(i32::MAX));
+    if let Some(d) = a.delay {
+        job = job.delay(d);
+    }
+    if let Some(t) = a.run_at {
+        job = job.run_at(t.at);
+    }
+    if let Some(k) = &a.unique_key {
+        job = job.unique_key(k);
+    }
+    if let Some(limit) = a.timeout {
+        job = job.timeout(limit);
+    }
+    if let Some(k) = &a.limit_key {
+        job = job.limit_key(k);
+    }
+    if !a.after.is_empty() {
+        job = job.after(a.after.iter().copied());
+    }
+    if a.run_anyway {
+        job = job.run_anyway();
+    }
+    job
+}
+
+/// Jobs per chunk parsed and sent to the database at a time: small enough that the database
+/// starts at once, large enough that a statement per chunk costs little.
+const CHUNK: usize = 20_000;
+
+/// Stdin's text and where its jobs are: one per line that is not blank.
+struct Lines {
+    text: std::sync::Arc<str>,
+    /// Each job's stdin line (from 1) and its byte range in `text`.
+    jobs: Vec<(usize, std::ops::Range<usize>)>,
+}
+
+impl Lines {
+    fn of(text: String) -> Lines {
+        let mut jobs = Vec::new();
+        let mut start = 0;
+        for (i, line) in text.split_inclusive('\n').enumerate() {
+            let end = start + line.len();
+            let l = line.trim_end_matches(['\n', '\r']);
+            if !l.trim().is_empty() {
+                jobs.push((i + 1, start..start + l.len()));
+            }
+            start = end;
+        }
+        Lines {
+            text: text.into(),
+            jobs,
+        }
+    }
+
+    /// The stdin line of job `n` (from 1).
+    fn line_of(&self, n: usize) -> usize {
+        n.checked_sub(1)
+            .and_then(|i| self.jobs.get(i))
+            .map_or(n, |(line, _)| *line)
+    }
+}
+
+type Chunk = rowclaim::Result<Vec<rowclaim::NewJob>>;
+
+/// The first bad line's chunk and error, if a line was not JSON.
+type BadLine = std::sync::Arc<std::sync::Mutex<Option<(usize, CliError)>>>;
+
+/// The jobs of `lines` as a stream of chunks in order, parsed by one thread per core (thread
+/// `t` parses chunks `t`, `t + threads`, …), and the slot where the first bad line's error is
+/// left: the stream then ends with an error, which rolls the enqueue back.
+fn parse_in_chunks<F>(
+    lines: &Lines,
+    make: F,
+) -> (
+    impl futures_util::Stream<Item = Chunk> + Send + 'static,
+    BadLine,
+)
+where
+    F: Fn(serde_json::Value) -> rowclaim::NewJob + Send + Sync + 'static,
+{
+    use std::sync::Arc;
+    let make = Arc::new(make);
+    let bad_line: BadLine = Arc::default();
+    let ranges: Arc<[(usize, std::ops::Range<usize>)]> = lines.jobs.clone().into();
+    let chunks = ranges.len().div_ceil(CHUNK);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, chunks.max(1));
+    let mut receivers = Vec::with_capacity(threads);
+    for t in 0..threads {
+        // Two chunks ahead per thread: parsing stays ahead of the database, memory bounded.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(2);
+        receivers.push(rx);
+        let (text, ranges, make, bad_line) = (
+            lines.text.clone(),
+            ranges.clone(),
+            make.clone(),
+            bad_line.clone(),
+        );
+        std::thread::spawn(move || {
+            for c in (t..chunks).step_by(threads) {
+                let part = &ranges[c * CHUNK..((c + 1) * CHUNK).min(ranges.len())];
+                let mut jobs = Vec::with_capacity(part.len());
+                for (line, range) in part {
+                    match serde_json::from_str(&text[range.clone()]) {
+                        Ok(payload) => jobs.push(make(payload)),
+                        Err(e) => {
+                            let why =
+                                format!("line {line}: not valid JSON ({e}); nothing was enqueued");
+                            if let Ok(mut slot) = bad_line.lock() {
+                                // The first bad line in stdin's order is the one named: the
+                                // enqueue stops at the first chunk in order that failed.
+                                if slot.as_ref().is_none_or(|(first, _)| c < *first) {
+                                    *slot = Some((c, CliError::BadInput(why.clone())));
+                                }
+                            }
+                            let _ = tx.blocking_send(Err(rowclaim::Error::InvalidInput(why)));
+                            return;
+                        }
+                    }
+                }
+                // The enqueue has ended (it failed): nothing more to parse.
+                if tx.blocking_send(Ok(jobs)).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    let stream = futures_util::stream::unfold((receivers, 0), move |(mut rx, c)| async move {
+        if c == chunks {
+            return None;
+        }
+        let got = rx[c % threads].recv().await.unwrap_or_else(|| {
+            Err(rowclaim::Error::Internal(format!(
+                "the parser of chunk {c} stopped without a word"
+            )))
+        });
+        Some((got, (rx, c + 1)))
+    });
+    (stream, bad_line)
 }

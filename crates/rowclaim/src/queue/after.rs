@@ -115,13 +115,13 @@ const RUN_ANYWAY: &str = "run";
 /// In the enqueue's transaction, after its inserts: records what each job of `jobs` that
 /// waits waits for (the ids of the jobs inserted are `out`, in the same order), and makes it
 /// `waiting` or `cancelled` as those jobs are now. Returns the ids of the jobs that wait.
-pub(crate) async fn hold<R: Run + ?Sized>(
+pub(crate) async fn hold<'j, R: Run + ?Sized>(
     r: &R,
-    jobs: &[NewJob],
+    jobs: impl IntoIterator<Item = &'j NewJob> + Send,
     out: &[Enqueued],
 ) -> Result<Vec<i64>> {
     let mut held = Vec::new();
-    for (i, (job, new)) in jobs.iter().zip(out).enumerate() {
+    for (i, (job, new)) in jobs.into_iter().zip(out).enumerate() {
         let Some(deps) = Deps::read(r, job, &out[..i], i + 1).await? else {
             continue;
         };

@@ -11,6 +11,7 @@ mod bulk;
 mod claim;
 mod counts;
 mod enqueue_sql;
+mod incoming;
 mod limits;
 mod migrate;
 mod record;
@@ -60,6 +61,7 @@ use crate::db::Db;
 use crate::error::{DbKind, Error, Result};
 use crate::id::RowId;
 use crate::strategy::Strategy;
+use incoming::Incoming;
 use store::store;
 
 #[cfg(feature = "mysql")]
@@ -82,7 +84,7 @@ pub(crate) trait QueueStore:
     /// Enqueues jobs in one transaction, all or none. Without `ids` the caller only counts the
     /// new jobs: a store may then answer 0 as their ids (PostgreSQL's COPY then leaves them to
     /// the column's default instead of asking the sequence first).
-    async fn enqueue(&self, jobs: &[NewJob], ids: bool) -> Result<Vec<Enqueued>>;
+    async fn enqueue(&self, jobs: &mut Incoming<'_>, ids: bool) -> Result<Vec<Enqueued>>;
     /// Cancels, retries or prunes jobs; returns how many changed.
     async fn admin(&self, op: Admin) -> Result<u64>;
     /// Jobs per queue and status, oldest due ready job, recent throughput.
@@ -177,6 +179,31 @@ impl Queue {
         let jobs = J::to_new_jobs(jobs)?;
         check_jobs(&jobs)?;
         self.enqueue_jobs(&jobs, true).await
+    }
+
+    /// Enqueues the jobs of a stream of chunks in one transaction, all or none, writing each
+    /// chunk while the stream makes the next: for jobs made as they are read (the `rowclaim
+    /// enqueue` command parses its input so). Returns one [`Enqueued`] per job, in order, as
+    /// [`Queue::enqueue_all`] does. An `Err` from the stream ends the enqueue: nothing is
+    /// written, and that error is returned. The chunks are kept until the commit (a transient
+    /// failure, such as a deadlock, enqueues them all again).
+    ///
+    /// ```no_run
+    /// # async fn f(queue: rowclaim::Queue) -> rowclaim::Result<()> {
+    /// use rowclaim::NewJob;
+    /// let chunks = (0..10).map(|c| {
+    ///     Ok((0..1_000).map(|i| NewJob::new(serde_json::json!({"n": c * 1_000 + i}))).collect())
+    /// });
+    /// let done = queue.enqueue_stream(futures_util::stream::iter(chunks)).await?;
+    /// assert_eq!(done.len(), 10_000);
+    /// # Ok(()) }
+    /// ```
+    pub async fn enqueue_stream<S>(&self, chunks: S) -> Result<Vec<Enqueued>>
+    where
+        S: futures_util::Stream<Item = Result<Vec<NewJob>>> + Send,
+    {
+        self.enqueue_incoming(Incoming::stream(Box::pin(chunks)), true)
+            .await
     }
 
     /// Enqueues a job ([`NewJob`] or [`JobArgs`] value) inside the caller's PostgreSQL
@@ -501,9 +528,14 @@ impl Queue {
 
 /// Checks every job before any is sent, naming the first bad one by its place (from 1).
 fn check_jobs(jobs: &[NewJob]) -> Result<()> {
+    check_jobs_from(jobs, 0)
+}
+
+/// [`check_jobs`] for jobs that come after `before` others in the same call.
+fn check_jobs_from(jobs: &[NewJob], before: usize) -> Result<()> {
     for (i, job) in jobs.iter().enumerate() {
         job.check()
-            .map_err(|e| Error::InvalidInput(format!("job {}: {e}", i + 1)))?;
+            .map_err(|e| Error::InvalidInput(format!("job {}: {e}", before + i + 1)))?;
     }
     Ok(())
 }

@@ -10,7 +10,8 @@ use super::migrate::{migrate, Component, Schema};
 use super::record::{records_sql, RecordRow};
 use super::store::{admin_stmt, first_int, UNIQUE_TRIES};
 use super::{
-    Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
+    Admin, Enqueued, Incoming, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats,
+    QueueStore,
 };
 use crate::backend::mysql::{error_number, lease_us, My, Sql, NOW};
 use crate::backend::run::{Finish, InTx, OnConn, Run, Transact};
@@ -40,43 +41,43 @@ impl QueueStore for My {
         Ok(())
     }
 
-    async fn enqueue(&self, jobs: &[NewJob], _ids: bool) -> Result<Vec<Enqueued>> {
-        if jobs.is_empty() {
-            return Ok(vec![]);
-        }
-        let parts: Vec<JobParts<'_>> = jobs.iter().map(NewJob::parts).collect();
-        for p in &parts {
-            check_times(p)?;
-        }
+    async fn enqueue(&self, jobs: &mut Incoming<'_>, _ids: bool) -> Result<Vec<Enqueued>> {
         let tx = self.transaction(true).await?;
-        check_packet(&tx, &parts).await?;
-        let mut out = Vec::with_capacity(parts.len());
-        // Jobs without a unique key go in multi-row INSERTs; a job with one goes alone, in its
-        // place, so that ids follow the order the jobs were given in (the id breaks ties in the
-        // claim order).
-        let mut run: Vec<&JobParts<'_>> = Vec::new();
-        let mut run_bytes = 0;
+        let mut out = Vec::new();
         let mut step = None;
-        for p in &parts {
-            if p.unique_key.is_some() {
-                insert_run(&tx, &mut run, &mut step, &mut out).await?;
-                run_bytes = 0;
-                out.push(enqueue_one(&tx, p).await?);
-                continue;
+        while let Some((before, chunk)) = jobs.next().await? {
+            let parts: Vec<JobParts<'_>> = chunk.iter().map(NewJob::parts).collect();
+            for p in &parts {
+                check_times(p)?;
             }
-            if run.len() == BULK_ROWS
-                || (!run.is_empty() && run_bytes + p.payload.len() > BULK_BYTES)
-            {
-                insert_run(&tx, &mut run, &mut step, &mut out).await?;
-                run_bytes = 0;
+            check_packet(&tx, &parts, before).await?;
+            out.reserve(parts.len());
+            // Jobs without a unique key go in multi-row INSERTs; a job with one goes alone, in
+            // its place, so that ids follow the order the jobs were given in (the id breaks ties
+            // in the claim order).
+            let mut run: Vec<&JobParts<'_>> = Vec::new();
+            let mut run_bytes = 0;
+            for p in &parts {
+                if p.unique_key.is_some() {
+                    insert_run(&tx, &mut run, &mut step, &mut out).await?;
+                    run_bytes = 0;
+                    out.push(enqueue_one(&tx, p).await?);
+                    continue;
+                }
+                if run.len() == BULK_ROWS
+                    || (!run.is_empty() && run_bytes + p.payload.len() > BULK_BYTES)
+                {
+                    insert_run(&tx, &mut run, &mut step, &mut out).await?;
+                    run_bytes = 0;
+                }
+                run_bytes += p.payload.len();
+                run.push(p);
             }
-            run_bytes += p.payload.len();
-            run.push(p);
+            insert_run(&tx, &mut run, &mut step, &mut out).await?;
         }
-        insert_run(&tx, &mut run, &mut step, &mut out).await?;
-        super::after::hold(&tx, jobs, &out).await?;
-        tx.commit_as(|| super::job::enqueue_what(parts.len()))
-            .await?;
+        super::after::hold(&tx, jobs.handed(), &out).await?;
+        let n = jobs.count();
+        tx.commit_as(|| super::job::enqueue_what(n)).await?;
         Ok(out)
     }
 
@@ -404,7 +405,12 @@ const STATEMENT_ROOM: usize = 4096;
 /// server would answer only "Got a packet bigger than 'max_allowed_packet'" (and, over some
 /// proxies, close the connection), naming neither the job nor the limit. Asks the limit only
 /// when a payload is large.
-async fn check_packet<R: Run<Sql = Sql>>(r: &R, jobs: &[JobParts<'_>]) -> Result<()> {
+/// `before`: the jobs of the same call before these (a job is named by its place in the call).
+async fn check_packet<R: Run<Sql = Sql>>(
+    r: &R,
+    jobs: &[JobParts<'_>],
+    before: usize,
+) -> Result<()> {
     if jobs.iter().all(|j| j.payload.len() <= SMALL_PAYLOAD) {
         return Ok(());
     }
@@ -415,7 +421,7 @@ async fn check_packet<R: Run<Sql = Sql>>(r: &R, jobs: &[JobParts<'_>]) -> Result
         let bytes = j.payload.len();
         if (bytes + STATEMENT_ROOM) as u64 > limit {
             return Err(Error::PayloadTooLarge {
-                job: i + 1,
+                job: before + i + 1,
                 bytes,
                 limit,
             });
@@ -497,7 +503,7 @@ async fn insert_run<R: InsertId>(
 /// job.
 pub(crate) async fn enqueue_one<R: InsertId>(r: &R, job: &JobParts<'_>) -> Result<Enqueued> {
     check_times(job)?;
-    check_packet(r, std::slice::from_ref(job)).await?;
+    check_packet(r, std::slice::from_ref(job), 0).await?;
     let Some(key) = job.unique_key else {
         let id = r.insert_id(insert_stmt(&[job])?).await?;
         return Ok(Enqueued {

@@ -10,7 +10,7 @@ use super::migrate::{migrate, Component, Schema};
 use super::record::{records_sql, RecordRow};
 use super::store::{admin_stmt, insert_unless_pending};
 use super::{
-    Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
+    Admin, Enqueued, Incoming, JobFilter, JobParts, JobRecord, Listener, QueueStats, QueueStore,
 };
 use crate::backend::postgres::{Pg, Sql};
 use crate::backend::run::{Finish, InTx, OnConn, Run, Transact};
@@ -70,45 +70,48 @@ impl QueueStore for Pg {
         Ok(())
     }
 
-    async fn enqueue(&self, jobs: &[NewJob], ids: bool) -> Result<Vec<Enqueued>> {
+    async fn enqueue(&self, jobs: &mut Incoming<'_>, ids: bool) -> Result<Vec<Enqueued>> {
         let tx = self.transaction(true).await?;
-        let mut out = Vec::with_capacity(jobs.len());
+        let mut out = Vec::new();
         // The queues of the jobs inserted in bulk, woken once each at the end (a notification
         // is delivered at the commit, whenever it was sent in the transaction).
-        let mut woken: Vec<&str> = Vec::new();
-        // Jobs without a unique key go in bulk, many rows per statement; the others one by one,
-        // in their place (ids follow the order the jobs were given in).
-        let mut bulk: Vec<JobParts<'_>> = Vec::new();
-        let mut bulk_bytes = 0;
-        for job in jobs {
-            let parts = job.parts();
-            if parts.unique_key.is_some() {
-                out.extend(insert_chunk(&tx, std::mem::take(&mut bulk), ids).await?);
-                bulk_bytes = 0;
-                out.push(enqueue_one(&tx, &parts).await?);
-                continue;
+        let mut woken: Vec<String> = Vec::new();
+        while let Some((_, chunk)) = jobs.next().await? {
+            out.reserve(chunk.len());
+            // Jobs without a unique key go in bulk, many rows per statement; the others one by
+            // one, in their place (ids follow the order the jobs were given in).
+            let mut bulk: Vec<JobParts<'_>> = Vec::new();
+            let mut bulk_bytes = 0;
+            for job in chunk {
+                let parts = job.parts();
+                if parts.unique_key.is_some() {
+                    out.extend(insert_chunk(&tx, std::mem::take(&mut bulk), ids).await?);
+                    bulk_bytes = 0;
+                    out.push(enqueue_one(&tx, &parts).await?);
+                    continue;
+                }
+                if bulk.len() == BULK_ROWS
+                    || (!bulk.is_empty() && bulk_bytes + parts.payload.len() > BULK_BYTES)
+                {
+                    out.extend(insert_chunk(&tx, std::mem::take(&mut bulk), ids).await?);
+                    bulk_bytes = 0;
+                }
+                if woken.last().map(String::as_str) != Some(parts.queue) {
+                    woken.push(parts.queue.to_owned());
+                }
+                bulk_bytes += parts.payload.len();
+                bulk.push(parts);
             }
-            if bulk.len() == BULK_ROWS
-                || (!bulk.is_empty() && bulk_bytes + parts.payload.len() > BULK_BYTES)
-            {
-                out.extend(insert_chunk(&tx, std::mem::take(&mut bulk), ids).await?);
-                bulk_bytes = 0;
-            }
-            if woken.last() != Some(&parts.queue) {
-                woken.push(parts.queue);
-            }
-            bulk_bytes += parts.payload.len();
-            bulk.push(parts);
+            out.extend(insert_chunk(&tx, bulk, ids).await?);
         }
-        out.extend(insert_chunk(&tx, bulk, ids).await?);
         woken.sort_unstable();
         woken.dedup();
         for q in woken {
-            tx.execute(notify(q)).await?;
+            tx.execute(notify(&q)).await?;
         }
-        super::after::hold(&tx, jobs, &out).await?;
-        tx.commit_as(|| super::job::enqueue_what(jobs.len()))
-            .await?;
+        super::after::hold(&tx, jobs.handed(), &out).await?;
+        let n = jobs.count();
+        tx.commit_as(|| super::job::enqueue_what(n)).await?;
         Ok(out)
     }
 

@@ -8,7 +8,8 @@ use super::migrate::{migrate, Component, Schema};
 use super::record::{records_sql, RecordRow};
 use super::store::{admin_stmt, insert_unless_pending};
 use super::{
-    Admin, Enqueued, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats, QueueStore,
+    Admin, Enqueued, Incoming, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats,
+    QueueStore,
 };
 use crate::backend::run::{Col, Finish, InTx, OnConn, Run, Transact};
 use crate::backend::sql::{self, Binder, Stmt};
@@ -38,28 +39,31 @@ impl QueueStore for Lite {
         Ok(())
     }
 
-    async fn enqueue(&self, jobs: &[NewJob], _ids: bool) -> Result<Vec<Enqueued>> {
-        let parts: Vec<JobParts<'_>> = jobs.iter().map(NewJob::parts).collect();
+    async fn enqueue(&self, jobs: &mut Incoming<'_>, _ids: bool) -> Result<Vec<Enqueued>> {
         let tx = self.transaction(true).await?;
-        let mut out = Vec::with_capacity(parts.len());
-        // Jobs without a unique key go in multi-row INSERTs (each statement is a round trip to
-        // the database's thread); a job with one goes alone, in its place, so that ids follow
-        // the order the jobs were given in.
-        let mut run: Vec<&JobParts<'_>> = Vec::new();
-        for p in &parts {
-            if p.unique_key.is_some() || run.len() == BULK_ROWS {
-                insert_run(&tx, &mut run, &mut out).await?;
+        let mut out = Vec::new();
+        while let Some((_, chunk)) = jobs.next().await? {
+            let parts: Vec<JobParts<'_>> = chunk.iter().map(NewJob::parts).collect();
+            out.reserve(parts.len());
+            // Jobs without a unique key go in multi-row INSERTs (each statement is a round trip
+            // to the database's thread); a job with one goes alone, in its place, so that ids
+            // follow the order the jobs were given in.
+            let mut run: Vec<&JobParts<'_>> = Vec::new();
+            for p in &parts {
+                if p.unique_key.is_some() || run.len() == BULK_ROWS {
+                    insert_run(&tx, &mut run, &mut out).await?;
+                }
+                if p.unique_key.is_some() {
+                    out.push(enqueue_one(&tx, p).await?);
+                } else {
+                    run.push(p);
+                }
             }
-            if p.unique_key.is_some() {
-                out.push(enqueue_one(&tx, p).await?);
-            } else {
-                run.push(p);
-            }
+            insert_run(&tx, &mut run, &mut out).await?;
         }
-        insert_run(&tx, &mut run, &mut out).await?;
-        super::after::hold(&tx, jobs, &out).await?;
-        tx.commit_as(|| super::job::enqueue_what(jobs.len()))
-            .await?;
+        super::after::hold(&tx, jobs.handed(), &out).await?;
+        let n = jobs.count();
+        tx.commit_as(|| super::job::enqueue_what(n)).await?;
         Ok(out)
     }
 

@@ -5,6 +5,7 @@
 use serde::Serialize;
 
 use super::after::{Resolved, Scope};
+use super::incoming::Incoming;
 use super::store::store;
 use super::{not_initialised, Enqueued, NewJob, Queue};
 use crate::backend::retry_transient;
@@ -49,18 +50,29 @@ impl Queue {
     /// Enqueues `jobs` in one transaction; then the jobs among them that wait look once at
     /// what they wait for (a job that finished while the transaction was open is seen there).
     pub(super) async fn enqueue_jobs(&self, jobs: &[NewJob], ids: bool) -> Result<Vec<Enqueued>> {
-        let waits = jobs.iter().any(NewJob::waits);
         // A job that waits needs the ids of the jobs it waits for, and its own.
-        let ids = ids || waits;
-        let got =
-            retry_transient!(store(&self.db).enqueue(jobs, ids).await).map_err(not_initialised)?;
-        if waits {
-            let waiting = jobs
-                .iter()
-                .zip(&got)
-                .filter(|(j, _)| j.waits())
-                .map(|(_, e)| e.id)
-                .collect();
+        let ids = ids || jobs.iter().any(NewJob::waits);
+        self.enqueue_incoming(Incoming::slice(jobs), ids).await
+    }
+
+    /// [`Queue::enqueue_jobs`] for jobs as they come (chunks of a stream): with their ids.
+    pub(super) async fn enqueue_incoming(
+        &self,
+        mut jobs: Incoming<'_>,
+        ids: bool,
+    ) -> Result<Vec<Enqueued>> {
+        let got = retry_transient!({
+            jobs.rewind();
+            store(&self.db).enqueue(&mut jobs, ids).await
+        })
+        .map_err(not_initialised)?;
+        let waiting: Vec<i64> = jobs
+            .handed()
+            .zip(&got)
+            .filter(|(j, _)| j.waits())
+            .map(|(_, e)| e.id)
+            .collect();
+        if !waiting.is_empty() {
             self.resolve(Scope::Jobs(waiting)).await?;
         }
         Ok(got)

@@ -1,0 +1,171 @@
+//! The jobs of one enqueue call, as they come to a store's enqueue: a slice given whole, or
+//! chunks from a caller's stream, which it may still be making while the database writes the
+//! chunks before (`rowclaim enqueue` parses stdin so). One transaction either way.
+//!
+//! A stream's chunks are kept as they come: a transient failure enqueues them all again from
+//! the first (see [`Incoming::rewind`]), and the jobs that wait are read again after the last.
+
+use std::pin::Pin;
+
+use futures_util::{Stream, StreamExt};
+
+use super::NewJob;
+use crate::error::Result;
+
+/// A caller's chunks of jobs; an `Err` ends the enqueue and rolls it back.
+pub(crate) type Chunks<'a> = Pin<Box<dyn Stream<Item = Result<Vec<NewJob>>> + Send + 'a>>;
+
+/// The jobs of one enqueue call; a store takes them chunk by chunk ([`Incoming::next`]).
+pub(crate) struct Incoming<'a> {
+    from: From<'a>,
+    /// Chunks handed out in this attempt.
+    handed: usize,
+    /// Jobs handed out in this attempt.
+    counted: usize,
+}
+
+enum From<'a> {
+    Slice(&'a [NewJob]),
+    Stream {
+        /// Every chunk the stream gave so far, each checked.
+        kept: Vec<Vec<NewJob>>,
+        /// The rest of the stream (`None`: it ended).
+        rest: Option<Chunks<'a>>,
+    },
+}
+
+impl<'a> Incoming<'a> {
+    /// Jobs given whole, checked already: one chunk.
+    pub(crate) fn slice(jobs: &'a [NewJob]) -> Self {
+        Self::new(From::Slice(jobs))
+    }
+
+    /// Jobs as a caller's stream gives them; each chunk is checked as it comes.
+    pub(crate) fn stream(rest: Chunks<'a>) -> Self {
+        Self::new(From::Stream {
+            kept: Vec::new(),
+            rest: Some(rest),
+        })
+    }
+
+    fn new(from: From<'a>) -> Self {
+        Incoming {
+            from,
+            handed: 0,
+            counted: 0,
+        }
+    }
+
+    /// Starts again from the first chunk (a transient failure rolled the enqueue back).
+    pub(crate) fn rewind(&mut self) {
+        self.handed = 0;
+        self.counted = 0;
+    }
+
+    /// The next chunk, with the number of jobs handed out before it (a job's place in the whole
+    /// call is that plus its place in the chunk); `None` after the last. An `Err` is the
+    /// stream's own, or a job of it that does not pass [`NewJob::check`], named by its place.
+    pub(crate) async fn next(&mut self) -> Result<Option<(usize, &[NewJob])>> {
+        let before = self.counted;
+        let chunk: &[NewJob] = match &mut self.from {
+            From::Slice(jobs) => match self.handed {
+                0 if !jobs.is_empty() => jobs,
+                _ => return Ok(None),
+            },
+            From::Stream { kept, rest } => {
+                // Replay what was kept first; then take new chunks, skipping empty ones.
+                while kept.len() == self.handed {
+                    let Some(stream) = rest else {
+                        return Ok(None);
+                    };
+                    match stream.next().await {
+                        Some(chunk) => {
+                            let chunk = chunk?;
+                            super::check_jobs_from(&chunk, before)?;
+                            if !chunk.is_empty() {
+                                kept.push(chunk);
+                            }
+                        }
+                        None => *rest = None,
+                    }
+                }
+                &kept[self.handed]
+            }
+        };
+        self.handed += 1;
+        self.counted += chunk.len();
+        Ok(Some((before, chunk)))
+    }
+
+    /// The jobs handed out so far, in order: after the last chunk, every job of the call.
+    pub(crate) fn handed(&self) -> impl Iterator<Item = &NewJob> + Send + '_ {
+        let chunks: &[Vec<NewJob>] = match &self.from {
+            From::Slice(_) => &[],
+            From::Stream { kept, .. } => &kept[..self.handed.min(kept.len())],
+        };
+        let slice: &[NewJob] = match (&self.from, self.handed) {
+            (From::Slice(jobs), 1) => jobs,
+            _ => &[],
+        };
+        slice.iter().chain(chunks.iter().flatten())
+    }
+
+    /// How many jobs were handed out so far.
+    pub(crate) fn count(&self) -> usize {
+        self.counted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+
+    fn jobs(n: i64) -> Vec<NewJob> {
+        (0..n).map(|i| NewJob::new(serde_json::json!(i))).collect()
+    }
+
+    async fn drain(i: &mut Incoming<'_>) -> Result<Vec<(usize, usize)>> {
+        let mut got = Vec::new();
+        while let Some((before, chunk)) = i.next().await? {
+            got.push((before, chunk.len()));
+        }
+        Ok(got)
+    }
+
+    #[tokio::test]
+    async fn a_stream_is_replayed_from_the_first_chunk_after_a_rewind() {
+        let chunks = vec![Ok(jobs(2)), Ok(vec![]), Ok(jobs(3))];
+        let mut i = Incoming::stream(Box::pin(futures_util::stream::iter(chunks)));
+        assert_eq!(drain(&mut i).await.unwrap(), [(0, 2), (2, 3)]);
+        assert_eq!(i.count(), 5);
+        assert_eq!(i.handed().count(), 5);
+        i.rewind();
+        assert_eq!(i.handed().count(), 0);
+        assert_eq!(drain(&mut i).await.unwrap(), [(0, 2), (2, 3)]);
+        assert_eq!(i.handed().count(), 5);
+    }
+
+    #[tokio::test]
+    async fn a_slice_is_one_chunk() {
+        let all = jobs(4);
+        let mut i = Incoming::slice(&all);
+        assert_eq!(drain(&mut i).await.unwrap(), [(0, 4)]);
+        assert_eq!(i.handed().count(), 4);
+        let none = Incoming::slice(&[]).next().await.unwrap().is_none();
+        assert!(none);
+    }
+
+    #[tokio::test]
+    async fn a_bad_job_is_named_by_its_place_in_the_whole_call() {
+        let bad = vec![NewJob::new(serde_json::json!(1)).queue("")];
+        let chunks = vec![Ok(jobs(3)), Ok(bad)];
+        let mut i = Incoming::stream(Box::pin(futures_util::stream::iter(chunks)));
+        let e = drain(&mut i).await.unwrap_err().to_string();
+        assert!(e.contains("job 4:"), "{e}");
+        let chunks = vec![Ok(jobs(1)), Err(Error::InvalidInput("line 9".into()))];
+        let mut i = Incoming::stream(Box::pin(futures_util::stream::iter(chunks)));
+        let e = drain(&mut i).await.unwrap_err().to_string();
+        assert!(e.contains("line 9"), "{e}");
+    }
+}
