@@ -989,12 +989,16 @@ async fn a_payload_over_max_allowed_packet_names_its_line() {
         ok(&t, &["init"]).await;
         let limit = t.count("SELECT CAST(@@max_allowed_packet AS SIGNED)").await as usize;
         let big = format!("{{\"blob\":\"{}\"}}", "x".repeat(limit + 1000));
-        let input = format!("{{\"small\":1}}\n\n{big}\n{{\"small\":2}}\n");
+        // Behind two of the command's chunks of 20,000 jobs, which the database writes first.
+        let mut input: String = (1..=45_000)
+            .map(|i| format!("{{\"small\":{i}}}\n"))
+            .collect();
+        input.push_str(&format!("\n{big}\n{{\"small\":0}}\n"));
         let out = support::run_fed(&t.url, &["enqueue"], &input).await;
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{err}");
         assert!(
-            err.contains("line 3") && err.contains(&format!("{limit} bytes")),
+            err.contains("line 45002:") && err.contains(&format!("{limit} bytes")),
             "{err}"
         );
         assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_jobs").await, 0);
