@@ -110,6 +110,14 @@ impl<'a> Incoming<'a> {
         slice.iter().chain(chunks.iter().flatten())
     }
 
+    /// The chunks a stream gave, to be freed by the caller (none for a slice, the caller's).
+    pub(crate) fn into_kept(self) -> Vec<Vec<NewJob>> {
+        match self.from {
+            From::Slice(_) => Vec::new(),
+            From::Stream { kept, .. } => kept,
+        }
+    }
+
     /// How many jobs were handed out so far.
     pub(crate) fn count(&self) -> usize {
         self.counted
