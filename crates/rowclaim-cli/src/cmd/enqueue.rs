@@ -98,7 +98,7 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
     let mut text = String::new();
     std::io::Read::read_to_string(&mut stdin().lock(), &mut text)
         .map_err(CliError::io("reading stdin"))?;
-    let lines = Lines::of(text);
+    let lines = std::sync::Arc::new(Lines::of(text));
     progress.set_message(format!("enqueueing {} jobs", lines.jobs.len()));
     progress.enable_steady_tick(Duration::from_millis(200));
     let args = std::sync::Arc::new(a);
@@ -173,7 +173,7 @@ const CHUNK: usize = 20_000;
 
 /// Stdin's text and where its jobs are: one per line that is not blank.
 struct Lines {
-    text: std::sync::Arc<str>,
+    text: String,
     /// Each job's stdin line (from 1) and its byte range in `text`.
     jobs: Vec<(usize, std::ops::Range<usize>)>,
 }
@@ -190,10 +190,7 @@ impl Lines {
             }
             start = end;
         }
-        Lines {
-            text: text.into(),
-            jobs,
-        }
+        Lines { text, jobs }
     }
 
     /// The stdin line of job `n` (from 1).
@@ -209,11 +206,46 @@ type Chunk = rowclaim::Result<Vec<rowclaim::NewJob>>;
 /// The first bad line's chunk and error, if a line was not JSON.
 type BadLine = std::sync::Arc<std::sync::Mutex<Option<(usize, CliError)>>>;
 
+/// What each parser thread shares: stdin's text, where its jobs are, how a payload becomes a
+/// job, and where the first bad line is left.
+struct Parser<F> {
+    lines: std::sync::Arc<Lines>,
+    make: F,
+    bad_line: BadLine,
+}
+
+impl<F: Fn(serde_json::Value) -> rowclaim::NewJob> Parser<F> {
+    /// The jobs of chunk `c`, or why its first bad line is not a job (also left in `bad_line`,
+    /// unless a bad line of an earlier chunk is there).
+    fn chunk(&self, c: usize) -> Result<Vec<rowclaim::NewJob>, String> {
+        let all = &self.lines.jobs;
+        let part = &all[c * CHUNK..((c + 1) * CHUNK).min(all.len())];
+        let mut jobs = Vec::with_capacity(part.len());
+        for (line, range) in part {
+            match serde_json::from_str(&self.lines.text[range.clone()]) {
+                Ok(payload) => jobs.push((self.make)(payload)),
+                Err(e) => {
+                    let why = format!("line {line}: not valid JSON ({e}); nothing was enqueued");
+                    if let Ok(mut slot) = self.bad_line.lock() {
+                        // The enqueue stops at the first chunk in order that failed: that
+                        // chunk's bad line is the one named.
+                        if slot.as_ref().is_none_or(|(first, _)| c < *first) {
+                            *slot = Some((c, CliError::BadInput(why.clone())));
+                        }
+                    }
+                    return Err(why);
+                }
+            }
+        }
+        Ok(jobs)
+    }
+}
+
 /// The jobs of `lines` as a stream of chunks in order, parsed by one thread per core (thread
 /// `t` parses chunks `t`, `t + threads`, …), and the slot where the first bad line's error is
 /// left: the stream then ends with an error, which rolls the enqueue back.
 fn parse_in_chunks<F>(
-    lines: &Lines,
+    lines: &std::sync::Arc<Lines>,
     make: F,
 ) -> (
     impl futures_util::Stream<Item = Chunk> + Send + 'static,
@@ -222,11 +254,13 @@ fn parse_in_chunks<F>(
 where
     F: Fn(serde_json::Value) -> rowclaim::NewJob + Send + Sync + 'static,
 {
-    use std::sync::Arc;
-    let make = Arc::new(make);
-    let bad_line: BadLine = Arc::default();
-    let ranges: Arc<[(usize, std::ops::Range<usize>)]> = lines.jobs.clone().into();
-    let chunks = ranges.len().div_ceil(CHUNK);
+    let bad_line = BadLine::default();
+    let parser = std::sync::Arc::new(Parser {
+        lines: lines.clone(),
+        make,
+        bad_line: bad_line.clone(),
+    });
+    let chunks = lines.jobs.len().div_ceil(CHUNK);
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .clamp(1, chunks.max(1));
@@ -235,36 +269,13 @@ where
         // Two chunks ahead per thread: parsing stays ahead of the database, memory bounded.
         let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(2);
         receivers.push(rx);
-        let (text, ranges, make, bad_line) = (
-            lines.text.clone(),
-            ranges.clone(),
-            make.clone(),
-            bad_line.clone(),
-        );
+        let parser = parser.clone();
         std::thread::spawn(move || {
             for c in (t..chunks).step_by(threads) {
-                let part = &ranges[c * CHUNK..((c + 1) * CHUNK).min(ranges.len())];
-                let mut jobs = Vec::with_capacity(part.len());
-                for (line, range) in part {
-                    match serde_json::from_str(&text[range.clone()]) {
-                        Ok(payload) => jobs.push(make(payload)),
-                        Err(e) => {
-                            let why =
-                                format!("line {line}: not valid JSON ({e}); nothing was enqueued");
-                            if let Ok(mut slot) = bad_line.lock() {
-                                // The first bad line in stdin's order is the one named: the
-                                // enqueue stops at the first chunk in order that failed.
-                                if slot.as_ref().is_none_or(|(first, _)| c < *first) {
-                                    *slot = Some((c, CliError::BadInput(why.clone())));
-                                }
-                            }
-                            let _ = tx.blocking_send(Err(rowclaim::Error::InvalidInput(why)));
-                            return;
-                        }
-                    }
-                }
-                // The enqueue has ended (it failed): nothing more to parse.
-                if tx.blocking_send(Ok(jobs)).is_err() {
+                let chunk = parser.chunk(c).map_err(rowclaim::Error::InvalidInput);
+                let bad = chunk.is_err();
+                // A send fails once the enqueue has ended (it failed): nothing more to parse.
+                if tx.blocking_send(chunk).is_err() || bad {
                     return;
                 }
             }
