@@ -356,23 +356,28 @@ async fn a_stream_is_all_or_nothing(t: Arc<TestDb>) {
             })
             .collect()
     };
-    let refused = rowclaim::Error::InvalidInput("line 30001 is not JSON".into());
-    let chunks = vec![Ok(chunk(0)), Ok(chunk(1)), Ok(chunk(2)), Err(refused)];
-    let err = q
-        .enqueue_stream(futures_util::stream::iter(chunks))
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("line 30001"), "{err}");
-    assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_jobs").await, 1);
+    // Each refused call leaves only the job from before.
+    let refused = |chunks: Vec<rowclaim::Result<Vec<NewJob>>>, why: &'static str| {
+        let (q, t) = (q.clone(), t.clone());
+        async move {
+            let err = q
+                .enqueue_stream(futures_util::stream::iter(chunks))
+                .await
+                .unwrap_err();
+            assert!(err.to_string().contains(why), "{err}");
+            assert_eq!(
+                t.count("SELECT COUNT(*) FROM rowclaim_jobs").await,
+                1,
+                "{why}"
+            );
+        }
+    };
+    let not_json = rowclaim::Error::InvalidInput("line 30001 is not JSON".into());
+    let chunks = vec![Ok(chunk(0)), Ok(chunk(1)), Ok(chunk(2)), Err(not_json)];
+    refused(chunks, "line 30001").await;
     let mut late = chunk(2);
     late[9_000] = NewJob::new(json!({"poison": true})).queue("bulk");
-    let chunks = vec![Ok(chunk(0)), Ok(chunk(1)), Ok(late)];
-    let err = q
-        .enqueue_stream(futures_util::stream::iter(chunks))
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("poisoned job"), "{err}");
-    assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_jobs").await, 1);
+    refused(vec![Ok(chunk(0)), Ok(chunk(1)), Ok(late)], "poisoned job").await;
 
     // The same chunks go in (their unique keys were left free), and a job of the last chunk
     // waits for the job from before.
