@@ -1017,6 +1017,27 @@ async fn queue_enqueue_many_lines(t: Arc<TestDb>) {
     );
 }
 
+/// An enqueue that fails at once for another reason (here: the queue not set up) says that
+/// reason, though a bad line lies further in, already parsed by then (the command names a bad
+/// line only when the enqueue reached it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_says_why_it_failed_not_a_later_bad_line() {
+    with_db(Backend::Sqlite, |t| async move {
+        let input: String = (1..=65_000)
+            .map(|i| match i {
+                20_050 => "{oops}\n".to_owned(),
+                _ => format!("{{\"i\":{i}}}\n"),
+            })
+            .collect();
+        let out = support::run_fed(&t.url, &["enqueue"], &input).await;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("rowclaim init"), "{err}");
+        assert!(!err.contains("line 20050"), "{err}");
+    })
+    .await
+}
+
 macro_rules! queue_cli_cases {
     ($backend:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -105,7 +105,8 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
     let (chunks, bad_line) = parse_in_chunks(&lines, {
         let args = args.clone();
         move |payload| job_of(&args, payload)
-    });
+    })
+    .map_err(CliError::io("starting the threads that parse stdin"))?;
     let done = match queue.enqueue_stream(chunks).await {
         Ok(done) => done,
         Err(rowclaim::Error::PayloadTooLarge { job, bytes, limit }) => {
@@ -115,9 +116,9 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
                  this server (max_allowed_packet is {limit} bytes); nothing was enqueued"
             )));
         }
-        // A line that is not JSON ended the stream; the enqueue rolled back.
+        // A line that is not JSON ended the stream (it is in the slot then); nothing was written.
         Err(e) => match bad_line.lock().ok().and_then(|mut slot| slot.take()) {
-            Some((_, bad)) => return Err(bad),
+            Some(bad) => return Err(bad),
             None => return Err(e.into()),
         },
     };
@@ -201,23 +202,22 @@ impl Lines {
     }
 }
 
-type Chunk = rowclaim::Result<Vec<rowclaim::NewJob>>;
+/// A chunk of jobs, or why its first bad line is not a job.
+type Parsed = Result<Vec<rowclaim::NewJob>, String>;
 
-/// The first bad line's chunk and error, if a line was not JSON.
-type BadLine = std::sync::Arc<std::sync::Mutex<Option<(usize, CliError)>>>;
+/// The bad line that ended the stream of jobs, if one did (then the enqueue failed for it).
+type BadLine = std::sync::Arc<std::sync::Mutex<Option<CliError>>>;
 
-/// What each parser thread shares: stdin's text, where its jobs are, how a payload becomes a
-/// job, and where the first bad line is left.
+/// What each parser thread shares: stdin's text, where its jobs are, and how a payload becomes
+/// a job.
 struct Parser<F> {
     lines: std::sync::Arc<Lines>,
     make: F,
-    bad_line: BadLine,
 }
 
 impl<F: Fn(serde_json::Value) -> rowclaim::NewJob> Parser<F> {
-    /// The jobs of chunk `c`, or why its first bad line is not a job (also left in `bad_line`,
-    /// unless a bad line of an earlier chunk is there).
-    fn chunk(&self, c: usize) -> Result<Vec<rowclaim::NewJob>, String> {
+    /// The jobs of chunk `c`, or why its first bad line is not a job.
+    fn chunk(&self, c: usize) -> Parsed {
         let all = &self.lines.jobs;
         let part = &all[c * CHUNK..((c + 1) * CHUNK).min(all.len())];
         let mut jobs = Vec::with_capacity(part.len());
@@ -225,15 +225,9 @@ impl<F: Fn(serde_json::Value) -> rowclaim::NewJob> Parser<F> {
             match serde_json::from_str(&self.lines.text[range.clone()]) {
                 Ok(payload) => jobs.push((self.make)(payload)),
                 Err(e) => {
-                    let why = format!("line {line}: not valid JSON ({e}); nothing was enqueued");
-                    if let Ok(mut slot) = self.bad_line.lock() {
-                        // The enqueue stops at the first chunk in order that failed: that
-                        // chunk's bad line is the one named.
-                        if slot.as_ref().is_none_or(|(first, _)| c < *first) {
-                            *slot = Some((c, CliError::BadInput(why.clone())));
-                        }
-                    }
-                    return Err(why);
+                    return Err(format!(
+                        "line {line}: not valid JSON ({e}); nothing was enqueued"
+                    ))
                 }
             }
         }
@@ -242,23 +236,23 @@ impl<F: Fn(serde_json::Value) -> rowclaim::NewJob> Parser<F> {
 }
 
 /// The jobs of `lines` as a stream of chunks in order, parsed by one thread per core (thread
-/// `t` parses chunks `t`, `t + threads`, …), and the slot where the first bad line's error is
-/// left: the stream then ends with an error, which rolls the enqueue back.
+/// `t` parses chunks `t`, `t + threads`, …). A bad line ends the stream with an error, which
+/// rolls the enqueue back, and is left in the slot returned: the stream reads the chunks in
+/// order, so it is the first bad line of stdin, and only a bad line the enqueue reached is
+/// left there (an enqueue that failed first for another reason says that reason).
 fn parse_in_chunks<F>(
     lines: &std::sync::Arc<Lines>,
     make: F,
-) -> (
-    impl futures_util::Stream<Item = Chunk> + Send + 'static,
+) -> std::io::Result<(
+    impl futures_util::Stream<Item = rowclaim::Result<Vec<rowclaim::NewJob>>> + Send + 'static,
     BadLine,
-)
+)>
 where
     F: Fn(serde_json::Value) -> rowclaim::NewJob + Send + Sync + 'static,
 {
-    let bad_line = BadLine::default();
     let parser = std::sync::Arc::new(Parser {
         lines: lines.clone(),
         make,
-        bad_line: bad_line.clone(),
     });
     let chunks = lines.jobs.len().div_ceil(CHUNK);
     let threads = std::thread::available_parallelism()
@@ -267,30 +261,44 @@ where
     let mut receivers = Vec::with_capacity(threads);
     for t in 0..threads {
         // Two chunks ahead per thread: parsing stays ahead of the database, memory bounded.
-        let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(2);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Parsed>(2);
         receivers.push(rx);
         let parser = parser.clone();
-        std::thread::spawn(move || {
-            for c in (t..chunks).step_by(threads) {
-                let chunk = parser.chunk(c).map_err(rowclaim::Error::InvalidInput);
-                let bad = chunk.is_err();
-                // A send fails once the enqueue has ended (it failed): nothing more to parse.
-                if tx.blocking_send(chunk).is_err() || bad {
-                    return;
+        std::thread::Builder::new()
+            .name(format!("parse-{t}"))
+            .spawn(move || {
+                for c in (t..chunks).step_by(threads) {
+                    let chunk = parser.chunk(c);
+                    let bad = chunk.is_err();
+                    // A send fails once the enqueue has ended (it failed): nothing more to parse.
+                    if tx.blocking_send(chunk).is_err() || bad {
+                        return;
+                    }
                 }
-            }
-        });
+            })?;
     }
-    let stream = futures_util::stream::unfold((receivers, 0), move |(mut rx, c)| async move {
-        if c == chunks {
-            return None;
+    let bad_line = BadLine::default();
+    let slot = bad_line.clone();
+    let stream = futures_util::stream::unfold((receivers, 0), move |(mut rx, c)| {
+        let slot = slot.clone();
+        async move {
+            if c == chunks {
+                return None;
+            }
+            let got = match rx[c % threads].recv().await {
+                Some(Ok(jobs)) => Ok(jobs),
+                Some(Err(why)) => {
+                    if let Ok(mut slot) = slot.lock() {
+                        *slot = Some(CliError::BadInput(why.clone()));
+                    }
+                    Err(rowclaim::Error::InvalidInput(why))
+                }
+                None => Err(rowclaim::Error::Internal(format!(
+                    "the parser of chunk {c} stopped without a word"
+                ))),
+            };
+            Some((got, (rx, c + 1)))
         }
-        let got = rx[c % threads].recv().await.unwrap_or_else(|| {
-            Err(rowclaim::Error::Internal(format!(
-                "the parser of chunk {c} stopped without a word"
-            )))
-        });
-        Some((got, (rx, c + 1)))
     });
-    (stream, bad_line)
+    Ok((stream, bad_line))
 }

@@ -10,7 +10,7 @@ use std::pin::Pin;
 use futures_util::{Stream, StreamExt};
 
 use super::NewJob;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// A caller's chunks of jobs; an `Err` ends the enqueue and rolls it back.
 pub(crate) type Chunks<'a> = Pin<Box<dyn Stream<Item = Result<Vec<NewJob>>> + Send + 'a>>;
@@ -22,6 +22,9 @@ pub(crate) struct Incoming<'a> {
     handed: usize,
     /// Jobs handed out in this attempt.
     counted: usize,
+    /// The stream gave an error (or a job that does not pass its checks): the call has failed
+    /// for good, and is neither replayed nor taken further.
+    failed: bool,
 }
 
 enum From<'a> {
@@ -53,6 +56,7 @@ impl<'a> Incoming<'a> {
             from,
             handed: 0,
             counted: 0,
+            failed: false,
         }
     }
 
@@ -67,6 +71,12 @@ impl<'a> Incoming<'a> {
     /// stream's own, or a job of it that does not pass [`NewJob::check`], named by its place.
     pub(crate) async fn next(&mut self) -> Result<Option<(usize, &[NewJob])>> {
         let before = self.counted;
+        if self.failed {
+            // A replay after the failure would commit the chunks before it.
+            return Err(Error::InvalidInput(
+                "the stream of jobs failed; the enqueue cannot go on".into(),
+            ));
+        }
         let chunk: &[NewJob] = match &mut self.from {
             From::Slice(jobs) => match self.handed {
                 0 if !jobs.is_empty() => jobs,
@@ -78,15 +88,24 @@ impl<'a> Incoming<'a> {
                     let Some(stream) = rest else {
                         return Ok(None);
                     };
-                    match stream.next().await {
-                        Some(chunk) => {
-                            let chunk = chunk?;
-                            super::check_jobs_from(&chunk, before)?;
-                            if !chunk.is_empty() {
-                                kept.push(chunk);
-                            }
+                    let checked = match stream.next().await {
+                        Some(chunk) => chunk.and_then(|c| {
+                            super::check_jobs_from(&c, before)?;
+                            Ok(c)
+                        }),
+                        None => {
+                            *rest = None;
+                            continue;
                         }
-                        None => *rest = None,
+                    };
+                    match checked {
+                        Ok(chunk) if chunk.is_empty() => {}
+                        Ok(chunk) => kept.push(chunk),
+                        Err(e) => {
+                            *rest = None;
+                            self.failed = true;
+                            return Err(e);
+                        }
                     }
                 }
                 &kept[self.handed]
@@ -118,6 +137,12 @@ impl<'a> Incoming<'a> {
         }
     }
 
+    /// Whether the stream failed (its error is the call's, whatever its kind: a transient
+    /// error of the caller's is not a reason to replay).
+    pub(crate) fn failed(&self) -> bool {
+        self.failed
+    }
+
     /// How many jobs were handed out so far.
     pub(crate) fn count(&self) -> usize {
         self.counted
@@ -127,7 +152,6 @@ impl<'a> Incoming<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Error;
 
     fn jobs(n: i64) -> Vec<NewJob> {
         (0..n).map(|i| NewJob::new(serde_json::json!(i))).collect()
@@ -171,9 +195,20 @@ mod tests {
         let mut i = Incoming::stream(Box::pin(futures_util::stream::iter(chunks)));
         let e = drain(&mut i).await.unwrap_err().to_string();
         assert!(e.contains("job 4:"), "{e}");
-        let chunks = vec![Ok(jobs(1)), Err(Error::InvalidInput("line 9".into()))];
+    }
+
+    /// A stream's error ends the call: after a rewind (a retry), the chunks before it are not
+    /// handed out again as if they were all, nor is the stream read past its error.
+    #[tokio::test]
+    async fn a_stream_that_failed_is_not_replayed() {
+        let line_9 = Err(Error::InvalidInput("line 9".into()));
+        let chunks = vec![Ok(jobs(1)), line_9, Ok(jobs(2))];
         let mut i = Incoming::stream(Box::pin(futures_util::stream::iter(chunks)));
         let e = drain(&mut i).await.unwrap_err().to_string();
         assert!(e.contains("line 9"), "{e}");
+        assert!(i.failed());
+        i.rewind();
+        let again = drain(&mut i).await;
+        assert!(again.is_err(), "{again:?}");
     }
 }

@@ -181,12 +181,17 @@ impl Queue {
         self.enqueue_jobs(&jobs, true).await
     }
 
-    /// Enqueues the jobs of a stream of chunks in one transaction, all or none, writing each
-    /// chunk while the stream makes the next: for jobs made as they are read (the `rowclaim
-    /// enqueue` command parses its input so). Returns one [`Enqueued`] per job, in order, as
-    /// [`Queue::enqueue_all`] does. An `Err` from the stream ends the enqueue: nothing is
-    /// written, and that error is returned. The chunks are kept until the commit (a transient
-    /// failure, such as a deadlock, enqueues them all again).
+    /// Enqueues the jobs of a stream of chunks in one transaction, all or none: for jobs made
+    /// as they are read (the `rowclaim enqueue` command parses its input so). Returns one
+    /// [`Enqueued`] per job, in order, as [`Queue::enqueue_all`] does. An `Err` from the stream
+    /// ends the enqueue: nothing is written, and that error is returned.
+    ///
+    /// The next chunk is asked for once the one before is written: to make chunks while the
+    /// database writes, make them ahead (threads sending down a channel, as the command does).
+    /// The transaction stays open while the stream is asked, so the stream should not write to
+    /// the same database (on SQLite it would wait for this enqueue's write lock). The chunks are
+    /// kept until the commit: a transient failure of the database (a deadlock, say) enqueues
+    /// them all again; one of the stream's own is returned, whatever its kind.
     ///
     /// ```no_run
     /// # async fn f(queue: rowclaim::Queue) -> rowclaim::Result<()> {

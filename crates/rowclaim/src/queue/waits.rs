@@ -8,7 +8,7 @@ use super::after::{Resolved, Scope};
 use super::incoming::Incoming;
 use super::store::store;
 use super::{not_initialised, Enqueued, NewJob, Queue};
-use crate::backend::retry_transient;
+use crate::backend::{is_transient, pause, retry_transient, MAX_RETRIES};
 use crate::error::{Error, Result};
 
 /// What [`Queue::enqueue_group`] enqueued: the group's jobs, in the order given, and the last
@@ -50,6 +50,9 @@ impl Queue {
     /// Enqueues `jobs` in one transaction; then the jobs among them that wait look once at
     /// what they wait for (a job that finished while the transaction was open is seen there).
     pub(super) async fn enqueue_jobs(&self, jobs: &[NewJob], ids: bool) -> Result<Vec<Enqueued>> {
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
         // A job that waits needs the ids of the jobs it waits for, and its own.
         let ids = ids || jobs.iter().any(NewJob::waits);
         self.enqueue_incoming(Incoming::slice(jobs), ids).await
@@ -61,11 +64,20 @@ impl Queue {
         mut jobs: Incoming<'_>,
         ids: bool,
     ) -> Result<Vec<Enqueued>> {
-        let got = retry_transient!({
+        // `retry_transient!`, except that an error of the caller's stream is final whatever its
+        // kind: a replay would read the stream past it.
+        let mut attempt = 0;
+        let got = loop {
             jobs.rewind();
-            store(&self.db).enqueue(&mut jobs, ids).await
-        })
-        .map_err(not_initialised)?;
+            match store(&self.db).enqueue(&mut jobs, ids).await {
+                Err(e) if !jobs.failed() && attempt < MAX_RETRIES && is_transient(&e) => {
+                    attempt += 1;
+                    tracing::debug!(error = %e, attempt, "transient error, enqueueing again");
+                    pause(attempt).await;
+                }
+                other => break other.map_err(not_initialised)?,
+            }
+        };
         let waiting: Vec<i64> = jobs
             .handed()
             .zip(&got)
