@@ -5,10 +5,9 @@
 use serde::Serialize;
 
 use super::after::{Resolved, Scope};
-use super::incoming::Incoming;
 use super::store::store;
 use super::{not_initialised, Enqueued, NewJob, Queue};
-use crate::backend::{is_transient, pause, retry_transient, MAX_RETRIES};
+use crate::backend::retry_transient;
 use crate::error::{Error, Result};
 
 /// What [`Queue::enqueue_group`] enqueued: the group's jobs, in the order given, and the last
@@ -47,54 +46,6 @@ pub struct Links {
 }
 
 impl Queue {
-    /// Enqueues `jobs` in one transaction; then the jobs among them that wait look once at
-    /// what they wait for (a job that finished while the transaction was open is seen there).
-    pub(super) async fn enqueue_jobs(&self, jobs: &[NewJob], ids: bool) -> Result<Vec<Enqueued>> {
-        if jobs.is_empty() {
-            return Ok(Vec::new());
-        }
-        // A job that waits needs the ids of the jobs it waits for, and its own.
-        let ids = ids || jobs.iter().any(NewJob::waits);
-        self.enqueue_incoming(Incoming::slice(jobs), ids).await
-    }
-
-    /// [`Queue::enqueue_jobs`] for jobs as they come (chunks of a stream): with their ids.
-    pub(super) async fn enqueue_incoming(
-        &self,
-        mut jobs: Incoming<'_>,
-        ids: bool,
-    ) -> Result<Vec<Enqueued>> {
-        // `retry_transient!`, except that an error of the caller's stream is final whatever its
-        // kind: a replay would read the stream past it.
-        let mut attempt = 0;
-        let got = loop {
-            jobs.rewind();
-            match store(&self.db).enqueue(&mut jobs, ids).await {
-                Err(e) if !jobs.failed() && attempt < MAX_RETRIES && is_transient(&e) => {
-                    attempt += 1;
-                    tracing::debug!(error = %e, attempt, "transient error, enqueueing again");
-                    pause(attempt).await;
-                }
-                other => break other.map_err(not_initialised)?,
-            }
-        };
-        let waiting: Vec<i64> = jobs
-            .handed()
-            .zip(&got)
-            .filter(|(j, _)| j.waits())
-            .map(|(_, e)| e.id)
-            .collect();
-        let kept = jobs.into_kept();
-        if kept.len() > 1 {
-            // A million jobs take about a fifth of a second to free: not the caller's wait.
-            tokio::task::spawn_blocking(move || drop(kept));
-        }
-        if !waiting.is_empty() {
-            self.resolve(Scope::Jobs(waiting)).await?;
-        }
-        Ok(got)
-    }
-
     /// Enqueues the jobs of a group and a last job that waits for all of them, in one call and
     /// one transaction: all or none. The last job runs once every job of the group completed;
     /// if one ends dead or cancelled, it is cancelled naming that job (unless it
@@ -114,7 +65,7 @@ impl Queue {
     pub async fn enqueue_group(&self, jobs: &[NewJob], last: NewJob) -> Result<Group> {
         let mut all = jobs.to_vec();
         all.push(last.after_prior());
-        super::check_jobs(&all)?;
+        super::enqueue::check_jobs(&all)?;
         let mut got = self.enqueue_jobs(&all, true).await?;
         let last = got
             .pop()
