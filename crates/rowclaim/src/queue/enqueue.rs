@@ -5,6 +5,7 @@
 
 use super::after::{self, Scope};
 use super::incoming::Incoming;
+use super::job::check_jobs;
 use super::store::store;
 use super::{not_initialised, Enqueued, NewJob, Queue, ToNewJob};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -164,18 +165,4 @@ impl Queue {
         }
         Ok(got)
     }
-}
-
-/// Checks every job before any is sent, naming the first bad one by its place (from 1).
-pub(super) fn check_jobs(jobs: &[NewJob]) -> Result<()> {
-    check_jobs_from(jobs, 0)
-}
-
-/// [`check_jobs`] for jobs that come after `before` others in the same call.
-pub(super) fn check_jobs_from(jobs: &[NewJob], before: usize) -> Result<()> {
-    for (i, job) in jobs.iter().enumerate() {
-        job.check()
-            .map_err(|e| Error::InvalidInput(format!("job {}: {e}", before + i + 1)))?;
-    }
-    Ok(())
 }

@@ -90,7 +90,7 @@ impl<'a> Incoming<'a> {
                     };
                     let checked = match stream.next().await {
                         Some(chunk) => chunk.and_then(|c| {
-                            super::enqueue::check_jobs_from(&c, before)?;
+                            super::job::check_jobs_from(&c, before)?;
                             Ok(c)
                         }),
                         None => {

@@ -527,3 +527,17 @@ pub(crate) fn enqueue_what(jobs: usize) -> String {
         n => format!("the enqueue of {n} jobs"),
     }
 }
+
+/// Checks every job before any is sent, naming the first bad one by its place (from 1).
+pub(crate) fn check_jobs(jobs: &[NewJob]) -> Result<()> {
+    check_jobs_from(jobs, 0)
+}
+
+/// [`check_jobs`] for jobs that come after `before` others in the same call.
+pub(crate) fn check_jobs_from(jobs: &[NewJob], before: usize) -> Result<()> {
+    for (i, job) in jobs.iter().enumerate() {
+        job.check()
+            .map_err(|e| Error::InvalidInput(format!("job {}: {e}", before + i + 1)))?;
+    }
+    Ok(())
+}

@@ -65,7 +65,7 @@ impl Queue {
     pub async fn enqueue_group(&self, jobs: &[NewJob], last: NewJob) -> Result<Group> {
         let mut all = jobs.to_vec();
         all.push(last.after_prior());
-        super::enqueue::check_jobs(&all)?;
+        super::job::check_jobs(&all)?;
         let mut got = self.enqueue_jobs(&all, true).await?;
         let last = got
             .pop()
