@@ -1,7 +1,7 @@
 //! Enqueue: the `Queue` API that adds jobs (one, many, a stream of chunks, or one inside the
-//! caller's transaction), the checks every job passes first, and the one path every call but
-//! the in-transaction ones takes to its database's store (`enqueue_incoming`: the transaction,
-//! the replay after a transient failure, then the look of the jobs that wait).
+//! caller's transaction; each job checked first, `job.rs`), and the one path every call but the
+//! in-transaction ones takes to its database's store (`enqueue_incoming`: the transaction, the
+//! replay after a transient failure, then the look of the jobs that wait).
 
 use super::after::{self, Scope};
 use super::incoming::Incoming;
