@@ -183,7 +183,7 @@ impl Target {
         Ok(counts.ready + counts.claimed)
     }
 
-    /// Rows (jobs of the queue `bench`) per state, by the library's own counts.
+    /// Rows (jobs of the queue `bench`) per state, by the library's own exact counts.
     pub(crate) async fn counts(self, url: &str) -> Result<Counts> {
         let db = Db::connect_with(url, ConnectOptions::default().max_connections(2)).await?;
         let get =
@@ -203,12 +203,18 @@ impl Target {
                 }
             }
             Target::Queue => {
-                let stats = db.queue().stats(Some(QUEUE)).await?;
-                let s = stats.by_queue.get(QUEUE).cloned().unwrap_or_default();
+                // Counted exactly: `Queue::stats` stops counting at `COUNT_CAP` and estimates
+                // (or, on SQLite, gives a lower bound) above it, and the check needs every job.
+                let queue = db.queue();
+                let count = |status: &'static str| {
+                    let filter = rowclaim::JobFilter::new().queues([QUEUE]).status(status);
+                    let queue = queue.clone();
+                    async move { queue.count(&filter, None).await }
+                };
                 Counts {
-                    ready: get(&s, "ready"),
-                    claimed: get(&s, "running"),
-                    done: get(&s, "completed"),
+                    ready: count("ready").await?,
+                    claimed: count("running").await?,
+                    done: count("completed").await?,
                 }
             }
         })

@@ -141,6 +141,23 @@ async fn bench_worker_postgres() {
     with_db(Backend::Postgres, bench_worker).await
 }
 
+/// `worker` keeping more completed jobs than the queue's stats count exactly (`COUNT_CAP`,
+/// 10,000; above it SQLite's figure is a lower bound, the others' an estimate): its own check
+/// counts every job, so a good run passes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_worker_checks_more_jobs_than_the_stats_count() {
+    with_db(Backend::Sqlite, |t| async move {
+        let r = bench_json(&t, &["worker", "--jobs", "10500", "--prefetch", "500"]).await;
+        assert!(rate_adds_up(&r, 10_500.0), "{r}");
+        assert_eq!(
+            t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'completed'")
+                .await,
+            10_500
+        );
+    })
+    .await
+}
+
 /// `bench drain --concurrency`: several claim loops per worker still process every row once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_drain_concurrency_and_bad_input() {
