@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use rowclaim::{Claimer, ConnectOptions, Db, RowId, Source, Strategy};
+use rowclaim::{Claimer, ConnectOptions, Db, JobFilter, RowId, Source, Strategy};
 use serde::Serialize;
 
 pub(crate) use error::{bad, check_failed, Context};
@@ -205,16 +205,13 @@ impl Target {
             Target::Queue => {
                 // Counted exactly: `Queue::stats` stops counting at `COUNT_CAP` and estimates
                 // (or, on SQLite, gives a lower bound) above it, and the check needs every job.
-                let queue = db.queue();
-                let count = |status: &'static str| {
-                    let filter = rowclaim::JobFilter::new().queues([QUEUE]).status(status);
-                    let queue = queue.clone();
-                    async move { queue.count(&filter, None).await }
-                };
+                let (queue, of) = (db.queue(), |status| {
+                    JobFilter::new().queues([QUEUE]).status(status)
+                });
                 Counts {
-                    ready: count("ready").await?,
-                    claimed: count("running").await?,
-                    done: count("completed").await?,
+                    ready: queue.count(&of("ready"), None).await?,
+                    claimed: queue.count(&of("running"), None).await?,
+                    done: queue.count(&of("completed"), None).await?,
                 }
             }
         })

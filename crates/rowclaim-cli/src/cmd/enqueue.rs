@@ -117,8 +117,8 @@ pub async fn run(url: &str, a: EnqueueArgs) -> Result<(), CliError> {
             )));
         }
         // A line that is not JSON ended the stream (it is in the slot then); nothing was written.
-        Err(e) => match bad_line.lock().ok().and_then(|mut slot| slot.take()) {
-            Some(bad) => return Err(bad),
+        Err(e) => match bad_line.get() {
+            Some(why) => return Err(CliError::BadInput(why.clone())),
             None => return Err(e.into()),
         },
     };
@@ -205,8 +205,9 @@ impl Lines {
 /// A chunk of jobs, or why its first bad line is not a job.
 type Parsed = Result<Vec<rowclaim::NewJob>, String>;
 
-/// The bad line that ended the stream of jobs, if one did (then the enqueue failed for it).
-type BadLine = std::sync::Arc<std::sync::Mutex<Option<CliError>>>;
+/// Why the bad line that ended the stream of jobs is not a job, if one did (then the enqueue
+/// failed for it).
+type BadLine = std::sync::Arc<std::sync::OnceLock<String>>;
 
 /// What each parser thread shares: stdin's text, where its jobs are, and how a payload becomes
 /// a job.
@@ -288,9 +289,8 @@ where
             let got = match rx[c % threads].recv().await {
                 Some(Ok(jobs)) => Ok(jobs),
                 Some(Err(why)) => {
-                    if let Ok(mut slot) = slot.lock() {
-                        *slot = Some(CliError::BadInput(why.clone()));
-                    }
+                    // The first error ends the stream: the slot is set once.
+                    let _ = slot.set(why.clone());
                     Err(rowclaim::Error::InvalidInput(why))
                 }
                 None => Err(rowclaim::Error::Internal(format!(

@@ -8,12 +8,17 @@ use crate::error::{DbKind, Result};
 
 /// Runs `$op` again while it fails with a transient error (deadlock, lock-wait timeout,
 /// serialization failure, SQLite busy), with a short growing pause; gives up after a while.
+/// With `if $again`, only while that holds too (checked after each failure: an error that is
+/// transient by kind but final for the caller, such as one from the caller's own input).
 macro_rules! retry_transient {
-    ($op:expr) => {{
+    ($op:expr) => {
+        $crate::backend::retry_transient!($op, if true)
+    };
+    ($op:expr, if $again:expr) => {{
         let mut attempt: u32 = 0;
         loop {
             match $op {
-                Err(e) if attempt < $crate::backend::MAX_RETRIES && $crate::backend::is_transient(&e) => {
+                Err(e) if $again && attempt < $crate::backend::MAX_RETRIES && $crate::backend::is_transient(&e) => {
                     attempt += 1;
                     ::tracing::debug!(error = %e, attempt, "transient error, retrying");
                     $crate::backend::pause(attempt).await;

@@ -8,9 +8,8 @@ use super::incoming::Incoming;
 use super::job::check_jobs;
 use super::store::store;
 use super::{not_initialised, Enqueued, NewJob, Queue, ToNewJob};
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use crate::backend::retry_transient;
 use crate::backend::run::OnConn;
-use crate::backend::{is_transient, pause, MAX_RETRIES};
 use crate::error::{Error, Result};
 
 impl Queue {
@@ -135,20 +134,16 @@ impl Queue {
 
     /// [`Queue::enqueue_jobs`] for jobs as they come (chunks of a stream): with their ids.
     async fn enqueue_incoming(&self, mut jobs: Incoming<'_>, ids: bool) -> Result<Vec<Enqueued>> {
-        // `retry_transient!`, except that an error of the caller's stream is final whatever its
-        // kind: a replay would read the stream past it.
-        let mut attempt = 0;
-        let got = loop {
-            jobs.rewind();
-            match store(&self.db).enqueue(&mut jobs, ids).await {
-                Err(e) if !jobs.failed() && attempt < MAX_RETRIES && is_transient(&e) => {
-                    attempt += 1;
-                    tracing::debug!(error = %e, attempt, "transient error, enqueueing again");
-                    pause(attempt).await;
-                }
-                other => break other.map_err(not_initialised)?,
-            }
-        };
+        // An error of the caller's stream is final whatever its kind: a replay would read the
+        // stream past it.
+        let got = retry_transient!(
+            {
+                jobs.rewind();
+                store(&self.db).enqueue(&mut jobs, ids).await
+            },
+            if !jobs.failed()
+        )
+        .map_err(not_initialised)?;
         let waiting: Vec<i64> = jobs
             .handed()
             .zip(&got)

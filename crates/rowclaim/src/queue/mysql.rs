@@ -46,34 +46,7 @@ impl QueueStore for My {
         let mut out = Vec::new();
         let mut step = None;
         while let Some((before, chunk)) = jobs.next().await? {
-            let parts: Vec<JobParts<'_>> = chunk.iter().map(NewJob::parts).collect();
-            for p in &parts {
-                check_times(p)?;
-            }
-            check_packet(&tx, &parts, before).await?;
-            out.reserve(parts.len());
-            // Jobs without a unique key go in multi-row INSERTs; a job with one goes alone, in
-            // its place, so that ids follow the order the jobs were given in (the id breaks ties
-            // in the claim order).
-            let mut run: Vec<&JobParts<'_>> = Vec::new();
-            let mut run_bytes = 0;
-            for p in &parts {
-                if p.unique_key.is_some() {
-                    insert_run(&tx, &mut run, &mut step, &mut out).await?;
-                    run_bytes = 0;
-                    out.push(enqueue_one(&tx, p).await?);
-                    continue;
-                }
-                if run.len() == BULK_ROWS
-                    || (!run.is_empty() && run_bytes + p.payload.len() > BULK_BYTES)
-                {
-                    insert_run(&tx, &mut run, &mut step, &mut out).await?;
-                    run_bytes = 0;
-                }
-                run_bytes += p.payload.len();
-                run.push(p);
-            }
-            insert_run(&tx, &mut run, &mut step, &mut out).await?;
+            insert_jobs(&tx, chunk, before, &mut step, &mut out).await?;
         }
         super::after::hold(&tx, jobs.handed(), &out).await?;
         let n = jobs.count();
@@ -428,6 +401,42 @@ async fn check_packet<R: Run<Sql = Sql>>(
         }
     }
     Ok(())
+}
+
+/// Inserts `jobs` (one chunk of an enqueue, after `before` others), their ids to `out` in order.
+/// Jobs without a unique key go in multi-row INSERTs; a job with one goes alone, in its place,
+/// so that ids follow the order the jobs were given in (the id breaks ties in the claim order).
+/// `step`: the server's id increment, once asked.
+async fn insert_jobs<R: InsertId>(
+    r: &R,
+    jobs: &[NewJob],
+    before: usize,
+    step: &mut Option<i64>,
+    out: &mut Vec<Enqueued>,
+) -> Result<()> {
+    let parts: Vec<JobParts<'_>> = jobs.iter().map(NewJob::parts).collect();
+    for p in &parts {
+        check_times(p)?;
+    }
+    check_packet(r, &parts, before).await?;
+    out.reserve(parts.len());
+    let mut run: Vec<&JobParts<'_>> = Vec::new();
+    let mut run_bytes = 0;
+    for p in &parts {
+        if p.unique_key.is_some() {
+            insert_run(r, &mut run, step, out).await?;
+            run_bytes = 0;
+            out.push(enqueue_one(r, p).await?);
+            continue;
+        }
+        if run.len() == BULK_ROWS || (!run.is_empty() && run_bytes + p.payload.len() > BULK_BYTES) {
+            insert_run(r, &mut run, step, out).await?;
+            run_bytes = 0;
+        }
+        run_bytes += p.payload.len();
+        run.push(p);
+    }
+    insert_run(r, &mut run, step, out).await
 }
 
 /// `INSERT INTO rowclaim_jobs … VALUES (…), (…)` for these jobs. The run-at is absolute epoch

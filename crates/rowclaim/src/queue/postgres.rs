@@ -10,7 +10,8 @@ use super::migrate::{migrate, Component, Schema};
 use super::record::{records_sql, RecordRow};
 use super::store::{admin_stmt, insert_unless_pending};
 use super::{
-    Admin, Enqueued, Incoming, JobFilter, JobParts, JobRecord, Listener, QueueStats, QueueStore,
+    Admin, Enqueued, Incoming, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats,
+    QueueStore,
 };
 use crate::backend::postgres::{Pg, Sql};
 use crate::backend::run::{Finish, InTx, OnConn, Run, Transact};
@@ -77,32 +78,7 @@ impl QueueStore for Pg {
         // is delivered at the commit, whenever it was sent in the transaction).
         let mut woken: Vec<String> = Vec::new();
         while let Some((_, chunk)) = jobs.next().await? {
-            out.reserve(chunk.len());
-            // Jobs without a unique key go in bulk, many rows per statement; the others one by
-            // one, in their place (ids follow the order the jobs were given in).
-            let mut bulk: Vec<JobParts<'_>> = Vec::new();
-            let mut bulk_bytes = 0;
-            for job in chunk {
-                let parts = job.parts();
-                if parts.unique_key.is_some() {
-                    out.extend(insert_chunk(&tx, std::mem::take(&mut bulk), ids).await?);
-                    bulk_bytes = 0;
-                    out.push(enqueue_one(&tx, &parts).await?);
-                    continue;
-                }
-                if bulk.len() == BULK_ROWS
-                    || (!bulk.is_empty() && bulk_bytes + parts.payload.len() > BULK_BYTES)
-                {
-                    out.extend(insert_chunk(&tx, std::mem::take(&mut bulk), ids).await?);
-                    bulk_bytes = 0;
-                }
-                if woken.last().map(String::as_str) != Some(parts.queue) {
-                    woken.push(parts.queue.to_owned());
-                }
-                bulk_bytes += parts.payload.len();
-                bulk.push(parts);
-            }
-            out.extend(insert_chunk(&tx, bulk, ids).await?);
+            insert_jobs(&tx, chunk, ids, &mut out, &mut woken).await?;
         }
         woken.sort_unstable();
         woken.dedup();
@@ -159,6 +135,43 @@ super::store::enqueue_one_by!(
     #[cfg(test)]
     super::script::Step<'_, Sql>,
 );
+
+/// Inserts `jobs` (one chunk of an enqueue), their ids to `out` in order, and notes their
+/// queues in `woken`. Jobs without a unique key go in bulk, many rows per statement; the others
+/// one by one, in their place (ids follow the order the jobs were given in).
+async fn insert_jobs(
+    tx: &InTx<'_, Pg, Postgres>,
+    jobs: &[NewJob],
+    ids: bool,
+    out: &mut Vec<Enqueued>,
+    woken: &mut Vec<String>,
+) -> Result<()> {
+    out.reserve(jobs.len());
+    let mut bulk: Vec<JobParts<'_>> = Vec::new();
+    let mut bulk_bytes = 0;
+    for job in jobs {
+        let parts = job.parts();
+        if parts.unique_key.is_some() {
+            out.extend(insert_chunk(tx, std::mem::take(&mut bulk), ids).await?);
+            bulk_bytes = 0;
+            out.push(enqueue_one(tx, &parts).await?);
+            continue;
+        }
+        if bulk.len() == BULK_ROWS
+            || (!bulk.is_empty() && bulk_bytes + parts.payload.len() > BULK_BYTES)
+        {
+            out.extend(insert_chunk(tx, std::mem::take(&mut bulk), ids).await?);
+            bulk_bytes = 0;
+        }
+        if woken.last().map(String::as_str) != Some(parts.queue) {
+            woken.push(parts.queue.to_owned());
+        }
+        bulk_bytes += parts.payload.len();
+        bulk.push(parts);
+    }
+    out.extend(insert_chunk(tx, bulk, ids).await?);
+    Ok(())
+}
 
 /// Concurrent inits take turns on this lock (see `init`).
 const INIT_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('rowclaim_init'))";

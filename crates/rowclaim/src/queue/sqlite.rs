@@ -43,23 +43,7 @@ impl QueueStore for Lite {
         let tx = self.transaction(true).await?;
         let mut out = Vec::new();
         while let Some((_, chunk)) = jobs.next().await? {
-            let parts: Vec<JobParts<'_>> = chunk.iter().map(NewJob::parts).collect();
-            out.reserve(parts.len());
-            // Jobs without a unique key go in multi-row INSERTs (each statement is a round trip
-            // to the database's thread); a job with one goes alone, in its place, so that ids
-            // follow the order the jobs were given in.
-            let mut run: Vec<&JobParts<'_>> = Vec::new();
-            for p in &parts {
-                if p.unique_key.is_some() || run.len() == BULK_ROWS {
-                    insert_run(&tx, &mut run, &mut out).await?;
-                }
-                if p.unique_key.is_some() {
-                    out.push(enqueue_one(&tx, p).await?);
-                } else {
-                    run.push(p);
-                }
-            }
-            insert_run(&tx, &mut run, &mut out).await?;
+            insert_jobs(&tx, chunk, &mut out).await?;
         }
         super::after::hold(&tx, jobs.handed(), &out).await?;
         let n = jobs.count();
@@ -245,6 +229,30 @@ pub(crate) fn insert_one(job: &JobParts<'_>) -> Stmt<Sql> {
          DO NOTHING RETURNING id"
     );
     Stmt::new(sql, b)
+}
+
+/// Inserts `jobs` (one chunk of an enqueue), their ids to `out` in order. Jobs without a unique
+/// key go in multi-row INSERTs (each statement is a round trip to the database's thread); a job
+/// with one goes alone, in its place, so that ids follow the order the jobs were given in.
+async fn insert_jobs<R: Run<Sql = Sql>>(
+    r: &R,
+    jobs: &[NewJob],
+    out: &mut Vec<Enqueued>,
+) -> Result<()> {
+    let parts: Vec<JobParts<'_>> = jobs.iter().map(NewJob::parts).collect();
+    out.reserve(parts.len());
+    let mut run: Vec<&JobParts<'_>> = Vec::new();
+    for p in &parts {
+        if p.unique_key.is_some() || run.len() == BULK_ROWS {
+            insert_run(r, &mut run, out).await?;
+        }
+        if p.unique_key.is_some() {
+            out.push(enqueue_one(r, p).await?);
+        } else {
+            run.push(p);
+        }
+    }
+    insert_run(r, &mut run, out).await
 }
 
 /// Inserts `run` (jobs without a unique key) in one statement and empties it; their ids go to
