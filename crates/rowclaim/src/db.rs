@@ -307,6 +307,11 @@ async fn connect_mysql(url: &str, _: &ConnectOptions) -> Result<(Backend, String
     Err(not_built(url, "mysql", "MySQL/MariaDB"))
 }
 
+/// Rows a SQLite connection's thread may hand over before the reader takes them (see
+/// [`connect_sqlite`]): more than the largest claim the Worker makes.
+#[cfg(feature = "sqlite")]
+const SQLITE_ROWS_BUFFERED: usize = 4096;
+
 #[cfg(feature = "sqlite")]
 async fn connect_sqlite(url: &str, opts: &ConnectOptions) -> Result<(Backend, String)> {
     let bad_url = |e: sqlx::Error| bad_url(url, e);
@@ -329,7 +334,13 @@ async fn connect_sqlite(url: &str, opts: &ConnectOptions) -> Result<(Backend, St
     }
     let options = options
         .create_if_missing(opts.sqlite_create_if_missing)
-        .busy_timeout(opts.sqlite_busy_timeout);
+        .busy_timeout(opts.sqlite_busy_timeout)
+        // sqlx runs each SQLite connection on a thread of its own and hands rows over through a
+        // channel; at its default of 50 rows that thread stops every 50 rows of a claim until
+        // the worker's task has taken them, two thread wake-ups each time. A claim's rows (up
+        // to a flush of 1,000) now pass without a stop: the Worker drains no-op jobs about 10 %
+        // faster here (BENCHMARKS.md).
+        .row_buffer_size(SQLITE_ROWS_BUFFERED);
     // Switching the journal mode is a write, which a file this user may only read refuses: a
     // read-only pool keeps the mode the file has.
     let options = if read_only {
