@@ -20,6 +20,10 @@ pub(crate) trait Schema: Dialect {
     const SCHEDULES: &'static [&'static [&'static str]];
     /// The enqueue routine's versions (`enqueue_sql.rs`).
     const ENQUEUE: &'static [&'static [&'static str]];
+    /// The column a limited claim reads a key's line by (`limits/pick.rs`), after `queue` and
+    /// `limit_key` in the limit index: `status`; on MySQL a column that is the status of keyed
+    /// jobs only, so that a change of status of a job without a key leaves that index alone.
+    const LINE_STATUS: &'static str = "status";
     /// The end of the `INSERT` that records a component's version: on a row there already,
     /// the version becomes `to` (bound here when the text needs it).
     fn set_version(b: &mut Binder<Self>, to: i32) -> String;

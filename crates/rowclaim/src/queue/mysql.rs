@@ -224,6 +224,7 @@ impl Schema for Sql {
     const JOBS: &'static [&'static [&'static str]] = MIGRATIONS;
     const SCHEDULES: &'static [&'static [&'static str]] = SCHEDULE_MIGRATIONS;
     const ENQUEUE: &'static [&'static [&'static str]] = super::enqueue_sql::MYSQL;
+    const LINE_STATUS: &'static str = "limit_status";
 
     /// Never backwards: a slower init that ran the same migration again must not undo a later
     /// one's record (inits on two Galera nodes run at once).
@@ -321,6 +322,14 @@ const MIGRATIONS: &[&[&str]] = &[&["CREATE TABLE IF NOT EXISTS rowclaim_jobs (
     // status through the claim index, which status leads.
     &["ALTER TABLE rowclaim_jobs DROP KEY IF EXISTS rowclaim_jobs_finished, \
      ADD KEY IF NOT EXISTS rowclaim_jobs_finished_at (finished_at)"],
+    // v14: the limit index by a status of keyed jobs only (`Schema::LINE_STATUS`). Over
+    // `status`, every job's claim and settle moved its entry, a job without a key's too (MySQL
+    // has no partial index); `limit_status` stays NULL for those, and InnoDB leaves an index
+    // alone when none of its columns change.
+    &["ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS limit_status VARCHAR(16) \
+     AS (CASE WHEN limit_key IS NOT NULL THEN status END) VIRTUAL, \
+     DROP KEY IF EXISTS rowclaim_jobs_limit, \
+     ADD KEY IF NOT EXISTS rowclaim_jobs_line (queue, limit_key, limit_status, id)"],
 ];
 
 /// The schedules' migrations: version `i + 1` is entry `i`. MySQL

@@ -12,6 +12,7 @@ use std::time::{Instant, SystemTime};
 use serde::Serialize;
 
 use super::limits::{self, QueueLimits, Rate, COLUMNS, LIMITED};
+use super::migrate::Schema;
 use crate::backend::run::{Finish, Run, Transact};
 use crate::backend::sql::{Binder, Dialect, Stmt};
 use crate::backend::{dispatch, ClaimArgs};
@@ -45,7 +46,10 @@ pub(crate) trait Settings: Send + Sync {
 }
 
 #[async_trait::async_trait]
-impl<R: Transact + Send + Sync> Settings for R {
+impl<R: Transact + Send + Sync> Settings for R
+where
+    R::Sql: Schema,
+{
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<bool> {
         set_paused(self, queue, paused).await
     }

@@ -20,6 +20,7 @@ use crate::value::IdList;
 
 use super::claim::{source, Jobs, Position};
 use super::limits;
+use super::migrate::Schema;
 
 /// `rowclaim_jobs` as its migrations leave it, in dialect `D` (payload as `payload_type`).
 fn columns<D: Dialect>(payload_type: &str) -> Vec<Column> {
@@ -104,7 +105,7 @@ fn claims<B: Builders>(payload_type: &str, strategy: Strategy) -> String {
 /// The limited claim of queue `mail` (kinds `send`), statement by statement, picking under
 /// per-key limits of one (each job on its own, through indexes) and of more than one (lines
 /// numbered).
-fn limited<D: Dialect>(payload_type: &str, strategy: Strategy) -> String {
+fn limited<D: Schema>(payload_type: &str, strategy: Strategy) -> String {
     let m = jobs::<D>(payload_type, &[], &[], false);
     let a = claim_args(&m, strategy);
     let kinds = vec!["send".to_owned()];
@@ -208,7 +209,10 @@ fn settles<B: Builders>(payload_type: &str, strategy: Strategy) -> String {
         .join("\n\n")
 }
 
-fn snapshot_dialect<B: Builders>(dialect: &str, payload_type: &str, strategy: Strategy) {
+fn snapshot_dialect<B: Builders>(dialect: &str, payload_type: &str, strategy: Strategy)
+where
+    B::D: Schema,
+{
     let server = B::server();
     let m = jobs::<B::D>(payload_type, &[], &[], false);
     assert_eq!(

@@ -27,6 +27,7 @@ use crate::backend::run::Run;
 use crate::backend::sql::{self, Binder, Dialect, Stmt};
 use crate::backend::ClaimArgs;
 use crate::error::{Error, Result};
+use crate::queue::migrate::Schema;
 use crate::value::IdList;
 use pick::WINDOW;
 pub(crate) use pick::{heads_sql, pick_ids_sql};
@@ -273,7 +274,10 @@ pub(crate) async fn claim<R: Run + ?Sized>(
     queue: &str,
     kinds: &[String],
     wait_for_others: bool,
-) -> Result<Vec<serde_json::Value>> {
+) -> Result<Vec<serde_json::Value>>
+where
+    R::Sql: Schema,
+{
     // The queue's turn: its row lock, held to the end of the transaction.
     if tx.execute(turn_sql(queue, wait_for_others)).await? == 0 {
         return Ok(vec![]);

@@ -4,9 +4,10 @@
 
 use super::{QueueLimits, Rate, READY, RUNNING};
 use crate::backend::sql::{Binder, Dialect, Stmt};
+use crate::queue::migrate::Schema;
 
 /// The ids (as text) of up to `take` jobs the queue's per-key limits let start now.
-pub(crate) fn pick_ids_sql<D: Dialect>(
+pub(crate) fn pick_ids_sql<D: Schema>(
     queue: &str,
     kinds: &[String],
     limits: &QueueLimits,
@@ -32,7 +33,7 @@ pub(super) const WINDOW: i64 = 1000;
 /// keys with ready jobs, however deep their lines. Jobs without a key are read in claim order
 /// (no index holds them apart; a queue of keyed jobs only reads its ready jobs' index to its
 /// end). PostgreSQL only ([`Dialect::SKIP_SCAN`]; it reads each front through `LATERAL`).
-pub(crate) fn heads_sql<D: Dialect>(
+pub(crate) fn heads_sql<D: Schema>(
     queue: &str,
     kinds: &[String],
     limits: &QueueLimits,
@@ -86,7 +87,7 @@ pub(crate) fn heads_sql<D: Dialect>(
 /// is checked on its own, through indexes, as claims walk the queue in order ([`arms_sql`]);
 /// otherwise every line is numbered ([`lines_sql`]), which reads all of the queue's pending
 /// work.
-fn pick_sql<D: Dialect>(
+fn pick_sql<D: Schema>(
     b: &mut Binder<D>,
     queue: &str,
     kinds: &[String],
@@ -106,7 +107,7 @@ fn pick_sql<D: Dialect>(
 /// within the period, under a rate of 1), or, under a per-key concurrency of `n` above 1, if
 /// fewer than `n` of its key run or wait ahead of it. Without per-key limits, simply the first
 /// jobs of each arm. (Values are bound in the order the text has them.)
-fn arms_sql<D: Dialect>(
+fn arms_sql<D: Schema>(
     b: &mut Binder<D>,
     queue: &str,
     kinds: &[String],
@@ -142,7 +143,7 @@ impl FirstOfLine<'_> {
     /// per-key limits the ready arm looks at the first [`WINDOW`] ready jobs only, so that a
     /// claim does not read a deep backlog of jobs whose keys are busy; [`heads_sql`] finds the
     /// first of lines further back.
-    fn arm<D: Dialect>(&self, b: &mut Binder<D>, arm: Arm, kinds: &[String], take: i64) -> String {
+    fn arm<D: Schema>(&self, b: &mut Binder<D>, arm: Arm, kinds: &[String], take: i64) -> String {
         let now = D::NOW;
         let q = b.bind(self.queue.to_owned());
         if arm == Arm::Ready && self.limits.looks_further::<D>() {
@@ -181,14 +182,16 @@ impl FirstOfLine<'_> {
         )
     }
 
-    /// What keeps a keyed job of `arm` from starting, each a condition of its own.
-    fn blocked<D: Dialect>(&self, b: &mut Binder<D>, arm: Arm) -> Vec<String> {
+    /// What keeps a keyed job of `arm` from starting, each a condition of its own. The other
+    /// jobs `o` of j's key are read through the limit index, by its status column.
+    fn blocked<D: Schema>(&self, b: &mut Binder<D>, arm: Arm) -> Vec<String> {
         let now = D::NOW;
         let one_running = self.limits.key_concurrency.is_some();
         let key_rate = self.limits.key_rate;
-        let expired = format!("o.status = {RUNNING} AND o.lease_until < {now}");
+        let status = format!("o.{}", D::LINE_STATUS);
+        let expired = format!("{status} = {RUNNING} AND o.lease_until < {now}");
         let ahead =
-            format!("o.status = {READY} AND o.id < j.id AND (o.run_at <= {now} OR o.attempts > 0)");
+            format!("{status} = {READY} AND o.id < j.id AND (o.run_at <= {now} OR o.attempts > 0)");
         let mut blocked = Vec::new();
         match arm {
             // A job whose lease ran out takes its own place again; under a rate, one at a
@@ -202,7 +205,7 @@ impl FirstOfLine<'_> {
             // Up to n of a key at once: a job may start while fewer than n of its key run or
             // wait ahead of it in line (each count stops at n).
             Arm::Ready if self.limits.line_front() > 1 => {
-                let running = self.counted(b, &format!("o.status = {RUNNING}"));
+                let running = self.counted(b, &format!("{status} = {RUNNING}"));
                 let waiting = self.counted(b, &ahead);
                 let n = b.bind(self.limits.line_front());
                 blocked.push(format!("{running} + {waiting} >= {n}"));
@@ -210,7 +213,7 @@ impl FirstOfLine<'_> {
             Arm::Ready if one_running || key_rate.is_some() => {
                 blocked.push(self.other(b, &ahead));
                 if one_running {
-                    blocked.push(self.other(b, &format!("o.status = {RUNNING}")));
+                    blocked.push(self.other(b, &format!("{status} = {RUNNING}")));
                 } else {
                     blocked.push(self.other(b, &expired));
                 }
