@@ -3,53 +3,76 @@
 //! makes has every option, and run again with its unique key it makes no second job; and the
 //! documented enqueue that waits (`after`), on each database.
 
-use rowclaim_testkit::{documented_sql, Backend, TestDb};
+use std::sync::Arc;
+
+use rowclaim_testkit::{documented_sql, with_db, Backend, TestDb};
 
 use super::super::migrate::Schema;
 
-/// A database whose jobs' schema is at `version` (0: nothing yet), made by the migrations'
-/// own statements, as an install of that version left it.
-async fn at_version<D: Schema>(backend: Backend, version: usize) -> TestDb {
-    let t = TestDb::new(backend).await;
+/// Brings the fresh database `t` to jobs' schema `version` (0: nothing yet) with the
+/// migrations' own statements, as an install of that version left it.
+async fn at_version<D: Schema>(t: &TestDb, version: usize) {
     if version > 0 {
         t.exec(D::SCHEMA_TABLE).await;
-        for step in D::JOBS[..version].iter().copied().flatten() {
-            t.exec(step).await;
+        // Owned first: an iterator of `&str` held across an await makes this generic future
+        // not `Send` for every lifetime, as `with_db` needs.
+        let steps: Vec<String> = D::JOBS[..version]
+            .iter()
+            .flat_map(|v| v.iter().map(|s| (*s).to_owned()))
+            .collect();
+        for step in steps {
+            t.exec(&step).await;
         }
         t.exec(&format!(
             "INSERT INTO rowclaim_schema (component, version) VALUES ('jobs', {version})"
         ))
         .await;
     }
-    t
 }
 
 /// Migrates a database at each version with `init`, then enqueues with the documented
 /// block `block` twice; `job` counts the jobs with every option the block gives.
+/// Each version's database is dropped after it (`with_db`), also after a failed assertion.
 async fn from_every_version<D: Schema>(backend: Backend, block: &str, job: &str) {
-    let sql = documented_sql(block);
     for version in 0..=D::JOBS.len() {
-        let t = at_version::<D>(backend, version).await;
-        let db = crate::Db::connect(&t.url).await.expect("connect");
-        db.queue().init().await.expect("init");
-        t.exec(&sql).await;
-        t.exec(&sql).await;
-        let all = t.count("SELECT COUNT(*) FROM rowclaim_jobs").await;
-        assert_eq!(all, 1, "{block} from version {version}: jobs");
-        assert_eq!(
-            t.count(job).await,
-            1,
-            "{block} from version {version}: {job}"
-        );
-        let installed = format!(
-            "SELECT COUNT(*) FROM rowclaim_schema WHERE component = 'enqueue' AND version = {}",
-            D::ENQUEUE.len()
-        );
-        if !D::ENQUEUE.is_empty() {
-            assert_eq!(t.count(&installed).await, 1, "from version {version}");
-        }
-        drop(db);
+        let (sql, block, job) = (documented_sql(block), block.to_owned(), job.to_owned());
+        with_db(backend, move |t| async move {
+            from_version::<D>(t, version, sql, block, job).await;
+        })
+        .await;
     }
+}
+
+/// [`from_every_version`] from `version`, on the fresh database `t`.
+/// (Owned arguments: a future that borrows across its awaits is not `Send` for every lifetime,
+/// as `with_db` needs.)
+async fn from_version<D: Schema>(
+    t: Arc<TestDb>,
+    version: usize,
+    sql: String,
+    block: String,
+    job: String,
+) {
+    at_version::<D>(&t, version).await;
+    let db = crate::Db::connect(&t.url).await.expect("connect");
+    db.queue().init().await.expect("init");
+    t.exec(&sql).await;
+    t.exec(&sql).await;
+    let all = t.count("SELECT COUNT(*) FROM rowclaim_jobs").await;
+    assert_eq!(all, 1, "{block} from version {version}: jobs");
+    assert_eq!(
+        t.count(&job).await,
+        1,
+        "{block} from version {version}: {job}"
+    );
+    let installed = format!(
+        "SELECT COUNT(*) FROM rowclaim_schema WHERE component = 'enqueue' AND version = {}",
+        D::ENQUEUE.len()
+    );
+    if !D::ENQUEUE.is_empty() {
+        assert_eq!(t.count(&installed).await, 1, "from version {version}");
+    }
+    drop(db);
 }
 
 /// The documented enqueue that waits (`block`, for jobs 1 and 2, enqueued first): the job
@@ -59,9 +82,18 @@ async fn from_every_version<D: Schema>(backend: Backend, block: &str, job: &str)
 /// `anyway` is what, put after the ids, makes it run anyway: then it is ready though one
 /// of them is dead.
 async fn waits(backend: Backend, block: &str, unknown: &str, anyway: Option<&str>) {
-    let sql = documented_sql(block);
+    let (block, unknown) = (block.to_owned(), unknown.to_owned());
+    let anyway = anyway.map(str::to_owned);
+    with_db(backend, move |t| async move {
+        waits_on(t, block, unknown, anyway).await;
+    })
+    .await;
+}
+
+/// [`waits`] on the fresh database `t`.
+async fn waits_on(t: Arc<TestDb>, block: String, unknown: String, anyway: Option<String>) {
+    let sql = documented_sql(&block);
     assert!(sql.contains("[1, 2]"), "{block}: waits for jobs 1 and 2");
-    let t = TestDb::new(backend).await;
     let db = crate::Db::connect(&t.url).await.expect("connect");
     let q = db.queue();
     q.init().await.expect("init");
@@ -75,7 +107,7 @@ async fn waits(backend: Backend, block: &str, unknown: &str, anyway: Option<&str
         .try_exec(&sql.replace("[1, 2]", "[2, 987654]"))
         .await
         .expect_err("an unknown id");
-    assert!(err.contains(unknown), "{block}: {err}");
+    assert!(err.contains(&unknown), "{block}: {err}");
     assert_eq!(t.count(jobs).await, 2, "{block}: refused whole");
 
     t.exec(&sql).await;
