@@ -238,7 +238,11 @@ async fn connect_timeout_in_the_url() {
 /// says it is not a PostgreSQL server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_url_at_a_mysql_port() {
-    let t = TestDb::new(Backend::MySql).await;
+    // Under with_db, which drops the test database afterwards (it was left behind once).
+    with_db(Backend::MySql, postgres_url_at_mysql).await
+}
+
+async fn postgres_url_at_mysql(t: std::sync::Arc<TestDb>) {
     let port = t
         .url
         .rsplit_once(':')
