@@ -9,6 +9,7 @@ use std::pin::Pin;
 
 use futures_util::{Stream, StreamExt};
 
+use super::job::JobParts;
 use super::NewJob;
 use crate::error::{Error, Result};
 
@@ -149,6 +150,63 @@ impl<'a> Incoming<'a> {
     }
 }
 
+/// One statement's share of a chunk, as every store inserts it. Jobs without a unique key go
+/// together, many rows per statement; a job with one goes alone, in its place (it may meet a
+/// pending job with its key, which a many-row insert cannot answer for), so that the ids follow
+/// the order the jobs were given in (the id breaks ties in the claim order).
+pub(crate) enum Piece<'a> {
+    /// Jobs without a unique key, for one statement.
+    Bulk(Vec<JobParts<'a>>),
+    /// A job with a unique key.
+    Keyed(JobParts<'a>),
+}
+
+/// The pieces of `jobs`, in their order, each made when asked for (a chunk's jobs are not all
+/// held at once). A bulk piece holds at most `rows` jobs and at most `bytes` bytes of payload,
+/// unless one job alone has more.
+pub(crate) fn pieces<'a, I: Iterator<Item = JobParts<'a>>>(
+    jobs: impl IntoIterator<IntoIter = I>,
+    rows: usize,
+    bytes: usize,
+) -> Pieces<I> {
+    Pieces {
+        jobs: jobs.into_iter().peekable(),
+        rows,
+        bytes,
+    }
+}
+
+/// See [`pieces`].
+pub(crate) struct Pieces<I: Iterator> {
+    jobs: std::iter::Peekable<I>,
+    rows: usize,
+    bytes: usize,
+}
+
+impl<'a, I: Iterator<Item = JobParts<'a>>> Iterator for Pieces<I> {
+    type Item = Piece<'a>;
+
+    fn next(&mut self) -> Option<Piece<'a>> {
+        let first = self.jobs.next()?;
+        if first.unique_key.is_some() {
+            return Some(Piece::Keyed(first));
+        }
+        let mut bytes = first.payload.len();
+        let mut bulk = vec![first];
+        while bulk.len() < self.rows {
+            let fits = |j: &JobParts<'_>| {
+                j.unique_key.is_none() && bytes.saturating_add(j.payload.len()) <= self.bytes
+            };
+            let Some(job) = self.jobs.next_if(fits) else {
+                break;
+            };
+            bytes += job.payload.len();
+            bulk.push(job);
+        }
+        Some(Piece::Bulk(bulk))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,5 +268,43 @@ mod tests {
         i.rewind();
         let again = drain(&mut i).await;
         assert!(again.is_err(), "{again:?}");
+    }
+
+    /// What `pieces` made of jobs given as (unique key, payload bytes): `b<n>` a bulk piece of
+    /// n jobs, `k` a keyed job.
+    fn shape(jobs: &[(Option<&str>, usize)], rows: usize, bytes: usize) -> Vec<String> {
+        let all: Vec<NewJob> = jobs
+            .iter()
+            .map(|&(key, len)| {
+                let job = NewJob::new(serde_json::json!("x".repeat(len.saturating_sub(2))));
+                match key {
+                    Some(k) => job.unique_key(k),
+                    None => job,
+                }
+            })
+            .collect();
+        pieces(all.iter().map(NewJob::parts), rows, bytes)
+            .map(|p| match p {
+                Piece::Bulk(b) => format!("b{}", b.len()),
+                Piece::Keyed(_) => "k".to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn keyed_jobs_go_alone_in_their_place() {
+        let (k, n) = (Some("key"), None);
+        let jobs = [(n, 2), (n, 2), (k, 2), (k, 2), (n, 2), (k, 2)];
+        assert_eq!(shape(&jobs, 100, 1000), ["b2", "k", "k", "b1", "k"]);
+        assert!(shape(&[], 100, 1000).is_empty());
+    }
+
+    #[test]
+    fn a_bulk_piece_keeps_to_its_rows_and_bytes() {
+        let five = [(None, 10); 5];
+        assert_eq!(shape(&five, 2, 1000), ["b2", "b2", "b1"]);
+        assert_eq!(shape(&five, 100, 30), ["b3", "b2"]);
+        // A job larger than the bound goes, alone.
+        assert_eq!(shape(&[(None, 50), (None, 10)], 100, 30), ["b1", "b1"]);
     }
 }

@@ -6,6 +6,7 @@
 use sqlx::MySql;
 
 use super::counts::{Counting, Estimate};
+use super::incoming::{pieces, Piece};
 use super::migrate::{migrate, Component, Schema};
 use super::record::{records_sql, RecordRow};
 use super::store::{admin_stmt, first_int, UNIQUE_TRIES};
@@ -330,6 +331,10 @@ const MIGRATIONS: &[&[&str]] = &[&["CREATE TABLE IF NOT EXISTS rowclaim_jobs (
      AS (CASE WHEN limit_key IS NOT NULL THEN status END) VIRTUAL, \
      DROP KEY IF EXISTS rowclaim_jobs_limit, \
      ADD KEY IF NOT EXISTS rowclaim_jobs_line (queue, limit_key, limit_status, id)"],
+    // v15: no owner index. A claim sets `owner`, so each claim put an entry in it (and kept
+    // jobs kept theirs). Every look-up by token also asks for status 'running', which leads the
+    // claim index: it reads the running jobs only (as on PostgreSQL and SQLite since their v2).
+    &["ALTER TABLE rowclaim_jobs DROP KEY IF EXISTS rowclaim_jobs_owner"],
 ];
 
 /// The schedules' migrations: version `i + 1` is entry `i`. MySQL
@@ -419,10 +424,8 @@ async fn check_packet<R: Run<Sql = Sql>>(
     Ok(())
 }
 
-/// Inserts `jobs` (one chunk of an enqueue, after `before` others), their ids to `out` in order.
-/// Jobs without a unique key go in multi-row INSERTs; a job with one goes alone, in its place,
-/// so that ids follow the order the jobs were given in (the id breaks ties in the claim order).
-/// `step`: the server's id increment, once asked.
+/// Inserts `jobs` (one chunk of an enqueue, after `before` others) piece by piece
+/// ([`pieces`]), their ids to `out` in order. `step`: the server's id increment, once asked.
 async fn insert_jobs<R: InsertId>(
     r: &R,
     jobs: &[NewJob],
@@ -436,29 +439,19 @@ async fn insert_jobs<R: InsertId>(
     }
     check_packet(r, &parts, before).await?;
     out.reserve(parts.len());
-    let mut run: Vec<&JobParts<'_>> = Vec::new();
-    let mut run_bytes = 0;
-    for p in &parts {
-        if p.unique_key.is_some() {
-            insert_run(r, &mut run, step, out).await?;
-            run_bytes = 0;
-            out.push(enqueue_one(r, p).await?);
-            continue;
+    for piece in pieces(parts, BULK_ROWS, BULK_BYTES) {
+        match piece {
+            Piece::Keyed(job) => out.push(enqueue_one(r, &job).await?),
+            Piece::Bulk(bulk) => insert_bulk(r, &bulk, step, out).await?,
         }
-        if run.len() == BULK_ROWS || (!run.is_empty() && run_bytes + p.payload.len() > BULK_BYTES) {
-            insert_run(r, &mut run, step, out).await?;
-            run_bytes = 0;
-        }
-        run_bytes += p.payload.len();
-        run.push(p);
     }
-    insert_run(r, &mut run, step, out).await
+    Ok(())
 }
 
 /// `INSERT INTO rowclaim_jobs … VALUES (…), (…)` for these jobs. The run-at is absolute epoch
 /// milliseconds when given, else now + the delay (see `Sql::at_ms`: no session time zone is
 /// involved).
-pub(crate) fn insert_stmt(jobs: &[&JobParts<'_>]) -> Result<Stmt<Sql>> {
+pub(crate) fn insert_stmt(jobs: &[JobParts<'_>]) -> Result<Stmt<Sql>> {
     let mut b = B::new();
     let mut rows = Vec::with_capacity(jobs.len());
     for j in jobs {
@@ -487,23 +480,19 @@ pub(crate) fn insert_stmt(jobs: &[&JobParts<'_>]) -> Result<Stmt<Sql>> {
     Ok(Stmt::new(sql, b))
 }
 
-/// Inserts a run of jobs without unique keys in one statement, adds their ids to `out` and
-/// empties the run.
+/// Inserts jobs without unique keys in one statement and adds their ids to `out`.
 ///
 /// One multi-row `INSERT … VALUES` is a "simple insert" (its row count is known up front), for
 /// which InnoDB reserves all its auto-increment values at once, under
 /// `innodb_autoinc_lock_mode` 0, 1 and 2 alike: the ids are the first one
 /// (`last_insert_id`) plus `i × auto_increment_increment`. The increment is 1 unless set, as
 /// Galera does (the cluster's size), so it is asked once per transaction; `step` caches it.
-async fn insert_run<R: InsertId>(
+async fn insert_bulk<R: InsertId>(
     r: &R,
-    run: &mut Vec<&JobParts<'_>>,
+    run: &[JobParts<'_>],
     step: &mut Option<i64>,
     out: &mut Vec<Enqueued>,
 ) -> Result<()> {
-    if run.is_empty() {
-        return Ok(());
-    }
     let first = r.insert_id(insert_stmt(run)?).await?;
     let step = match *step {
         Some(s) => s,
@@ -519,7 +508,6 @@ async fn insert_run<R: InsertId>(
         id: first + i * step,
         existing: false,
     }));
-    run.clear();
     Ok(())
 }
 
@@ -530,7 +518,7 @@ pub(crate) async fn enqueue_one<R: InsertId>(r: &R, job: &JobParts<'_>) -> Resul
     check_times(job)?;
     check_packet(r, std::slice::from_ref(job), 0).await?;
     let Some(key) = job.unique_key else {
-        let id = r.insert_id(insert_stmt(&[job])?).await?;
+        let id = r.insert_id(insert_stmt(std::slice::from_ref(job))?).await?;
         return Ok(Enqueued {
             id,
             existing: false,
@@ -540,7 +528,7 @@ pub(crate) async fn enqueue_one<R: InsertId>(r: &R, job: &JobParts<'_>) -> Resul
         // The insert itself is the uniqueness check: it waits for a twin another transaction is
         // inserting, and fails with a duplicate key once that one commits. A failed statement
         // undoes only itself in MySQL, so the caller's transaction goes on.
-        match r.insert_id(insert_stmt(&[job])?).await {
+        match r.insert_id(insert_stmt(std::slice::from_ref(job))?).await {
             Ok(id) => {
                 return Ok(Enqueued {
                     id,

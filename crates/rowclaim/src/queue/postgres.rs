@@ -6,6 +6,7 @@
 use sqlx::Postgres;
 
 use super::counts::{Counting, Estimate};
+use super::incoming::{pieces, Piece};
 use super::migrate::{migrate, Component, Schema};
 use super::record::{records_sql, RecordRow};
 use super::store::{admin_stmt, insert_unless_pending};
@@ -136,9 +137,8 @@ super::store::enqueue_one_by!(
     super::script::Step<'_, Sql>,
 );
 
-/// Inserts `jobs` (one chunk of an enqueue), their ids to `out` in order, and notes their
-/// queues in `woken`. Jobs without a unique key go in bulk, many rows per statement; the others
-/// one by one, in their place (ids follow the order the jobs were given in).
+/// Inserts `jobs` (one chunk of an enqueue) piece by piece ([`pieces`]), their ids to `out` in
+/// order, and notes the queues of the jobs inserted in bulk in `woken`.
 async fn insert_jobs(
     tx: &InTx<'_, Pg, Postgres>,
     jobs: &[NewJob],
@@ -147,29 +147,19 @@ async fn insert_jobs(
     woken: &mut Vec<String>,
 ) -> Result<()> {
     out.reserve(jobs.len());
-    let mut bulk: Vec<JobParts<'_>> = Vec::new();
-    let mut bulk_bytes = 0;
-    for job in jobs {
-        let parts = job.parts();
-        if parts.unique_key.is_some() {
-            out.extend(insert_chunk(tx, std::mem::take(&mut bulk), ids).await?);
-            bulk_bytes = 0;
-            out.push(enqueue_one(tx, &parts).await?);
-            continue;
+    for piece in pieces(jobs.iter().map(NewJob::parts), BULK_ROWS, BULK_BYTES) {
+        match piece {
+            Piece::Keyed(job) => out.push(enqueue_one(tx, &job).await?),
+            Piece::Bulk(bulk) => {
+                for job in &bulk {
+                    if woken.last().map(String::as_str) != Some(job.queue) {
+                        woken.push(job.queue.to_owned());
+                    }
+                }
+                out.extend(insert_chunk(tx, bulk, ids).await?);
+            }
         }
-        if bulk.len() == BULK_ROWS
-            || (!bulk.is_empty() && bulk_bytes + parts.payload.len() > BULK_BYTES)
-        {
-            out.extend(insert_chunk(tx, std::mem::take(&mut bulk), ids).await?);
-            bulk_bytes = 0;
-        }
-        if woken.last().map(String::as_str) != Some(parts.queue) {
-            woken.push(parts.queue.to_owned());
-        }
-        bulk_bytes += parts.payload.len();
-        bulk.push(parts);
     }
-    out.extend(insert_chunk(tx, bulk, ids).await?);
     Ok(())
 }
 

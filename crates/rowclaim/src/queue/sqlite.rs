@@ -4,6 +4,7 @@
 use sqlx::Sqlite;
 
 use super::counts::Counting;
+use super::incoming::{pieces, Piece};
 use super::migrate::{migrate, Component, Schema};
 use super::record::{records_sql, RecordRow};
 use super::store::{admin_stmt, insert_unless_pending};
@@ -231,42 +232,32 @@ pub(crate) fn insert_one(job: &JobParts<'_>) -> Stmt<Sql> {
     Stmt::new(sql, b)
 }
 
-/// Inserts `jobs` (one chunk of an enqueue), their ids to `out` in order. Jobs without a unique
-/// key go in multi-row INSERTs (each statement is a round trip to the database's thread); a job
-/// with one goes alone, in its place, so that ids follow the order the jobs were given in.
+/// Inserts `jobs` (one chunk of an enqueue) piece by piece ([`pieces`]; each statement is a
+/// round trip to the database's thread), their ids to `out` in order.
 async fn insert_jobs<R: Run<Sql = Sql>>(
     r: &R,
     jobs: &[NewJob],
     out: &mut Vec<Enqueued>,
 ) -> Result<()> {
-    let parts: Vec<JobParts<'_>> = jobs.iter().map(NewJob::parts).collect();
-    out.reserve(parts.len());
-    let mut run: Vec<&JobParts<'_>> = Vec::new();
-    for p in &parts {
-        if p.unique_key.is_some() || run.len() == BULK_ROWS {
-            insert_run(r, &mut run, out).await?;
-        }
-        if p.unique_key.is_some() {
-            out.push(enqueue_one(r, p).await?);
-        } else {
-            run.push(p);
+    out.reserve(jobs.len());
+    for piece in pieces(jobs.iter().map(NewJob::parts), BULK_ROWS, usize::MAX) {
+        match piece {
+            Piece::Keyed(job) => out.push(enqueue_one(r, &job).await?),
+            Piece::Bulk(bulk) => insert_bulk(r, &bulk, out).await?,
         }
     }
-    insert_run(r, &mut run, out).await
+    Ok(())
 }
 
-/// Inserts `run` (jobs without a unique key) in one statement and empties it; their ids go to
-/// `out` in the order of `run`. The write transaction is this process's alone and a new row's
+/// Inserts `run` (jobs without a unique key) in one statement; their ids go to `out` in the
+/// order of `run`. The write transaction is this process's alone and a new row's
 /// id is the largest so far plus one, so the ids ascend in the order of the VALUES; RETURNING
 /// promises no order, hence the sort.
-async fn insert_run<R: Run<Sql = Sql>>(
+async fn insert_bulk<R: Run<Sql = Sql>>(
     r: &R,
-    run: &mut Vec<&JobParts<'_>>,
+    run: &[JobParts<'_>],
     out: &mut Vec<Enqueued>,
 ) -> Result<()> {
-    if run.is_empty() {
-        return Ok(());
-    }
     let mut b = B::new();
     let rows: Vec<String> = run.iter().map(|job| job_values(&mut b, job)).collect();
     let sql = format!("{INSERT_INTO}{} RETURNING id", rows.join(", "));
@@ -288,7 +279,6 @@ async fn insert_run<R: Run<Sql = Sql>>(
         id,
         existing: false,
     }));
-    run.clear();
     Ok(())
 }
 
