@@ -156,4 +156,52 @@ mod tests {
     fn sqlite() {
         insta::assert_snapshot!(schedules::<crate::backend::sqlite::Sql>());
     }
+
+    /// The clauses of an `ALTER TABLE` (split at the commas outside parentheses).
+    fn clauses(alter: &str) -> Vec<String> {
+        let (mut depth, mut out, mut cur) = (0, Vec::new(), String::new());
+        for c in alter.chars() {
+            match c {
+                '(' => depth += 1,
+                ')' => depth -= 1,
+                ',' if depth == 0 => {
+                    out.push(std::mem::take(&mut cur).trim().to_owned());
+                    continue;
+                }
+                _ => {}
+            }
+            cur.push(c);
+        }
+        out.push(cur.trim().to_owned());
+        out
+    }
+
+    /// MySQL 8 has no `IF [NOT] EXISTS` for a column or a key, and a step that ran before is
+    /// known by its error alone (`made_already`): so each `ALTER` makes one change, or drops a
+    /// key and adds it again (which runs twice as it is).
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql_alters_make_one_change_each() {
+        use crate::backend::mysql::Sql;
+        let all = <Sql as Schema>::JOBS
+            .iter()
+            .chain(<Sql as Schema>::SCHEDULES);
+        let alters: Vec<&str> = all
+            .flat_map(|steps| steps.iter().copied())
+            .filter(|s| s.starts_with("ALTER TABLE"))
+            .collect();
+        assert!(alters.len() > 10, "{alters:?}");
+        for alter in alters {
+            assert!(!alter.contains(" IF "), "MySQL 8 refuses it: {alter}");
+            let c = clauses(alter);
+            let again = c.len() == 2
+                && c[0].split_whitespace().nth(4) == Some("KEY")
+                && c[0].split_whitespace().nth(3) == Some("DROP")
+                && c[1].starts_with(&format!(
+                    "ADD KEY {} ",
+                    c[0].split_whitespace().nth(5).unwrap_or("?")
+                ));
+            assert!(c.len() == 1 || again, "more than one change: {alter}");
+        }
+    }
 }
