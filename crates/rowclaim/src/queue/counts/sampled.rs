@@ -20,59 +20,11 @@ pub(super) async fn sampled<R: Run>(
     s: &mut QueueStats,
     only: Option<&str>,
 ) -> Result<()> {
-    let d = R::Sql::NOW;
-    let text = R::Sql::TEXT;
     let counted = |st: &str| how.per_queue.contains(&st);
-    let mut selects = vec![format!(
-        "SELECT CAST('running' AS {text}), CAST(queue AS {text}), COUNT(*), \
-         COUNT(CASE WHEN lease_until < {d} THEN 1 END) FROM (SELECT queue, lease_until \
-         FROM rowclaim_jobs WHERE status = 'running' LIMIT {LIMIT}) t GROUP BY queue"
-    )];
-    if !counted("waiting") {
-        selects.push(format!(
-            "SELECT CAST('waiting' AS {text}), CAST(queue AS {text}), COUNT(*), COUNT(*) \
-             FROM (SELECT queue FROM rowclaim_jobs WHERE status = 'waiting' LIMIT {LIMIT}) w \
-             GROUP BY queue"
-        ));
-    }
-    if !counted("completed") {
-        // Through the finished index, whose rows are completed, dead and cancelled (dead and
-        // cancelled are counted by queue through their own): the latest finished first.
-        selects.push(format!(
-            "SELECT CAST(status AS {text}), CAST(queue AS {text}), COUNT(*), COUNT(*) \
-             FROM (SELECT queue, status FROM rowclaim_jobs WHERE {FINISHED} \
-             ORDER BY finished_at DESC LIMIT {LIMIT}) f GROUP BY status, queue"
-        ));
-    }
     let cols = [Col::Text, Col::Text, Col::Int, Col::Int];
-    let rows = r
-        .values(Stmt::new(selects.join(" UNION ALL "), Binder::new()), &cols)
-        .await?;
-    // sample → (rows in it, queue → (its rows of the status, of those expired))
-    type Sample = (i64, BTreeMap<String, (i64, i64)>);
-    let mut samples: BTreeMap<String, Sample> = BTreeMap::new();
-    for row in rows {
-        let mut row = row.into_iter();
-        let (Some(st), Some(q)) = (
-            row.next().and_then(Value::text),
-            row.next().and_then(Value::text),
-        ) else {
-            continue;
-        };
-        let mut n = || row.next().and_then(Value::int).unwrap_or(0);
-        let (jobs, expired) = (n(), n());
-        let sample = if st == "running" || st == "waiting" {
-            st.clone()
-        } else {
-            "finished".to_owned()
-        };
-        let e = samples.entry(sample).or_default();
-        e.0 += jobs;
-        if st == "running" || st == "waiting" || st == "completed" {
-            e.1.insert(q, (jobs, expired));
-        }
-    }
-    for (sample, (total, queues)) in samples {
+    let sql = samples_sql::<R::Sql>(counted);
+    let rows = r.values(Stmt::new(sql, Binder::new()), &cols).await?;
+    for (sample, (total, queues)) in samples(rows) {
         let full = total >= LIMIT;
         let status: &'static str = match sample.as_str() {
             "running" => "running",
@@ -109,6 +61,65 @@ pub(super) async fn sampled<R: Run>(
         }
     }
     Ok(())
+}
+
+/// The samples' statement: rows of (status, queue, jobs, of those expired), one select per
+/// status that `counted` (counted by queue through an index) leaves out.
+fn samples_sql<D: Dialect>(counted: impl Fn(&str) -> bool) -> String {
+    let (d, text) = (D::NOW, D::TEXT);
+    let mut selects = vec![format!(
+        "SELECT CAST('running' AS {text}), CAST(queue AS {text}), COUNT(*), \
+         COUNT(CASE WHEN lease_until < {d} THEN 1 END) FROM (SELECT queue, lease_until \
+         FROM rowclaim_jobs WHERE status = 'running' LIMIT {LIMIT}) t GROUP BY queue"
+    )];
+    if !counted("waiting") {
+        selects.push(format!(
+            "SELECT CAST('waiting' AS {text}), CAST(queue AS {text}), COUNT(*), COUNT(*) \
+             FROM (SELECT queue FROM rowclaim_jobs WHERE status = 'waiting' LIMIT {LIMIT}) w \
+             GROUP BY queue"
+        ));
+    }
+    if !counted("completed") {
+        // Through the finished index, whose rows are completed, dead and cancelled (dead and
+        // cancelled are counted by queue through their own): the latest finished first.
+        selects.push(format!(
+            "SELECT CAST(status AS {text}), CAST(queue AS {text}), COUNT(*), COUNT(*) \
+             FROM (SELECT queue, status FROM rowclaim_jobs WHERE {FINISHED} \
+             ORDER BY finished_at DESC LIMIT {LIMIT}) f GROUP BY status, queue"
+        ));
+    }
+    selects.join(" UNION ALL ")
+}
+
+/// A sample's rows in all, and per queue its rows of the sample's status and of those expired.
+type Sample = (i64, BTreeMap<String, (i64, i64)>);
+
+/// The rows of [`samples_sql`] by sample: running, waiting, and finished (whose figures per
+/// queue are of completed jobs only; dead and cancelled count in its total).
+fn samples(rows: Vec<Vec<Value>>) -> BTreeMap<String, Sample> {
+    let mut samples: BTreeMap<String, Sample> = BTreeMap::new();
+    for row in rows {
+        let mut row = row.into_iter();
+        let (Some(st), Some(q)) = (
+            row.next().and_then(Value::text),
+            row.next().and_then(Value::text),
+        ) else {
+            continue;
+        };
+        let mut n = || row.next().and_then(Value::int).unwrap_or(0);
+        let (jobs, expired) = (n(), n());
+        let sample = if st == "running" || st == "waiting" {
+            st.clone()
+        } else {
+            "finished".to_owned()
+        };
+        let e = samples.entry(sample).or_default();
+        e.0 += jobs;
+        if st == "running" || st == "waiting" || st == "completed" {
+            e.1.insert(q, (jobs, expired));
+        }
+    }
+    samples
 }
 
 /// Running jobs whose lease has ended, per queue, through the lease index, up to the cap in
