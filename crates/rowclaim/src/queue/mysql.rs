@@ -1,13 +1,13 @@
-//! The managed queue's SQL on MySQL/MariaDB: its schema, enqueue (multi-row inserts), admin,
-//! stats and records. Every statement goes through the driver's [`Run`], but for the two
-//! things only MySQL has: an insert's first id (`last_insert_id`, [`InsertId`]) and the named
-//! lock concurrent inits take turns on, which belongs to one connection (`My::init_once`).
+//! The managed queue's SQL on MySQL/MariaDB (its schema: `migrate/mysql.rs`): enqueue (multi-row
+//! inserts), admin, stats and records. Every statement goes through the driver's [`Run`], but for
+//! the two things only MySQL has: an insert's first id (`last_insert_id`, [`InsertId`]) and the
+//! named lock concurrent inits take turns on, which belongs to one connection (`My::init_once`).
 
 use sqlx::MySql;
 
 use super::counts::{Counting, Estimate};
 use super::incoming::{pieces, Piece};
-use super::migrate::{migrate, Component, Schema};
+use super::migrate::{migrate, Component};
 use super::record::{records_sql, RecordRow};
 use super::store::{admin_stmt, first_int, UNIQUE_TRIES};
 use super::{
@@ -216,158 +216,6 @@ impl InsertId for super::script::Step<'_, Sql> {
 const INIT_LOCK: &str = "rowclaim_init";
 
 const INIT_LOCK_WAIT_SECS: i64 = 60;
-
-impl Schema for Sql {
-    const SCHEMA_TABLE: &'static str = "CREATE TABLE IF NOT EXISTS rowclaim_schema (
-    component VARCHAR(64) PRIMARY KEY,
-    version INT NOT NULL
-)";
-    const JOBS: &'static [&'static [&'static str]] = MIGRATIONS;
-    const SCHEDULES: &'static [&'static [&'static str]] = SCHEDULE_MIGRATIONS;
-    const ENQUEUE: &'static [&'static [&'static str]] = super::enqueue_sql::MYSQL;
-    const LINE_STATUS: &'static str = "limit_status";
-
-    /// Never backwards: a slower init that ran the same migration again must not undo a later
-    /// one's record (inits on two Galera nodes run at once).
-    fn set_version(b: &mut B, to: i32) -> String {
-        format!(
-            "ON DUPLICATE KEY UPDATE version = GREATEST(version, {})",
-            b.bind(to)
-        )
-    }
-
-    /// A step of a migration that ran before (see [`MIGRATIONS`]), or, for a routine, that
-    /// another node's init created between this one's `DROP … IF EXISTS` and its `CREATE` (the
-    /// same version's routine).
-    fn made_already(e: &Error) -> bool {
-        matches!(e, Error::Database(d)
-            if error_number(d.sqlx()).is_some_and(|n| MADE_ALREADY.contains(&n)))
-    }
-}
-
-/// The errors of a migration step whose change is there already: 1060 a column of that name
-/// exists, 1061 a key of that name exists, 1091 the column or key to drop is not there, 1304 a
-/// routine of that name exists.
-const MADE_ALREADY: [u16; 4] = [1060, 1061, 1091, 1304];
-
-/// The managed queue's migrations: version `i + 1` is entry `i`.
-/// MySQL commits DDL at once, so each statement must be safe to run again (after a crash between
-/// it and the version update, or beside another Galera node's init). MySQL 8 has no `IF [NOT]
-/// EXISTS` for columns and keys (MariaDB has): each `ALTER` makes one change, and the error that
-/// says it is made already (1060, 1061, 1091: [`MADE_ALREADY`]) counts as done.
-///
-/// v1: the jobs table. MySQL has no partial indexes: the stored generated `pending_key` holds the
-/// unique key only while the job is ready or running, and NULLs do not collide in a unique index,
-/// so a key is unique among pending jobs only. Times are UTC.
-const MIGRATIONS: &[&[&str]] = &[&["CREATE TABLE IF NOT EXISTS rowclaim_jobs (
-    id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-    queue VARCHAR(255) NOT NULL DEFAULT 'default',
-    kind VARCHAR(255) NOT NULL DEFAULT '',
-    payload LONGTEXT NOT NULL,
-    status VARCHAR(16) NOT NULL DEFAULT 'ready',
-    priority INT NOT NULL DEFAULT 0,
-    run_at DATETIME(6) NOT NULL,
-    attempts INT NOT NULL DEFAULT 0,
-    max_attempts INT NOT NULL DEFAULT 25,
-    owner VARCHAR(36) NULL,
-    lease_until DATETIME(6) NULL,
-    unique_key VARCHAR(255) NULL,
-    pending_key VARCHAR(255) AS (CASE WHEN status IN ('ready', 'running') THEN unique_key END) STORED,
-    last_error TEXT NULL,
-    created_at DATETIME(6) NOT NULL,
-    finished_at DATETIME(6) NULL,
-    UNIQUE KEY rowclaim_jobs_pending_key (pending_key),
-    KEY rowclaim_jobs_claim (status, queue, priority, run_at),
-    KEY rowclaim_jobs_owner (owner),
-    KEY rowclaim_jobs_finished (status, finished_at)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"],
-    // v2: the claim index in the claim's own order (priority DESC, run_at, id), so a claim reads
-    // the first rows of its queue and stops, instead of sorting every ready job of the queue.
-    // (MariaDB before 10.8 reads DESC and builds the index ascending, so there a claim still sorts.)
-    &["ALTER TABLE rowclaim_jobs DROP KEY rowclaim_jobs_claim, \
-     ADD KEY rowclaim_jobs_claim (status, queue, priority DESC, run_at, id)"],
-    // v3: a job's own time limit (NULL: the worker's).
-    &["ALTER TABLE rowclaim_jobs ADD COLUMN timeout_ms BIGINT NULL"],
-    // v4: what a completed job produced.
-    &["ALTER TABLE rowclaim_jobs ADD COLUMN output LONGTEXT NULL"],
-    // v5: per-queue settings (paused since when).
-    &["CREATE TABLE IF NOT EXISTS rowclaim_queues (name VARCHAR(255) NOT NULL PRIMARY KEY, \
-     paused_at DATETIME(6) NULL) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"],
-    // v6–v9: limits (see `limits/`): a job's limit key and when its latest attempt started; a
-    // queue's limits, and the turns its limited claims take on its row (on Galera, the write
-    // that makes two nodes' limited claims of one queue conflict); the starts a rate limit
-    // counts (a primary key, as Galera needs).
-    &[
-        "ALTER TABLE rowclaim_jobs ADD COLUMN limit_key VARCHAR(255) NULL",
-        "ALTER TABLE rowclaim_jobs ADD COLUMN attempted_at DATETIME(6) NULL",
-    ],
-    &[
-        "ALTER TABLE rowclaim_queues ADD COLUMN concurrency BIGINT NULL",
-        "ALTER TABLE rowclaim_queues ADD COLUMN key_concurrency BIGINT NULL",
-        "ALTER TABLE rowclaim_queues ADD COLUMN rate BIGINT NULL",
-        "ALTER TABLE rowclaim_queues ADD COLUMN rate_period_ms BIGINT NULL",
-        "ALTER TABLE rowclaim_queues ADD COLUMN key_rate BIGINT NULL",
-        "ALTER TABLE rowclaim_queues ADD COLUMN key_rate_period_ms BIGINT NULL",
-        "ALTER TABLE rowclaim_queues ADD COLUMN claim_turns BIGINT NOT NULL DEFAULT 0",
-    ],
-    &["CREATE TABLE IF NOT EXISTS rowclaim_starts (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
-     queue VARCHAR(255) NOT NULL, limit_key VARCHAR(255) NULL, started_ms BIGINT NOT NULL, \
-     KEY rowclaim_starts_queue (queue, started_ms), \
-     KEY rowclaim_starts_key (queue, limit_key, started_ms)) \
-     ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"],
-    // v9: a keyed job's place in its key's line, read job by job by a limited claim.
-    &["ALTER TABLE rowclaim_jobs ADD KEY rowclaim_jobs_limit (queue, limit_key, status, id)"],
-    // v10: a job's failed attempts, each with its error and times (the last 20; see
-    // `outcome_set`), as JSON text.
-    &["ALTER TABLE rowclaim_jobs ADD COLUMN errors LONGTEXT NULL"],
-    // v11, v12: jobs that wait for other jobs (`after.rs`): what each waits for, and whether it
-    // runs anyway when one of those ends dead or cancelled. A waiting job's status is
-    // 'waiting', which no claim reads (the claim index, led by status, finds waiting jobs too).
-    &["CREATE TABLE IF NOT EXISTS rowclaim_waits (job BIGINT NOT NULL, waits_for BIGINT NOT NULL, \
-     PRIMARY KEY (job, waits_for), KEY rowclaim_waits_for (waits_for)) \
-     ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"],
-    &["ALTER TABLE rowclaim_jobs ADD COLUMN if_failed VARCHAR(16) NULL"],
-    // v13: the finished index by finish time alone. Led by status, it took an entry out and
-    // put one in at every change of status, a claim's among them; InnoDB leaves an index alone
-    // when none of its columns change, and a claim leaves finished_at NULL. A prune reads it
-    // as a range of times and checks the status of each row; stats read finished jobs by
-    // status through the claim index, which status leads. (The new index first: the old one
-    // serves until it is built.)
-    &[
-        "ALTER TABLE rowclaim_jobs ADD KEY rowclaim_jobs_finished_at (finished_at)",
-        "ALTER TABLE rowclaim_jobs DROP KEY rowclaim_jobs_finished",
-    ],
-    // v14: the limit index by a status of keyed jobs only (`Schema::LINE_STATUS`). Over
-    // `status`, every job's claim and settle moved its entry, a job without a key's too (MySQL
-    // has no partial index); `limit_status` stays NULL for those, and InnoDB leaves an index
-    // alone when none of its columns change.
-    &[
-        "ALTER TABLE rowclaim_jobs ADD COLUMN limit_status VARCHAR(16) \
-         AS (CASE WHEN limit_key IS NOT NULL THEN status END) VIRTUAL",
-        "ALTER TABLE rowclaim_jobs ADD KEY rowclaim_jobs_line (queue, limit_key, limit_status, id)",
-        "ALTER TABLE rowclaim_jobs DROP KEY rowclaim_jobs_limit",
-    ],
-    // v15: no owner index. A claim sets `owner`, so each claim put an entry in it (and kept
-    // jobs kept theirs). Every look-up by token also asks for status 'running', which leads the
-    // claim index: it reads the running jobs only (as on PostgreSQL and SQLite since their v2).
-    &["ALTER TABLE rowclaim_jobs DROP KEY rowclaim_jobs_owner"],
-];
-
-/// The schedules' migrations: version `i + 1` is entry `i`. MySQL
-/// commits DDL at once, so each must be safe to run again.
-const SCHEDULE_MIGRATIONS: &[&[&str]] = &[&["CREATE TABLE IF NOT EXISTS rowclaim_schedules (
-    name VARCHAR(100) NOT NULL PRIMARY KEY,
-    queue VARCHAR(255) NOT NULL,
-    kind VARCHAR(255) NOT NULL,
-    expression VARCHAR(255) NOT NULL,
-    zone VARCHAR(64) NULL,
-    catch_up VARCHAR(16) NOT NULL,
-    fingerprint VARCHAR(32) NOT NULL,
-    next_tick DATETIME(6) NOT NULL,
-    last_tick DATETIME(6) NULL,
-    last_job BIGINT NULL,
-    updated_at DATETIME(6) NOT NULL
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"]];
 
 /// 1062: duplicate entry for a unique key.
 const DUPLICATE_KEY: u16 = 1062;

@@ -1,13 +1,13 @@
-//! The managed queue's SQL on PostgreSQL: its schema, enqueue (jobs that run now by COPY, others
-//! many per statement, arrays `unnest`ed into rows), admin, stats and records, and the LISTEN
-//! that wakes idle workers. Every statement goes through the driver's [`Run`], but for the COPY,
-//! which has its own protocol.
+//! The managed queue's SQL on PostgreSQL (its schema: `migrate/postgres.rs`): enqueue (jobs that
+//! run now by COPY, others many per statement, arrays `unnest`ed into rows), admin, stats and
+//! records, and the LISTEN that wakes idle workers. Every statement goes through the driver's
+//! [`Run`], but for the COPY, which has its own protocol.
 
 use sqlx::Postgres;
 
 use super::counts::{Counting, Estimate};
 use super::incoming::{pieces, Piece};
-use super::migrate::{migrate, Component, Schema};
+use super::migrate::{migrate, Component};
 use super::record::{records_sql, RecordRow};
 use super::store::{admin_stmt, insert_unless_pending};
 use super::{
@@ -173,113 +173,6 @@ const BULK_ROWS: usize = 50_000;
 /// Payload bytes per bulk insert: a statement's payload array stays far below the 1 GiB a value
 /// may have, and the server's memory for one statement small.
 const BULK_BYTES: usize = 16 << 20;
-
-impl Schema for Sql {
-    const SCHEMA_TABLE: &'static str = "CREATE TABLE IF NOT EXISTS rowclaim_schema \
-         (component text PRIMARY KEY, version integer NOT NULL)";
-    const JOBS: &'static [&'static [&'static str]] = QUEUE_MIGRATIONS;
-    const SCHEDULES: &'static [&'static [&'static str]] = SCHEDULE_MIGRATIONS;
-    const ENQUEUE: &'static [&'static [&'static str]] = super::enqueue_sql::POSTGRES;
-
-    fn set_version(_: &mut B, _: i32) -> String {
-        "ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version".to_owned()
-    }
-}
-
-/// The managed queue's schema, one list of statements per version. Append, never edit.
-const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
-    "CREATE TABLE IF NOT EXISTS rowclaim_jobs (
-        id bigserial PRIMARY KEY,
-        queue text NOT NULL DEFAULT 'default',
-        kind text NOT NULL DEFAULT '',
-        payload jsonb NOT NULL DEFAULT '{}',
-        status text NOT NULL DEFAULT 'ready',
-        priority integer NOT NULL DEFAULT 0,
-        run_at timestamptz NOT NULL DEFAULT now(),
-        attempts integer NOT NULL DEFAULT 0,
-        max_attempts integer NOT NULL DEFAULT 25,
-        owner text,
-        lease_until timestamptz,
-        unique_key text,
-        last_error text,
-        created_at timestamptz NOT NULL DEFAULT now(),
-        finished_at timestamptz)",
-    // Claims read only ready jobs of a queue in priority order: a partial index stays small
-    // however many finished jobs the table keeps.
-    "CREATE INDEX IF NOT EXISTS rowclaim_jobs_ready \
-     ON rowclaim_jobs (queue, priority DESC, run_at, id) WHERE status = 'ready'",
-    "CREATE INDEX IF NOT EXISTS rowclaim_jobs_running \
-     ON rowclaim_jobs (lease_until) WHERE status = 'running'",
-    "CREATE INDEX IF NOT EXISTS rowclaim_jobs_owner ON rowclaim_jobs (owner) WHERE status = 'running'",
-    "CREATE UNIQUE INDEX IF NOT EXISTS rowclaim_jobs_unique ON rowclaim_jobs (unique_key) \
-     WHERE unique_key IS NOT NULL AND status IN ('ready', 'running')",
-    "CREATE INDEX IF NOT EXISTS rowclaim_jobs_finished ON rowclaim_jobs (finished_at) \
-     WHERE status IN ('completed', 'dead', 'cancelled')",
-],
-    // v2: a claim looks for expired leases through the lease index. The owner index matched the
-    // same rows, and the planner sometimes walked all of it (every job run since the last vacuum)
-    // instead; lookups by token read the small set of running jobs through the lease index.
-    &["DROP INDEX IF EXISTS rowclaim_jobs_owner"],
-    // v3: a job's own time limit (NULL: the worker's).
-    &["ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS timeout_ms bigint"],
-    // v4: what a completed job produced; per-queue settings (paused since when).
-    &[
-        "ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS output jsonb",
-        "CREATE TABLE IF NOT EXISTS rowclaim_queues (name text PRIMARY KEY, paused_at timestamptz)",
-    ],
-    // v5: limits (see `limits/`): a job's limit key and when its latest attempt started; a
-    // queue's limits, and the turns its limited claims take on its row; the starts a rate
-    // limit counts.
-    &[
-        "ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS limit_key text, \
-         ADD COLUMN IF NOT EXISTS attempted_at timestamptz",
-        "ALTER TABLE rowclaim_queues ADD COLUMN IF NOT EXISTS concurrency bigint, \
-         ADD COLUMN IF NOT EXISTS key_concurrency bigint, ADD COLUMN IF NOT EXISTS rate bigint, \
-         ADD COLUMN IF NOT EXISTS rate_period_ms bigint, ADD COLUMN IF NOT EXISTS key_rate bigint, \
-         ADD COLUMN IF NOT EXISTS key_rate_period_ms bigint, \
-         ADD COLUMN IF NOT EXISTS claim_turns bigint NOT NULL DEFAULT 0",
-        "CREATE TABLE IF NOT EXISTS rowclaim_starts \
-         (queue text NOT NULL, limit_key text, started_ms bigint NOT NULL)",
-        "CREATE INDEX IF NOT EXISTS rowclaim_starts_queue ON rowclaim_starts (queue, started_ms)",
-        "CREATE INDEX IF NOT EXISTS rowclaim_starts_key \
-         ON rowclaim_starts (queue, limit_key, started_ms) WHERE limit_key IS NOT NULL",
-        // A keyed job's place in its key's line, read job by job by a limited claim.
-        "CREATE INDEX IF NOT EXISTS rowclaim_jobs_limit ON rowclaim_jobs (queue, limit_key, status, id) \
-         WHERE limit_key IS NOT NULL AND status IN ('ready', 'running')",
-    ],
-    // v6: a job's failed attempts, each with its error and times (the last 20; see
-    // `outcome_set`).
-    &["ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS errors jsonb"],
-    // v7: jobs that wait for other jobs (`after.rs`): what each waits for, and whether it runs
-    // anyway when one of those ends dead or cancelled. A waiting job's status is 'waiting',
-    // which no claim reads.
-    &[
-        "CREATE TABLE IF NOT EXISTS rowclaim_waits \
-         (job bigint NOT NULL, waits_for bigint NOT NULL, PRIMARY KEY (job, waits_for))",
-        "CREATE INDEX IF NOT EXISTS rowclaim_waits_for ON rowclaim_waits (waits_for)",
-        "ALTER TABLE rowclaim_jobs ADD COLUMN IF NOT EXISTS if_failed text",
-        "CREATE INDEX IF NOT EXISTS rowclaim_jobs_waiting ON rowclaim_jobs (id) \
-         WHERE status = 'waiting'",
-    ],
-    // v8: dead and cancelled jobs by queue, so that stats count them per queue without
-    // reading the other finished jobs (`counts/`). A completion writes no entry here.
-    &["CREATE INDEX IF NOT EXISTS rowclaim_jobs_failed ON rowclaim_jobs (status, queue) \
-       WHERE status IN ('dead', 'cancelled')"],
-];
-
-/// The schedules' schema, one list of statements per version. Append, never edit.
-const SCHEDULE_MIGRATIONS: &[&[&str]] = &[&["CREATE TABLE IF NOT EXISTS rowclaim_schedules (
-        name text PRIMARY KEY,
-        queue text NOT NULL,
-        kind text NOT NULL,
-        expression text NOT NULL,
-        zone text,
-        catch_up text NOT NULL,
-        fingerprint text NOT NULL,
-        next_tick timestamptz NOT NULL,
-        last_tick timestamptz,
-        last_job bigint,
-        updated_at timestamptz NOT NULL DEFAULT now())"]];
 
 /// When a job runs: at its absolute time (epoch ms) if it has one, else now + its delay.
 fn run_at(at: &str, delay: &str) -> String {

@@ -1,9 +1,16 @@
 //! The managed queue's migrations, written once: each schema component (the jobs', the
 //! schedules', the enqueue routine's) has a version in `rowclaim_schema`, and an init runs the
 //! steps of every later version, recording each version as it is done. Each database gives only what differs: its
-//! DDL ([`Schema`], in its own file beside this one) and how concurrent inits take turns (its
+//! DDL ([`Schema`], in a file of its own in this module) and how concurrent inits take turns (its
 //! store's `init`: PostgreSQL's advisory lock in the init's transaction, MySQL's named lock on
 //! one connection, SQLite's write transaction).
+
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 
 use crate::backend::run::{Fetch, Run};
 use crate::backend::sql::{Binder, Dialect, Stmt};
