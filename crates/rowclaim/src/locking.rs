@@ -16,7 +16,7 @@ pub enum LockMode {
 pub enum LockWait {
     /// Wait for them.
     Wait,
-    /// Fail at once with [`Error::Locked`].
+    /// Fail at once with [`Error::Locked`](crate::Error::Locked).
     NoWait,
     /// Leave them out of the result.
     SkipLocked,

@@ -75,7 +75,7 @@ impl Token {
         Token(uuid::Builder::from_unix_timestamp_millis(ms, &bytes).into_uuid())
     }
 
-    /// The last 48 bits of a token (its last 12 hex digits), which [`Token::tagged`] sets: what
+    /// The last 48 bits of a token (its last 12 hex digits), which `Token::tagged` sets: what
     /// ties a claim to the worker that took it.
     pub fn tag(&self) -> u64 {
         let b = self.0.as_bytes();

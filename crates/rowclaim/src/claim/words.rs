@@ -47,7 +47,7 @@ impl ClaimedRow {
     }
 }
 
-/// Work left in a source, from [`Claimer::backlog`].
+/// Work left in a source, from [`Claimer::backlog`](crate::Claimer::backlog).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct Backlog {

@@ -16,6 +16,8 @@ impl Queue {
     /// Enqueues one job: a [`NewJob`], or a value of a [`JobArgs`] type (its kind, queue and
     /// settings from its type). With a unique key that is pending already, returns that job
     /// instead.
+    ///
+    /// [`JobArgs`]: crate::JobArgs
     pub async fn enqueue(&self, job: &impl ToNewJob) -> Result<Enqueued> {
         let job = job.to_new_job()?;
         job.check()?;
@@ -27,6 +29,8 @@ impl Queue {
     /// Enqueues many jobs ([`NewJob`]s, or values of one [`JobArgs`] type) in one
     /// transaction: all of them or, on any error, none. Returns how many new jobs were added
     /// (jobs whose unique key was pending already are not added).
+    ///
+    /// [`JobArgs`]: crate::JobArgs
     pub async fn enqueue_many<J: ToNewJob>(&self, jobs: &[J]) -> Result<u64> {
         let jobs = J::to_new_jobs(jobs)?;
         check_jobs(&jobs)?;
@@ -83,6 +87,8 @@ impl Queue {
     /// yours, nothing looks after it: a job it waits for that finishes between this call and
     /// your commit leaves it waiting until a worker's sweep (once a lease) or until you call
     /// [`Queue::release_waiting`] after your commit.
+    ///
+    /// [`JobArgs`]: crate::JobArgs
     #[cfg(feature = "postgres")]
     pub async fn enqueue_postgres(
         conn: &mut sqlx::PgConnection,
@@ -97,6 +103,8 @@ impl Queue {
     /// transaction. Pass `&mut tx`. A job that waits ([`NewJob::after`]): as
     /// [`Queue::enqueue_postgres`] says (call [`Queue::release_waiting`] after your commit, or
     /// leave it to the workers' sweep).
+    ///
+    /// [`JobArgs`]: crate::JobArgs
     #[cfg(feature = "mysql")]
     pub async fn enqueue_mysql(
         conn: &mut sqlx::MySqlConnection,
@@ -111,6 +119,8 @@ impl Queue {
     /// transaction. Pass `&mut tx`. A job that waits ([`NewJob::after`]): as
     /// [`Queue::enqueue_postgres`] says (call [`Queue::release_waiting`] after your commit, or
     /// leave it to the workers' sweep).
+    ///
+    /// [`JobArgs`]: crate::JobArgs
     #[cfg(feature = "sqlite")]
     pub async fn enqueue_sqlite(
         conn: &mut sqlx::SqliteConnection,
