@@ -47,6 +47,9 @@ const MADE_ALREADY: [u16; 4] = [1060, 1061, 1091, 1304];
 /// EXISTS` for columns and keys (MariaDB has): each `ALTER` makes one change, and the error that
 /// says it is made already (1060, 1061, 1091: [`MADE_ALREADY`]) counts as done.
 ///
+/// A new version is checked by two tests that name the latest version: `init_concurrently`
+/// (`tests/queue.rs`) and the Galera test (`rowclaim-cli/tests/galera.rs`).
+///
 /// v1: the jobs table. MySQL has no partial indexes: the stored generated `pending_key` holds the
 /// unique key only while the job is ready or running, and NULLs do not collide in a unique index,
 /// so a key is unique among pending jobs only. Times are UTC.

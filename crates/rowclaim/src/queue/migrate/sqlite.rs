@@ -19,7 +19,8 @@ impl Schema for Sql {
     }
 }
 
-/// The managed queue's schema, one list of statements per version. Append, never edit.
+/// The managed queue's schema, one list of statements per version. Append, never edit; a new
+/// version is checked by `init_concurrently` (`tests/queue.rs`), which names the latest.
 const QUEUE_MIGRATIONS: &[&[&str]] = &[&[
     "CREATE TABLE IF NOT EXISTS rowclaim_jobs (
         id INTEGER PRIMARY KEY,
