@@ -127,8 +127,14 @@ impl TestDb {
                     .execute(&a)
                     .await
                     .expect("create test database");
+                // A database that cannot be reached is dropped before the test fails: no
+                // TestDb exists yet to drop it.
+                let pool = PgPool::connect(&url).await;
+                if pool.is_err() {
+                    let _ = sqlx::query(drop_sql(backend, &name)).execute(&a).await;
+                }
                 a.close().await;
-                Raw::Pg(PgPool::connect(&url).await.expect("connect test db"))
+                Raw::Pg(pool.expect("connect test db"))
             }
             Backend::MySql => {
                 let a = MySqlPool::connect(admin)
@@ -138,8 +144,12 @@ impl TestDb {
                     .execute(&a)
                     .await
                     .expect("create test database");
+                let pool = MySqlPool::connect(&url).await;
+                if pool.is_err() {
+                    let _ = sqlx::query(drop_sql(backend, &name)).execute(&a).await;
+                }
                 a.close().await;
-                Raw::My(MySqlPool::connect(&url).await.expect("connect test db"))
+                Raw::My(pool.expect("connect test db"))
             }
             Backend::Sqlite => panic!("SQLite databases are files: use TestDb::new"),
         };
@@ -339,23 +349,14 @@ impl TestDb {
             Raw::Lite(p) => p.close().await,
         }
         let Some(admin) = &self.admin else { return };
-        let sql = match self.backend {
-            Backend::Postgres => format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
-            _ => format!("DROP DATABASE IF EXISTS {}", self.name),
-        };
+        let sql = drop_sql(self.backend, &self.name);
         let result = match self.backend {
             Backend::Postgres => match PgPool::connect(admin).await {
-                Ok(a) => sqlx::query(sqlx::AssertSqlSafe(sql))
-                    .execute(&a)
-                    .await
-                    .map(|_| ()),
+                Ok(a) => sqlx::query(sql).execute(&a).await.map(|_| ()),
                 Err(e) => Err(e),
             },
             _ => match MySqlPool::connect(admin).await {
-                Ok(a) => sqlx::query(sqlx::AssertSqlSafe(sql))
-                    .execute(&a)
-                    .await
-                    .map(|_| ()),
+                Ok(a) => sqlx::query(sql).execute(&a).await.map(|_| ()),
                 Err(e) => Err(e),
             },
         };
@@ -363,6 +364,14 @@ impl TestDb {
             eprintln!("could not drop test database {}: {e}", self.name);
         }
     }
+}
+
+/// Drops the test database `name` (on PostgreSQL also while connections are still open).
+fn drop_sql(backend: Backend, name: &str) -> sqlx::AssertSqlSafe<String> {
+    sqlx::AssertSqlSafe(match backend {
+        Backend::Postgres => format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        _ => format!("DROP DATABASE IF EXISTS {name}"),
+    })
 }
 
 /// Runs `test` on a fresh database of `backend`, then drops the database (also after a panic).
