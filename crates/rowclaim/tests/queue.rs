@@ -702,7 +702,8 @@ async fn migration_steps_run_again(t: Arc<TestDb>) {
          COALESCE(GENERATION_EXPRESSION, '')) FROM information_schema.COLUMNS \
          WHERE TABLE_SCHEMA = DATABASE() \
          UNION ALL SELECT CONCAT(TABLE_NAME, ' key ', INDEX_NAME, ' ', SEQ_IN_INDEX, ' ', \
-         COLUMN_NAME) FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() \
+         COLUMN_NAME, ' ', NON_UNIQUE, ' ', COALESCE(COLLATION, '')) \
+         FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() \
          ORDER BY 1";
     let versions = "SELECT CONCAT(component, ' ', version) FROM rowclaim_schema ORDER BY 1";
     let (before, at) = (t.strings(schema).await, t.strings(versions).await);

@@ -29,23 +29,36 @@ impl Schema for Sql {
 
     /// A step of a migration that ran before (see [`MIGRATIONS`]), or, for a routine, that
     /// another node's init created between this one's `DROP … IF EXISTS` and its `CREATE` (the
-    /// same version's routine).
-    fn made_already(e: &Error) -> bool {
-        matches!(e, Error::Database(d)
-            if error_number(d.sqlx()).is_some_and(|n| MADE_ALREADY.contains(&n)))
+    /// same version's routine): the one error that says so for that kind of step.
+    fn made_already(step: &str, e: &Error) -> bool {
+        let Error::Database(d) = e else {
+            return false;
+        };
+        error_number(d.sqlx()).is_some_and(|n| made_already_by(step) == Some(n))
     }
 }
 
-/// The errors of a migration step whose change is there already: 1060 a column of that name
-/// exists, 1061 a key of that name exists, 1091 the column or key to drop is not there, 1304 a
-/// routine of that name exists.
-const MADE_ALREADY: [u16; 4] = [1060, 1061, 1091, 1304];
+/// The error that says `step`'s change is there already: 1060 a column of that name exists
+/// (`ADD COLUMN`), 1061 a key of that name exists (`ADD KEY`), 1091 the key to drop is not there
+/// (a `DROP KEY` alone), 1304 a routine of that name exists (`CREATE PROCEDURE`). None for any
+/// other step: a key dropped and added again in one `ALTER` (v2) fails with 1091 only when the
+/// key was never made, which is not "made already".
+fn made_already_by(step: &str) -> Option<u16> {
+    let words: Vec<&str> = step.split_whitespace().take(5).collect();
+    match words.as_slice() {
+        ["ALTER", "TABLE", _, "ADD", "COLUMN"] => Some(1060),
+        ["ALTER", "TABLE", _, "ADD", "KEY"] => Some(1061),
+        ["ALTER", "TABLE", _, "DROP", "KEY"] if !step.contains(',') => Some(1091),
+        ["CREATE", "PROCEDURE", ..] => Some(1304),
+        _ => None,
+    }
+}
 
 /// The managed queue's migrations: version `i + 1` is entry `i`.
 /// MySQL commits DDL at once, so each statement must be safe to run again (after a crash between
 /// it and the version update, or beside another Galera node's init). MySQL 8 has no `IF [NOT]
 /// EXISTS` for columns and keys (MariaDB has): each `ALTER` makes one change, and the error that
-/// says it is made already (1060, 1061, 1091: [`MADE_ALREADY`]) counts as done.
+/// says it is made already ([`made_already_by`]) counts as done.
 ///
 /// A new version is checked by two tests that name the latest version: `init_concurrently`
 /// (`tests/queue.rs`) and the Galera test (`rowclaim-cli/tests/galera.rs`).
@@ -162,3 +175,40 @@ const SCHEDULE_MIGRATIONS: &[&[&str]] = &[&["CREATE TABLE IF NOT EXISTS rowclaim
     last_job BIGINT NULL,
     updated_at DATETIME(6) NOT NULL
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"]];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each step that changes the jobs table has the one error that says its change is there
+    /// already, but v2, a key dropped and added again, whose 1091 would say the key was never
+    /// made (a table `init` did not make): that fails the init as it should.
+    #[test]
+    fn made_already_fits_the_step() {
+        let v2 = MIGRATIONS[1][0];
+        assert!(v2.contains("DROP KEY rowclaim_jobs_claim, ADD KEY rowclaim_jobs_claim"));
+        assert_eq!(made_already_by(v2), None);
+        let by = |step| {
+            made_already_by(
+                MIGRATIONS
+                    .iter()
+                    .flat_map(|v| v.iter())
+                    .find(|s| s.contains(step))
+                    .unwrap_or(&""),
+            )
+        };
+        assert_eq!(by("ADD COLUMN timeout_ms"), Some(1060));
+        assert_eq!(by("ADD COLUMN limit_status"), Some(1060));
+        assert_eq!(by("ADD KEY rowclaim_jobs_line"), Some(1061));
+        assert_eq!(by("DROP KEY rowclaim_jobs_owner"), Some(1091));
+        assert_eq!(by("CREATE TABLE IF NOT EXISTS rowclaim_waits"), None);
+        assert_eq!(
+            made_already_by(crate::queue::enqueue_sql::MYSQL[1][1]),
+            Some(1304)
+        );
+        for step in MIGRATIONS.iter().skip(2).flat_map(|v| v.iter()) {
+            let creates = step.starts_with("CREATE TABLE IF NOT EXISTS");
+            assert!(creates || made_already_by(step).is_some(), "{step}");
+        }
+    }
+}
