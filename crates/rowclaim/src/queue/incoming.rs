@@ -162,8 +162,8 @@ pub(crate) enum Piece<'a> {
 }
 
 /// The pieces of `jobs`, in their order, each made when asked for (so a store that takes the
-/// jobs' columns as it goes never holds a whole chunk's). A bulk piece holds at most `rows` jobs and at most `bytes` bytes of payload,
-/// unless one job alone has more.
+/// jobs' columns as it goes never holds a whole chunk's). A bulk piece holds at most `rows` jobs
+/// and at most `bytes` bytes of payload, unless one job alone has more.
 pub(crate) fn pieces<'a, I: Iterator<Item = JobParts<'a>>>(
     jobs: impl IntoIterator<IntoIter = I>,
     rows: usize,

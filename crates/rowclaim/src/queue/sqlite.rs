@@ -141,8 +141,8 @@ async fn insert_jobs<R: Run<Sql = Sql>>(
 }
 
 /// Inserts `run` (jobs without a unique key) in one statement; their ids go to `out` in the
-/// order of `run`. The write transaction is this process's alone and a new row's
-/// id is the largest so far plus one, so the ids ascend in the order of the VALUES; RETURNING
+/// order of `run`. The write transaction is this process's alone and a new row's id is the
+/// largest so far plus one, so the ids ascend in the order of the VALUES; RETURNING
 /// promises no order, hence the sort.
 async fn insert_bulk<R: Run<Sql = Sql>>(
     r: &R,

@@ -180,6 +180,69 @@ const SCHEDULE_MIGRATIONS: &[&[&str]] = &[&["CREATE TABLE IF NOT EXISTS rowclaim
 mod tests {
     use super::*;
 
+    /// Every step of every component, in order.
+    fn all_steps() -> impl Iterator<Item = &'static str> {
+        [
+            MIGRATIONS,
+            SCHEDULE_MIGRATIONS,
+            crate::queue::enqueue_sql::MYSQL,
+        ]
+        .into_iter()
+        .flatten()
+        .flat_map(|steps| steps.iter().copied())
+    }
+
+    /// MySQL 8 has no `IF [NOT] EXISTS` for a column or a key, and a step that ran before is
+    /// known by its error alone ([`made_already_by`]): so each `ALTER` makes one change (its
+    /// clauses split at the commas outside parentheses), or drops a key and adds it again
+    /// (which runs twice as it is). No step uses what only MariaDB has (`IF [NOT] EXISTS` but
+    /// for tables and routines, `OR REPLACE`, `RETURNING`).
+    #[test]
+    fn steps_are_mysql_8s_and_alters_make_one_change_each() {
+        let allowed = ["CREATE TABLE IF NOT EXISTS ", "DROP PROCEDURE IF EXISTS "];
+        let mut alters = 0;
+        for step in all_steps() {
+            let head = step.split('(').next().unwrap_or(step);
+            assert!(
+                !head.contains(" IF ") || allowed.iter().any(|a| head.starts_with(a)),
+                "MySQL 8 refuses it: {step}"
+            );
+            assert!(
+                !step.contains("OR REPLACE") && !step.contains("RETURNING"),
+                "{step}"
+            );
+            if !step.starts_with("ALTER TABLE") {
+                continue;
+            }
+            alters += 1;
+            assert!(!step.contains(" IF "), "MySQL 8 refuses it: {step}");
+            let (mut depth, mut clauses) = (0, vec![String::new()]);
+            for c in step.chars() {
+                match c {
+                    '(' => depth += 1,
+                    ')' => depth -= 1,
+                    ',' if depth == 0 => {
+                        clauses.push(String::new());
+                        continue;
+                    }
+                    _ => {}
+                }
+                if let Some(clause) = clauses.last_mut() {
+                    clause.push(c);
+                }
+            }
+            let words: Vec<&str> = clauses[0].split_whitespace().collect();
+            let again = match (words.as_slice(), clauses.get(1)) {
+                (["ALTER", "TABLE", _, "DROP", "KEY", key], Some(add)) => {
+                    clauses.len() == 2 && add.trim().starts_with(&format!("ADD KEY {key} "))
+                }
+                _ => false,
+            };
+            assert!(clauses.len() == 1 || again, "more than one change: {step}");
+        }
+        assert!(alters > 10, "{alters} ALTERs");
+    }
+
     /// Each step that changes the jobs table has the one error that says its change is there
     /// already, but v2, a key dropped and added again, whose 1091 would say the key was never
     /// made (a table `init` did not make): that fails the init as it should.
@@ -188,24 +251,16 @@ mod tests {
         let v2 = MIGRATIONS[1][0];
         assert!(v2.contains("DROP KEY rowclaim_jobs_claim, ADD KEY rowclaim_jobs_claim"));
         assert_eq!(made_already_by(v2), None);
-        let by = |step| {
-            made_already_by(
-                MIGRATIONS
-                    .iter()
-                    .flat_map(|v| v.iter())
-                    .find(|s| s.contains(step))
-                    .unwrap_or(&""),
-            )
+        let by = |text: &str| {
+            let step = all_steps().find(|s| s.contains(text));
+            made_already_by(step.unwrap_or_else(|| panic!("no step has {text:?}")))
         };
         assert_eq!(by("ADD COLUMN timeout_ms"), Some(1060));
         assert_eq!(by("ADD COLUMN limit_status"), Some(1060));
         assert_eq!(by("ADD KEY rowclaim_jobs_line"), Some(1061));
         assert_eq!(by("DROP KEY rowclaim_jobs_owner"), Some(1091));
         assert_eq!(by("CREATE TABLE IF NOT EXISTS rowclaim_waits"), None);
-        assert_eq!(
-            made_already_by(crate::queue::enqueue_sql::MYSQL[1][1]),
-            Some(1304)
-        );
+        assert_eq!(by("CREATE PROCEDURE rowclaim_enqueue"), Some(1304));
         for step in MIGRATIONS.iter().skip(2).flat_map(|v| v.iter()) {
             let creates = step.starts_with("CREATE TABLE IF NOT EXISTS");
             assert!(creates || made_already_by(step).is_some(), "{step}");
