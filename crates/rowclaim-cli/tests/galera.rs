@@ -508,7 +508,7 @@ async fn galera_cluster() {
         assert_eq!(
             db.count("SELECT version FROM rowclaim_schema WHERE component = 'jobs'")
                 .await,
-            15,
+            16,
             "round {round}"
         );
         assert_eq!(

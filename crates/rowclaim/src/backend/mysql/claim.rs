@@ -217,9 +217,13 @@ pub(crate) fn skip_locked_pick(a: &ClaimArgs<'_>) -> Stmt<Sql> {
     let mut b = B::new();
     let batch = i64::from(a.batch);
     let arm = |b: &mut B, cond: String| locking_arm(m, b, &cond, batch);
-    let sql = match a.expired.then(|| sql::expired_arm(m, &mut b)).flatten() {
-        Some(expired) => {
-            let e = arm(&mut b, expired);
+    let expired = if a.expired {
+        expired_locking_arm(m, &mut b, batch)
+    } else {
+        None
+    };
+    let sql = match expired {
+        Some(e) => {
             let ready = sql::ready_arm(m, &mut b);
             let r = arm(&mut b, ready);
             format!("{e} UNION ALL {r} LIMIT {}", b.bind(batch))
@@ -381,6 +385,32 @@ fn locking_arm(m: &Mapping, b: &mut B, cond: &str, batch: i64) -> String {
         m.order_by,
         b.bind(batch)
     )
+}
+
+/// The expired arm of the skip-locked claim: the first `batch` rows whose lease has ended are
+/// found by a read without locks, and only those are locked, where the lease has ended still.
+/// Without a partial index the look reads every claimed row, and a locking read locks each row
+/// it reads before it can see the lease (letting go of it again at READ COMMITTED): looking
+/// without locks, through an index that holds the lease (the managed queue's claim index), is
+/// about four times as fast. MySQL does not lock what a locking read's subqueries read. None
+/// without a lease column.
+fn expired_locking_arm(m: &Mapping, b: &mut B, batch: i64) -> Option<String> {
+    let expired = sql::expired_arm(m, b)?;
+    let found = format!(
+        "SELECT t.{id} AS rowclaim_id FROM {table} AS t WHERE {expired}{filter} ORDER BY {order} \
+         LIMIT {limit}",
+        id = m.id,
+        table = m.table,
+        filter = m.filter,
+        order = m.order_by,
+        limit = b.bind(batch),
+    );
+    let still = sql::expired_arm(m, b)?;
+    let cond = format!(
+        "t.{} IN (SELECT rowclaim_id FROM ({found}) AS rowclaim_expired) AND {still}",
+        m.id
+    );
+    Some(locking_arm(m, b, &cond, batch))
 }
 
 /// The optimistic claim's candidates, read without locks.
