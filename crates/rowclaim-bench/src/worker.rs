@@ -129,6 +129,10 @@ async fn limit_queue(url: &str, a: &WorkerArgs) -> Result<Option<rowclaim::Queue
             super::QUEUE
         ))
         .await?;
+        // The fill's statistics said no job has a key, and the update left a dead version of
+        // every job: fresh statistics are gathered again (stale ones stay as they were), or the
+        // planner plans the limited claim for a table without keys until autovacuum comes.
+        raw.settle("rowclaim_jobs", a.stats).await?;
     }
     let mut limits = rowclaim::QueueLimits::default();
     limits.concurrency = a.limit_concurrency;
