@@ -166,14 +166,20 @@ impl TestDb {
 
     /// A fresh database of `backend`, reached by the library `via` a route (see [`Via`]).
     pub async fn new_via(backend: Backend, via: Via) -> TestDb {
+        // The pooler first: a test that fails to start it (PgBouncer missing) leaves no
+        // database behind.
+        let bouncer = match via {
+            Via::PgBouncer => {
+                assert_eq!(backend, Backend::Postgres, "PgBouncer is for PostgreSQL");
+                let opts: sqlx::postgres::PgConnectOptions = pg_admin()
+                    .parse()
+                    .unwrap_or_else(|e| panic!("ROWCLAIM_TEST_POSTGRES: {e}"));
+                Some(crate::pgbouncer::PgBouncer::start(opts.get_host(), opts.get_port()).await)
+            }
+            Via::Direct => None,
+        };
         let mut t = TestDb::new(backend).await;
-        if via == Via::PgBouncer {
-            assert_eq!(backend, Backend::Postgres, "PgBouncer is for PostgreSQL");
-            let opts: sqlx::postgres::PgConnectOptions = pg_admin()
-                .parse()
-                .unwrap_or_else(|e| panic!("ROWCLAIM_TEST_POSTGRES: {e}"));
-            let bouncer =
-                crate::pgbouncer::PgBouncer::start(opts.get_host(), opts.get_port()).await;
+        if let Some(bouncer) = bouncer {
             t.url = bouncer.url(&t.name);
             t.pooler = Some(bouncer);
         }
