@@ -33,6 +33,9 @@ pub(super) const WINDOW: i64 = 1000;
 /// keys with ready jobs, however deep their lines. Jobs without a key are read in claim order
 /// (no index holds them apart; a queue of keyed jobs only reads its ready jobs' index to its
 /// end). PostgreSQL only ([`Dialect::SKIP_SCAN`]; it reads each front through `LATERAL`).
+/// The next key is the first by `ORDER BY … LIMIT 1`, not `MIN`: while the planner's statistics
+/// say no job has a key (keys new to a table not analyzed since), PostgreSQL read the whole
+/// table for each `MIN` of a key after a parameter, one key at a time.
 pub(crate) fn heads_sql<D: Schema>(
     queue: &str,
     kinds: &[String],
@@ -53,10 +56,10 @@ pub(crate) fn heads_sql<D: Schema>(
     let take = b.bind(take);
     let sql = format!(
         "WITH RECURSIVE rowclaim_keys (k) AS (\
-         SELECT MIN(limit_key) FROM rowclaim_jobs WHERE queue = {q1} AND status = {READY} \
-         AND limit_key IS NOT NULL \
-         UNION ALL SELECT (SELECT MIN(o.limit_key) FROM rowclaim_jobs AS o WHERE o.queue = {q2} \
-         AND o.status = {READY} AND o.limit_key > rowclaim_keys.k) \
+         SELECT (SELECT limit_key FROM rowclaim_jobs WHERE queue = {q1} AND status = {READY} \
+         AND limit_key IS NOT NULL ORDER BY limit_key LIMIT 1) \
+         UNION ALL SELECT (SELECT o.limit_key FROM rowclaim_jobs AS o WHERE o.queue = {q2} \
+         AND o.status = {READY} AND o.limit_key > rowclaim_keys.k ORDER BY o.limit_key LIMIT 1) \
          FROM rowclaim_keys WHERE rowclaim_keys.k IS NOT NULL) \
          SELECT CAST(f.id AS {}) FROM ((SELECT j.id, j.priority, j.run_at FROM rowclaim_keys \
          CROSS JOIN LATERAL (SELECT h.id FROM rowclaim_jobs AS h WHERE h.queue = {q3} \
