@@ -151,8 +151,9 @@ fn limited<D: Schema>(payload_type: &str, strategy: Strategy) -> String {
                 heads,
             ),
         );
+        steps.insert(3, ("whether more wait behind", limits::waiting_sql("mail")));
         let fronts = limits::heads_sql("mail", &kinds, &two_per_key, 2);
-        steps.insert(5, ("the first two of lines further back", fronts));
+        steps.insert(6, ("the first two of lines further back", fronts));
     }
     steps
         .into_iter()

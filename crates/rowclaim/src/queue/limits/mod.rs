@@ -282,7 +282,7 @@ where
     if tx.execute(turn_sql(queue, wait_for_others)).await? == 0 {
         return Ok(vec![]);
     }
-    let Some((_, columns)) = tx.named_numbers(read_sql(queue), 9).await?.pop() else {
+    let Some((_, columns)) = tx.named_numbers(read_sql(queue), 8).await?.pop() else {
         return Ok(vec![]);
     };
     let limits = QueueLimits::from_columns(&columns);
@@ -292,8 +292,10 @@ where
         return Ok(vec![]);
     }
     let mut picked = tx.texts(pick_ids_sql(queue, kinds, &limits, room)).await?;
-    let more_behind = count(8) >= WINDOW;
-    if limits.looks_further::<R::Sql>() && more_behind && (picked.len() as i64) * 2 < room {
+    if limits.looks_further::<R::Sql>()
+        && (picked.len() as i64) * 2 < room
+        && tx.count(waiting_sql(queue)).await? >= WINDOW
+    {
         // The first jobs in claim order left most of the room, and more wait behind them: the
         // fronts of lines further back, and jobs without a key.
         let seen: HashSet<String> = picked.iter().cloned().collect();
@@ -345,29 +347,33 @@ pub(crate) fn turn_sql<D: Dialect>(queue: &str, wait_for_others: bool) -> Stmt<D
     Stmt::new(sql, b)
 }
 
-/// The queue's limits, what runs and what started within its rate period, and, where a claim
-/// may look further back than its first [`WINDOW`] ready jobs, how many due ready jobs there
-/// are up to that many, in one read. (A count a limit does not need is not made.)
+/// The queue's limits, and what runs and what started within its rate period, in one read.
+/// (A count a limit does not need is not made.)
 pub(crate) fn read_sql<D: Dialect>(queue: &str) -> Stmt<D> {
     let (now, now_ms) = (D::NOW, D::epoch_ms(D::NOW));
-    let waiting = if D::SKIP_SCAN {
-        format!(
-            "CASE WHEN key_concurrency IS NULL AND key_rate IS NULL THEN 0 ELSE \
-             (SELECT COUNT(*) FROM (SELECT 1 FROM rowclaim_jobs w WHERE w.queue = q.name \
-             AND w.status = {READY} AND w.run_at <= {now} LIMIT {WINDOW}) AS rowclaim_w) END"
-        )
-    } else {
-        "0".to_owned()
-    };
     let mut b = Binder::<D>::new();
     let sql = format!(
         "SELECT name, {COLUMNS}, \
          CASE WHEN concurrency IS NULL THEN 0 ELSE (SELECT COUNT(*) FROM rowclaim_jobs j \
            WHERE j.queue = q.name AND j.status = {RUNNING} AND j.lease_until >= {now}) END, \
          CASE WHEN rate IS NULL THEN 0 ELSE (SELECT COUNT(*) FROM rowclaim_starts s \
-           WHERE s.queue = q.name AND s.started_ms >= {now_ms} - q.rate_period_ms) END, \
-         {waiting} FROM rowclaim_queues q WHERE name = {}",
+           WHERE s.queue = q.name AND s.started_ms >= {now_ms} - q.rate_period_ms) END \
+         FROM rowclaim_queues q WHERE name = {}",
         b.bind(queue.to_owned())
+    );
+    Stmt::new(sql, b)
+}
+
+/// How many due jobs of `queue` are ready, up to [`WINDOW`]: whether more wait behind the first
+/// jobs a claim looked at. Asked only when those left most of its room, so that a claim that
+/// fills its room from them does not walk a thousand index entries to learn it.
+pub(crate) fn waiting_sql<D: Dialect>(queue: &str) -> Stmt<D> {
+    let mut b = Binder::<D>::new();
+    let sql = format!(
+        "SELECT COUNT(*) FROM (SELECT 1 FROM rowclaim_jobs w WHERE w.queue = {} \
+         AND w.status = {READY} AND w.run_at <= {} LIMIT {WINDOW}) AS rowclaim_w",
+        b.bind(queue.to_owned()),
+        D::NOW
     );
     Stmt::new(sql, b)
 }
