@@ -159,6 +159,12 @@ macro_rules! contract_suite {
         mod skip_locked {
             $crate::__contract_strategy_cases!($crate::__private::rowclaim::Strategy::SkipLocked);
             $crate::__contract_token_cases!($crate::__private::rowclaim::Strategy::SkipLocked);
+            $crate::__contract_strategy_case!(
+                expired_rows_held_elsewhere_are_passed,
+                2,
+                held_expired_rows,
+                $crate::__private::rowclaim::Strategy::SkipLocked
+            );
         }
         mod token {
             $crate::__contract_strategy_cases!($crate::__private::rowclaim::Strategy::Token);

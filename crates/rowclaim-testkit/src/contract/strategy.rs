@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rowclaim::{Capability, Error, RowId, Strategy};
+use rowclaim::{Capability, Error, LockMode, LockWait, RowId, Strategy};
 
 use super::full_source;
 use crate::TestDb;
@@ -285,6 +285,45 @@ pub async fn own_rows_back_after_expiry(t: Arc<TestDb>, strategy: Strategy) {
         again.len(),
         3,
         "expired rows are claimable at once, not after a rescue pause"
+    );
+}
+
+/// Expired rows that another transaction holds (a claimer whose claim has not committed yet)
+/// are passed over, not waited for, and the expired rows behind them are claimed: a claim
+/// that finds its first candidates held still takes the next ones, and an empty claim still
+/// means nothing was claimable. Skip-locked claims on servers with row locks; with one writer
+/// at a time (SQLite) a held row is a held database, and there is nothing to pass.
+pub async fn held_expired_rows(t: Arc<TestDb>, strategy: Strategy) {
+    t.jobs(4).await;
+    let (db, other) = (t.db().await, t.db().await);
+    let c = db.claimer(full_source(), strategy).await.unwrap();
+    if !c.server().supports(Capability::ConcurrentWriters) {
+        return;
+    }
+    let first = c.claim(4, Duration::from_millis(300)).await.unwrap();
+    assert_eq!(first.len(), 4);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let holder = other.claimer(full_source(), strategy).await.unwrap();
+    let held_ids = [RowId::Int(1), RowId::Int(2)];
+    let held = holder
+        .lock(Some(&held_ids), None, LockMode::Update, LockWait::Wait)
+        .await
+        .unwrap();
+    assert_eq!(held.rows().len(), 2);
+    let next = c.claim(2, Duration::from_secs(30)).await.unwrap();
+    let ids: Vec<RowId> = next.rows().iter().map(|r| r.id.clone()).collect();
+    assert_eq!(
+        ids,
+        vec![RowId::Int(3), RowId::Int(4)],
+        "the rows behind the held ones"
+    );
+    held.rollback().await.unwrap();
+    let rest = c.claim(2, Duration::from_secs(30)).await.unwrap();
+    let ids: Vec<RowId> = rest.rows().iter().map(|r| r.id.clone()).collect();
+    assert_eq!(
+        ids,
+        vec![RowId::Int(1), RowId::Int(2)],
+        "once let go, claimable"
     );
 }
 

@@ -26,12 +26,42 @@ impl My {
         let m = a.m;
         let verify = self.verify_after_commit().await?;
         let mut tx = self.begin().await?;
-        let Stmt { sql, binder } = skip_locked_pick(a);
-        let found: Vec<String> = binder
+        let look = match a
+            .expired
+            .then(|| expired_ids_sql(m, i64::from(a.batch)))
+            .flatten()
+        {
+            Some(Stmt { sql, binder }) => {
+                let ids: Vec<String> = binder
+                    .scalar(sql)?
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(error)?;
+                if ids.is_empty() {
+                    Expired::Skip
+                } else {
+                    Expired::Among(id_list(m, &ids)?)
+                }
+            }
+            None => Expired::Skip,
+        };
+        let Stmt { sql, binder } = skip_locked_pick(a, &look);
+        let mut found: Vec<String> = binder
             .scalar(sql)?
             .fetch_all(&mut *tx)
             .await
             .map_err(error)?;
+        if found.is_empty() && matches!(look, Expired::Among(_)) {
+            // Every expired row the look found is held by another claimer whose claim has not
+            // committed yet (or was settled meanwhile): walk past them, as a locking read of
+            // them all does, so that an empty claim still means nothing was claimable.
+            let Stmt { sql, binder } = skip_locked_pick(a, &Expired::Walk);
+            found = binder
+                .scalar(sql)?
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(error)?;
+        }
         if found.is_empty() {
             tx.rollback().await.map_err(error)?;
             return Ok(Claimed::none());
@@ -209,20 +239,57 @@ impl My {
     }
 }
 
-/// The skip-locked claim's locking read: expired leases first, then ready rows, each arm its
-/// own locking read so each walks its own index; the arms may lock up to twice the batch for
-/// the moment of this transaction when leases have expired.
-pub(crate) fn skip_locked_pick(a: &ClaimArgs<'_>) -> Stmt<Sql> {
+/// How a skip-locked claim's locking read takes rows whose lease expired.
+pub(crate) enum Expired {
+    /// Not at all: the claim looks at ready rows only, or the look found none expired.
+    Skip,
+    /// Only these rows, which a read without locks found expired ([`expired_ids_sql`]), and
+    /// only where their lease has ended still, under the lock.
+    Among(IdList),
+    /// Every claimed row in the source's order, each locked before its lease is seen: past
+    /// the rows other claimers hold.
+    Walk,
+}
+
+/// The skip-locked claim's look for rows whose lease expired: the first `batch` of them, read
+/// without locks (None without a lease column). Without a partial index it reads every
+/// claimed row, and a locking read would lock each before it could see the lease (letting go
+/// of it again at READ COMMITTED); looking without locks, through an index that holds the
+/// lease (the managed queue's claim index, for a claimer of whole queues), is about four times
+/// as fast. The claim then locks only the rows it found ([`Expired::Among`]).
+pub(crate) fn expired_ids_sql(m: &Mapping, batch: i64) -> Option<Stmt<Sql>> {
+    let mut b = B::new();
+    let expired = sql::expired_arm(m, &mut b)?;
+    let sql = format!(
+        "SELECT {} FROM {} AS t WHERE {expired}{} ORDER BY {} LIMIT {}",
+        id_text(m),
+        m.table,
+        m.filter,
+        m.order_by,
+        b.bind(batch)
+    );
+    Some(Stmt::new(sql, b))
+}
+
+/// The skip-locked claim's locking read: expired leases first (as `expired` says), then ready
+/// rows, each arm its own locking read so each walks its own index; the arms may lock up to
+/// twice the batch for the moment of this transaction when leases have expired.
+pub(crate) fn skip_locked_pick(a: &ClaimArgs<'_>, expired: &Expired) -> Stmt<Sql> {
     let m = a.m;
     let mut b = B::new();
     let batch = i64::from(a.batch);
     let arm = |b: &mut B, cond: String| locking_arm(m, b, &cond, batch);
-    let expired = if a.expired {
-        expired_locking_arm(m, &mut b, batch)
-    } else {
-        None
+    let e = match expired {
+        Expired::Skip => None,
+        // The ids come first in the text, so they are bound first.
+        Expired::Among(ids) if m.lease.is_some() => {
+            let among = in_ids(&mut b, &format!("t.{}", m.id), ids);
+            sql::expired_arm(m, &mut b).map(|cond| arm(&mut b, format!("{among} AND {cond}")))
+        }
+        Expired::Among(_) => None,
+        Expired::Walk => sql::expired_arm(m, &mut b).map(|cond| arm(&mut b, cond)),
     };
-    let sql = match expired {
+    let sql = match e {
         Some(e) => {
             let ready = sql::ready_arm(m, &mut b);
             let r = arm(&mut b, ready);
@@ -350,11 +417,16 @@ pub(crate) fn statements(a: &ClaimArgs<'_>) -> Vec<Stmt<Sql>> {
         None => rows_sql(a.m, &list),
     };
     match a.strategy {
-        Resolved::SkipLocked => vec![
-            skip_locked_pick(a),
-            mark_sql(a, &list, Recheck::Nothing),
-            rows_sql(a.m, &list),
-        ],
+        Resolved::SkipLocked => {
+            let look = a.expired.then(|| expired_ids_sql(a.m, batch)).flatten();
+            let expired = match look {
+                Some(_) => Expired::Among(IdList::Int(vec![1, 2])),
+                None => Expired::Skip,
+            };
+            let pick = skip_locked_pick(a, &expired);
+            let rest = [mark_sql(a, &list, Recheck::Nothing), rows_sql(a.m, &list)];
+            look.into_iter().chain([pick]).chain(rest).collect()
+        }
         Resolved::Token => vec![token_sql(a), read_back()],
         Resolved::Optimistic => vec![
             pick(optimistic_pick, a.expired),
@@ -385,32 +457,6 @@ fn locking_arm(m: &Mapping, b: &mut B, cond: &str, batch: i64) -> String {
         m.order_by,
         b.bind(batch)
     )
-}
-
-/// The expired arm of the skip-locked claim: the first `batch` rows whose lease has ended are
-/// found by a read without locks, and only those are locked, where the lease has ended still.
-/// Without a partial index the look reads every claimed row, and a locking read locks each row
-/// it reads before it can see the lease (letting go of it again at READ COMMITTED): looking
-/// without locks, through an index that holds the lease (the managed queue's claim index), is
-/// about four times as fast. MySQL does not lock what a locking read's subqueries read. None
-/// without a lease column.
-fn expired_locking_arm(m: &Mapping, b: &mut B, batch: i64) -> Option<String> {
-    let expired = sql::expired_arm(m, b)?;
-    let found = format!(
-        "SELECT t.{id} AS rowclaim_id FROM {table} AS t WHERE {expired}{filter} ORDER BY {order} \
-         LIMIT {limit}",
-        id = m.id,
-        table = m.table,
-        filter = m.filter,
-        order = m.order_by,
-        limit = b.bind(batch),
-    );
-    let still = sql::expired_arm(m, b)?;
-    let cond = format!(
-        "t.{} IN (SELECT rowclaim_id FROM ({found}) AS rowclaim_expired) AND {still}",
-        m.id
-    );
-    Some(locking_arm(m, b, &cond, batch))
 }
 
 /// The optimistic claim's candidates, read without locks.
