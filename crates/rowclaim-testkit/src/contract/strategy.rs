@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rowclaim::{Capability, Error, LockMode, LockWait, RowId, Strategy};
+use rowclaim::{Capability, Claim, Error, LockMode, LockWait, RowId, Strategy};
 
 use super::full_source;
 use crate::TestDb;
@@ -147,7 +147,7 @@ pub async fn release(t: Arc<TestDb>, strategy: Strategy) {
     let db = t.db().await;
     let c = db.claimer(full_source(), strategy).await.unwrap();
     let claim = c.claim(5, Duration::from_secs(30)).await.unwrap();
-    let ids: Vec<RowId> = claim.rows().iter().map(|r| r.id.clone()).collect();
+    let ids = ids_of(&claim);
     assert_eq!(ids.len(), 5);
     claim.release(&ids[0]).await.unwrap();
     claim.release(&ids[1]).await.unwrap();
@@ -171,7 +171,7 @@ pub async fn release(t: Arc<TestDb>, strategy: Strategy) {
     );
 
     let again = c.claim(2, Duration::from_secs(30)).await.unwrap();
-    let mut got: Vec<RowId> = again.rows().iter().map(|r| r.id.clone()).collect();
+    let mut got = ids_of(&again);
     got.sort();
     assert_eq!(got, ids[..2].to_vec(), "released rows come first again");
 
@@ -211,7 +211,7 @@ pub async fn order(t: Arc<TestDb>, strategy: Strategy) {
     assert_eq!(seen, want);
     // A batch takes the next rows in order.
     let claim = c.claim(4, Duration::from_secs(30)).await.unwrap();
-    let mut got: Vec<RowId> = claim.rows().iter().map(|r| r.id.clone()).collect();
+    let mut got = ids_of(&claim);
     got.sort();
     let mut want: Vec<RowId> = expected[6..10]
         .iter()
@@ -311,20 +311,16 @@ pub async fn held_expired_rows(t: Arc<TestDb>, strategy: Strategy) {
         .unwrap();
     assert_eq!(held.rows().len(), 2);
     let next = c.claim(2, Duration::from_secs(30)).await.unwrap();
-    let ids: Vec<RowId> = next.rows().iter().map(|r| r.id.clone()).collect();
-    assert_eq!(
-        ids,
-        vec![RowId::Int(3), RowId::Int(4)],
-        "the rows behind the held ones"
-    );
+    let behind = [RowId::Int(3), RowId::Int(4)];
+    assert_eq!(ids_of(&next), behind, "the rows behind the held ones");
     held.rollback().await.unwrap();
     let rest = c.claim(2, Duration::from_secs(30)).await.unwrap();
-    let ids: Vec<RowId> = rest.rows().iter().map(|r| r.id.clone()).collect();
-    assert_eq!(
-        ids,
-        vec![RowId::Int(1), RowId::Int(2)],
-        "once let go, claimable"
-    );
+    assert_eq!(ids_of(&rest), held_ids, "once let go, claimable");
+}
+
+/// The ids of a claim's rows, in its order.
+fn ids_of(claim: &Claim) -> Vec<RowId> {
+    claim.rows().iter().map(|r| r.id.clone()).collect()
 }
 
 /// Naming rows the token does not all hold changes none of them.

@@ -26,41 +26,19 @@ impl My {
         let m = a.m;
         let verify = self.verify_after_commit().await?;
         let mut tx = self.begin().await?;
-        let look = match a
-            .expired
-            .then(|| expired_ids_sql(m, i64::from(a.batch)))
-            .flatten()
-        {
-            Some(Stmt { sql, binder }) => {
-                let ids: Vec<String> = binder
-                    .scalar(sql)?
-                    .fetch_all(&mut *tx)
-                    .await
-                    .map_err(error)?;
-                if ids.is_empty() {
-                    Expired::Skip
-                } else {
-                    Expired::Among(id_list(m, &ids)?)
-                }
-            }
-            None => Expired::Skip,
+        let look = match a.expired.then(|| expired_ids_sql(m, i64::from(a.batch))) {
+            Some(Some(look)) => match texts(&mut *tx, look).await? {
+                ids if ids.is_empty() => Expired::Skip,
+                ids => Expired::Among(id_list(m, &ids)?),
+            },
+            _ => Expired::Skip,
         };
-        let Stmt { sql, binder } = skip_locked_pick(a, &look);
-        let mut found: Vec<String> = binder
-            .scalar(sql)?
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(error)?;
+        let mut found = texts(&mut *tx, skip_locked_pick(a, &look)).await?;
         if found.is_empty() && matches!(look, Expired::Among(_)) {
             // Every expired row the look found is held by another claimer whose claim has not
             // committed yet (or was settled meanwhile): walk past them, as a locking read of
             // them all does, so that an empty claim still means nothing was claimable.
-            let Stmt { sql, binder } = skip_locked_pick(a, &Expired::Walk);
-            found = binder
-                .scalar(sql)?
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(error)?;
+            found = texts(&mut *tx, skip_locked_pick(a, &Expired::Walk)).await?;
         }
         if found.is_empty() {
             tx.rollback().await.map_err(error)?;
@@ -74,14 +52,7 @@ impl My {
             tx.commit().await.map_err(error)?;
             return Ok(Claimed::contested(self.rows_of_owner(m, a.token).await?));
         }
-        let Stmt { sql, binder } = rows_sql(m, &list);
-        let rows = parse_rows(
-            binder
-                .scalar(sql)?
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(error)?,
-        )?;
+        let rows = parse_rows(texts(&mut *tx, rows_sql(m, &list)).await?)?;
         tx.commit().await.map_err(error)?;
         Ok(Claimed::rows(rows))
     }
@@ -174,12 +145,7 @@ impl My {
         let mut tx = self.begin().await?;
         let Stmt { sql, binder } = lease_insert_sql(a, &found);
         binder.query(sql)?.execute(&mut *tx).await.map_err(error)?;
-        let Stmt { sql, binder } = leases_won_sql(a);
-        let won: Vec<String> = binder
-            .scalar(sql)?
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(error)?;
+        let won = texts(&mut *tx, leases_won_sql(a)).await?;
         if won.is_empty() {
             tx.rollback().await.map_err(error)?;
             return Ok(Claimed::raced(vec![], true));
@@ -193,30 +159,11 @@ impl My {
             // Another node's claim of the same keys shows up at commit: read back the leases
             // that committed with our token.
             tx.commit().await.map_err(error)?;
-            let Stmt { sql, binder } = leases_won_sql(a);
-            let won: Vec<String> = binder
-                .scalar(sql)?
-                .fetch_all(&self.pool)
-                .await
-                .map_err(error)?;
-            let Stmt { sql, binder } = rows_sql(m, &id_list(m, &won)?);
-            let rows = parse_rows(
-                binder
-                    .scalar(sql)?
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(error)?,
-            )?;
+            let won = texts(&self.pool, leases_won_sql(a)).await?;
+            let rows = parse_rows(texts(&self.pool, rows_sql(m, &id_list(m, &won)?)).await?)?;
             return Ok(Claimed::contested(rows));
         }
-        let Stmt { sql, binder } = rows_sql(m, &list);
-        let rows = parse_rows(
-            binder
-                .scalar(sql)?
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(error)?,
-        )?;
+        let rows = parse_rows(texts(&mut *tx, rows_sql(m, &list)).await?)?;
         tx.commit().await.map_err(error)?;
         Ok(Claimed::contested(rows))
     }
@@ -237,6 +184,15 @@ impl My {
         binder.query(sql)?.execute(&mut *tx).await.map_err(error)?;
         Ok(Claimed::held(rows, Some(tx)))
     }
+}
+
+/// The first column of every row `s` gives, as text, run on `e` (the pool or a transaction).
+async fn texts<'e, E>(e: E, s: Stmt<Sql>) -> Result<Vec<String>>
+where
+    E: sqlx::Executor<'e, Database = sqlx::MySql>,
+{
+    let Stmt { sql, binder } = s;
+    binder.scalar(sql)?.fetch_all(e).await.map_err(error)
 }
 
 /// How a skip-locked claim's locking read takes rows whose lease expired.
