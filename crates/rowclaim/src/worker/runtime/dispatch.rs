@@ -138,10 +138,17 @@ impl Local {
         while self.beats.try_join_next().is_some() {}
     }
 
-    /// How many rows to claim now, if any (see [`Pace::wants`]).
-    pub(super) fn wants(&self, sh: &Shared) -> Option<usize> {
-        let holding = self.jobs.len() + self.waiting.len() + sh.results.open();
-        self.pace.wants(holding, self.waiting.len())
+    /// How many rows to claim now, beside claims under way that asked for `coming` rows, if
+    /// any (see [`Pace::wants`]).
+    pub(super) fn wants(&self, sh: &Shared, coming: usize) -> Option<usize> {
+        let recording = sh.results.open();
+        let mut holding = self.jobs.len() + self.waiting.len() + coming;
+        if sh.holds_transactions() {
+            // Such a claim holds a connection until its results are written.
+            holding += recording;
+        }
+        self.pace
+            .wants(holding, self.waiting.len(), coming > 0, recording)
     }
 
     /// Nothing running, waiting or being recorded.

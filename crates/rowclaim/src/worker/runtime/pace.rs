@@ -75,17 +75,35 @@ impl Pace {
         (rows.min(MOST_AHEAD as f64) as usize).max(1)
     }
 
-    /// How many rows to claim while the worker holds `holding` rows (running, waiting, or being
-    /// recorded), `waiting` of them for a slot: what it may still hold, at most a batch, once no
-    /// more than half the prefetch wait (so that claims come in batches).
-    pub(super) fn wants(&self, holding: usize, waiting: usize) -> Option<usize> {
+    /// How many rows to claim while the worker holds `holding` rows (running, waiting for a slot,
+    /// or coming in claims under way), `waiting` of them for a slot: what it may still hold, at
+    /// most a batch, once no more than half the prefetch wait (so that claims come in batches).
+    ///
+    /// - Beside a claim under way (`beside`), only a claim of a quarter of a batch or more:
+    ///   claims of a few rows each would cost a statement and a commit each.
+    /// - Results still being written (`recording`) do not count: their jobs are done, and their
+    ///   rows are let go within a flush. Counted, they made claims smaller while settles ran.
+    ///   More of them than the worker may hold stops claims, though: the database is writing
+    ///   results slower than the jobs end.
+    pub(super) fn wants(
+        &self,
+        holding: usize,
+        waiting: usize,
+        beside: bool,
+        recording: usize,
+    ) -> Option<usize> {
         let prefetch = self.prefetch();
         let room = self.concurrency + prefetch;
         let batch = self
             .batch
             .map_or(room, |b| usize::try_from(b).unwrap_or(usize::MAX));
-        let left = room.max(batch).saturating_sub(holding).min(batch);
-        (left > 0 && waiting <= prefetch / 2).then_some(left)
+        let most = room.max(batch);
+        if recording > most {
+            return None;
+        }
+        let left = most.saturating_sub(holding).min(batch);
+        let enough = !beside || left * 4 >= batch.min(room);
+        (left > 0 && enough && waiting <= prefetch / 2).then_some(left)
     }
 }
 
@@ -100,19 +118,52 @@ mod tests {
         let mut pace = Pace::new(4, Some(16), Some(8), LEASE);
         pace.job_took(Duration::from_micros(5));
         assert_eq!(pace.prefetch(), 16);
-        assert_eq!(pace.wants(0, 0), Some(8), "a batch at most");
-        assert_eq!(pace.wants(15, 2), Some(5), "the room left");
-        assert_eq!(pace.wants(10, 8), Some(8));
-        assert_eq!(pace.wants(10, 9), None, "more than half the prefetch wait");
-        assert_eq!(pace.wants(20, 0), None, "no room");
-        assert_eq!(pace.wants(25, 0), None, "no room");
+        assert_eq!(pace.wants(0, 0, false, 0), Some(8), "a batch at most");
+        assert_eq!(pace.wants(15, 2, false, 0), Some(5), "the room left");
+        assert_eq!(pace.wants(10, 8, false, 0), Some(8));
+        assert_eq!(
+            pace.wants(10, 9, false, 0),
+            None,
+            "more than half the prefetch wait"
+        );
+        assert_eq!(pace.wants(20, 0, false, 0), None, "no room");
+        assert_eq!(pace.wants(25, 0, false, 0), None, "no room");
+    }
+
+    #[test]
+    fn beside_a_claim_under_way_only_a_quarter_of_a_batch_or_more() {
+        let pace = Pace::new(4, Some(16), None, LEASE);
+        // Room 20: 4 slots, 16 ahead; a claim under way asked for 12 of it.
+        assert_eq!(
+            pace.wants(4 + 12, 0, true, 0),
+            None,
+            "4 rows: less than 20 / 4"
+        );
+        assert_eq!(pace.wants(4 + 11, 0, true, 0), Some(5));
+        assert_eq!(
+            pace.wants(4 + 12, 0, false, 0),
+            Some(4),
+            "alone, any room is claimed"
+        );
+        assert_eq!(
+            pace.wants(4 + 11, 9, true, 0),
+            None,
+            "more than half the prefetch wait"
+        );
+    }
+
+    #[test]
+    fn results_being_written_take_no_room_until_more_than_it_pile_up() {
+        let pace = Pace::new(4, Some(16), None, LEASE);
+        assert_eq!(pace.wants(4, 0, false, 20), Some(16), "the whole room");
+        assert_eq!(pace.wants(4, 0, false, 21), None, "settles fall behind");
     }
 
     #[test]
     fn before_any_job_ended_it_claims_ahead_as_many_as_the_slots() {
         let pace = Pace::new(8, None, None, LEASE);
         assert_eq!(pace.prefetch(), 8);
-        assert_eq!(pace.wants(0, 0), Some(16));
+        assert_eq!(pace.wants(0, 0, false, 0), Some(16));
     }
 
     #[test]
@@ -121,13 +172,13 @@ mod tests {
         pace.job_took(Duration::from_millis(20));
         // 8 slots × 1 s / 20 ms
         assert_eq!(pace.prefetch(), 400);
-        assert_eq!(pace.wants(0, 0), Some(408));
+        assert_eq!(pace.wants(0, 0, false, 0), Some(408));
         for _ in 0..200 {
             pace.job_took(Duration::from_micros(3));
         }
         assert_eq!(pace.prefetch(), MOST_AHEAD);
         assert_eq!(
-            pace.wants(0, 0),
+            pace.wants(0, 0, false, 0),
             Some(8 + MOST_AHEAD),
             "all the room, in one claim"
         );
@@ -144,8 +195,8 @@ mod tests {
             pace.job_took(Duration::from_secs(20));
         }
         assert_eq!(pace.prefetch(), 1, "one row waits, not a worker's worth");
-        assert_eq!(pace.wants(8, 0), Some(1));
-        assert_eq!(pace.wants(9, 1), None, "the row ahead is there");
+        assert_eq!(pace.wants(8, 0, false, 0), Some(1));
+        assert_eq!(pace.wants(9, 1, false, 0), None, "the row ahead is there");
     }
 
     #[test]

@@ -8,6 +8,8 @@ use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use futures_util::future::FutureExt;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -24,9 +26,24 @@ use crate::worker::outage::pause;
 /// A claim statement under way (`None`: no answer in time).
 pub(super) type Claiming = Pin<Box<dyn Future<Output = Option<Result<Claim>>> + Send>>;
 
+/// A claim statement under way, with the rows it asked for.
+type Asked = Pin<Box<dyn Future<Output = (usize, Option<Result<Claim>>)> + Send>>;
+
+/// Claim statements a worker has under way at once, on a database server. A claim costs the
+/// server more per row than short jobs cost the worker, so with one at a time the worker ran
+/// dry before every answer (no-op jobs on PostgreSQL: every answer found no row waiting and
+/// every slot free). A second claim, started while the first is under way, keeps rows coming
+/// on another connection. Both count against the prefetch: the worker holds no more rows than
+/// with one. On SQLite one at a time: it has one writer, at which claims take turns anyway. With
+/// the transaction strategy one at a time too: each claim holds a connection until its rows
+/// are settled.
+const CLAIMS_AT_ONCE: usize = 2;
+
 /// The claim loop's own state.
 pub(super) struct Producer {
-    claiming: Option<Claiming>,
+    claiming: FuturesUnordered<Asked>,
+    /// Rows the claims under way asked for.
+    coming: usize,
     /// Claims failed in a row, and since when.
     failures: u32,
     failing_since: Option<Instant>,
@@ -41,7 +58,8 @@ pub(super) struct Producer {
 impl Producer {
     pub(super) fn new(paused: watch::Receiver<Paused>, wake: Arc<Notify>) -> Producer {
         Producer {
-            claiming: None,
+            claiming: FuturesUnordered::new(),
+            coming: 0,
             failures: 0,
             failing_since: None,
             retry_at: None,
@@ -51,9 +69,13 @@ impl Producer {
         }
     }
 
-    /// The claim statement still under way, for shutdown to finish.
-    pub(super) fn under_way(&mut self) -> Option<Claiming> {
-        self.claiming.take()
+    /// The claim statements still under way, for shutdown to finish.
+    pub(super) fn under_way(&mut self) -> Vec<Claiming> {
+        self.coming = 0;
+        std::mem::take(&mut self.claiming)
+            .into_iter()
+            .map(|asked| -> Claiming { Box::pin(asked.map(|(_, got)| got)) })
+            .collect()
     }
 
     /// Runs until `--until-empty` finds nothing left, the phase leaves [`Phase::Run`], or a
@@ -78,9 +100,21 @@ impl Producer {
     }
 
     fn claim_if_wanted(&mut self, sh: &Arc<Shared>, local: &Local) {
-        let quiet = self.claiming.is_none() && self.idle_until.is_none() && self.retry_at.is_none();
-        if let Some(most) = local.wants(sh).filter(|_| quiet) {
-            self.claiming = Some(Box::pin(claim_rows(sh.clone(), most as u32)));
+        let at_once = if sh.one_writer() || sh.holds_transactions() {
+            1
+        } else {
+            CLAIMS_AT_ONCE
+        };
+        let quiet = self.idle_until.is_none() && self.retry_at.is_none();
+        if !quiet || self.claiming.len() >= at_once {
+            return;
+        }
+        if let Some(most) = local.wants(sh, self.coming) {
+            self.coming += most;
+            let sh = sh.clone();
+            self.claiming.push(Box::pin(async move {
+                (most, claim_rows(sh, most as u32).await)
+            }));
         }
     }
 
@@ -105,8 +139,8 @@ impl Producer {
                     self.idle_until = None;
                 }
             }
-            got = answer(&mut self.claiming), if self.claiming.is_some() => {
-                self.claiming = None;
+            Some((asked, got)) = self.claiming.next(), if !self.claiming.is_empty() => {
+                self.coming = self.coming.saturating_sub(asked);
                 return self.answered(sh, local, got).await;
             }
             Ok(()) = self.paused.changed(), if sh.managed => {
@@ -133,14 +167,19 @@ impl Producer {
         match got {
             Some(Ok(claim)) => {
                 sh.health.claims_work();
-                (self.failures, self.failing_since) = (0, None);
+                (self.failures, self.failing_since, self.retry_at) = (0, None, None);
                 if claim.is_empty() {
-                    if sh.cfg.until_empty && local.is_idle(sh) && no_work_left(sh).await {
+                    // Another claim still under way may bring rows: its answer decides (the
+                    // count would see its rows too, claimed or not; this saves the count).
+                    let last = self.claiming.is_empty();
+                    if sh.cfg.until_empty && last && local.is_idle(sh) && no_work_left(sh).await {
                         return ControlFlow::Break(Ok(()));
                     }
                     self.idle_until = Some(Instant::now() + sh.cfg.poll);
                     return ControlFlow::Continue(());
                 }
+                // Rows came (another claim may have come back empty beside this one).
+                self.idle_until = None;
                 let held = local.hold(sh, claim);
                 if sh.renews {
                     local.beats.spawn(heartbeat(sh.clone(), held));
@@ -186,14 +225,6 @@ impl Producer {
 /// ([`Error::MissingPrivilege`], by the claimer) and so stops the worker too.
 fn stops(e: &Error) -> bool {
     !(e.is_connection() || matches!(e, Error::Database(_)))
-}
-
-/// The answer of the claim under way; never, when there is none.
-async fn answer(claiming: &mut Option<Claiming>) -> Option<Result<Claim>> {
-    match claiming.as_mut() {
-        Some(c) => c.await,
-        None => std::future::pending().await,
-    }
 }
 
 /// One claim statement of up to `most` rows, within the claim's time limit (`None`: no answer

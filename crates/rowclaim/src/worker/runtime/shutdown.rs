@@ -1,4 +1,4 @@
-//! Shutdown, once the claim loop ended: a claim under way finishes so that its rows go back now;
+//! Shutdown, once the claim loop ended: claims under way finish so that their rows go back now;
 //! rows not started go back at once; running jobs get the grace period (none when stopping now,
 //! or after an error), then are stopped, and their supervisors give their rows back. Being told
 //! to stop now ([`Phase::Now`]) cuts every wait short.
@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -24,25 +25,23 @@ use crate::worker::handler::StopReason;
 pub(super) async fn shutdown(
     sh: &Arc<Shared>,
     mut local: Local,
-    under_way: Option<Claiming>,
+    under_way: Vec<Claiming>,
     phase: &watch::Receiver<Phase>,
     ok: bool,
 ) -> bool {
     // Running jobs go on meanwhile: the claim loop's task, which drove them, is this one.
-    if let Some(claiming) = under_way {
-        // A claim under way finishes, so that its rows go back now rather than at lease end.
-        if !stopping_now(phase) && ok {
-            let finish = async {
-                tokio::select! {
-                    got = claiming => got,
-                    () = now(phase) => None,
-                }
-            };
-            let (got, ended) = local.jobs.beside(finish).await;
-            local.ended(sh, ended);
-            if let Some(Ok(claim)) = got {
-                local.hold(sh, claim);
+    // Claims under way finish, so that their rows go back now rather than at lease end.
+    if !under_way.is_empty() && !stopping_now(phase) && ok {
+        let finish = async {
+            tokio::select! {
+                got = join_all(under_way) => got,
+                () = now(phase) => Vec::new(),
             }
+        };
+        let (got, ended) = local.jobs.beside(finish).await;
+        local.ended(sh, ended);
+        for claim in got.into_iter().flatten().flatten() {
+            local.hold(sh, claim);
         }
     }
     let waiting = std::mem::take(&mut local.waiting);
