@@ -220,10 +220,10 @@ impl JobClaims {
             (true, _, _) | (false, None, _) => None,
             // From the beginning: a new run of resumed claims starts here.
             (false, Some(p), false) => Some((p, Instant::now())),
-            // Resumed: go on from the later place (claims run side by side).
-            (false, Some(p), true) => r
-                .map(|(q, since)| (q.later(p), since))
-                .or(Some((p, Instant::now()))),
+            // Resumed: go on from the later place (claims run side by side). Where a claim
+            // beside it came back short meanwhile, the next one starts from the beginning:
+            // a new run here would let jobs behind this place wait longer than RESTART_EVERY.
+            (false, Some(p), true) => r.map(|(q, since)| (q.later(p), since)),
         };
     }
 

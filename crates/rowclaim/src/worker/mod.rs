@@ -282,9 +282,10 @@ impl Worker {
     /// Rows claimed ahead, beyond those running, to wait in a local queue for a free slot. Their
     /// leases are renewed like the running ones'. The worker claims again once half of them have
     /// started, so claims come in batches of about `n / 2` rows: the larger, the fewer statements
-    /// per job, but the more rows one worker keeps from the others while they wait. On a
-    /// database server up to two claims are under way at once (the rows both asked for count
-    /// here); jobs that ended and whose results are still being written do not.
+    /// per job, but the more rows one worker keeps from the others while they wait. Skip-locked
+    /// claims on a database server go up to two at once (the rows both asked for count here);
+    /// jobs that ended and whose results are still being written do not count, unless more
+    /// of them than the worker may hold pile up.
     ///
     /// Default: about a second of work. The worker measures how long its jobs take and claims
     /// ahead as many rows as its slots get through in a second (a tenth of the lease, if that is

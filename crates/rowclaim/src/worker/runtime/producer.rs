@@ -21,6 +21,7 @@ use crate::claim::Claim;
 use crate::error::{Error, Result};
 use crate::metrics::secs;
 use crate::queue::Wakeups;
+use crate::strategy::Strategy;
 use crate::worker::outage::pause;
 
 /// A claim statement under way (`None`: no answer in time).
@@ -29,14 +30,15 @@ pub(super) type Claiming = Pin<Box<dyn Future<Output = Option<Result<Claim>>> + 
 /// A claim statement under way, with the rows it asked for.
 type Asked = Pin<Box<dyn Future<Output = (usize, Option<Result<Claim>>)> + Send>>;
 
-/// Claim statements a worker has under way at once, on a database server. A claim costs the
-/// server more per row than short jobs cost the worker, so with one at a time the worker ran
-/// dry before every answer (no-op jobs on PostgreSQL: every answer found no row waiting and
-/// every slot free). A second claim, started while the first is under way, keeps rows coming
-/// on another connection. Both count against the prefetch: the worker holds no more rows than
-/// with one. On SQLite one at a time: it has one writer, at which claims take turns anyway. With
-/// the transaction strategy one at a time too: each claim holds a connection until its rows
-/// are settled.
+/// Claim statements a worker has under way at once, with the skip-locked strategy on a database
+/// server. A claim costs the server more per row than short jobs cost the worker, so with one
+/// at a time the worker ran dry before every answer (no-op jobs on PostgreSQL: every answer
+/// found no row waiting and every slot free). A second claim, started while the first is under
+/// way, keeps rows coming on another connection; it skips the rows the first one locked. Both
+/// count against the prefetch. Other strategies claim one at a time: two claims of one worker
+/// would race for the same rows (token, optimistic, lease table), and a claim of the
+/// transaction strategy holds a connection until its rows are settled. SQLite has no
+/// skip-locked claim (it has one writer, at which claims take turns anyway).
 const CLAIMS_AT_ONCE: usize = 2;
 
 /// The claim loop's own state.
@@ -100,10 +102,10 @@ impl Producer {
     }
 
     fn claim_if_wanted(&mut self, sh: &Arc<Shared>, local: &Local) {
-        let at_once = if sh.one_writer() || sh.holds_transactions() {
-            1
-        } else {
+        let at_once = if sh.claimer.strategy() == Strategy::SkipLocked && !sh.one_writer() {
             CLAIMS_AT_ONCE
+        } else {
+            1
         };
         let quiet = self.idle_until.is_none() && self.retry_at.is_none();
         if !quiet || self.claiming.len() >= at_once {
@@ -132,7 +134,10 @@ impl Producer {
             Some(ended) = local.jobs.next(), if !local.jobs.is_empty() => {
                 local.job_ended(sh, ended);
             }
-            () = sh.results.one_through(), if sh.results.open() > 0 => {
+            // Not only while results are open: all of them may go through between the last
+            // look at the room and this wait, and a claim waits for that (a stored wake-up
+            // makes a spare turn at most).
+            () = sh.results.one_through() => {
                 if sh.cfg.until_empty {
                     // A recorded result may have put its row back (a retry, a release): look
                     // again.

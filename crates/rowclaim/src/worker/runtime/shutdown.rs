@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -16,7 +16,7 @@ use super::dispatch::Local;
 use super::held::Held;
 use super::producer::Claiming;
 use super::{Phase, Shared};
-use crate::claim::ClaimedRow;
+use crate::claim::{Claim, ClaimedRow};
 use crate::id::RowId;
 use crate::worker::handler::StopReason;
 
@@ -30,17 +30,12 @@ pub(super) async fn shutdown(
     ok: bool,
 ) -> bool {
     // Running jobs go on meanwhile: the claim loop's task, which drove them, is this one.
-    // Claims under way finish, so that their rows go back now rather than at lease end.
-    if !under_way.is_empty() && !stopping_now(phase) && ok {
-        let finish = async {
-            tokio::select! {
-                got = join_all(under_way) => got,
-                () = now(phase) => Vec::new(),
-            }
-        };
-        let (got, ended) = local.jobs.beside(finish).await;
+    // Claims under way finish, so that their rows go back now rather than at lease end; also
+    // after an error, which another claim beside them may have ended the loop with.
+    if !under_way.is_empty() && !stopping_now(phase) {
+        let (got, ended) = local.jobs.beside(answers(under_way, phase)).await;
         local.ended(sh, ended);
-        for claim in got.into_iter().flatten().flatten() {
+        for claim in got {
             local.hold(sh, claim);
         }
     }
@@ -64,6 +59,23 @@ pub(super) async fn shutdown(
     }
     wait_for_supervisors(sh, local).await;
     interrupted
+}
+
+/// The claims of `under_way` that answered with rows, each kept as it answers, until all have
+/// answered or the worker is told to stop now.
+async fn answers(under_way: Vec<Claiming>, phase: &watch::Receiver<Phase>) -> Vec<Claim> {
+    let mut claims: FuturesUnordered<Claiming> = under_way.into_iter().collect();
+    let mut got = Vec::new();
+    loop {
+        tokio::select! {
+            answer = claims.next() => match answer {
+                Some(Some(Ok(claim))) => got.push(claim),
+                Some(_) => {}
+                None => return got,
+            },
+            () = now(phase) => return got,
+        }
+    }
 }
 
 fn stopping_now(phase: &watch::Receiver<Phase>) -> bool {
