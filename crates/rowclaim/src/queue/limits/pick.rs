@@ -193,15 +193,18 @@ impl FirstOfLine<'_> {
         let key_rate = self.limits.key_rate;
         let status = format!("o.{}", D::LINE_STATUS);
         let expired = format!("{status} = {RUNNING} AND o.lease_until < {now}");
-        let ahead =
-            format!("{status} = {READY} AND o.id < j.id AND (o.run_at <= {now} OR o.attempts > 0)");
+        let ahead = format!(
+            "{status} = {READY} AND {} AND (o.run_at <= {now} OR o.attempts > 0)",
+            D::ahead_in_line(READY)
+        );
         let mut blocked = Vec::new();
         match arm {
             // A job whose lease ran out takes its own place again; under a rate, one at a
             // time, the first first.
             Arm::Expired => {
                 if let Some(rate) = key_rate {
-                    blocked.push(self.other(b, &format!("{expired} AND o.id < j.id")));
+                    let ahead = D::ahead_in_line(RUNNING);
+                    blocked.push(self.other(b, &format!("{expired} AND {ahead}")));
                     blocked.push(self.started(b, rate));
                 }
             }

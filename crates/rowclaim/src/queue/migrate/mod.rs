@@ -31,6 +31,12 @@ pub(crate) trait Schema: Dialect {
     /// `limit_key` in the limit index: `status`; on MySQL a column that is the status of keyed
     /// jobs only, so that a change of status of a job without a key leaves that index alone.
     const LINE_STATUS: &'static str = "status";
+    /// "Job `o` is ahead of job `j` in their key's line", both of status `status` (a quoted
+    /// literal), as a bound the limit index reads (`limits/pick.rs`).
+    fn ahead_in_line(status: &str) -> String {
+        let _ = status;
+        "o.id < j.id".to_owned()
+    }
     /// The end of the `INSERT` that records a component's version: on a row there already,
     /// the version becomes `to` (bound here when the text needs it).
     fn set_version(b: &mut Binder<Self>, to: i32) -> String;

@@ -17,6 +17,15 @@ impl Schema for Sql {
     fn set_version(_: &mut B, _: i32) -> String {
         "ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version".to_owned()
     }
+
+    /// A row comparison over the limit index's `(status, id)`, which only that index can read.
+    /// Written `o.id < j.id`, PostgreSQL walked the primary key from its start instead once it
+    /// knew the keys were few: it expected a job of the key within a few rows, but the first
+    /// ids were long finished (a claim of 10 keys, 20,000 jobs, 2,000 completed: 240 ms, 438,000
+    /// buffers; as a row comparison 7 ms).
+    fn ahead_in_line(status: &str) -> String {
+        format!("(o.status, o.id) < ({status}, j.id)")
+    }
 }
 
 /// The managed queue's schema, one list of statements per version. Append, never edit; a new
