@@ -429,6 +429,23 @@ mod postgres {
         plan.join("\n")
     }
 
+    /// 20,000 due jobs of queue mail, vacuumed and analyzed, then given `keys` keys by an
+    /// `UPDATE`, with autovacuum off (the planner's statistics stay as the test leaves them).
+    async fn jobs_keyed_after_analyze(t: &TestDb, keys: u32) {
+        t.exec("ALTER TABLE rowclaim_jobs SET (autovacuum_enabled = false)")
+            .await;
+        t.exec(
+            "INSERT INTO rowclaim_jobs (queue, kind, payload, run_at, created_at) \
+             SELECT 'mail', 'send', '{}', now(), now() FROM generate_series(1, 20000)",
+        )
+        .await;
+        t.exec("VACUUM ANALYZE rowclaim_jobs").await;
+        t.exec(&format!(
+            "UPDATE rowclaim_jobs SET limit_key = 'k' || (id % {keys})"
+        ))
+        .await;
+    }
+
     /// Keys new to a table since its last ANALYZE (the planner's statistics say no job has
     /// one, as when an application starts to use keys): the look at lines further back still
     /// reads the limit index key by key. With `MIN(limit_key)` for the next key, PostgreSQL
@@ -437,16 +454,7 @@ mod postgres {
     async fn lines_further_back_are_read_by_index_with_keys_the_planner_has_not_seen() {
         with_db(Backend::Postgres, |t| async move {
             queue(&t).await;
-            t.exec("ALTER TABLE rowclaim_jobs SET (autovacuum_enabled = false)")
-                .await;
-            t.exec(
-                "INSERT INTO rowclaim_jobs (queue, kind, payload, run_at, created_at) \
-                 SELECT 'mail', 'send', '{}', now(), now() FROM generate_series(1, 20000)",
-            )
-            .await;
-            t.exec("VACUUM ANALYZE rowclaim_jobs").await;
-            t.exec("UPDATE rowclaim_jobs SET limit_key = 'k' || (id % 1000)")
-                .await;
+            jobs_keyed_after_analyze(&t, 1000).await;
             let further = from_snapshot("-- the first of lines further back: key concurrency 1");
             let plan = ran(&t, &further).await;
             assert!(plan.contains("rowclaim_jobs_limit"), "{plan}");
@@ -467,14 +475,7 @@ mod postgres {
             // The planner's choice turns on small differences of cost: jobs that got their keys
             // after the table was vacuumed, and the first ones finished since, tip it (with the
             // keys there from the start, it read the limit index either way).
-            t.exec(
-                "INSERT INTO rowclaim_jobs (queue, kind, payload, run_at, created_at) \
-                 SELECT 'mail', 'send', '{}', now(), now() FROM generate_series(1, 20000)",
-            )
-            .await;
-            t.exec("VACUUM ANALYZE rowclaim_jobs").await;
-            t.exec("UPDATE rowclaim_jobs SET limit_key = 'k' || (id % 10)")
-                .await;
+            jobs_keyed_after_analyze(&t, 10).await;
             t.exec("ANALYZE rowclaim_jobs").await;
             t.exec(
                 "UPDATE rowclaim_jobs SET status = 'completed', finished_at = now() \
