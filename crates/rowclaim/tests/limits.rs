@@ -474,7 +474,8 @@ mod postgres {
             queue(&t).await;
             // The planner's choice turns on small differences of cost: jobs that got their keys
             // after the table was vacuumed, and the first ones finished since, tip it (with the
-            // keys there from the start, it read the limit index either way).
+            // keys there from the start, it read the limit index either way; with a
+            // random_page_cost of 1.1, as on some SSD setups, too, and the test cannot fail).
             jobs_keyed_after_analyze(&t, 10).await;
             t.exec("ANALYZE rowclaim_jobs").await;
             t.exec(
@@ -488,8 +489,10 @@ mod postgres {
                     !plan.contains("rowclaim_jobs_pkey on rowclaim_jobs o"),
                     "{heading}: {plan}"
                 );
+                // The bound is read by the index, not checked row by row.
                 assert!(
-                    plan.contains("rowclaim_jobs_limit on rowclaim_jobs o"),
+                    plan.lines().any(|l| l.contains("Index Cond")
+                        && l.contains("ROW(status, id) < ROW('ready'::text")),
                     "{heading}: {plan}"
                 );
             }

@@ -9,8 +9,9 @@
 //!
 //! Its roles, one module each, in the order a row meets them:
 //! - [`producer`]: the claim loop. Claims rows ahead into the local queue while there is room
-//!   (up to two skip-locked claims under way at once on a server), backs off while claims fail, idles after an empty claim until the poll interval passes or a
-//!   notification wakes it.
+//!   (up to two skip-locked claims under way at once on a server), backs off while claims
+//!   fail, idles after an empty claim until the poll interval passes or a notification wakes
+//!   it.
 //! - [`dispatch`]: starts waiting rows in free slots; rows of a queue paused since they were
 //!   claimed go back unstarted, rows whose lease may have ended are given up.
 //! - [`supervise`]: one running job: its handler under a time limit and stop requests, its end
