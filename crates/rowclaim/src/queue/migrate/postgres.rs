@@ -24,7 +24,7 @@ impl Schema for Sql {
     /// ids were long finished (a claim of 10 keys, 20,000 jobs, 2,000 completed: 240 ms, 438,000
     /// buffers; as a row comparison 7 ms).
     fn ahead_in_line(status: &str) -> String {
-        format!("(o.status, o.id) < ({status}, j.id)")
+        format!("(o.{}, o.id) < ({status}, j.id)", Self::LINE_STATUS)
     }
 }
 
