@@ -474,8 +474,10 @@ mod postgres {
             queue(&t).await;
             // The planner's choice turns on small differences of cost: jobs that got their keys
             // after the table was vacuumed, and the first ones finished since, tip it (with the
-            // keys there from the start, it read the limit index either way; with a
-            // random_page_cost of 1.1, as on some SSD setups, too, and the test cannot fail).
+            // keys there from the start it read the limit index either way, and with an SSD
+            // setup's random_page_cost of 1.1 too). So the plan is checked both ways: no walk of
+            // the primary key, and the bound read by the limit index (which fails with the old
+            // text whatever the page costs).
             jobs_keyed_after_analyze(&t, 10).await;
             t.exec("ANALYZE rowclaim_jobs").await;
             t.exec(

@@ -26,12 +26,16 @@ impl My {
         let m = a.m;
         let verify = self.verify_after_commit().await?;
         let mut tx = self.begin().await?;
-        let look = match a.expired.then(|| expired_ids_sql(m, i64::from(a.batch))) {
-            Some(Some(look)) => match texts(&mut *tx, look).await? {
+        let look = match a
+            .expired
+            .then(|| expired_ids_sql(m, i64::from(a.batch)))
+            .flatten()
+        {
+            Some(look) => match texts(&mut *tx, look).await? {
                 ids if ids.is_empty() => Expired::Skip,
                 ids => Expired::Among(id_list(m, &ids)?),
             },
-            _ => Expired::Skip,
+            None => Expired::Skip,
         };
         let mut found = texts(&mut *tx, skip_locked_pick(a, &look)).await?;
         if found.is_empty() && matches!(look, Expired::Among(_)) {

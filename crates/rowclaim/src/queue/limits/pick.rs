@@ -203,8 +203,8 @@ impl FirstOfLine<'_> {
             // time, the first first.
             Arm::Expired => {
                 if let Some(rate) = key_rate {
-                    let ahead = D::ahead_in_line(RUNNING);
-                    blocked.push(self.other(b, &format!("{expired} AND {ahead}")));
+                    let first = format!("{expired} AND {}", D::ahead_in_line(RUNNING));
+                    blocked.push(self.other(b, &first));
                     blocked.push(self.started(b, rate));
                 }
             }

@@ -33,8 +33,7 @@ pub(crate) trait Schema: Dialect {
     const LINE_STATUS: &'static str = "status";
     /// "Job `o` is ahead of job `j` in their key's line", both of status `status` (a quoted
     /// literal), as a bound the limit index reads (`limits/pick.rs`).
-    fn ahead_in_line(status: &str) -> String {
-        let _ = status;
+    fn ahead_in_line(_status: &str) -> String {
         "o.id < j.id".to_owned()
     }
     /// The end of the `INSERT` that records a component's version: on a row there already,

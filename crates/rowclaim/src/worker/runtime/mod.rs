@@ -298,7 +298,7 @@ pub(crate) async fn run(
         .then(|| AbortOnDrop(tokio::spawn(watch_paused(sh.clone(), paused_tx))));
 
     let mut local = Local::new(&sh);
-    let mut producer = Producer::new(paused, wake);
+    let mut producer = Producer::new(&sh, paused, wake);
     let outcome = producer.run(&sh, &mut local, &mut phase).await;
     let under_way = producer.under_way();
     let interrupted = shutdown::shutdown(&sh, local, under_way, &phase, outcome.is_ok()).await;

@@ -44,6 +44,8 @@ const CLAIMS_AT_ONCE: usize = 2;
 /// The claim loop's own state.
 pub(super) struct Producer {
     claiming: FuturesUnordered<Asked>,
+    /// Claims it may have under way at once (see [`CLAIMS_AT_ONCE`]).
+    at_once: usize,
     /// Rows the claims under way asked for.
     coming: usize,
     /// Claims failed in a row, and since when.
@@ -58,9 +60,11 @@ pub(super) struct Producer {
 }
 
 impl Producer {
-    pub(super) fn new(paused: watch::Receiver<Paused>, wake: Arc<Notify>) -> Producer {
+    pub(super) fn new(sh: &Shared, paused: watch::Receiver<Paused>, wake: Arc<Notify>) -> Producer {
+        let two = sh.claimer.strategy() == Strategy::SkipLocked && !sh.one_writer();
         Producer {
             claiming: FuturesUnordered::new(),
+            at_once: if two { CLAIMS_AT_ONCE } else { 1 },
             coming: 0,
             failures: 0,
             failing_since: None,
@@ -102,13 +106,8 @@ impl Producer {
     }
 
     fn claim_if_wanted(&mut self, sh: &Arc<Shared>, local: &Local) {
-        let at_once = if sh.claimer.strategy() == Strategy::SkipLocked && !sh.one_writer() {
-            CLAIMS_AT_ONCE
-        } else {
-            1
-        };
         let quiet = self.idle_until.is_none() && self.retry_at.is_none();
-        if !quiet || self.claiming.len() >= at_once {
+        if !quiet || self.claiming.len() >= self.at_once {
             return;
         }
         if let Some(most) = local.wants(sh, self.coming) {
