@@ -297,7 +297,8 @@ async fn bad_limits(t: Arc<TestDb>) {
 /// A key whose line is deeper than a claim looks into the queue's order hides no other key's
 /// first jobs, nor a job without a key: with 1,200 jobs of key a ahead of key b's two and one
 /// job without a key (`-0`), one claim takes the `first` of each line and the keyless job, and
-/// the next (while those run, or within the rate's period) takes nothing.
+/// the next (while those run, or within the rate's period) takes nothing; a job without a key
+/// enqueued then is the one after.
 async fn a_deep_line_hides_no_other_key(t: Arc<TestDb>, limits: QueueLimits, first: &[&str]) {
     let q = queue(&t).await;
     q.limit("deep", &limits).await.unwrap();
@@ -331,6 +332,14 @@ async fn a_deep_line_hides_no_other_key(t: Arc<TestDb>, limits: QueueLimits, fir
     assert_eq!(taken(&claim), first, "{limits:?}");
     let next = claimer.claim(10, Duration::from_secs(60)).await.unwrap();
     assert_eq!(taken(&next), Vec::<String>::new(), "{limits:?}");
+    // A job without a key behind the deep line, enqueued now: the claimer looked for such jobs
+    // a moment ago, and looks again only now and then while it finds others, but a claim that
+    // finds nothing else always looks.
+    q.enqueue(&NewJob::new(json!({"key": "-", "n": 1})).queue("deep"))
+        .await
+        .unwrap();
+    let last = claimer.claim(10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(taken(&last), ["-1"], "{limits:?}");
 }
 
 macro_rules! limit_cases {

@@ -7,6 +7,7 @@
 //! A job claim, top to bottom: [`Claimer::claim`] → [`JobClaims::claim`] →
 //! [`Claimer::claim_with`] (the claim core, as for any source) and [`Limited::claim_more`].
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,7 +18,7 @@ use crate::error::Result;
 use crate::mapping::{Fragment, Lifecycle, Mapping, Naming, Piece};
 use crate::source::Source;
 
-use super::limits::LIMITED;
+use super::limits::{KEYLESS_EVERY, LIMITED};
 use super::settings::settings;
 
 /// The columns of a job that its claim returns (what [`crate::Job`] is read from).
@@ -94,6 +95,7 @@ impl Layer for Jobs {
             kinds: self.kinds.clone(),
             resume: Mutex::default(),
             limited: Mutex::default(),
+            keyless_looked: Mutex::default(),
         })
     }
 }
@@ -151,6 +153,9 @@ pub(crate) struct JobClaims {
     resume: Mutex<Option<(Position, Instant)>>,
     /// Its limited queues as last read, and when (see [`LIMITS_EVERY`]).
     limited: Mutex<Option<(Instant, Vec<String>)>>,
+    /// When it last looked for jobs without a key behind a limited queue's first ready jobs,
+    /// by queue (see [`KEYLESS_EVERY`]).
+    keyless_looked: Mutex<HashMap<String, Instant>>,
 }
 
 #[async_trait::async_trait]
@@ -167,6 +172,7 @@ impl Shape for JobClaims {
             db: claimer.db(),
             queues: limited,
             kinds: &self.kinds,
+            keyless_looked: &self.keyless_looked,
         };
         let how = Claiming {
             batch,
@@ -260,6 +266,29 @@ struct Limited<'a> {
     db: &'a Db,
     queues: Vec<String>,
     kinds: &'a [String],
+    keyless_looked: &'a Mutex<HashMap<String, Instant>>,
+}
+
+impl Limited<'_> {
+    /// Whether a claim of `queue` looks for jobs without a key behind its first ready jobs
+    /// (see [`KEYLESS_EVERY`]).
+    fn keyless_due(&self, queue: &str) -> bool {
+        let looked = self
+            .keyless_looked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        looked
+            .get(queue)
+            .is_none_or(|at| at.elapsed() >= KEYLESS_EVERY)
+    }
+
+    fn looked_keyless(&self, queue: &str) {
+        let mut looked = self
+            .keyless_looked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        looked.insert(queue.to_owned(), Instant::now());
+    }
 }
 
 #[async_trait::async_trait]
@@ -281,12 +310,16 @@ impl More for Limited<'_> {
                 ..*args
             };
             let store = settings(self.db);
+            let due = self.keyless_due(queue);
             let (taken, at) =
-                retry_transient!(store.claim_limited(&args, queue, self.kinds).await)?;
-            if !taken.is_empty() {
+                retry_transient!(store.claim_limited(&args, queue, self.kinds, due).await)?;
+            if taken.looked_keyless {
+                self.looked_keyless(queue);
+            }
+            if !taken.rows.is_empty() {
                 from = Some(from.map_or(at, |f| f.min(at)));
             }
-            rows.extend(taken);
+            rows.extend(taken.rows);
         }
         Ok(from)
     }

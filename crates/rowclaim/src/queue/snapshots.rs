@@ -143,7 +143,7 @@ fn limited<D: Schema>(payload_type: &str, strategy: Strategy) -> String {
         ("the jobs claimed", limits::claimed_sql(&a, &ids)),
     ];
     if D::SKIP_SCAN {
-        let heads = limits::heads_sql("mail", &kinds, &first_only, 2);
+        let heads = limits::heads_sql("mail", &kinds, &first_only, 2, true);
         steps.insert(
             3,
             (
@@ -152,8 +152,14 @@ fn limited<D: Schema>(payload_type: &str, strategy: Strategy) -> String {
             ),
         );
         steps.insert(3, ("whether more wait behind", limits::waiting_sql("mail")));
-        let fronts = limits::heads_sql("mail", &kinds, &two_per_key, 2);
-        steps.insert(6, ("the first two of lines further back", fronts));
+        let fronts = limits::heads_sql("mail", &kinds, &two_per_key, 2, false);
+        steps.insert(
+            6,
+            (
+                "the first two of lines further back, keyed jobs only",
+                fronts,
+            ),
+        );
     }
     steps
         .into_iter()
