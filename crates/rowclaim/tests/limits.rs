@@ -476,7 +476,8 @@ mod postgres {
     /// job ahead of it in its key's line reads the limit index. Written `o.id < j.id`,
     /// PostgreSQL walked the primary key from its start for each job it checked, once its
     /// statistics knew the keys were few (10 keys, 20,000 jobs, 2,000 completed: 240 ms a
-    /// claim).
+    /// claim). One at a time per key, the first of each key's line is looked up once per key
+    /// (cached by key), not once per job.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_job_ahead_in_line_is_sought_by_the_limit_index_when_keys_are_few() {
         with_db(Backend::Postgres, |t| async move {
@@ -500,6 +501,10 @@ mod postgres {
                     !plan.contains("rowclaim_jobs_pkey on rowclaim_jobs o"),
                     "{heading}: {plan}"
                 );
+                if heading.ends_with('1') {
+                    assert!(plan.contains("Cache Key: w.limit_key"), "{heading}: {plan}");
+                    continue;
+                }
                 // The bound is read by the index, not checked row by row.
                 assert!(
                     plan.lines().any(|l| l.contains("Index Cond")

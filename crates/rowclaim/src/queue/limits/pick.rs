@@ -159,6 +159,8 @@ enum Ahead {
     /// line's first jobs in line order, so that looking again for jobs ahead (a walk, between
     /// vacuums, over the index entries of every job of the key finished since) is not needed.
     Place(&'static str),
+    /// Checked apart: whether `j` is the first of its line ([`FirstOfLine::window`]).
+    First,
 }
 
 /// The conditions of [`arms_sql`] for one queue: when a keyed job `j` is not the first of its
@@ -177,25 +179,7 @@ impl FirstOfLine<'_> {
         let now = D::NOW;
         let q = b.bind(self.queue.to_owned());
         if arm == Arm::Ready && self.limits.looks_further::<D>() {
-            // Of a key's jobs in the window only its first `front` by id may be the front of
-            // its line (the others have as many due ready jobs ahead of them), so only those
-            // are checked: a claim probes the limit index once or twice per key it sees, not
-            // per job (10 keys with deep lines: 1,000 probes a claim before).
-            let kinds = kinds_cond(b, kinds, "w.");
-            let window = b.bind(WINDOW.max(take));
-            let front = b.bind(self.limits.line_front());
-            let blocked = self.blocked(b, arm, Ahead::Sought).join(" OR ");
-            return format!(
-                "SELECT j.id FROM (SELECT w.id, w.limit_key, w.priority, w.run_at, \
-                 ROW_NUMBER() OVER (PARTITION BY w.limit_key ORDER BY w.id) AS place \
-                 FROM (SELECT w.id, w.limit_key, w.priority, w.run_at \
-                 FROM rowclaim_jobs AS w WHERE w.queue = {q} AND w.status = {READY} \
-                 AND w.run_at <= {now}{kinds} ORDER BY w.priority DESC, w.run_at, w.id \
-                 LIMIT {window}) AS w) AS j WHERE CASE WHEN j.limit_key IS NULL THEN TRUE \
-                 WHEN j.place > {front} THEN FALSE ELSE NOT ({blocked}) END \
-                 ORDER BY j.priority DESC, j.run_at, j.id LIMIT {}",
-                b.bind(take)
-            );
+            return self.window(b, &q, kinds, take);
         }
         let mut cond = match arm {
             Arm::Expired => format!("j.status = {RUNNING} AND j.lease_until < {now}"),
@@ -216,6 +200,44 @@ impl FirstOfLine<'_> {
         format!(
             "SELECT j.id FROM rowclaim_jobs AS j WHERE j.queue = {q} AND {cond}{kinds} \
              ORDER BY {order} LIMIT {}",
+            b.bind(take)
+        )
+    }
+
+    /// The ready arm under per-key limits where the database reads the limit index key by key:
+    /// the first [`WINDOW`] due ready jobs in claim order, those that may start. Where only
+    /// the first of a line may start, each job's key's first job in line is looked up once per
+    /// key (the planner caches it by key: `Memoize`), not once per job: 10 keys with deep
+    /// lines cost 10 look-ups a claim instead of 1,000. The check runs in claim order and
+    /// stops once `take` jobs passed. (The look-up is ordered by the limit index's status and
+    /// id, an order the primary key cannot give: see `Schema::ahead_in_line`.)
+    fn window<D: Schema>(&self, b: &mut Binder<D>, q: &str, kinds: &[String], take: i64) -> String {
+        let now = D::NOW;
+        let kinds = kinds_cond(b, kinds, "w.");
+        let window = b.bind(WINDOW.max(take));
+        let (first, cond) = if self.limits.line_front() == 1 {
+            let q2 = b.bind(self.queue.to_owned());
+            let blocked = self.blocked(b, Arm::Ready, Ahead::First).join(" OR ");
+            (
+                format!(
+                    " LEFT JOIN LATERAL (SELECT o.id FROM rowclaim_jobs AS o \
+                     WHERE o.queue = {q2} AND o.limit_key = j.limit_key \
+                     AND o.{status} = {READY} AND (o.run_at <= {now} OR o.attempts > 0) \
+                     ORDER BY o.{status}, o.id LIMIT 1) AS rowclaim_first ON TRUE",
+                    status = D::LINE_STATUS
+                ),
+                format!("rowclaim_first.id = j.id AND NOT ({blocked})"),
+            )
+        } else {
+            let blocked = self.blocked(b, Arm::Ready, Ahead::Sought).join(" OR ");
+            (String::new(), format!("NOT ({blocked})"))
+        };
+        format!(
+            "SELECT j.id FROM (SELECT w.id, w.limit_key, w.priority, w.run_at \
+             FROM rowclaim_jobs AS w WHERE w.queue = {q} AND w.status = {READY} \
+             AND w.run_at <= {now}{kinds} ORDER BY w.priority DESC, w.run_at, w.id \
+             LIMIT {window}) AS j{first} WHERE j.limit_key IS NULL OR ({cond}) \
+             ORDER BY j.priority DESC, j.run_at, j.id LIMIT {}",
             b.bind(take)
         )
     }
@@ -248,8 +270,8 @@ impl FirstOfLine<'_> {
             Arm::Ready if self.limits.line_front() > 1 => {
                 let running = self.counted(b, &format!("{status} = {RUNNING}"));
                 let waiting = match ahead_of_j {
-                    Ahead::Sought => self.counted(b, &ahead),
                     Ahead::Place(place) => format!("({place} - 1)"),
+                    Ahead::Sought | Ahead::First => self.counted(b, &ahead),
                 };
                 let n = b.bind(self.limits.line_front());
                 blocked.push(format!("{running} + {waiting} >= {n}"));
