@@ -455,6 +455,55 @@ mod postgres {
         .await;
     }
 
+    /// Three keys with lines deeper than a claim's window, and jobs without a key among them,
+    /// drained by two workers: the claims soon read the fronts of the lines first (few keys
+    /// leave most of a claim's room), and the per-key limit and each key's order still hold.
+    async fn few_keys_with_deep_lines(t: Arc<TestDb>, per_key: u32) {
+        let q = queue(&t).await;
+        q.limit("deep", &QueueLimits::default().key_concurrency(per_key))
+            .await
+            .unwrap();
+        let keys = ["a", "b", "c"];
+        let jobs: Vec<NewJob> = (0..1200)
+            .map(|n| {
+                let job = NewJob::new(json!({ "key": keys[n % 3], "n": n })).queue("deep");
+                // One job in 40 without a key (its "key" in the payload only names it).
+                if n % 40 == 39 {
+                    NewJob::new(json!({ "key": format!("-{n}"), "n": n })).queue("deep")
+                } else {
+                    job.limit_key(keys[n % 3])
+                }
+            })
+            .collect();
+        q.enqueue_many(&jobs).await.unwrap();
+        let seen = run_workers(&t, "deep", 2, 1200, Duration::from_millis(1)).await;
+        all_ran_once(&t, "deep", 1200).await;
+        assert!(
+            seen.per_key_max <= per_key as usize,
+            "{} jobs of one key ran at once",
+            seen.per_key_max
+        );
+        for key in keys {
+            let order = &seen.order[key];
+            assert_eq!(order.len(), 390, "key {key}");
+            if per_key == 1 {
+                let mut sorted = order.clone();
+                sorted.sort_unstable();
+                assert_eq!(order, &sorted, "key {key} ran out of enqueue order");
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn few_keys_with_deep_lines_run_one_at_a_time_in_order() {
+        with_db(Backend::Postgres, |t| few_keys_with_deep_lines(t, 1)).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn few_keys_with_deep_lines_run_at_most_two_at_a_time() {
+        with_db(Backend::Postgres, |t| few_keys_with_deep_lines(t, 2)).await
+    }
+
     /// Keys new to a table since its last ANALYZE (the planner's statistics say no job has
     /// one, as when an application starts to use keys): the look at lines further back still
     /// reads the limit index key by key. With `MIN(limit_key)` for the next key, PostgreSQL

@@ -18,7 +18,7 @@ use crate::error::Result;
 use crate::mapping::{Fragment, Lifecycle, Mapping, Naming, Piece};
 use crate::source::Source;
 
-use super::limits::{KEYLESS_EVERY, LIMITED};
+use super::limits::{Seen, LIMITED};
 use super::settings::settings;
 
 /// The columns of a job that its claim returns (what [`crate::Job`] is read from).
@@ -95,7 +95,7 @@ impl Layer for Jobs {
             kinds: self.kinds.clone(),
             resume: Mutex::default(),
             limited: Mutex::default(),
-            keyless_looked: Mutex::default(),
+            seen: Mutex::default(),
         })
     }
 }
@@ -153,9 +153,8 @@ pub(crate) struct JobClaims {
     resume: Mutex<Option<(Position, Instant)>>,
     /// Its limited queues as last read, and when (see [`LIMITS_EVERY`]).
     limited: Mutex<Option<(Instant, Vec<String>)>>,
-    /// When it last looked for jobs without a key behind a limited queue's first ready jobs,
-    /// by queue (see [`KEYLESS_EVERY`]).
-    keyless_looked: Mutex<HashMap<String, Instant>>,
+    /// What it learned of its limited queues' lines, by queue (see [`Seen`]).
+    seen: Mutex<HashMap<String, Seen>>,
 }
 
 #[async_trait::async_trait]
@@ -172,7 +171,7 @@ impl Shape for JobClaims {
             db: claimer.db(),
             queues: limited,
             kinds: &self.kinds,
-            keyless_looked: &self.keyless_looked,
+            seen: &self.seen,
         };
         let how = Claiming {
             batch,
@@ -266,28 +265,18 @@ struct Limited<'a> {
     db: &'a Db,
     queues: Vec<String>,
     kinds: &'a [String],
-    keyless_looked: &'a Mutex<HashMap<String, Instant>>,
+    seen: &'a Mutex<HashMap<String, Seen>>,
 }
 
 impl Limited<'_> {
-    /// Whether a claim of `queue` looks for jobs without a key behind its first ready jobs
-    /// (see [`KEYLESS_EVERY`]).
-    fn keyless_due(&self, queue: &str) -> bool {
-        let looked = self
-            .keyless_looked
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        looked
-            .get(queue)
-            .is_none_or(|at| at.elapsed() >= KEYLESS_EVERY)
+    fn seen_of(&self, queue: &str) -> Seen {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.get(queue).copied().unwrap_or_default()
     }
 
-    fn looked_keyless(&self, queue: &str) {
-        let mut looked = self
-            .keyless_looked
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        looked.insert(queue.to_owned(), Instant::now());
+    fn saw(&self, queue: &str, what: Seen) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.insert(queue.to_owned(), what);
     }
 }
 
@@ -310,16 +299,17 @@ impl More for Limited<'_> {
                 ..*args
             };
             let store = settings(self.db);
-            let due = self.keyless_due(queue);
-            let (taken, at) =
-                retry_transient!(store.claim_limited(&args, queue, self.kinds, due).await)?;
-            if taken.looked_keyless {
-                self.looked_keyless(queue);
-            }
-            if !taken.rows.is_empty() {
+            let mut seen = self.seen_of(queue);
+            let (taken, at) = retry_transient!(
+                store
+                    .claim_limited(&args, queue, self.kinds, &mut seen)
+                    .await
+            )?;
+            self.saw(queue, seen);
+            if !taken.is_empty() {
                 from = Some(from.map_or(at, |f| f.min(at)));
             }
-            rows.extend(taken.rows);
+            rows.extend(taken);
         }
         Ok(from)
     }

@@ -35,15 +35,15 @@ pub(crate) trait Settings: Send + Sync {
     /// The queues with limits that are not paused.
     async fn limited_queues(&self) -> Result<Vec<String>>;
     /// Claims what the limits of `queue` allow (jobs of `kinds`, all when empty), in a
-    /// transaction of its own (SQLite's takes the write lock): what it took, and the instant
-    /// their lease runs from at the earliest. `keyless_due`: see [`limits::claim`].
+    /// transaction of its own (SQLite's takes the write lock): the rows, and the instant their
+    /// lease runs from at the earliest. `seen`: see [`limits::claim`].
     async fn claim_limited(
         &self,
         a: &ClaimArgs<'_>,
         queue: &str,
         kinds: &[String],
-        keyless_due: bool,
-    ) -> Result<(limits::Taken, Instant)>;
+        seen: &mut limits::Seen,
+    ) -> Result<(Vec<serde_json::Value>, Instant)>;
 }
 
 #[async_trait::async_trait]
@@ -76,8 +76,8 @@ where
         a: &ClaimArgs<'_>,
         queue: &str,
         kinds: &[String],
-        keyless_due: bool,
-    ) -> Result<(limits::Taken, Instant)> {
+        seen: &mut limits::Seen,
+    ) -> Result<(Vec<serde_json::Value>, Instant)> {
         let asked = Instant::now();
         let wait_for_others = self.applies_others_late().await?;
         let tx = self.transaction(false).await?;
@@ -89,9 +89,12 @@ where
         } else {
             asked
         };
-        let taken = limits::claim(&tx, a, queue, kinds, wait_for_others, keyless_due).await?;
+        // What it saw counts only once the claim commits.
+        let mut seeing = *seen;
+        let rows = limits::claim(&tx, a, queue, kinds, wait_for_others, &mut seeing).await?;
         tx.commit().await?;
-        Ok((taken, from))
+        *seen = seeing;
+        Ok((rows, from))
     }
 }
 

@@ -124,15 +124,15 @@ fn limited<D: Schema>(payload_type: &str, strategy: Strategy) -> String {
         ("its limits and counts", limits::read_sql("mail")),
         (
             "pick: key concurrency 1, key rate 1 per minute",
-            limits::pick_ids_sql("mail", &kinds, &first_only, 2),
+            limits::pick_ids_sql("mail", &kinds, &first_only, 2, true),
         ),
         (
             "pick: key concurrency 2",
-            limits::pick_ids_sql("mail", &kinds, &two_per_key, 2),
+            limits::pick_ids_sql("mail", &kinds, &two_per_key, 2, true),
         ),
         (
             "pick: key concurrency 3, key rate 5 per minute",
-            limits::pick_ids_sql("mail", &kinds, &lines, 2),
+            limits::pick_ids_sql("mail", &kinds, &lines, 2, true),
         ),
         ("mark jobs 7 and 9 ours", limits::mark_sql(&a, &ids)),
         ("record their starts", limits::starts_sql(&a, &ids)),
@@ -158,6 +158,13 @@ fn limited<D: Schema>(payload_type: &str, strategy: Strategy) -> String {
             (
                 "the first two of lines further back, keyed jobs only",
                 fronts,
+            ),
+        );
+        steps.insert(
+            7,
+            (
+                "pick with few keys (the fronts read first): jobs whose lease ran out",
+                limits::pick_ids_sql("mail", &kinds, &two_per_key, 2, false),
             ),
         );
     }

@@ -19,7 +19,7 @@
 mod pick;
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -264,79 +264,101 @@ const READY: &str = "'ready'";
 const RUNNING: &str = "'running'";
 
 /// How often a claimer looks for jobs without a key behind the first [`WINDOW`] ready jobs of a
-/// limited queue, while the jobs it finds in front keep it busy. That look reads the queue's
-/// ready jobs to their end where none are keyless (no index holds keyless jobs apart): a
-/// table of 5,000 jobs of 10 keys, each claim 1.2 ms, more than its other statements
-/// together. A claim that would otherwise come back empty always looks, so such a job waits at
-/// most this long more for a free slot (as a job whose lease ran out waits, `claim/`).
+/// limited queue where it found none the last time, while the jobs it finds in front keep it
+/// busy. That look reads the queue's ready jobs to their end where none are keyless (no index
+/// holds keyless jobs apart): a table of 5,000 jobs of 10 keys, each claim 1.2 ms, more than
+/// its other statements together. A claim that would otherwise come back empty always looks,
+/// so such a job waits at most this long more for a free slot (as a job whose lease ran out
+/// waits, `claim/`).
 pub(crate) const KEYLESS_EVERY: Duration = Duration::from_secs(1);
 
-/// What [`claim`] took.
-#[derive(Debug, Default)]
-pub(crate) struct Taken {
-    /// The jobs, as JSON rows, as any claim returns them.
-    pub rows: Vec<serde_json::Value>,
-    /// Whether it looked for jobs without a key behind its window (see [`KEYLESS_EVERY`]).
-    pub looked_keyless: bool,
+/// What a claimer learned of one limited queue's lines in its last claims, so that its next
+/// claim reads no more than it needs (PostgreSQL, under per-key limits, where [`heads_sql`]
+/// reads the fronts of lines key by key).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Seen {
+    /// Keys with ready jobs when it last read the fronts of lines. Where the fronts of that
+    /// many lines leave most of a claim's room, the claim reads them first and skips the first
+    /// [`WINDOW`] ready jobs (and the count of them), which could not fill it either: 10 keys
+    /// with deep lines read 10 fronts, not 1,000 jobs.
+    keys: Option<i64>,
+    /// When it last looked for jobs without a key behind the window, and whether it found any.
+    keyless_at: Option<Instant>,
+    keyless_found: bool,
+}
+
+impl Seen {
+    /// Whether a claim of up to `room` jobs under `limits` reads the fronts of lines first.
+    fn few_keys(&self, limits: &QueueLimits, room: i64) -> bool {
+        self.keys
+            .is_some_and(|k| k.saturating_mul(limits.line_front()).saturating_mul(2) < room)
+    }
+
+    /// Whether a claim looks for jobs without a key behind the window: where the last look
+    /// found some, or [`KEYLESS_EVERY`] after the last.
+    fn keyless_due(&self) -> bool {
+        self.keyless_found
+            || self
+                .keyless_at
+                .is_none_or(|at| at.elapsed() >= KEYLESS_EVERY)
+    }
 }
 
 /// Claims up to `a.batch` jobs of the limited queue `queue` (of `kinds`, all when empty) that
-/// its limits allow, in the transaction `tx` (the caller commits it). None when the queue is
-/// paused or no longer limited (the ordinary claim serves it then). `wait_for_others`: first
-/// wait until this server has applied what other servers committed (a Galera node), so that
-/// the counts below see every job they started. `keyless_due`: the claimer's last look for jobs
-/// without a key behind the window was [`KEYLESS_EVERY`] ago or more.
+/// its limits allow, in the transaction `tx` (the caller commits it): rows as JSON, as any claim
+/// returns them. None when the queue is paused or no longer limited (the ordinary claim serves
+/// it then). `wait_for_others`: first wait until this server has applied what other servers
+/// committed (a Galera node), so that the counts below see every job they started. `seen`:
+/// what the claimer learned of the queue's lines before, brought up to date.
 pub(crate) async fn claim<R: Run + ?Sized>(
     tx: &R,
     a: &ClaimArgs<'_>,
     queue: &str,
     kinds: &[String],
     wait_for_others: bool,
-    keyless_due: bool,
-) -> Result<Taken>
+    seen: &mut Seen,
+) -> Result<Vec<serde_json::Value>>
 where
     R::Sql: Schema,
 {
     // The queue's turn: its row lock, held to the end of the transaction.
     if tx.execute(turn_sql(queue, wait_for_others)).await? == 0 {
-        return Ok(Taken::default());
+        return Ok(vec![]);
     }
     let Some((_, columns)) = tx.named_numbers(read_sql(queue), 8).await?.pop() else {
-        return Ok(Taken::default());
+        return Ok(vec![]);
     };
     let limits = QueueLimits::from_columns(&columns);
     let count = |i: usize| columns.get(i).copied().flatten().unwrap_or(0);
     let room = limits.room(i64::from(a.batch), count(6), count(7));
     if room <= 0 {
-        return Ok(Taken::default());
+        return Ok(vec![]);
     }
-    let mut picked = tx.texts(pick_ids_sql(queue, kinds, &limits, room)).await?;
-    let mut looked_keyless = false;
-    if limits.looks_further::<R::Sql>()
-        && (picked.len() as i64) * 2 < room
-        && tx.count(waiting_sql(queue)).await? >= WINDOW
+    let further = limits.looks_further::<R::Sql>();
+    let fronts_first = further && seen.few_keys(&limits, room);
+    let pick = pick_ids_sql(queue, kinds, &limits, room, !fronts_first);
+    let mut picked = tx.texts(pick).await?;
+    if fronts_first
+        || (further
+            && (picked.len() as i64) * 2 < room
+            && tx.count(waiting_sql(queue)).await? >= WINDOW)
     {
-        // The first jobs in claim order left most of the room, and more wait behind them: the
-        // fronts of lines further back, and now and then jobs without a key.
-        looked_keyless = keyless_due || picked.is_empty();
-        let seen: HashSet<String> = picked.iter().cloned().collect();
-        let heads = heads_sql(queue, kinds, &limits, room, looked_keyless);
-        let further = tx.texts(heads).await?;
+        // The first jobs in claim order left most of the room (or could not fill it), and
+        // more wait behind them: the fronts of lines, and jobs without a key.
+        let fronts = fronts(tx, queue, kinds, &limits, room, picked.is_empty(), seen).await?;
+        let known: HashSet<String> = picked.iter().cloned().collect();
         let left = usize::try_from(room)
             .unwrap_or(usize::MAX)
             .saturating_sub(picked.len());
         picked.extend(
-            further
+            fronts
                 .into_iter()
-                .filter(|id| !seen.contains(id))
+                .filter(|id| !known.contains(id))
                 .take(left),
         );
     }
     if picked.is_empty() {
-        return Ok(Taken {
-            rows: vec![],
-            looked_keyless,
-        });
+        return Ok(vec![]);
     }
     let ids = IdList::new(a.m.id_kind, &a.m.parse_ids(&picked)?)?;
     tx.execute(mark_sql(a, &ids)).await?;
@@ -344,16 +366,49 @@ where
         tx.execute(starts_sql(a, &ids)).await?;
         tx.execute(prune_starts_sql(queue, keep_ms)).await?;
     }
-    let rows = tx
-        .texts(claimed_sql(a, &ids))
+    tx.texts(claimed_sql(a, &ids))
         .await?
         .iter()
         .map(|t| sql::parse_row(t))
-        .collect::<Result<_>>()?;
-    Ok(Taken {
-        rows,
-        looked_keyless,
-    })
+        .collect()
+}
+
+/// The ids of the fronts of the queue's lines that may start ([`heads_sql`]), with jobs
+/// without a key where they are due ([`Seen::keyless_due`]) or where nothing else would be
+/// claimed (`nothing_yet`: the claim has found nothing else so far). Notes what it saw.
+async fn fronts<R: Run + ?Sized>(
+    tx: &R,
+    queue: &str,
+    kinds: &[String],
+    limits: &QueueLimits,
+    room: i64,
+    nothing_yet: bool,
+    seen: &mut Seen,
+) -> Result<Vec<String>>
+where
+    R::Sql: Schema,
+{
+    let mut keyless = nothing_yet || seen.keyless_due();
+    let mut rows = tx
+        .named_numbers(heads_sql(queue, kinds, limits, room, keyless), 2)
+        .await?;
+    if rows.is_empty() && nothing_yet && !keyless {
+        keyless = true;
+        rows = tx
+            .named_numbers(heads_sql(queue, kinds, limits, room, keyless), 2)
+            .await?;
+    }
+    // The count of keys is on every row; with none, the last one stands.
+    if let Some((_, numbers)) = rows.first() {
+        seen.keys = numbers.first().copied().flatten();
+    }
+    if keyless {
+        seen.keyless_at = Some(Instant::now());
+        seen.keyless_found = rows
+            .iter()
+            .any(|(_, numbers)| numbers.get(1).copied().flatten() == Some(1));
+    }
+    Ok(rows.into_iter().map(|(id, _)| id).collect())
 }
 
 /// The queue's turn: a write of its row, whose lock the claim's transaction holds to its end,

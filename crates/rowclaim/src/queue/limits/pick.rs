@@ -7,17 +7,21 @@ use crate::backend::sql::{Binder, Dialect, Stmt};
 use crate::queue::migrate::Schema;
 
 /// The ids (as text) of up to `take` jobs the queue's per-key limits let start now.
+/// `window`: where [`heads_sql`] looks further back, whether ready jobs are read in claim order
+/// at all (without it, only jobs whose lease ran out: the claim then reads every line's front
+/// by [`heads_sql`]).
 pub(crate) fn pick_ids_sql<D: Schema>(
     queue: &str,
     kinds: &[String],
     limits: &QueueLimits,
     take: i64,
+    window: bool,
 ) -> Stmt<D> {
     let mut b = Binder::<D>::new();
     let sql = format!(
         "SELECT CAST(id AS {}) FROM ({}) AS p",
         D::TEXT,
-        pick_sql(&mut b, queue, kinds, limits, take)
+        pick_sql(&mut b, queue, kinds, limits, take, window)
     );
     Stmt::new(sql, b)
 }
@@ -39,7 +43,10 @@ pub(super) const WINDOW: i64 = 1000;
 ///
 /// `keyless`: also the first jobs without a key. Those cost a read of the queue's ready jobs to
 /// the end of the index (or of the table) where there are none, since no index holds them
-/// apart, so [`super::claim`] asks for them only now and then (see `KEYLESS_EVERY`).
+/// apart, so [`super::claim`] asks for them only where it found some, or now and then (see
+/// `KEYLESS_EVERY`).
+///
+/// Each row: the id, the number of keys with ready jobs, and 1 for a job without a key (else 0).
 pub(crate) fn heads_sql<D: Schema>(
     queue: &str,
     kinds: &[String],
@@ -62,7 +69,7 @@ pub(crate) fn heads_sql<D: Schema>(
         let q4 = b.bind(queue.to_owned());
         let keyless_kinds = kinds_cond(&mut b, kinds, "w.");
         format!(
-            " UNION ALL (SELECT w.id, w.priority, w.run_at FROM rowclaim_jobs AS w \
+            " UNION ALL (SELECT w.id, w.priority, w.run_at, CAST(1 AS BIGINT) FROM rowclaim_jobs AS w \
              WHERE w.queue = {q4} AND w.status = {READY} AND w.run_at <= {now} \
              AND w.limit_key IS NULL{keyless_kinds} ORDER BY w.priority DESC, w.run_at, w.id \
              LIMIT {})",
@@ -79,7 +86,8 @@ pub(crate) fn heads_sql<D: Schema>(
          UNION ALL SELECT (SELECT o.limit_key FROM rowclaim_jobs AS o WHERE o.queue = {q2} \
          AND o.status = {READY} AND o.limit_key > rowclaim_keys.k ORDER BY o.limit_key LIMIT 1) \
          FROM rowclaim_keys WHERE rowclaim_keys.k IS NOT NULL) \
-         SELECT CAST(f.id AS {}) FROM ((SELECT j.id, j.priority, j.run_at FROM rowclaim_keys \
+         SELECT CAST(f.id AS {}), (SELECT COUNT(k) FROM rowclaim_keys), f.keyless \
+         FROM ((SELECT j.id, j.priority, j.run_at, CAST(0 AS BIGINT) AS keyless FROM rowclaim_keys \
          CROSS JOIN LATERAL (SELECT h.id, ROW_NUMBER() OVER (ORDER BY h.id) AS place \
          FROM rowclaim_jobs AS h WHERE h.queue = {q3} \
          AND h.status = {READY} AND h.limit_key = rowclaim_keys.k \
@@ -112,9 +120,10 @@ fn pick_sql<D: Schema>(
     kinds: &[String],
     l: &QueueLimits,
     take: i64,
+    window: bool,
 ) -> String {
     if l.by_arms::<D>() {
-        arms_sql(b, queue, kinds, l, take)
+        arms_sql(b, queue, kinds, l, take, window || !l.looks_further::<D>())
     } else {
         lines_sql(b, queue, kinds, l, take)
     }
@@ -132,9 +141,13 @@ fn arms_sql<D: Schema>(
     kinds: &[String],
     l: &QueueLimits,
     take: i64,
+    ready: bool,
 ) -> String {
     let line = FirstOfLine { queue, limits: l };
     let e = line.arm(b, Arm::Expired, kinds, take);
+    if !ready {
+        return format!("SELECT id FROM ({e}) AS rowclaim_e");
+    }
     let r = line.arm(b, Arm::Ready, kinds, take);
     format!(
         "SELECT id FROM ({e}) AS rowclaim_e UNION ALL SELECT id FROM ({r}) AS rowclaim_r \
