@@ -15,7 +15,7 @@ use super::limits::{self, QueueLimits, Rate, COLUMNS, LIMITED};
 use super::migrate::Schema;
 use crate::backend::run::{Finish, Run, Transact};
 use crate::backend::sql::{Binder, Dialect, Stmt};
-use crate::backend::{dispatch, ClaimArgs};
+use crate::backend::{dispatch, retry_transient, ClaimArgs};
 use crate::db::Db;
 use crate::error::Result;
 use crate::value::at_ms;
@@ -91,9 +91,13 @@ where
         };
         // What it saw counts only once the claim commits.
         let mut seeing = *seen;
-        let rows = limits::claim(&tx, a, queue, kinds, wait_for_others, &mut seeing).await?;
+        let ids = limits::claim(&tx, a, queue, kinds, wait_for_others, &mut seeing).await?;
         tx.commit().await?;
         *seen = seeing;
+        let rows = match ids {
+            Some(ids) => retry_transient!(limits::claimed_rows(self, a, &ids).await)?,
+            None => vec![],
+        };
         Ok((rows, from))
     }
 }
