@@ -169,7 +169,9 @@ pub(crate) trait Layer: Send + Sync {
 pub(crate) trait More: Send + Sync {
     /// Adds to `rows` up to `args.batch` rows in all, claimed under `args.token` with its
     /// lease; returns the instant the added rows' lease runs from at the earliest (`None`:
-    /// none added). When it fails it has changed nothing.
+    /// none added). When it fails it has changed nothing, but for rows it claimed and could
+    /// not read back (the managed queue reads them after its claim commits): those are taken
+    /// again once their lease runs out, as after a claim whose answer was lost.
     async fn claim_more(
         &self,
         args: &ClaimArgs<'_>,

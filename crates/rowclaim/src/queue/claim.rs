@@ -300,12 +300,16 @@ impl More for Limited<'_> {
             };
             let store = settings(self.db);
             let mut seen = self.seen_of(queue);
-            let (taken, at) = retry_transient!(
+            let (ids, at) = retry_transient!(
                 store
                     .claim_limited(&args, queue, self.kinds, &mut seen)
                     .await
             )?;
             self.saw(queue, seen);
+            let Some(ids) = ids else { continue };
+            // Read once the claim committed, and not by claiming again should it fail: the
+            // jobs are this claim's now (see `limits::claimed_rows`).
+            let taken = retry_transient!(store.claimed_rows(&args, &ids).await)?;
             if !taken.is_empty() {
                 from = Some(from.map_or(at, |f| f.min(at)));
             }

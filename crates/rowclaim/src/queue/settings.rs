@@ -15,10 +15,10 @@ use super::limits::{self, QueueLimits, Rate, COLUMNS, LIMITED};
 use super::migrate::Schema;
 use crate::backend::run::{Finish, Run, Transact};
 use crate::backend::sql::{Binder, Dialect, Stmt};
-use crate::backend::{dispatch, retry_transient, ClaimArgs};
+use crate::backend::{dispatch, ClaimArgs};
 use crate::db::Db;
 use crate::error::Result;
-use crate::value::at_ms;
+use crate::value::{at_ms, IdList};
 
 /// The settings role: pauses, limits and the limited claim, written once for every database
 /// over its driver's [`Run`].
@@ -35,15 +35,19 @@ pub(crate) trait Settings: Send + Sync {
     /// The queues with limits that are not paused.
     async fn limited_queues(&self) -> Result<Vec<String>>;
     /// Claims what the limits of `queue` allow (jobs of `kinds`, all when empty), in a
-    /// transaction of its own (SQLite's takes the write lock): the rows, and the instant their
-    /// lease runs from at the earliest. `seen`: see [`limits::claim`].
+    /// transaction of its own (SQLite's takes the write lock): the ids of the jobs it took, and
+    /// the instant their lease runs from at the earliest. `seen`: see [`limits::claim`]. Their
+    /// rows are read by [`Settings::claimed_rows`] once it committed.
     async fn claim_limited(
         &self,
         a: &ClaimArgs<'_>,
         queue: &str,
         kinds: &[String],
         seen: &mut limits::Seen,
-    ) -> Result<(Vec<serde_json::Value>, Instant)>;
+    ) -> Result<(Option<IdList>, Instant)>;
+    /// The rows of the jobs a limited claim took ([`limits::claimed_rows`]).
+    async fn claimed_rows(&self, a: &ClaimArgs<'_>, ids: &IdList)
+        -> Result<Vec<serde_json::Value>>;
 }
 
 #[async_trait::async_trait]
@@ -77,7 +81,7 @@ where
         queue: &str,
         kinds: &[String],
         seen: &mut limits::Seen,
-    ) -> Result<(Vec<serde_json::Value>, Instant)> {
+    ) -> Result<(Option<IdList>, Instant)> {
         let asked = Instant::now();
         let wait_for_others = self.applies_others_late().await?;
         let tx = self.transaction(false).await?;
@@ -94,11 +98,15 @@ where
         let ids = limits::claim(&tx, a, queue, kinds, wait_for_others, &mut seeing).await?;
         tx.commit().await?;
         *seen = seeing;
-        let rows = match ids {
-            Some(ids) => retry_transient!(limits::claimed_rows(self, a, &ids).await)?,
-            None => vec![],
-        };
-        Ok((rows, from))
+        Ok((ids, from))
+    }
+
+    async fn claimed_rows(
+        &self,
+        a: &ClaimArgs<'_>,
+        ids: &IdList,
+    ) -> Result<Vec<serde_json::Value>> {
+        limits::claimed_rows(self, a, ids).await
     }
 }
 

@@ -268,8 +268,8 @@ const RUNNING: &str = "'running'";
 /// busy. That look reads the queue's ready jobs to their end where none are keyless (no index
 /// holds keyless jobs apart): a table of 5,000 jobs of 10 keys, each claim 1.2 ms, more than
 /// its other statements together. A claim that would otherwise come back empty always looks,
-/// so such a job waits at most this long more for a free slot (as a job whose lease ran out
-/// waits, `claim/`).
+/// so such a job waits at most this long more for a free slot while the claimer finds other
+/// jobs (as a job whose lease ran out waits, `claim/`).
 pub(crate) const KEYLESS_EVERY: Duration = Duration::from_secs(1);
 
 /// What a claimer learned of one limited queue's lines in its last claims, so that its next
@@ -306,7 +306,7 @@ impl Seen {
 
 /// Claims up to `a.batch` jobs of the limited queue `queue` (of `kinds`, all when empty) that
 /// its limits allow, in the transaction `tx`: their ids (the caller commits, then reads the
-/// rows with [`claimed_rows`]). None when the queue is paused or no longer limited (the
+/// rows with [`claimed_rows`], outside any retry of the claim). None when the queue is paused or no longer limited (the
 /// ordinary claim serves it then). `wait_for_others`: first wait until this server has applied what other servers
 /// committed (a Galera node), so that the counts below see every job they started. `seen`:
 /// what the claimer learned of the queue's lines before, brought up to date.
@@ -387,8 +387,9 @@ pub(crate) async fn claimed_rows<R: Run + ?Sized>(
 }
 
 /// The ids of the fronts of the queue's lines that may start ([`heads_sql`]), with jobs
-/// without a key where they are due ([`Seen::keyless_due`]) or where nothing else would be
-/// claimed (`nothing_yet`: the claim has found nothing else so far). Notes what it saw.
+/// without a key where they are due ([`Seen::keyless_due`]), or where the claim would come
+/// back empty without them (`nothing_yet`: it found nothing before this look, and the fronts
+/// are all busy). Notes what it saw.
 async fn fronts<R: Run + ?Sized>(
     tx: &R,
     queue: &str,
@@ -401,11 +402,12 @@ async fn fronts<R: Run + ?Sized>(
 where
     R::Sql: Schema,
 {
-    let mut keyless = nothing_yet || seen.keyless_due();
+    let mut keyless = seen.keyless_due();
     let mut rows = tx
         .named_numbers(heads_sql(queue, kinds, limits, room, keyless), 2)
         .await?;
     if rows.is_empty() && nothing_yet && !keyless {
+        // Nothing else to claim: look for jobs without a key after all.
         keyless = true;
         rows = tx
             .named_numbers(heads_sql(queue, kinds, limits, room, keyless), 2)

@@ -27,16 +27,16 @@ pub(crate) fn pick_ids_sql<D: Schema>(
 }
 
 /// Ready jobs a claim looks at in its order before the first of lines further back are
-/// sought ([`heads_sql`]): a claim reads at most this many jobs of busy keys.
+/// sought ([`heads_sql`]): a claim reads at most this many jobs of busy keys. (A claimer that
+/// saw few keys reads the fronts of lines first and skips these: `Seen` in `super`.)
 pub(super) const WINDOW: i64 = 1000;
 
 /// The ids (as text) of up to `take` jobs that may start (see [`pick_sql`]) at the front of
 /// their key's line, or without a key, in claim order: each key's line is found through the
 /// limit index, key after key, and its front looked up (its first job; its first `n` under a
 /// per-key concurrency of `n`), so that the claim reads as many index entries as there are
-/// keys with ready jobs, however deep their lines. Jobs without a key are read in claim order
-/// (no index holds them apart; a queue of keyed jobs only reads its ready jobs' index to its
-/// end). PostgreSQL only ([`Dialect::SKIP_SCAN`]; it reads each front through `LATERAL`).
+/// keys with ready jobs, however deep their lines. Jobs without a key, when asked for
+/// (`keyless`), are read in claim order. PostgreSQL only ([`Dialect::SKIP_SCAN`]; it reads each front through `LATERAL`).
 /// The next key is the first by `ORDER BY … LIMIT 1`, not `MIN`: while the planner's statistics
 /// say no job has a key (keys new to a table not analyzed since), PostgreSQL read the whole
 /// table for each `MIN` of a key after a parameter, one key at a time.
