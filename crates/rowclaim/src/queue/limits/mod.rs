@@ -306,10 +306,11 @@ impl Seen {
 
 /// Claims up to `a.batch` jobs of the limited queue `queue` (of `kinds`, all when empty) that
 /// its limits allow, in the transaction `tx`: their ids (the caller commits, then reads the
-/// rows with [`claimed_rows`], outside any retry of the claim). None when the queue is paused or no longer limited (the
-/// ordinary claim serves it then). `wait_for_others`: first wait until this server has applied what other servers
-/// committed (a Galera node), so that the counts below see every job they started. `seen`:
-/// what the claimer learned of the queue's lines before, brought up to date.
+/// rows with [`claimed_rows`], outside any retry of the claim). None when the queue is paused
+/// or no longer limited (the ordinary claim serves it then). `wait_for_others`: first wait
+/// until this server has applied what other servers committed (a Galera node), so that the
+/// counts below see every job they started. `seen`: what the claimer learned of the queue's
+/// lines before, brought up to date.
 pub(crate) async fn claim<R: Run + ?Sized>(
     tx: &R,
     a: &ClaimArgs<'_>,
