@@ -36,7 +36,8 @@ pub(super) const WINDOW: i64 = 1000;
 /// limit index, key after key, and its front looked up (its first job; its first `n` under a
 /// per-key concurrency of `n`), so that the claim reads as many index entries as there are
 /// keys with ready jobs, however deep their lines. Jobs without a key, when asked for
-/// (`keyless`), are read in claim order. PostgreSQL only ([`Dialect::SKIP_SCAN`]; it reads each front through `LATERAL`).
+/// (`keyless`), are read in claim order. PostgreSQL only ([`Dialect::SKIP_SCAN`]; it reads each
+/// front through `LATERAL`).
 /// The next key is the first by `ORDER BY … LIMIT 1`, not `MIN`: while the planner's statistics
 /// say no job has a key (keys new to a table not analyzed since), PostgreSQL read the whole
 /// table for each `MIN` of a key after a parameter, one key at a time.
@@ -69,8 +70,8 @@ pub(crate) fn heads_sql<D: Schema>(
         let q4 = b.bind(queue.to_owned());
         let keyless_kinds = kinds_cond(&mut b, kinds, "w.");
         format!(
-            " UNION ALL (SELECT w.id, w.priority, w.run_at, CAST(1 AS BIGINT) FROM rowclaim_jobs AS w \
-             WHERE w.queue = {q4} AND w.status = {READY} AND w.run_at <= {now} \
+            " UNION ALL (SELECT w.id, w.priority, w.run_at, CAST(1 AS BIGINT) \
+             FROM rowclaim_jobs AS w WHERE w.queue = {q4} AND w.status = {READY} AND w.run_at <= {now} \
              AND w.limit_key IS NULL{keyless_kinds} ORDER BY w.priority DESC, w.run_at, w.id \
              LIMIT {})",
             b.bind(take)
