@@ -33,9 +33,9 @@ pub(super) const WINDOW: i64 = 1000;
 
 /// The ids (as text) of up to `take` jobs that may start (see [`pick_sql`]) at the front of
 /// their key's line, or without a key, in claim order: each key's line is found through the
-/// limit index, key after key, and its front looked up (its first job; its first `n` under a
-/// per-key concurrency of `n`), so that the claim reads as many index entries as there are
-/// keys with ready jobs, however deep their lines. Jobs without a key, when asked for
+/// limit index, key after key, and its front with it (its first job; its first `n` under a
+/// per-key concurrency of `n`, looked up per key), so that the claim reads as many index
+/// entries as there are keys with ready jobs, however deep their lines. Jobs without a key, when asked for
 /// (`keyless`), are read in claim order. PostgreSQL only ([`Dialect::SKIP_SCAN`]; it reads each
 /// front through `LATERAL`).
 /// The next key is the first by `ORDER BY … LIMIT 1`, not `MIN`: while the planner's statistics
@@ -56,24 +56,60 @@ pub(crate) fn heads_sql<D: Schema>(
     keyless: bool,
 ) -> Stmt<D> {
     let now = D::NOW;
+    let in_line = |t: &str| format!("({t}.run_at <= {now} OR {t}.attempts > 0)");
     let mut b = Binder::<D>::new();
     let q1 = b.bind(queue.to_owned());
     let q2 = b.bind(queue.to_owned());
-    let q3 = b.bind(queue.to_owned());
-    let front = b.bind(limits.line_front());
+    let (fronts, place) = if limits.line_front() == 1 {
+        // One front a key: the walk from key to key lands on each key's first job in line
+        // (the limit index orders a key's ready jobs by id), so a key's entries are walked
+        // once, not once to find the key and again for its front.
+        let walk = format!(
+            "WITH RECURSIVE rowclaim_fronts (k, id) AS (\
+             SELECT f.limit_key, f.id FROM (SELECT h.limit_key, h.id FROM rowclaim_jobs AS h \
+             WHERE h.queue = {q1} AND h.status = {READY} AND h.limit_key IS NOT NULL \
+             AND {} ORDER BY h.limit_key, h.status, h.id LIMIT 1) AS f \
+             UNION ALL SELECT n.limit_key, n.id FROM rowclaim_fronts CROSS JOIN LATERAL \
+             (SELECT o.limit_key, o.id FROM rowclaim_jobs AS o WHERE o.queue = {q2} \
+             AND o.status = {READY} AND o.limit_key > rowclaim_fronts.k AND {} \
+             ORDER BY o.limit_key, o.status, o.id LIMIT 1) AS n) ",
+            in_line("h"),
+            in_line("o"),
+        );
+        (walk, "1")
+    } else {
+        let q3 = b.bind(queue.to_owned());
+        let front = b.bind(limits.line_front());
+        let walk = format!(
+            "WITH RECURSIVE rowclaim_keys (k) AS (\
+             SELECT (SELECT limit_key FROM rowclaim_jobs WHERE queue = {q1} \
+             AND status = {READY} AND limit_key IS NOT NULL ORDER BY limit_key LIMIT 1) \
+             UNION ALL SELECT (SELECT o.limit_key FROM rowclaim_jobs AS o WHERE o.queue = {q2} \
+             AND o.status = {READY} AND o.limit_key > rowclaim_keys.k \
+             ORDER BY o.limit_key LIMIT 1) \
+             FROM rowclaim_keys WHERE rowclaim_keys.k IS NOT NULL), \
+             rowclaim_fronts (k, id, place) AS (SELECT rowclaim_keys.k, l.id, l.place \
+             FROM rowclaim_keys CROSS JOIN LATERAL (SELECT h.id, \
+             ROW_NUMBER() OVER (ORDER BY h.id) AS place FROM rowclaim_jobs AS h \
+             WHERE h.queue = {q3} AND h.status = {READY} AND h.limit_key = rowclaim_keys.k \
+             AND {} ORDER BY h.id LIMIT {front}) AS l) ",
+            in_line("h"),
+        );
+        (walk, "rowclaim_fronts.place")
+    };
     let keyed_kinds = kinds_cond(&mut b, kinds, "j.");
     let line = FirstOfLine { queue, limits };
     let blocked = line
-        .blocked(&mut b, Arm::Ready, Ahead::Place("rowclaim_front.place"))
+        .blocked(&mut b, Arm::Ready, Ahead::Place(place))
         .join(" OR ");
     let keyless = if keyless {
         let q4 = b.bind(queue.to_owned());
         let keyless_kinds = kinds_cond(&mut b, kinds, "w.");
         format!(
             " UNION ALL (SELECT w.id, w.priority, w.run_at, CAST(1 AS BIGINT) \
-             FROM rowclaim_jobs AS w WHERE w.queue = {q4} AND w.status = {READY} AND w.run_at <= {now} \
-             AND w.limit_key IS NULL{keyless_kinds} ORDER BY w.priority DESC, w.run_at, w.id \
-             LIMIT {})",
+             FROM rowclaim_jobs AS w WHERE w.queue = {q4} AND w.status = {READY} \
+             AND w.run_at <= {now} AND w.limit_key IS NULL{keyless_kinds} \
+             ORDER BY w.priority DESC, w.run_at, w.id LIMIT {})",
             b.bind(take)
         )
     } else {
@@ -81,19 +117,9 @@ pub(crate) fn heads_sql<D: Schema>(
     };
     let take = b.bind(take);
     let sql = format!(
-        "WITH RECURSIVE rowclaim_keys (k) AS (\
-         SELECT (SELECT limit_key FROM rowclaim_jobs WHERE queue = {q1} AND status = {READY} \
-         AND limit_key IS NOT NULL ORDER BY limit_key LIMIT 1) \
-         UNION ALL SELECT (SELECT o.limit_key FROM rowclaim_jobs AS o WHERE o.queue = {q2} \
-         AND o.status = {READY} AND o.limit_key > rowclaim_keys.k ORDER BY o.limit_key LIMIT 1) \
-         FROM rowclaim_keys WHERE rowclaim_keys.k IS NOT NULL) \
-         SELECT CAST(f.id AS {}), (SELECT COUNT(k) FROM rowclaim_keys), f.keyless \
-         FROM ((SELECT j.id, j.priority, j.run_at, CAST(0 AS BIGINT) AS keyless FROM rowclaim_keys \
-         CROSS JOIN LATERAL (SELECT h.id, ROW_NUMBER() OVER (ORDER BY h.id) AS place \
-         FROM rowclaim_jobs AS h WHERE h.queue = {q3} \
-         AND h.status = {READY} AND h.limit_key = rowclaim_keys.k \
-         AND (h.run_at <= {now} OR h.attempts > 0) ORDER BY h.id LIMIT {front}) AS rowclaim_front \
-         JOIN rowclaim_jobs AS j ON j.id = rowclaim_front.id \
+        "{fronts}SELECT CAST(f.id AS {}), (SELECT COUNT(DISTINCT k) FROM rowclaim_fronts), f.keyless \
+         FROM ((SELECT j.id, j.priority, j.run_at, CAST(0 AS BIGINT) AS keyless \
+         FROM rowclaim_fronts JOIN rowclaim_jobs AS j ON j.id = rowclaim_fronts.id \
          WHERE j.run_at <= {now}{keyed_kinds} AND NOT ({blocked})){keyless}) AS f \
          ORDER BY f.priority DESC, f.run_at, f.id LIMIT {take}",
         D::TEXT,
