@@ -3,13 +3,15 @@
 //! after another, in enqueue order), and how many start per period, in the queue and per key.
 //!
 //! A queue's limits live in its `rowclaim_queues` row. The ordinary claim leaves the jobs of a
-//! limited queue alone (`claim.rs`: `Jobs::conditions`); they are claimed here instead, one queue at a
-//! time, by [`claim`]: in a transaction that first writes the queue's row (`claim_turns`), so
-//! that limited claims of one queue take turns on its row lock, every database alike (and on
-//! Galera two nodes' turns conflict at certification, and one is retried). Under that lock it
-//! counts what runs and what started, picks what the limits allow, marks it claimed and, for a
-//! rate, records the starts in `rowclaim_starts`. Each claim's statements are written once, here,
-//! over a driver's [`Run`] in its transaction.
+//! limited queue alone (`claim.rs`: `Jobs::conditions`); they are claimed here instead, one
+//! queue at a time, by [`claim`]: in a transaction that first writes the queue's row
+//! (`claim_turns`), so that limited claims of one queue take turns on its row lock, every
+//! database alike (and on Galera two nodes' turns conflict at certification, and one is
+//! retried). Under that lock it counts what runs and what started, picks what the limits allow
+//! (`pick.rs`; on PostgreSQL with what the claimer saw of the lines before, [`Seen`]), marks
+//! it claimed and, for a rate, records the starts in `rowclaim_starts`. The claimed rows are
+//! read once the transaction committed ([`claimed_rows`]), with the lock let go. Each claim's
+//! statements are written once, here, over a driver's [`Run`].
 //!
 //! What counts as running: jobs claimed whose lease has not run out (a job whose holder died
 //! holds its place until its lease runs out; then it is taken again first). What counts as
