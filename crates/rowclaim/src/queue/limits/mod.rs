@@ -279,7 +279,8 @@ pub(crate) const KEYLESS_EVERY: Duration = Duration::from_secs(1);
 /// reads the fronts of lines key by key).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Seen {
-    /// Keys with ready jobs when it last read the fronts of lines. Where the fronts of that
+    /// Keys with a job in line when it last read the fronts of lines (keys whose jobs all wait
+    /// for a later time are not counted, and cost such a read more). Where the fronts of that
     /// many lines leave most of a claim's room, the claim reads them first and skips the first
     /// [`WINDOW`] ready jobs (and the count of them), which could not fill it either: 10 keys
     /// with deep lines read 10 fronts, not 1,000 jobs.

@@ -34,10 +34,11 @@ pub(super) const WINDOW: i64 = 1000;
 /// The ids (as text) of up to `take` jobs that may start (see [`pick_sql`]) at the front of
 /// their key's line, or without a key, in claim order: each key's line is found through the
 /// limit index, key after key, and its front with it (its first job; its first `n` under a
-/// per-key concurrency of `n`, looked up per key), so that the claim reads as many index
-/// entries as there are keys with ready jobs, however deep their lines. Jobs without a key, when asked for
-/// (`keyless`), are read in claim order. PostgreSQL only ([`Dialect::SKIP_SCAN`]; it reads each
-/// front through `LATERAL`).
+/// per-key concurrency of `n`, looked up per key), so that the claim reads about as many index
+/// entries as there are keys with a job in line (and, between vacuums, those of their jobs
+/// finished since), however deep their lines. Jobs without a key, when asked for (`keyless`),
+/// are read in claim order. PostgreSQL only ([`Dialect::SKIP_SCAN`]; it reads each front
+/// through `LATERAL`).
 /// The next key is the first by `ORDER BY … LIMIT 1`, not `MIN`: while the planner's statistics
 /// say no job has a key (keys new to a table not analyzed since), PostgreSQL read the whole
 /// table for each `MIN` of a key after a parameter, one key at a time.
@@ -47,7 +48,8 @@ pub(super) const WINDOW: i64 = 1000;
 /// apart, so [`super::claim`] asks for them only where it found some, or now and then (see
 /// `KEYLESS_EVERY`).
 ///
-/// Each row: the id, the number of keys with ready jobs, and 1 for a job without a key (else 0).
+/// Each row: the id, the number of keys with a job in line, and 1 for a job without a key
+/// (else 0).
 pub(crate) fn heads_sql<D: Schema>(
     queue: &str,
     kinds: &[String],
