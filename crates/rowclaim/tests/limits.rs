@@ -25,6 +25,30 @@ struct Seen {
     order: HashMap<String, Vec<i64>>,
 }
 
+impl Seen {
+    /// Asserts that each of `keys` ran `jobs` jobs, never more than `per_key` of them at once,
+    /// and (one at a time) in enqueue order.
+    fn assert_keys_held(&self, keys: &[&str], per_key: u32, jobs: usize) {
+        assert!(
+            self.per_key_max <= per_key as usize,
+            "{} jobs of one key ran at once",
+            self.per_key_max
+        );
+        for key in keys {
+            let order = self
+                .order
+                .get(*key)
+                .unwrap_or_else(|| panic!("no job of key {key} ran"));
+            assert_eq!(order.len(), jobs, "key {key}");
+            if per_key == 1 {
+                let mut sorted = order.clone();
+                sorted.sort_unstable();
+                assert_eq!(order, &sorted, "key {key} ran out of enqueue order");
+            }
+        }
+    }
+}
+
 /// Runs `workers` workers (each on its own pool) over queue `queue` until `jobs` jobs completed,
 /// each handler taking `work`; returns what the handlers saw.
 async fn run_workers(
@@ -138,20 +162,8 @@ async fn concurrency_per_queue_and_key(t: Arc<TestDb>, per_key: u32) {
     q.enqueue_many(&jobs).await.unwrap();
     let seen = run_workers(&t, "l", 3, 32, Duration::from_millis(30)).await;
     all_ran_once(&t, "l", 32).await;
-    assert!(
-        seen.per_key_max <= per_key as usize,
-        "{} jobs of one key ran at once",
-        seen.per_key_max
-    );
+    seen.assert_keys_held(&keys, per_key, 8);
     assert!(seen.running_max <= 3, "{} ran at once", seen.running_max);
-    for (key, order) in &seen.order {
-        assert_eq!(order.len(), 8, "key {key}");
-        if per_key == 1 {
-            let mut sorted = order.clone();
-            sorted.sort_unstable();
-            assert_eq!(order, &sorted, "key {key} ran out of enqueue order");
-        }
-    }
     // The settings say so; lifting the limits hands the queue back to the ordinary claim.
     let settings = q.settings().await.unwrap();
     let l = settings
@@ -466,32 +478,21 @@ mod postgres {
         let keys = ["a", "b", "c"];
         let jobs: Vec<NewJob> = (0..1200)
             .map(|n| {
-                let job = NewJob::new(json!({ "key": keys[n % 3], "n": n })).queue("deep");
                 // One job in 40 without a key (its "key" in the payload only names it).
                 if n % 40 == 39 {
                     NewJob::new(json!({ "key": format!("-{n}"), "n": n })).queue("deep")
                 } else {
-                    job.limit_key(keys[n % 3])
+                    let key = keys[n % 3];
+                    NewJob::new(json!({ "key": key, "n": n }))
+                        .queue("deep")
+                        .limit_key(key)
                 }
             })
             .collect();
         q.enqueue_many(&jobs).await.unwrap();
         let seen = run_workers(&t, "deep", 2, 1200, Duration::from_millis(1)).await;
         all_ran_once(&t, "deep", 1200).await;
-        assert!(
-            seen.per_key_max <= per_key as usize,
-            "{} jobs of one key ran at once",
-            seen.per_key_max
-        );
-        for key in keys {
-            let order = &seen.order[key];
-            assert_eq!(order.len(), 390, "key {key}");
-            if per_key == 1 {
-                let mut sorted = order.clone();
-                sorted.sort_unstable();
-                assert_eq!(order, &sorted, "key {key} ran out of enqueue order");
-            }
-        }
+        seen.assert_keys_held(&keys, per_key, 390);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

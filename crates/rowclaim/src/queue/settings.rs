@@ -93,11 +93,8 @@ where
         } else {
             asked
         };
-        // What it saw counts only once the claim commits.
-        let mut seeing = *seen;
-        let ids = limits::claim(&tx, a, queue, kinds, wait_for_others, &mut seeing).await?;
+        let ids = limits::claim(&tx, a, queue, kinds, wait_for_others, seen).await?;
         tx.commit().await?;
-        *seen = seeing;
         Ok((ids, from))
     }
 

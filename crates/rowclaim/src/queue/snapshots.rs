@@ -167,6 +167,13 @@ fn limited<D: Schema>(payload_type: &str, strategy: Strategy) -> String {
                 limits::pick_ids_sql("mail", &kinds, &two_per_key, 2, false),
             ),
         );
+        steps.insert(
+            8,
+            (
+                "jobs without a key, where every front was busy",
+                limits::keyless_sql("mail", &kinds, 2),
+            ),
+        );
     }
     steps
         .into_iter()

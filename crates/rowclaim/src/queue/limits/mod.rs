@@ -32,7 +32,7 @@ use crate::error::{Error, Result};
 use crate::queue::migrate::Schema;
 use crate::value::IdList;
 use pick::WINDOW;
-pub(crate) use pick::{heads_sql, pick_ids_sql};
+pub(crate) use pick::{heads_sql, keyless_sql, pick_ids_sql};
 
 /// The limits of one queue. Set with [`crate::Queue::limit`]; none by default.
 ///
@@ -410,16 +410,14 @@ where
     let mut rows = tx
         .named_numbers(heads_sql(queue, kinds, limits, room, keyless), 2)
         .await?;
-    if rows.is_empty() && nothing_yet && !keyless {
-        // Nothing else to claim: look for jobs without a key after all.
-        keyless = true;
-        rows = tx
-            .named_numbers(heads_sql(queue, kinds, limits, room, keyless), 2)
-            .await?;
-    }
     // The count of keys is on every row; with none, the last one stands.
     if let Some((_, numbers)) = rows.first() {
         seen.keys = numbers.first().copied().flatten();
+    }
+    if rows.is_empty() && nothing_yet && !keyless {
+        // Nothing else to claim: look for jobs without a key after all.
+        keyless = true;
+        rows = tx.named_numbers(keyless_sql(queue, kinds, room), 2).await?;
     }
     if keyless {
         seen.keyless_at = Some(Instant::now());

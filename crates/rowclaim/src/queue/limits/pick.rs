@@ -26,6 +26,18 @@ pub(crate) fn pick_ids_sql<D: Schema>(
     Stmt::new(sql, b)
 }
 
+/// "Job `t` (an alias, or empty for the table's own columns) is in its key's line", for a
+/// ready job: due, or waiting for a retry (a failed job keeps its place). A job scheduled for
+/// later that never ran is not in line until its time comes.
+fn in_line<D: Dialect>(t: &str) -> String {
+    let t = if t.is_empty() {
+        String::new()
+    } else {
+        format!("{t}.")
+    };
+    format!("({t}run_at <= {} OR {t}attempts > 0)", D::NOW)
+}
+
 /// Ready jobs a claim looks at in its order before the first of lines further back are
 /// sought ([`heads_sql`]): a claim reads at most this many jobs of busy keys. (A claimer that
 /// saw few keys reads the fronts of lines first and skips these: `Seen` in `super`.)
@@ -58,7 +70,7 @@ pub(crate) fn heads_sql<D: Schema>(
     keyless: bool,
 ) -> Stmt<D> {
     let now = D::NOW;
-    let in_line = |t: &str| format!("({t}.run_at <= {now} OR {t}.attempts > 0)");
+    let in_line = in_line::<D>;
     let mut b = Binder::<D>::new();
     let q1 = b.bind(queue.to_owned());
     let q2 = b.bind(queue.to_owned());
@@ -105,28 +117,48 @@ pub(crate) fn heads_sql<D: Schema>(
         .blocked(&mut b, Arm::Ready, Ahead::Place(place))
         .join(" OR ");
     let keyless = if keyless {
-        let q4 = b.bind(queue.to_owned());
-        let keyless_kinds = kinds_cond(&mut b, kinds, "w.");
-        format!(
-            " UNION ALL (SELECT w.id, w.priority, w.run_at, CAST(1 AS BIGINT) \
-             FROM rowclaim_jobs AS w WHERE w.queue = {q4} AND w.status = {READY} \
-             AND w.run_at <= {now} AND w.limit_key IS NULL{keyless_kinds} \
-             ORDER BY w.priority DESC, w.run_at, w.id LIMIT {})",
-            b.bind(take)
-        )
+        format!(" UNION ALL ({})", keyless_arm(&mut b, queue, kinds, take))
     } else {
         String::new()
     };
     let take = b.bind(take);
     let sql = format!(
-        "{fronts}SELECT CAST(f.id AS {}), (SELECT COUNT(DISTINCT k) FROM rowclaim_fronts), f.keyless \
-         FROM ((SELECT j.id, j.priority, j.run_at, CAST(0 AS BIGINT) AS keyless \
+        "{fronts}SELECT CAST(f.id AS {}), (SELECT COUNT(DISTINCT k) FROM rowclaim_fronts), \
+         f.keyless FROM ((SELECT j.id, j.priority, j.run_at, CAST(0 AS BIGINT) AS keyless \
          FROM rowclaim_fronts JOIN rowclaim_jobs AS j ON j.id = rowclaim_fronts.id \
          WHERE j.run_at <= {now}{keyed_kinds} AND NOT ({blocked})){keyless}) AS f \
          ORDER BY f.priority DESC, f.run_at, f.id LIMIT {take}",
         D::TEXT,
     );
     Stmt::new(sql, b)
+}
+
+/// The first `take` due jobs of `queue` without a key, in claim order, as rows of
+/// [`heads_sql`]'s shape (no count of keys): for a claim whose fronts were all busy, without
+/// walking the keys again.
+pub(crate) fn keyless_sql<D: Schema>(queue: &str, kinds: &[String], take: i64) -> Stmt<D> {
+    let mut b = Binder::<D>::new();
+    let sql = format!(
+        "SELECT CAST(w.id AS {}), CAST(NULL AS BIGINT), w.keyless FROM ({}) AS w",
+        D::TEXT,
+        keyless_arm(&mut b, queue, kinds, take)
+    );
+    Stmt::new(sql, b)
+}
+
+/// The select of [`keyless_sql`] and of [`heads_sql`]'s arm of jobs without a key: id,
+/// priority, run-at and 1 (the row is a job without a key).
+fn keyless_arm<D: Dialect>(b: &mut Binder<D>, queue: &str, kinds: &[String], take: i64) -> String {
+    let q = b.bind(queue.to_owned());
+    let kinds = kinds_cond(b, kinds, "w.");
+    format!(
+        "SELECT w.id, w.priority, w.run_at, CAST(1 AS BIGINT) AS keyless \
+         FROM rowclaim_jobs AS w WHERE w.queue = {q} AND w.status = {READY} \
+         AND w.run_at <= {} AND w.limit_key IS NULL{kinds} \
+         ORDER BY w.priority DESC, w.run_at, w.id LIMIT {}",
+        D::NOW,
+        b.bind(take)
+    )
 }
 
 /// The ids of up to `take` jobs of `queue` that its per-key limits allow to start now, in claim
@@ -198,11 +230,10 @@ enum Ahead {
     /// Nothing: they are sought through the limit index.
     Sought,
     /// `j` is the line's nth job, n the value of this SQL expression: [`heads_sql`] reads each
-    /// line's first jobs in line order, so that looking again for jobs ahead (a walk, between
-    /// vacuums, over the index entries of every job of the key finished since) is not needed.
+    /// line's first jobs in line order, and [`FirstOfLine::window`] checks apart that `j` is
+    /// its line's first, so that looking again for jobs ahead (a walk, between vacuums, over
+    /// the index entries of every job of the key finished since) is not needed.
     Place(&'static str),
-    /// Checked apart: whether `j` is the first of its line ([`FirstOfLine::window`]).
-    First,
 }
 
 /// The conditions of [`arms_sql`] for one queue: when a keyed job `j` is not the first of its
@@ -259,13 +290,14 @@ impl FirstOfLine<'_> {
         let window = b.bind(WINDOW.max(take));
         let (first, cond) = if self.limits.line_front() == 1 {
             let q2 = b.bind(self.queue.to_owned());
-            let blocked = self.blocked(b, Arm::Ready, Ahead::First).join(" OR ");
+            let blocked = self.blocked(b, Arm::Ready, Ahead::Place("1")).join(" OR ");
             (
                 format!(
                     " LEFT JOIN LATERAL (SELECT o.id FROM rowclaim_jobs AS o \
                      WHERE o.queue = {q2} AND o.limit_key = j.limit_key \
-                     AND o.{status} = {READY} AND (o.run_at <= {now} OR o.attempts > 0) \
+                     AND o.{status} = {READY} AND {} \
                      ORDER BY o.{status}, o.id LIMIT 1) AS rowclaim_first ON TRUE",
+                    in_line::<D>("o"),
                     status = D::LINE_STATUS
                 ),
                 format!("rowclaim_first.id = j.id AND NOT ({blocked})"),
@@ -293,8 +325,9 @@ impl FirstOfLine<'_> {
         let status = format!("o.{}", D::LINE_STATUS);
         let expired = format!("{status} = {RUNNING} AND o.lease_until < {now}");
         let ahead = format!(
-            "{status} = {READY} AND {} AND (o.run_at <= {now} OR o.attempts > 0)",
-            D::ahead_in_line(READY)
+            "{status} = {READY} AND {} AND {}",
+            D::ahead_in_line(READY),
+            in_line::<D>("o")
         );
         let mut blocked = Vec::new();
         match arm {
@@ -313,7 +346,7 @@ impl FirstOfLine<'_> {
                 let running = self.counted(b, &format!("{status} = {RUNNING}"));
                 let waiting = match ahead_of_j {
                     Ahead::Place(place) => format!("({place} - 1)"),
-                    Ahead::Sought | Ahead::First => self.counted(b, &ahead),
+                    Ahead::Sought => self.counted(b, &ahead),
                 };
                 let n = b.bind(self.limits.line_front());
                 blocked.push(format!("{running} + {waiting} >= {n}"));
@@ -384,8 +417,9 @@ fn lines_sql<D: Dialect>(
          CASE WHEN status = {RUNNING} OR run_at <= {now} THEN 1 ELSE 0 END AS due, \
          ROW_NUMBER() OVER (PARTITION BY limit_key ORDER BY {expired} DESC, id) AS place \
          FROM rowclaim_jobs WHERE queue = {} AND ((status = {READY} \
-         AND (run_at <= {now} OR attempts > 0)) OR (status = {RUNNING} AND lease_until < {now}))",
-        b.bind(queue.to_owned())
+         AND {}) OR (status = {RUNNING} AND lease_until < {now}))",
+        b.bind(queue.to_owned()),
+        in_line::<D>("")
     );
     let mut joins = String::new();
     if l.key_concurrency.is_some() {
