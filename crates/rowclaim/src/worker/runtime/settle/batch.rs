@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use tokio::time::Instant;
+use tokio::time::{sleep_until, Instant};
 
 use super::super::turns::WriteTurns;
 use super::{Flushed, Reply, Settle, Settling};
@@ -25,6 +25,15 @@ pub(super) const FLUSHES_AT_ONCE: usize = 4;
 
 /// Results waiting that start another flush beside the running ones.
 pub(super) const PILE_UP: usize = FLUSH_MOST / 2;
+
+/// Without a settle delay, flushes start at most this often while results come one by one:
+/// a result that ends within this long of the last flush's start waits for the rest of it, and
+/// goes with whatever ends meanwhile. A flush costs the server about the same for one row as for
+/// ten (a statement and a commit): jobs of a few milliseconds each, such as a command per job,
+/// ended one at a time and were written one at a time, a commit per job. A result after a quiet
+/// spell is written at once, and where a flush takes longer than this (short jobs in numbers)
+/// nothing waits.
+pub(super) const FLUSH_EVERY: Duration = Duration::from_millis(5);
 
 /// What a flush measures: how long each statement took, and how many rows it wrote.
 #[derive(Clone)]
@@ -51,8 +60,9 @@ impl FlushMetrics {
 }
 
 /// Writes results in batches: whatever arrived while the previous flush ran (and, with a
-/// `delay`, for that long after the first), one statement per claim and outcome, the claims'
-/// statements side by side; more flushes at once when results pile up (see [`FLUSHES_AT_ONCE`]).
+/// `delay`, for that long after the first; without one, until [`FLUSH_EVERY`] has passed since
+/// the last flush started), one statement per claim and outcome, the claims' statements side by
+/// side; more flushes at once when results pile up (see [`FLUSHES_AT_ONCE`]).
 /// A row's result is sent again only after its flush answered, so no two flushes hold the same
 /// row. A flush that takes longer than `limit` answers "timed out" to its rows, whose recorders
 /// try again. Where writes take `turns` (one writer), one flush runs at a time, each statement
@@ -73,11 +83,17 @@ pub(in crate::worker::runtime) async fn settler<T: Settle>(
     let mut flushing = JoinSet::new();
     let mut pending: Vec<Settling<T>> = Vec::new();
     let mut open = true;
+    // When the next flush may start while results come one by one (no delay set).
+    let mut next_due: Option<Instant> = None;
     loop {
+        let due = next_due.filter(|at| *at > Instant::now());
         let start = !pending.is_empty()
-            && (flushing.is_empty() || (pending.len() >= PILE_UP && flushing.len() < at_once));
+            && ((flushing.is_empty() && due.is_none())
+                || (pending.len() >= PILE_UP && flushing.len() < at_once));
         if start {
-            if !delay.is_zero() {
+            if delay.is_zero() {
+                next_due = Some(Instant::now() + FLUSH_EVERY);
+            } else {
                 tokio::time::sleep(delay).await;
             }
             while let Ok(s) = rx.try_recv() {
@@ -103,6 +119,8 @@ pub(in crate::worker::runtime) async fn settler<T: Settle>(
                 None => open = false,
             },
             Some(_) = flushing.join_next(), if !flushing.is_empty() => {}
+            () = sleep_until(due.unwrap_or_else(Instant::now)),
+                if due.is_some() && !pending.is_empty() && flushing.is_empty() => {}
             else => break,
         }
     }

@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::super::turns::WriteTurns;
-use super::batch::{FLUSHES_AT_ONCE, FLUSH_MOST, PILE_UP};
+use super::batch::{FLUSHES_AT_ONCE, FLUSH_EVERY, FLUSH_MOST, PILE_UP};
 use super::*;
 use crate::worker::outage::Health;
 use crate::worker::runtime::tally::Tally;
@@ -218,6 +218,34 @@ async fn a_delay_gathers_results_that_come_one_by_one() {
     }
     recorded(answers).await;
     assert_eq!(a.sizes(), [6]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_delay_results_coming_one_by_one_are_written_every_flush_every() {
+    let a = Fake::new();
+    let (tx, _settler) = start(Duration::ZERO);
+    let mut answers = vec![send(&tx, &a, 0, done())];
+    settle_down().await;
+    assert_eq!(a.sizes(), [1], "the first result is written at once");
+    // One a millisecond: they wait until FLUSH_EVERY has passed since that flush started.
+    for n in 1..4 {
+        answers.push(send(&tx, &a, n, done()));
+        settle_down().await;
+    }
+    assert!(Duration::from_millis(4) < FLUSH_EVERY);
+    assert_eq!(
+        a.sizes(),
+        [1],
+        "written with the next flush, not one by one"
+    );
+    recorded(answers).await;
+    assert_eq!(a.sizes(), [1, 3]);
+    // After a quiet spell a result is written at once again.
+    tokio::time::sleep(2 * FLUSH_EVERY).await;
+    let last = send(&tx, &a, 9, done());
+    settle_down().await;
+    assert_eq!(a.sizes(), [1, 3, 1]);
+    recorded(vec![last]).await;
 }
 
 #[tokio::test(start_paused = true)]
