@@ -12,7 +12,7 @@ use std::time::Duration;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use rowclaim::{Handler, Task, TaskFuture, TaskResult, WorkerReport};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::unix::pipe;
 
 use crate::spawn;
@@ -125,7 +125,9 @@ async fn run_command(
     }
     // In a process group of its own; killed when dropped; on Linux told to stop (SIGTERM) if
     // rowclaim dies without stopping it (SIGKILL). See `spawn/`.
-    let mut child = match spawn::spawn(program, args, &env, output_limit > 0) {
+    let mut line = input.into_bytes();
+    line.push(b'\n');
+    let mut child = match spawn::spawn(program, args, &env, line, output_limit > 0) {
         Ok(child) => child,
         // A command that does not exist or may not run never will: stop the worker.
         Err(e)
@@ -152,14 +154,6 @@ async fn run_command(
         .stdout
         .take()
         .map(|from| tokio::spawn(tee_stdout(from, head.clone(), output_limit)));
-    if let Some(mut stdin) = child.stdin.take() {
-        // A command that does not read its input closes the pipe early; that is fine.
-        tokio::spawn(async move {
-            let mut line = input.into_bytes();
-            line.push(b'\n');
-            let _ = stdin.write_all(&line).await;
-        });
-    }
     let stopped = task.stopped();
     let id = task.id().clone();
     let status = tokio::select! {
@@ -231,15 +225,15 @@ async fn output(
 
 /// Copies the command's stdout to ours as it comes, keeping its first `limit` bytes; returns
 /// whether there was more than that.
-async fn tee_stdout(mut from: pipe::Receiver, head: Arc<Mutex<Vec<u8>>>, limit: usize) -> bool {
+async fn tee_stdout(from: pipe::Receiver, head: Arc<Mutex<Vec<u8>>>, limit: usize) -> bool {
     let mut to = tokio::io::stdout();
-    let mut buf = vec![0u8; 8192];
+    let mut buf = Vec::new();
     let mut cut = false;
     loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
+        let n = read_some(&from, &mut buf).await;
+        if n == 0 {
+            break;
+        }
         // Our own stdout closed is no reason to stop keeping the output.
         let _ = to.write_all(&buf[..n]).await;
         if let Ok(mut h) = head.lock() {
@@ -285,14 +279,14 @@ fn status_text(status: ExitStatus) -> String {
 }
 
 /// Copies the command's stderr to ours as it comes, keeping its last [`STDERR_TAIL`] bytes.
-async fn tee_stderr(mut from: pipe::Receiver, tail: Arc<Mutex<Vec<u8>>>) {
+async fn tee_stderr(from: pipe::Receiver, tail: Arc<Mutex<Vec<u8>>>) {
     let mut to = tokio::io::stderr();
-    let mut buf = vec![0u8; 8192];
+    let mut buf = Vec::new();
     loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
+        let n = read_some(&from, &mut buf).await;
+        if n == 0 {
+            return;
+        }
         // Our own stderr closed is no reason to stop keeping the tail.
         let _ = to.write_all(&buf[..n]).await;
         if let Ok(mut t) = tail.lock() {
@@ -302,6 +296,31 @@ async fn tee_stderr(mut from: pipe::Receiver, tail: Arc<Mutex<Vec<u8>>>) {
         }
     }
 }
+
+/// Reads what `from` has into `buf` (cleared first); 0 at its end or on an error. Most
+/// commands print nothing, so the first read takes a few bytes, which is also enough to see
+/// the end; only once something came does it read a full buffer's worth at a time. A buffer
+/// of 8 KiB per pipe per command cost the worker more than the read itself.
+async fn read_some(from: &pipe::Receiver, buf: &mut Vec<u8>) -> usize {
+    let printed = buf.capacity() > 0;
+    buf.clear();
+    if printed {
+        buf.reserve(READ_BUFFER);
+    }
+    loop {
+        if from.readable().await.is_err() {
+            return 0;
+        }
+        match from.try_read_buf(buf) {
+            Ok(n) => return n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(_) => return 0,
+        }
+    }
+}
+
+/// The most one read of a command's output takes, once it printed something.
+const READ_BUFFER: usize = 8192;
 
 /// The kept tail as text: whole characters only (the cut may fall inside one), trimmed, and
 /// marked "…" where its start was cut off.

@@ -1017,10 +1017,18 @@ async fn a_payload_over_max_allowed_packet_names_its_line() {
 
 /// A payload reaches the command as the JSON it was enqueued as, on every database (on
 /// PostgreSQL a JSON string such as "123" arrived as the number 123), and `claim --queue` prints
-/// it as that JSON too.
+/// it as that JSON too. One is larger than a pipe holds (64 KiB), so that what does not go into
+/// the pipe before the command starts is written while it reads.
 async fn payloads_arrive_as_enqueued(t: Arc<TestDb>) {
     ok(&t, &["init"]).await;
-    let payloads = ["\"123\"", "{\"a\":[1,\"2\"]}", "\"{\\\"x\\\":1}\"", "7"];
+    let large = format!("\"{}\"", "x".repeat(100_000));
+    let payloads = [
+        "\"123\"",
+        "{\"a\":[1,\"2\"]}",
+        "\"{\\\"x\\\":1}\"",
+        "7",
+        large.as_str(),
+    ];
     for p in payloads {
         ok(&t, &["enqueue", "--queue", "p", p]).await;
     }
@@ -1042,7 +1050,7 @@ async fn payloads_arrive_as_enqueued(t: Arc<TestDb>) {
     .await;
     for (i, p) in payloads.iter().enumerate() {
         let got = std::fs::read_to_string(dir.path().join((i + 1).to_string())).unwrap();
-        assert_eq!(got.trim_end(), *p, "job {}", i + 1);
+        assert!(got.trim_end() == *p, "job {}: {} bytes", i + 1, got.len());
     }
     ok(&t, &["enqueue", "--queue", "c", "\"123\""]).await;
     let claimed = json_lines(&ok(&t, &["claim", "--queue", "c"]).await);

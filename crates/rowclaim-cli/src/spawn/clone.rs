@@ -6,12 +6,13 @@ use nix::libc;
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString, OsStr, OsString};
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -23,6 +24,14 @@ use super::Child;
 /// binary binds its symbols at load time, so no lazy binding runs on it either; glibc gives
 /// its own `posix_spawn` child 32 KiB plus the argv.
 const STACK: usize = 64 * 1024;
+
+thread_local! {
+    /// This thread's child stack, kept from one spawn to the next. The thread waits while its
+    /// child runs on it (CLONE_VFORK), so no two children share one. A stack allocated per
+    /// command made malloc sort its free lists on every spawn (a large request), which cost
+    /// the worker more than the rest of its side of a spawn.
+    static STACKS: Cell<Option<Box<[MaybeUninit<u8>]>>> = const { Cell::new(None) };
+}
 
 /// The shell that runs a file the kernel cannot exec (ENOEXEC: a script with no `#!` line),
 /// as `execvp` does.
@@ -86,6 +95,22 @@ fn nonblocking(fd: &OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Writes as much of `input` into the empty pipe `fd` (non-blocking) as it takes at once;
+/// returns how much that was (0 after an error: the writer task tries again and gives up).
+fn prefill(fd: &OwnedFd, input: &[u8]) -> usize {
+    let mut done = 0;
+    while done < input.len() {
+        let rest = &input[done..];
+        // SAFETY: write reads `rest.len()` bytes from `rest`, which lives meanwhile.
+        let n = unsafe { libc::write(fd.as_raw_fd(), rest.as_ptr().cast(), rest.len()) };
+        match usize::try_from(n) {
+            Ok(n) if n > 0 => done += n,
+            _ => break,
+        }
+    }
+    done
+}
+
 fn cstring(bytes: &[u8]) -> io::Result<CString> {
     CString::new(bytes).map_err(|_| {
         io::Error::new(
@@ -100,7 +125,7 @@ fn cstring(bytes: &[u8]) -> io::Result<CString> {
 struct Prepared {
     /// The paths to exec, in order: the program itself when it names a path, else each
     /// directory of PATH joined with it.
-    candidates: Vec<CString>,
+    candidates: Arc<[CString]>,
     /// Null-terminated; pointers into `_strings`.
     argv: Vec<*const c_char>,
     /// `/bin/sh`, the candidate (set by the child), argv[1..], null.
@@ -181,7 +206,7 @@ unsafe fn child(p: &Prepared) -> c_int {
     // (EACCES wins over a later ENOENT); other errors end it.
     let mut denied = false;
     let mut last = libc::ENOENT;
-    for path in &p.candidates {
+    for path in p.candidates.iter() {
         libc::execve(path.as_ptr(), p.argv.as_ptr(), p.envp.as_ptr());
         last = errno();
         if last == libc::ENOEXEC {
@@ -242,21 +267,12 @@ fn prepare(
     argv.push(std::ptr::null());
     sh_argv.push(Cell::new(std::ptr::null()));
 
-    let mut envp = Vec::with_capacity(48);
-    let mut path: Option<OsString> = None;
-    for (key, value) in std::env::vars_os() {
-        if env.iter().any(|(k, _)| OsStr::new(k) == key) {
-            continue;
+    let ours = inherited();
+    let mut envp = Vec::with_capacity(ours.vars.len() + env.len() + 1);
+    for (key, pair) in &ours.vars {
+        if !env.iter().any(|(k, _)| OsStr::new(k) == key) {
+            envp.push(pair.as_ptr());
         }
-        if key == "PATH" {
-            path = Some(value.clone());
-        }
-        let mut pair = key.into_vec();
-        pair.push(b'=');
-        pair.extend_from_slice(value.as_bytes());
-        let pair = cstring(&pair)?;
-        envp.push(pair.as_ptr());
-        strings.push(pair);
     }
     for (key, value) in env {
         let pair = cstring(format!("{key}={value}").as_bytes())?;
@@ -266,7 +282,7 @@ fn prepare(
     envp.push(std::ptr::null());
 
     Ok(Prepared {
-        candidates: candidates(program, path.as_deref())?,
+        candidates: ours.candidates(program)?,
         argv,
         sh_argv,
         envp,
@@ -277,6 +293,55 @@ fn prepare(
         last_signal: libc::SIGRTMAX(),
         error: AtomicI32::new(0),
         _strings: strings,
+    })
+}
+
+/// Our environment as each command gets it (with its own variables set over it), read once:
+/// rowclaim never changes its environment once it runs, and reading it for every command cost
+/// a few allocations per variable per command.
+struct Inherited {
+    /// Each variable's name, and `NAME=value`.
+    vars: Vec<(OsString, CString)>,
+    path: Option<OsString>,
+    /// The last program looked up, and where execvp would look for it (`work` runs one).
+    last: Mutex<Option<(String, Arc<[CString]>)>>,
+}
+
+impl Inherited {
+    fn candidates(&self, program: &str) -> io::Result<Arc<[CString]>> {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((name, found)) = &*last {
+            if name == program {
+                return Ok(found.clone());
+            }
+        }
+        let found: Arc<[CString]> = candidates(program, self.path.as_deref())?.into();
+        *last = Some((program.to_owned(), found.clone()));
+        Ok(found)
+    }
+}
+
+fn inherited() -> &'static Inherited {
+    static OURS: OnceLock<Inherited> = OnceLock::new();
+    OURS.get_or_init(|| {
+        let mut path = None;
+        let vars = std::env::vars_os()
+            .filter_map(|(key, value)| {
+                if key == "PATH" {
+                    path = Some(value.clone());
+                }
+                let mut pair = key.as_bytes().to_vec();
+                pair.push(b'=');
+                pair.extend_from_slice(value.as_bytes());
+                // The environment holds no NUL bytes: none is skipped.
+                Some((key, cstring(&pair).ok()?))
+            })
+            .collect();
+        Inherited {
+            vars,
+            path,
+            last: Mutex::new(None),
+        }
     })
 }
 
@@ -309,9 +374,14 @@ pub(super) fn spawn(
     program: &str,
     args: &[String],
     env: &[(&str, &str)],
+    input: Vec<u8>,
     pipe_stdout: bool,
 ) -> io::Result<Child> {
     let (stdin_r, stdin_w) = pipe()?;
+    // The input goes into the pipe before the child starts, where it fits (it nearly always
+    // does: a pipe holds 64 KiB): no task and no registration with the runtime for it.
+    nonblocking(&stdin_w)?;
+    let fed = prefill(&stdin_w, &input);
     let stdout = if pipe_stdout { Some(pipe()?) } else { None };
     let (stderr_r, stderr_w) = pipe()?;
     let stdio = [
@@ -320,9 +390,11 @@ pub(super) fn spawn(
         stderr_w.as_raw_fd(),
     ];
     let mut prepared = prepare(program, args, env, stdio)?;
-    let mut stack: Vec<u8> = Vec::with_capacity(STACK);
+    let mut stack = STACKS
+        .with(Cell::take)
+        .unwrap_or_else(|| Box::new_uninit_slice(STACK));
     // The stack grows down from its end, 16-byte aligned.
-    let top = stack.as_mut_ptr().wrapping_add(STACK);
+    let top = stack.as_mut_ptr().cast::<u8>().wrapping_add(STACK);
     let top = top.wrapping_sub(top as usize % 16).cast::<c_void>();
 
     // Block every signal across the clone, so that no handler of ours runs in the child
@@ -353,7 +425,7 @@ pub(super) fn spawn(
     unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
     }
-    drop(stack);
+    STACKS.with(|s| s.set(Some(stack)));
     if pid < 0 {
         return Err(clone_error);
     }
@@ -377,10 +449,9 @@ pub(super) fn spawn(
     let pidfd = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) }
         .map_err(io::Error::from)?;
     process.pidfd = Some(pidfd);
-    let stdin = {
-        nonblocking(&stdin_w)?;
-        pipe::Sender::from_owned_fd_unchecked(stdin_w)?
-    };
+    if fed < input.len() {
+        super::feed(pipe::Sender::from_owned_fd_unchecked(stdin_w)?, input, fed);
+    }
     let stdout = match stdout {
         Some(r) => {
             nonblocking(&r)?;
@@ -394,7 +465,6 @@ pub(super) fn spawn(
     };
     // (An error above drops `process`, which kills and reaps the child.)
     Ok(Child {
-        stdin: Some(stdin),
         stdout,
         stderr: Some(stderr),
         process: super::Process::Cloned(process),

@@ -19,11 +19,12 @@
 use std::io;
 use std::process::ExitStatus;
 
+use tokio::io::AsyncWriteExt;
 use tokio::net::unix::pipe;
 
-/// A started command: its pipes (taken by the caller) and its exit.
+/// A started command: its output pipes (taken by the caller) and its exit. Its input was given
+/// to [`spawn`].
 pub struct Child {
-    pub stdin: Option<pipe::Sender>,
     pub stdout: Option<pipe::Receiver>,
     pub stderr: Option<pipe::Receiver>,
     process: Process,
@@ -57,8 +58,9 @@ impl Child {
     }
 }
 
-/// Starts `program` with `args`, our environment plus `env`, stdin and stderr piped, stdout piped
-/// if `pipe_stdout` (else ours), as the leader of a new process group.
+/// Starts `program` with `args`, our environment plus `env`, `input` on its stdin (then the
+/// end of it), stderr piped, stdout piped if `pipe_stdout` (else ours), as the leader of a new
+/// process group.
 ///
 /// The error of a program that is missing or may not run has the kind `NotFound` or
 /// `PermissionDenied`, as with `std::process::Command`.
@@ -66,19 +68,29 @@ pub fn spawn(
     program: &str,
     args: &[String],
     env: &[(&str, &str)],
+    input: Vec<u8>,
     pipe_stdout: bool,
 ) -> io::Result<Child> {
     #[cfg(target_os = "linux")]
     if clone::available() {
-        return clone::spawn(program, args, env, pipe_stdout);
+        return clone::spawn(program, args, env, input, pipe_stdout);
     }
-    spawn_tokio(program, args, env, pipe_stdout)
+    spawn_tokio(program, args, env, input, pipe_stdout)
+}
+
+/// Writes `input` from byte `from` on into the command's stdin, in a task of its own, then
+/// closes it. A command that does not read its input closes the pipe early; that is fine.
+fn feed(mut stdin: pipe::Sender, input: Vec<u8>, from: usize) {
+    tokio::spawn(async move {
+        let _ = stdin.write_all(input.get(from..).unwrap_or_default()).await;
+    });
 }
 
 fn spawn_tokio(
     program: &str,
     args: &[String],
     env: &[(&str, &str)],
+    input: Vec<u8>,
     pipe_stdout: bool,
 ) -> io::Result<Child> {
     use std::process::Stdio;
@@ -109,11 +121,10 @@ fn spawn_tokio(
     let stdin = child.stdin.take().map(|s| s.into_owned_fd());
     let stdout = child.stdout.take().map(|s| s.into_owned_fd());
     let stderr = child.stderr.take().map(|s| s.into_owned_fd());
+    if let Some(stdin) = stdin.transpose()? {
+        feed(pipe::Sender::from_owned_fd(stdin)?, input, 0);
+    }
     Ok(Child {
-        stdin: stdin
-            .transpose()?
-            .map(pipe::Sender::from_owned_fd)
-            .transpose()?,
         stdout: stdout
             .transpose()?
             .map(pipe::Receiver::from_owned_fd)
