@@ -355,7 +355,9 @@ impl Worker {
     /// How long results wait for company before they are written. Results are written in
     /// batches (one statement per claim for all its rows done since the last write, up to 1,000
     /// rows): zero (the default) writes whatever has gathered as soon as the previous write
-    /// returns; a few milliseconds make batches larger when jobs end one by one. A job counts
+    /// returns, but while results come one by one (fewer than 32 waiting) at most one write
+    /// starts every 5 ms, so jobs of a few milliseconds do not cost a commit each; a delay
+    /// waits that long after the first result of every batch instead. A job counts
     /// as done only once its batch is written; if the worker dies first, the job runs again.
     pub fn settle_delay(mut self, delay: Duration) -> Self {
         self.settle_delay = delay;

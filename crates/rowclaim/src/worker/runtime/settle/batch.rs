@@ -31,9 +31,12 @@ pub(super) const PILE_UP: usize = FLUSH_MOST / 2;
 /// goes with whatever ends meanwhile. A flush costs the server about the same for one row as for
 /// ten (a statement and a commit): jobs of a few milliseconds each, such as a command per job,
 /// ended one at a time and were written one at a time, a commit per job. A result after a quiet
-/// spell is written at once, and where a flush takes longer than this (short jobs in numbers)
-/// nothing waits.
+/// spell is written at once, and where results come fast (a flush takes longer than this, or
+/// [`COMPANY`] of them wait) nothing waits.
 pub(super) const FLUSH_EVERY: Duration = Duration::from_millis(5);
+
+/// Results waiting that start a flush before [`FLUSH_EVERY`] has passed: company enough.
+pub(super) const COMPANY: usize = 32;
 
 /// What a flush measures: how long each statement took, and how many rows it wrote.
 #[derive(Clone)]
@@ -61,7 +64,7 @@ impl FlushMetrics {
 
 /// Writes results in batches: whatever arrived while the previous flush ran (and, with a
 /// `delay`, for that long after the first; without one, until [`FLUSH_EVERY`] has passed since
-/// the last flush started), one statement per claim and outcome, the claims' statements side by
+/// the last flush started or [`COMPANY`] results wait), one statement per claim and outcome, the claims' statements side by
 /// side; more flushes at once when results pile up (see [`FLUSHES_AT_ONCE`]).
 /// A row's result is sent again only after its flush answered, so no two flushes hold the same
 /// row. A flush that takes longer than `limit` answers "timed out" to its rows, whose recorders
@@ -88,7 +91,7 @@ pub(in crate::worker::runtime) async fn settler<T: Settle>(
     loop {
         let due = next_due.filter(|at| *at > Instant::now());
         let start = !pending.is_empty()
-            && ((flushing.is_empty() && due.is_none())
+            && ((flushing.is_empty() && (due.is_none() || pending.len() >= COMPANY))
                 || (pending.len() >= PILE_UP && flushing.len() < at_once));
         if start {
             if delay.is_zero() {

@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::super::turns::WriteTurns;
-use super::batch::{FLUSHES_AT_ONCE, FLUSH_EVERY, FLUSH_MOST, PILE_UP};
+use super::batch::{COMPANY, FLUSHES_AT_ONCE, FLUSH_EVERY, FLUSH_MOST, PILE_UP};
 use super::*;
 use crate::worker::outage::Health;
 use crate::worker::runtime::tally::Tally;
@@ -245,7 +245,12 @@ async fn without_a_delay_results_coming_one_by_one_are_written_every_flush_every
     let last = send(&tx, &a, 9, done());
     settle_down().await;
     assert_eq!(a.sizes(), [1, 3, 1]);
-    recorded(vec![last]).await;
+    // COMPANY results waiting go at once: where results come fast nothing waits.
+    let mut answers = vec![last];
+    answers.extend((10..10 + COMPANY as i64).map(|n| send(&tx, &a, n, done())));
+    settle_down().await;
+    assert_eq!(a.sizes(), [1, 3, 1, COMPANY]);
+    recorded(answers).await;
 }
 
 #[tokio::test(start_paused = true)]
