@@ -152,6 +152,12 @@ pub(crate) trait Shape: Send + Sync + fmt::Debug {
     async fn claim(&self, claimer: &Claimer, batch: u32, lease: Duration) -> Result<Claim>;
     /// The shape as itself, for the layer that made it to recognise it.
     fn as_any(&self) -> &dyn std::any::Any;
+    /// Whether its claims come under limits that count running rows, so that a result written
+    /// frees room for the next claim (the managed queue's limited queues): such results are
+    /// written without waiting for company.
+    fn limited(&self) -> bool {
+        false
+    }
 }
 
 /// A layer above the claim core that owns a source's table (the managed queue): it completes
@@ -264,6 +270,11 @@ impl Claimer {
     /// How a layer above shapes this claimer's claims, if one does.
     pub(crate) fn shape(&self) -> Option<&dyn Shape> {
         self.inner.shape.as_deref()
+    }
+
+    /// Whether its claims come under limits that count running rows (see [`Shape::limited`]).
+    pub(crate) fn limited(&self) -> bool {
+        self.shape().is_some_and(Shape::limited)
     }
 
     /// The strategy in use (what `auto` resolved to).

@@ -194,6 +194,11 @@ impl Shape for JobClaims {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+
+    fn limited(&self) -> bool {
+        let last = self.limited.lock().unwrap_or_else(|p| p.into_inner());
+        last.as_ref().is_some_and(|(_, queues)| !queues.is_empty())
+    }
 }
 
 impl JobClaims {

@@ -279,12 +279,15 @@ pub(crate) async fn run(
 ) -> Result<WorkerReport> {
     let (settles, results) = mpsc::unbounded_channel();
     let sh = Arc::new(Shared::new(claimer, handler, cfg, settles, running));
+    // Results wait for company unless written results free room for the next claim.
+    let claimer = sh.claimer.clone();
     let _settler = AbortOnDrop(tokio::spawn(settler(
         results,
         sh.cfg.settle_delay,
         sh.attempt_most(),
         FlushMetrics::of(&sh.metrics),
         sh.turns.clone(),
+        move || !claimer.limited(),
     )));
     let wake = Arc::new(Notify::new());
     let _listener = wakeups

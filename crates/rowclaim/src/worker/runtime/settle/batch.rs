@@ -32,7 +32,9 @@ pub(super) const PILE_UP: usize = FLUSH_MOST / 2;
 /// ten (a statement and a commit): jobs of a few milliseconds each, such as a command per job,
 /// ended one at a time and were written one at a time, a commit per job. A result after a quiet
 /// spell is written at once, and where results come fast (a flush takes longer than this, or
-/// [`COMPANY`] of them wait) nothing waits.
+/// [`COMPANY`] of them wait) nothing waits. Nor does it where a result written frees room for
+/// the next claim (limits that count running jobs: the settler's `gather` says so): there the
+/// wait held back the next job of a key, and 10 keys one at a time ran at a sixth of the rate.
 pub(super) const FLUSH_EVERY: Duration = Duration::from_millis(5);
 
 /// Results waiting that start a flush before [`FLUSH_EVERY`] has passed: company enough.
@@ -77,6 +79,7 @@ pub(in crate::worker::runtime) async fn settler<T: Settle>(
     limit: Duration,
     metrics: FlushMetrics,
     turns: WriteTurns,
+    gather: impl Fn() -> bool + Send,
 ) {
     let at_once = if turns.takes_turns() {
         1
@@ -89,7 +92,7 @@ pub(in crate::worker::runtime) async fn settler<T: Settle>(
     // When the next flush may start while results come one by one (no delay set).
     let mut next_due: Option<Instant> = None;
     loop {
-        let due = next_due.filter(|at| *at > Instant::now());
+        let due = next_due.filter(|at| *at > Instant::now() && gather());
         let start = !pending.is_empty()
             && ((flushing.is_empty() && (due.is_none() || pending.len() >= COMPANY))
                 || (pending.len() >= PILE_UP && flushing.len() < at_once));

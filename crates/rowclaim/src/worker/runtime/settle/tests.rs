@@ -169,7 +169,14 @@ fn spawn_settler(
     delay: Duration,
     turns: WriteTurns,
 ) -> JoinHandle<()> {
-    tokio::spawn(settler(rx, delay, LIMIT, FlushMetrics::noop(), turns))
+    tokio::spawn(settler(
+        rx,
+        delay,
+        LIMIT,
+        FlushMetrics::noop(),
+        turns,
+        || true,
+    ))
 }
 
 /// Lets every task run until it waits (the clock is paused: it moves only when all wait).
@@ -250,6 +257,30 @@ async fn without_a_delay_results_coming_one_by_one_are_written_every_flush_every
     answers.extend((10..10 + COMPANY as i64).map(|n| send(&tx, &a, n, done())));
     settle_down().await;
     assert_eq!(a.sizes(), [1, 3, 1, COMPANY]);
+    recorded(answers).await;
+}
+
+/// Under limits that count running jobs a result written frees room for the next claim: no
+/// result waits for company.
+#[tokio::test(start_paused = true)]
+async fn where_results_free_room_for_claims_none_waits() {
+    let a = Fake::new();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let limited = || false;
+    let _settler = tokio::spawn(settler(
+        rx,
+        Duration::ZERO,
+        LIMIT,
+        FlushMetrics::noop(),
+        WriteTurns::default(),
+        limited,
+    ));
+    let mut answers = Vec::new();
+    for n in 0..4 {
+        answers.push(send(&tx, &a, n, done()));
+        settle_down().await;
+    }
+    assert_eq!(a.sizes(), [1, 1, 1, 1]);
     recorded(answers).await;
 }
 
