@@ -298,9 +298,10 @@ async fn tee_stderr(from: pipe::Receiver, tail: Arc<Mutex<Vec<u8>>>) {
 }
 
 /// Reads what `from` has into `buf` (cleared first); 0 at its end or on an error. Most
-/// commands print nothing, so the first read takes a few bytes, which is also enough to see
-/// the end; only once something came does it read a full buffer's worth at a time. A buffer
-/// of 8 KiB per pipe per command cost the worker more than the read itself.
+/// commands print nothing, so the first read takes at most 64 bytes (what `Vec`'s `BufMut`
+/// reserves when it has no room: a read of 0 is the end, never a full buffer), which is enough
+/// to see the end; only once something came does it read a full buffer's worth at a time. A
+/// buffer of 8 KiB per pipe per command cost the worker more than the read itself.
 async fn read_some(from: &pipe::Receiver, buf: &mut Vec<u8>) -> usize {
     let printed = buf.capacity() > 0;
     buf.clear();

@@ -96,7 +96,8 @@ fn nonblocking(fd: &OwnedFd) -> io::Result<()> {
 }
 
 /// Writes as much of `input` into the empty pipe `fd` (non-blocking) as it takes at once;
-/// returns how much that was (0 after an error: the writer task tries again and gives up).
+/// returns how much that was (what an error left is handed to the writer task, which tries
+/// again and gives up).
 fn prefill(fd: &OwnedFd, input: &[u8]) -> usize {
     let mut done = 0;
     while done < input.len() {
@@ -391,7 +392,9 @@ pub(super) fn spawn(
     ];
     let mut prepared = prepare(program, args, env, stdio)?;
     let mut stack = STACKS
-        .with(Cell::take)
+        .try_with(Cell::take)
+        .ok()
+        .flatten()
         .unwrap_or_else(|| Box::new_uninit_slice(STACK));
     // The stack grows down from its end, 16-byte aligned.
     let top = stack.as_mut_ptr().cast::<u8>().wrapping_add(STACK);
@@ -425,7 +428,8 @@ pub(super) fn spawn(
     unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
     }
-    STACKS.with(|s| s.set(Some(stack)));
+    // (Kept unless the thread is ending, which cannot be while it spawns.)
+    let _ = STACKS.try_with(|s| s.set(Some(stack)));
     if pid < 0 {
         return Err(clone_error);
     }

@@ -152,9 +152,9 @@ pub(crate) trait Shape: Send + Sync + fmt::Debug {
     async fn claim(&self, claimer: &Claimer, batch: u32, lease: Duration) -> Result<Claim>;
     /// The shape as itself, for the layer that made it to recognise it.
     fn as_any(&self) -> &dyn std::any::Any;
-    /// Whether its claims come under limits that count running rows, so that a result written
-    /// frees room for the next claim (the managed queue's limited queues): such results are
-    /// written without waiting for company.
+    /// Whether its claims come under limits (the managed queue's limited queues), where a
+    /// result written may free room for the next claim (a concurrency limit counts running
+    /// rows): such results are written without waiting for company.
     fn limited(&self) -> bool {
         false
     }
@@ -272,7 +272,7 @@ impl Claimer {
         self.inner.shape.as_deref()
     }
 
-    /// Whether its claims come under limits that count running rows (see [`Shape::limited`]).
+    /// Whether its claims come under limits (see [`Shape::limited`]).
     pub(crate) fn limited(&self) -> bool {
         self.shape().is_some_and(Shape::limited)
     }

@@ -356,8 +356,10 @@ impl Worker {
     /// batches (one statement per claim for all its rows done since the last write, up to 1,000
     /// rows): zero (the default) writes whatever has gathered as soon as the previous write
     /// returns, but while results come one by one (fewer than 32 waiting) at most one write
-    /// starts every 5 ms, so jobs of a few milliseconds do not cost a commit each; a delay
-    /// waits that long after the first result of every batch instead. A job counts
+    /// starts every 5 ms, so jobs of a few milliseconds do not cost a commit each (not under
+    /// queue limits nor with the transaction strategy, where a result written frees room for
+    /// the next claim; jobs that wait on one may start up to 5 ms later); a delay waits that
+    /// long after the first result of every batch instead. A job counts
     /// as done only once its batch is written; if the worker dies first, the job runs again.
     pub fn settle_delay(mut self, delay: Duration) -> Self {
         self.settle_delay = delay;

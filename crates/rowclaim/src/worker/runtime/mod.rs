@@ -279,15 +279,17 @@ pub(crate) async fn run(
 ) -> Result<WorkerReport> {
     let (settles, results) = mpsc::unbounded_channel();
     let sh = Arc::new(Shared::new(claimer, handler, cfg, settles, running));
-    // Results wait for company unless written results free room for the next claim.
+    // Results wait for company unless written results free room for the next claim: under
+    // limits, or where a claim holds its transaction until its rows are written.
     let claimer = sh.claimer.clone();
+    let holds_transactions = sh.holds_transactions();
     let _settler = AbortOnDrop(tokio::spawn(settler(
         results,
         sh.cfg.settle_delay,
         sh.attempt_most(),
         FlushMetrics::of(&sh.metrics),
         sh.turns.clone(),
-        move || !claimer.limited(),
+        move || !holds_transactions && !claimer.limited(),
     )));
     let wake = Arc::new(Notify::new());
     let _listener = wakeups

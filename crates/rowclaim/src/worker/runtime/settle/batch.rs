@@ -33,8 +33,9 @@ pub(super) const PILE_UP: usize = FLUSH_MOST / 2;
 /// ended one at a time and were written one at a time, a commit per job. A result after a quiet
 /// spell is written at once, and where results come fast (a flush takes longer than this, or
 /// [`COMPANY`] of them wait) nothing waits. Nor does it where a result written frees room for
-/// the next claim (limits that count running jobs: the settler's `gather` says so): there the
-/// wait held back the next job of a key, and 10 keys one at a time ran at a sixth of the rate.
+/// the next claim (the settler's `gather` says so: a claimer under limits, or claims holding a
+/// transaction until their rows are written): under limits the wait held back the next job of
+/// a key, and 10 keys one at a time ran at a sixth of the rate.
 pub(super) const FLUSH_EVERY: Duration = Duration::from_millis(5);
 
 /// Results waiting that start a flush before [`FLUSH_EVERY`] has passed: company enough.
@@ -66,8 +67,9 @@ impl FlushMetrics {
 
 /// Writes results in batches: whatever arrived while the previous flush ran (and, with a
 /// `delay`, for that long after the first; without one, until [`FLUSH_EVERY`] has passed since
-/// the last flush started or [`COMPANY`] results wait), one statement per claim and outcome, the claims' statements side by
-/// side; more flushes at once when results pile up (see [`FLUSHES_AT_ONCE`]).
+/// the last flush started or [`COMPANY`] results wait, where `gather` says results may wait),
+/// one statement per claim and outcome, the claims' statements side by side; more flushes at
+/// once when results pile up (see [`FLUSHES_AT_ONCE`]).
 /// A row's result is sent again only after its flush answered, so no two flushes hold the same
 /// row. A flush that takes longer than `limit` answers "timed out" to its rows, whose recorders
 /// try again. Where writes take `turns` (one writer), one flush runs at a time, each statement

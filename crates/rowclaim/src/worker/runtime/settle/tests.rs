@@ -266,14 +266,14 @@ async fn without_a_delay_results_coming_one_by_one_are_written_every_flush_every
 async fn where_results_free_room_for_claims_none_waits() {
     let a = Fake::new();
     let (tx, rx) = mpsc::unbounded_channel();
-    let limited = || false;
+    let gather = || false;
     let _settler = tokio::spawn(settler(
         rx,
         Duration::ZERO,
         LIMIT,
         FlushMetrics::noop(),
         WriteTurns::default(),
-        limited,
+        gather,
     ));
     let mut answers = Vec::new();
     for n in 0..4 {
