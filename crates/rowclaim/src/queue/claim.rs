@@ -392,6 +392,25 @@ impl Position {
 mod tests {
     use super::*;
 
+    /// The settler writes results at once for a claimer under limits (`Claimer::limited`):
+    /// that turns on the limited queues last read, and on nothing before they were read.
+    #[test]
+    fn a_claimer_is_limited_while_one_of_its_queues_last_read_was() {
+        let claims = JobClaims {
+            queues: Vec::new(),
+            kinds: Vec::new(),
+            resume: Mutex::default(),
+            limited: Mutex::default(),
+            seen: Mutex::default(),
+        };
+        assert!(!claims.limited(), "nothing read yet");
+        *claims.limited.lock().expect("unpoisoned") = Some((Instant::now(), Vec::new()));
+        assert!(!claims.limited(), "no queue limited");
+        *claims.limited.lock().expect("unpoisoned") =
+            Some((Instant::now(), vec!["mail".to_owned()]));
+        assert!(claims.limited());
+    }
+
     #[test]
     fn positions_order_as_claims_do() {
         let p = |priority, run_at_us, id| Position {
