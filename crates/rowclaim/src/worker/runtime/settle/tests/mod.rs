@@ -10,8 +10,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::super::turns::WriteTurns;
-use super::batch::{COMPANY, FLUSHES_AT_ONCE, FLUSH_EVERY, FLUSH_MOST, PILE_UP};
+use super::batch::{FLUSHES_AT_ONCE, FLUSH_MOST, PILE_UP};
 use super::*;
+
+mod gather;
 use crate::worker::outage::Health;
 use crate::worker::runtime::tally::Tally;
 
@@ -163,11 +165,21 @@ fn start(delay: Duration) -> (mpsc::UnboundedSender<Settling<Fake>>, JoinHandle<
     (tx, spawn_settler(rx, delay, WriteTurns::default()))
 }
 
-/// The settler with this delay and these turns, reading `rx`.
+/// The settler with this delay and these turns, reading `rx`; results may wait for company.
 fn spawn_settler(
     rx: mpsc::UnboundedReceiver<Settling<Fake>>,
     delay: Duration,
     turns: WriteTurns,
+) -> JoinHandle<()> {
+    spawn_gathering(rx, delay, turns, || true)
+}
+
+/// The settler, where `gather` says whether results may wait for company.
+fn spawn_gathering(
+    rx: mpsc::UnboundedReceiver<Settling<Fake>>,
+    delay: Duration,
+    turns: WriteTurns,
+    gather: fn() -> bool,
 ) -> JoinHandle<()> {
     tokio::spawn(settler(
         rx,
@@ -175,7 +187,7 @@ fn spawn_settler(
         LIMIT,
         FlushMetrics::noop(),
         turns,
-        || true,
+        gather,
     ))
 }
 
@@ -212,76 +224,6 @@ async fn results_that_piled_up_make_one_statement_per_claim_and_outcome() {
     settler
         .await
         .expect("the settler ends once its senders are gone");
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_delay_gathers_results_that_come_one_by_one() {
-    let a = Fake::new();
-    let (tx, _settler) = start(Duration::from_millis(50));
-    let mut answers = vec![send(&tx, &a, 0, done())];
-    for n in 1..6 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        answers.push(send(&tx, &a, n, done()));
-    }
-    recorded(answers).await;
-    assert_eq!(a.sizes(), [6]);
-}
-
-#[tokio::test(start_paused = true)]
-async fn without_a_delay_results_coming_one_by_one_are_written_every_flush_every() {
-    let a = Fake::new();
-    let (tx, _settler) = start(Duration::ZERO);
-    let mut answers = vec![send(&tx, &a, 0, done())];
-    settle_down().await;
-    assert_eq!(a.sizes(), [1], "the first result is written at once");
-    // One a millisecond: they wait until FLUSH_EVERY has passed since that flush started.
-    for n in 1..4 {
-        answers.push(send(&tx, &a, n, done()));
-        settle_down().await;
-    }
-    assert!(Duration::from_millis(4) < FLUSH_EVERY);
-    assert_eq!(
-        a.sizes(),
-        [1],
-        "written with the next flush, not one by one"
-    );
-    recorded(answers).await;
-    assert_eq!(a.sizes(), [1, 3]);
-    // After a quiet spell a result is written at once again.
-    tokio::time::sleep(2 * FLUSH_EVERY).await;
-    let last = send(&tx, &a, 9, done());
-    settle_down().await;
-    assert_eq!(a.sizes(), [1, 3, 1]);
-    // COMPANY results waiting go at once: where results come fast nothing waits.
-    let mut answers = vec![last];
-    answers.extend((10..10 + COMPANY as i64).map(|n| send(&tx, &a, n, done())));
-    settle_down().await;
-    assert_eq!(a.sizes(), [1, 3, 1, COMPANY]);
-    recorded(answers).await;
-}
-
-/// Under limits that count running jobs a result written frees room for the next claim: no
-/// result waits for company.
-#[tokio::test(start_paused = true)]
-async fn where_results_free_room_for_claims_none_waits() {
-    let a = Fake::new();
-    let (tx, rx) = mpsc::unbounded_channel();
-    let gather = || false;
-    let _settler = tokio::spawn(settler(
-        rx,
-        Duration::ZERO,
-        LIMIT,
-        FlushMetrics::noop(),
-        WriteTurns::default(),
-        gather,
-    ));
-    let mut answers = Vec::new();
-    for n in 0..4 {
-        answers.push(send(&tx, &a, n, done()));
-        settle_down().await;
-    }
-    assert_eq!(a.sizes(), [1, 1, 1, 1]);
-    recorded(answers).await;
 }
 
 #[tokio::test(start_paused = true)]
