@@ -58,6 +58,19 @@ async fn run_workers(
     jobs: i64,
     work: Duration,
 ) -> Seen {
+    run_workers_polling(t, queue, workers, jobs, work, Duration::from_millis(50)).await
+}
+
+/// [`run_workers`], the workers looking again every `poll` when they found nothing. Gives up
+/// waiting after two minutes, and drains them.
+async fn run_workers_polling(
+    t: &Arc<TestDb>,
+    queue: &str,
+    workers: usize,
+    jobs: i64,
+    work: Duration,
+    poll: Duration,
+) -> Seen {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let mut running = Vec::new();
     let mut stops = Vec::new();
@@ -90,7 +103,7 @@ async fn run_workers(
             })
             .concurrency(4)
             .lease(Duration::from_secs(30))
-            .poll(Duration::from_millis(50));
+            .poll(poll);
         stops.push(worker.shutdown_handle());
         running.push(tokio::spawn(async move {
             worker.run(std::future::pending()).await
@@ -133,6 +146,32 @@ async fn all_ran_once(t: &TestDb, queue: &str, jobs: i64) {
         jobs,
         "every job of {queue} ran once"
     );
+}
+
+/// A worker's own results free the places of its keys' lines: it claims a line's next job once
+/// the last one's result is written, not at its next poll (an hour here). A claim that ran
+/// while results were being written came back empty and idled until the poll, and without
+/// `until_empty` results did not end an idle spell at all (10 keys one at a time: about 200
+/// jobs/s instead of 900 at a poll of 100 ms).
+async fn own_results_free_places_without_a_poll(t: Arc<TestDb>) {
+    let q = queue(&t).await;
+    q.limit("lines", &QueueLimits::default().key_concurrency(1))
+        .await
+        .unwrap();
+    let keys = ["a", "b"];
+    let jobs: Vec<NewJob> = (0..40)
+        .map(|n| {
+            let key = keys[n % 2];
+            NewJob::new(json!({ "key": key, "n": n }))
+                .queue("lines")
+                .limit_key(key)
+        })
+        .collect();
+    q.enqueue_many(&jobs).await.unwrap();
+    let an_hour = Duration::from_secs(3600);
+    let seen = run_workers_polling(&t, "lines", 1, 40, Duration::ZERO, an_hour).await;
+    all_ran_once(&t, "lines", 40).await;
+    seen.assert_keys_held(&keys, 1, 20);
 }
 
 /// A per-key concurrency under a queue concurrency of 3: three workers of four slots each run
@@ -364,6 +403,10 @@ macro_rules! limit_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn concurrency_limits_of_two_per_key_hold_across_workers() {
             with_db($backend, |t| concurrency_per_queue_and_key(t, 2)).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_workers_own_results_free_places_without_waiting_for_its_poll() {
+            with_db($backend, own_results_free_places_without_a_poll).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn rate_limits_hold_across_workers() {

@@ -27,8 +27,9 @@ use crate::worker::outage::pause;
 /// A claim statement under way (`None`: no answer in time).
 pub(super) type Claiming = Pin<Box<dyn Future<Output = Option<Result<Claim>>> + Send>>;
 
-/// A claim statement under way, with the rows it asked for.
-type Asked = Pin<Box<dyn Future<Output = (usize, Option<Result<Claim>>)> + Send>>;
+/// A claim statement under way, with the rows it asked for and the results through when it
+/// started ([`Results::so_far`](super::results::Results::so_far)).
+type Asked = Pin<Box<dyn Future<Output = (usize, u64, Option<Result<Claim>>)> + Send>>;
 
 /// Claim statements a worker has under way at once, with the skip-locked strategy on a database
 /// server. A claim costs the server more per row than short jobs cost the worker, so with one
@@ -80,7 +81,7 @@ impl Producer {
         self.coming = 0;
         std::mem::take(&mut self.claiming)
             .into_iter()
-            .map(|asked| -> Claiming { Box::pin(asked.map(|(_, got)| got)) })
+            .map(|asked| -> Claiming { Box::pin(asked.map(|(_, _, got)| got)) })
             .collect()
     }
 
@@ -112,10 +113,11 @@ impl Producer {
         }
         if let Some(most) = local.wants(sh, self.coming) {
             self.coming += most;
-            let sh = sh.clone();
-            self.claiming.push(Box::pin(async move {
-                (most, claim_rows(sh, most as u32).await)
-            }));
+            let since = sh.results.so_far();
+            let claim = claim_rows(sh.clone(), most as u32);
+            let claim: Claiming = Box::pin(claim);
+            self.claiming
+                .push(Box::pin(claim.map(move |got| (most, since, got))));
         }
     }
 
@@ -137,15 +139,13 @@ impl Producer {
             // look at the room and this wait, and a claim waits for that (a stored wake-up
             // makes a spare turn at most).
             () = sh.results.one_through() => {
-                if sh.cfg.until_empty {
-                    // A recorded result may have put its row back (a retry, a release): look
-                    // again.
+                if looks_again_after_results(sh) {
                     self.idle_until = None;
                 }
             }
-            Some((asked, got)) = self.claiming.next(), if !self.claiming.is_empty() => {
+            Some((asked, since, got)) = self.claiming.next(), if !self.claiming.is_empty() => {
                 self.coming = self.coming.saturating_sub(asked);
-                return self.answered(sh, local, got).await;
+                return self.answered(sh, local, got, since).await;
             }
             Ok(()) = self.paused.changed(), if sh.managed => {
                 let now_paused = self.paused.borrow_and_update().clone();
@@ -161,17 +161,26 @@ impl Producer {
     }
 
     /// Acts on a claim's answer: its rows go into the local queue; an empty claim idles the loop
-    /// (or ends it under `--until-empty`); a failure backs off.
+    /// (or ends it under `--until-empty`), unless results went through while it ran (`since`:
+    /// those through when it started) that may have freed what it could not see; a failure
+    /// backs off.
     async fn answered(
         &mut self,
         sh: &Arc<Shared>,
         local: &mut Local,
         got: Option<Result<Claim>>,
+        since: u64,
     ) -> ControlFlow<Result<()>> {
         match got {
             Some(Ok(claim)) => {
                 sh.health.claims_work();
                 (self.failures, self.failing_since, self.retry_at) = (0, None, None);
+                if claim.is_empty() && looks_again_after_results(sh) && sh.results.so_far() != since
+                {
+                    // Its statement may have run before those results were written: claim
+                    // again rather than wait for the poll (their wake-ups went by while it ran).
+                    return ControlFlow::Continue(());
+                }
                 if claim.is_empty() {
                     // Another claim still under way may bring rows: its answer decides (the
                     // count would see its rows too, claimed or not; this saves the count).
@@ -222,6 +231,14 @@ impl Producer {
         self.failures += 1;
         ControlFlow::Continue(())
     }
+}
+
+/// Whether a result written may make rows claimable that were not, so that the claim loop looks
+/// again rather than idle until the poll: under limits (a job's result frees its place under
+/// the queue's and its key's concurrency), and under `--until-empty` (a result may have put
+/// its row back: a retry, a release; and the loop must see the queue empty to end).
+fn looks_again_after_results(sh: &Shared) -> bool {
+    sh.cfg.until_empty || sh.claimer.limited()
 }
 
 /// Whether a claim's error stops the worker rather than being retried: anything but a lost

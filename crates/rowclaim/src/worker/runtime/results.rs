@@ -3,7 +3,7 @@
 //! counts them. Only a result that was not (the database failed, no answer came, the row was
 //! lost) gets a [`Recorder`](super::settle::Recorder) task that looks at why and tries again.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
@@ -16,6 +16,8 @@ use super::{Finished, Shared};
 #[derive(Default)]
 pub(super) struct Results {
     open: AtomicUsize,
+    /// Results through since the worker started (see [`Results::so_far`]).
+    so_far: AtomicU64,
     /// Told each time a result is through.
     through: Notify,
     /// Results whose first try was not recorded, each with a recorder trying again.
@@ -26,6 +28,12 @@ impl Results {
     /// Results still on their way: they count against the rows the worker holds.
     pub(super) fn open(&self) -> usize {
         self.open.load(Ordering::SeqCst)
+    }
+
+    /// How many results went through so far: a claim notes it when it starts, and learns from
+    /// it whether results written while it ran may have freed room it did not see.
+    pub(super) fn so_far(&self) -> u64 {
+        self.so_far.load(Ordering::SeqCst)
     }
 
     /// Resolves when a result went through since the last call (or one may have).
@@ -49,6 +57,7 @@ impl Results {
     }
 
     fn through(&self) {
+        self.so_far.fetch_add(1, Ordering::SeqCst);
         self.open.fetch_sub(1, Ordering::SeqCst);
         self.through.notify_one();
     }
