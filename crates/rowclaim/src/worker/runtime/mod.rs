@@ -252,7 +252,7 @@ impl Shared {
 }
 
 /// A task that is aborted when this handle is dropped, so that nothing outlives the worker.
-struct AbortOnDrop<T>(JoinHandle<T>);
+pub(super) struct AbortOnDrop<T>(pub(super) JoinHandle<T>);
 
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
