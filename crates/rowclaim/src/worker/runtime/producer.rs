@@ -182,7 +182,9 @@ impl Producer {
                 if claim.is_empty() && looks_again_after_results(sh) && sh.results.so_far() != since
                 {
                     // Its statement may have run before those results were written: claim
-                    // again rather than wait for the poll (their wake-ups went by while it ran).
+                    // again rather than wait for the poll (their wake-ups went by while it ran),
+                    // also where the other claim under way came back empty before them.
+                    self.idle_until = None;
                     return ControlFlow::Continue(());
                 }
                 if claim.is_empty() {
@@ -298,8 +300,9 @@ async fn claim_rows(sh: Arc<Shared>, most: u32) -> Option<Result<Claim>> {
 /// drives the running jobs (on another thread, where the runtime has one), not in that task's
 /// turns between them. Not for claims under limits: those are bound by their round trips (each
 /// claim takes the queue's turn), and each answer crossing threads cost them 10–25 %, where
-/// ordinary claims gained 3–12 % (BENCHMARKS.md). Dropping the answer's future aborts the task,
-/// as dropping the claim itself would stop it.
+/// ordinary claims gained 3–12 % (BENCHMARKS.md). Limits are the claimer's, as last read: a
+/// worker of several queues of which one has limits claims on the loop's task. Dropping the
+/// answer's future aborts the task, as dropping the claim itself would stop it.
 fn on_its_own_task(
     claim: impl Future<Output = Option<Result<Claim>>> + Send + 'static,
 ) -> Claiming {
