@@ -103,7 +103,7 @@ pub(crate) async fn run(setting: &super::Setting, a: EnqueueArgs) -> Result<()> 
         Via::Cli => cli(setting, a.jobs).await?,
         Via::Plain => (plain(&raw, a.jobs).await?, None),
     };
-    let server_after = super::worker::server_cpu(&backend);
+    let server_after = super::worker::server_cpu_settled(&backend).await;
     check(&raw, a.jobs).await?;
     raw.close().await;
 

@@ -192,7 +192,7 @@ pub(crate) async fn run(setting: &super::Setting, a: WorkerArgs) -> Result<()> {
         nix::sys::resource::UsageWho::RUSAGE_CHILDREN
     }) as f64
         / 1024.0;
-    let server_after = server_cpu(&backend);
+    let server_after = server_cpu_settled(&backend).await;
     drop(snapshot);
     if limits.is_some() {
         Db::connect(url)
@@ -454,6 +454,16 @@ fn rusage(who: nix::sys::resource::UsageWho) -> Duration {
             + Duration::from_micros(t.tv_usec().max(0) as u64)
     };
     tv(u.user_time()) + tv(u.system_time())
+}
+
+/// [`server_cpu`] once the connections that just closed are counted. For a moment after a
+/// PostgreSQL backend exits its CPU is in no process's entry: not its own, and not yet the
+/// postmaster's, which takes it when it reaps the backend. A reading right after a worker's pool
+/// or a `rowclaim work` ended could come back low (graphile-worker's runner read 0 µs per job
+/// that way).
+pub(crate) async fn server_cpu_settled(backend: &str) -> Option<Duration> {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server_cpu(backend)
 }
 
 /// The CPU time of the database server's processes on this machine (PostgreSQL: every
