@@ -461,8 +461,11 @@ fn rusage(who: nix::sys::resource::UsageWho) -> Duration {
 /// postmaster's, which takes it when it reaps the backend. A reading right after a worker's pool
 /// or a `rowclaim work` ended could come back low (graphile-worker's runner read 0 µs per job
 /// that way).
+/// Only PostgreSQL runs a process per connection; elsewhere the reading is taken at once.
 pub(crate) async fn server_cpu_settled(backend: &str) -> Option<Duration> {
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    if backend.starts_with("PostgreSQL") {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     server_cpu(backend)
 }
 

@@ -179,15 +179,14 @@ impl Producer {
             Some(Ok(claim)) => {
                 sh.health.claims_work();
                 (self.failures, self.failing_since, self.retry_at) = (0, None, None);
-                if claim.is_empty() && looks_again_after_results(sh) && sh.results.so_far() != since
-                {
-                    // Its statement may have run before those results were written: claim
-                    // again rather than wait for the poll (their wake-ups went by while it ran),
-                    // also where the other claim under way came back empty before them.
-                    self.idle_until = None;
-                    return ControlFlow::Continue(());
-                }
                 if claim.is_empty() {
+                    if looks_again_after_results(sh) && sh.results.so_far() != since {
+                        // Its statement may have run before those results were written: claim
+                        // again rather than wait for the poll (their wake-ups went by while it
+                        // ran), also where the other claim under way came back empty before.
+                        self.idle_until = None;
+                        return ControlFlow::Continue(());
+                    }
                     // Another claim still under way may bring rows: its answer decides (the
                     // count would see its rows too, claimed or not; this saves the count).
                     let last = self.claiming.is_empty();
