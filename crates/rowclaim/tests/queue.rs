@@ -527,14 +527,28 @@ async fn worker_shutdown(t: Arc<TestDb>) {
         q.enqueue_many(&[NewJob::new(json!({})), NewJob::new(json!({}))])
             .await
             .unwrap();
+        // The stop comes once both jobs run, not after a fixed time: on a loaded machine the
+        // first claim may answer late, and rows that never started go back as they should.
+        let started = Arc::new(tokio::sync::Semaphore::new(0));
+        let both_started = {
+            let started = started.clone();
+            async move {
+                let waited = tokio::time::timeout(Duration::from_secs(60), started.acquire_many(2));
+                let _ = waited.await;
+            }
+        };
         let report = rowclaim::Worker::new(&db)
-            .handle_any(|_job| async {
-                tokio::time::sleep(Duration::from_millis(1500)).await;
-                Ok::<_, String>(())
+            .handle_any(move |_job| {
+                let started = started.clone();
+                async move {
+                    started.add_permits(1);
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                    Ok::<_, String>(())
+                }
             })
             .concurrency(2)
             .grace(Duration::from_millis(grace_ms))
-            .run(tokio::time::sleep(Duration::from_millis(500)))
+            .run(both_started)
             .await
             .unwrap();
         if grace_ms == 5000 {
