@@ -10,6 +10,9 @@
 //! limited claim also counted its wait for the write lock against its lease, so rows that came
 //! back with most of their lease left were given up unstarted.
 //!
+//! A scheduler told to stop while its tick's COMMIT waits counts that tick's job in its report
+//! (the stop once dropped the pass under way, and the job was enqueued but counted by nobody).
+//!
 //! Both waits are made here on purpose and in order, not by luck: another connection holds the
 //! write lock, then a reader holds the claim's COMMIT back (the file is in rollback-journal
 //! mode, where a COMMIT waits for readers to finish; in WAL mode it would wait for the fsync).
@@ -19,7 +22,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rowclaim::{Db, NewJob, QueueLimits, Retention, Worker};
+use rowclaim::{Db, NewJob, QueueLimits, Retention, Schedule, Scheduler, Worker};
 use serde_json::json;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{Connection, SqliteConnection};
@@ -138,4 +141,105 @@ async fn a_limited_claim_with_a_slow_commit_is_handed_out_and_runs_once() {
         .await
         .expect("attempts");
     assert_eq!(attempts, JOBS, "one claim of each job");
+}
+
+/// A reader holds a tick's COMMIT back while the scheduler is told to stop: the pass under way
+/// ends, and the report counts every job the schedule enqueued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduler_stopped_while_its_tick_commits_counts_the_tick() {
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let options = SqliteConnectOptions::new()
+        .filename(dir.path().join("stopped-scheduler.db"))
+        .create_if_missing(true)
+        // A COMMIT here waits for readers: the test decides when it ends.
+        .journal_mode(SqliteJournalMode::Delete)
+        .busy_timeout(Duration::from_secs(60));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options.clone())
+        .await
+        .expect("a pool");
+    let db = Db::from(pool);
+    db.queue().init().await.expect("init");
+
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let scheduler = Scheduler::new(&db).schedule(
+        Schedule::every("tick", Duration::from_secs(1))
+            .job(NewJob::new(json!({ "from": "tick" })).queue("ticks")),
+    );
+    let running = tokio::spawn(scheduler.run(async {
+        let _ = stop_rx.await;
+    }));
+
+    // Once a tick is in, a reader takes the database: the next tick's COMMIT waits for it.
+    let mut reader = SqliteConnection::connect_with(&options)
+        .await
+        .expect("the reader");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while jobs_in(&mut reader).await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no tick in 2 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sqlx::query("BEGIN")
+        .execute(&mut reader)
+        .await
+        .expect("BEGIN");
+    let before = jobs_in(&mut reader).await;
+
+    // The next tick's transaction holds the write lock (a writer that tries gets SQLITE_BUSY
+    // at once) and its COMMIT waits for the reader.
+    let mut prober = SqliteConnection::connect_with(&options.clone().busy_timeout(Duration::ZERO))
+        .await
+        .expect("the prober");
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no tick's write in 2 minutes"
+        );
+        match sqlx::query("BEGIN IMMEDIATE").execute(&mut prober).await {
+            Ok(_) => {
+                sqlx::query("ROLLBACK")
+                    .execute(&mut prober)
+                    .await
+                    .expect("ROLLBACK");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(_) => break,
+        }
+    }
+
+    // Told to stop now, with the tick's COMMIT waiting; the reader lets it through soon after,
+    // well inside the time the scheduler gives a pass under way.
+    stop_tx.send(()).expect("the scheduler listens");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    sqlx::query("COMMIT")
+        .execute(&mut reader)
+        .await
+        .expect("the read ended");
+
+    let report = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the scheduler ends")
+        .expect("the scheduler task")
+        .expect("the scheduler");
+    let jobs = jobs_in(&mut reader).await;
+    assert!(
+        jobs > before,
+        "the held tick was enqueued ({before} before, {jobs} after)"
+    );
+    assert_eq!(
+        report.enqueued, jobs as u64,
+        "the report counts every job enqueued: {report:?}"
+    );
+}
+
+/// How many jobs the queue holds, as `c` sees it.
+async fn jobs_in(c: &mut SqliteConnection) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM rowclaim_jobs")
+        .fetch_one(c)
+        .await
+        .expect("a count of jobs")
 }

@@ -85,8 +85,10 @@ impl Scheduler {
     }
 
     /// Checks and registers the schedules, then enqueues their ticks until `shutdown` completes
-    /// (a ready future: register only). Returns an error only when it cannot start: a bad
-    /// schedule, two of one name, the queue not initialised, the database unreachable at start.
+    /// (a ready future: register only; a look at the schedules under way then ends first, for
+    /// at most 5 s, so that the report counts every job it enqueued). Returns an error only
+    /// when it cannot start: a bad schedule, two of one name, the queue not initialised, the
+    /// database unreachable at start.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<SchedulerReport> {
         let running = self.start().await?;
         Ok(running.run(shutdown).await)
@@ -192,11 +194,21 @@ impl Running {
         let mut outage: Option<tokio::time::Instant> = None;
         let mut refused: Option<String> = None;
         loop {
-            let pass = tokio::select! {
-                biased;
-                () = &mut stop => break,
-                pass = self.pass() => pass,
+            let pass = {
+                let pass = self.pass();
+                tokio::pin!(pass);
+                tokio::select! {
+                    biased;
+                    pass = &mut pass => Some(pass),
+                    () = &mut stop => {
+                        // A tick's job may be committed already: the pass ends (within a bound,
+                        // in case the database stopped answering) so that the report counts it.
+                        let _ = tokio::time::timeout(PASS_AT_STOP, pass).await;
+                        None
+                    }
+                }
             };
+            let Some(pass) = pass else { break };
             let wait = match pass {
                 Ok(wait) => {
                     if let Some(since) = outage.take() {
@@ -300,6 +312,10 @@ async fn stored(store: &dyn QueueStore) -> Result<(i64, Vec<Stored>)> {
 
 /// How soon a schedule whose tick failed (other than by a lost connection) is tried again.
 const ITEM_RETRY: Duration = Duration::from_secs(5);
+
+/// How long a pass under way when the scheduler is told to stop may go on: long enough for a
+/// statement, not for an outage.
+const PASS_AT_STOP: Duration = Duration::from_secs(5);
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
