@@ -40,22 +40,8 @@ const READER_HOLDS: Duration = Duration::from_millis(13000);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limited_claim_with_a_slow_commit_is_handed_out_and_runs_once() {
-    let dir = tempfile::tempdir().expect("a scratch directory");
-    let options = SqliteConnectOptions::new()
-        .filename(dir.path().join("slow-commit.db"))
-        .create_if_missing(true)
-        // A COMMIT here waits for readers: the test decides when it ends.
-        .journal_mode(SqliteJournalMode::Delete)
-        // Longer than any wait below: no statement gives up.
-        .busy_timeout(Duration::from_secs(60));
-    let pool = SqlitePoolOptions::new()
-        .max_connections(8)
-        .connect_with(options.clone())
-        .await
-        .expect("a pool");
-    let db = Db::from(pool);
+    let (_dir, options, db) = scratch("slow-commit.db").await;
     let q = db.queue();
-    q.init().await.expect("init");
     let jobs: Vec<NewJob> = (0..JOBS)
         .map(|n| NewJob::new(json!({ "n": n })).queue("slow"))
         .collect();
@@ -147,20 +133,7 @@ async fn a_limited_claim_with_a_slow_commit_is_handed_out_and_runs_once() {
 /// ends, and the report counts every job the schedule enqueued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduler_stopped_while_its_tick_commits_counts_the_tick() {
-    let dir = tempfile::tempdir().expect("a scratch directory");
-    let options = SqliteConnectOptions::new()
-        .filename(dir.path().join("stopped-scheduler.db"))
-        .create_if_missing(true)
-        // A COMMIT here waits for readers: the test decides when it ends.
-        .journal_mode(SqliteJournalMode::Delete)
-        .busy_timeout(Duration::from_secs(60));
-    let pool = SqlitePoolOptions::new()
-        .max_connections(4)
-        .connect_with(options.clone())
-        .await
-        .expect("a pool");
-    let db = Db::from(pool);
-    db.queue().init().await.expect("init");
+    let (_dir, options, db) = scratch("stopped-scheduler.db").await;
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let scheduler = Scheduler::new(&db).schedule(
@@ -242,4 +215,25 @@ async fn jobs_in(c: &mut SqliteConnection) -> i64 {
         .fetch_one(c)
         .await
         .expect("a count of jobs")
+}
+
+/// A queue in a scratch file in rollback-journal mode, where a COMMIT waits for readers (the
+/// test decides when it ends): its directory (kept while the test runs), its connect options,
+/// and a `Db` of a pool of 8, initialised.
+async fn scratch(file: &str) -> (tempfile::TempDir, SqliteConnectOptions, Db) {
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let options = SqliteConnectOptions::new()
+        .filename(dir.path().join(file))
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Delete)
+        // Longer than any wait of the tests: no statement gives up.
+        .busy_timeout(Duration::from_secs(60));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options.clone())
+        .await
+        .expect("a pool");
+    let db = Db::from(pool);
+    db.queue().init().await.expect("init");
+    (dir, options, db)
 }
