@@ -532,9 +532,10 @@ async fn worker_shutdown(t: Arc<TestDb>) {
         let started = Arc::new(tokio::sync::Semaphore::new(0));
         let both_started = {
             let started = started.clone();
+            // Bounded: should the jobs never start, the stop comes and the assertions say so.
             async move {
-                let waited = tokio::time::timeout(Duration::from_secs(60), started.acquire_many(2));
-                let _ = waited.await;
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(60), started.acquire_many(2)).await;
             }
         };
         let report = rowclaim::Worker::new(&db)

@@ -85,10 +85,10 @@ impl Scheduler {
     }
 
     /// Checks and registers the schedules, then enqueues their ticks until `shutdown` completes
-    /// (a ready future: register only; a look at the schedules under way then ends first, for
-    /// at most 5 s, so that the report counts every job it enqueued). Returns an error only
-    /// when it cannot start: a bad schedule, two of one name, the queue not initialised, the
-    /// database unreachable at start.
+    /// (a ready future: register only). A look at the schedules under way when `shutdown`
+    /// completes ends first, for at most 5 s, so that the report counts every job it enqueued.
+    /// Returns an error only when it cannot start: a bad schedule, two of one name, the queue
+    /// not initialised, the database unreachable at start.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<SchedulerReport> {
         let running = self.start().await?;
         Ok(running.run(shutdown).await)
