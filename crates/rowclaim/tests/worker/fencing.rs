@@ -155,7 +155,7 @@ pub(super) async fn slow_settle_counts_done(t: Arc<TestDb>) {
             t.exec(
                 "CREATE FUNCTION slow_done() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
                  IF NEW.id = 1 AND NEW.status = 'done' AND OLD.status <> 'done' THEN \
-                 PERFORM pg_sleep(3); END IF; RETURN NEW; END $$",
+                 PERFORM pg_sleep(6); END IF; RETURN NEW; END $$",
             )
             .await;
             t.exec(
@@ -167,7 +167,7 @@ pub(super) async fn slow_settle_counts_done(t: Arc<TestDb>) {
         _ => {
             t.exec(
                 "CREATE TRIGGER slow_done BEFORE UPDATE ON jobs FOR EACH ROW BEGIN \
-                 IF NEW.id = 1 AND NEW.status = 'done' AND OLD.status <> 'done' THEN DO SLEEP(3); \
+                 IF NEW.id = 1 AND NEW.status = 'done' AND OLD.status <> 'done' THEN DO SLEEP(6); \
                  END IF; END",
             )
             .await;
@@ -181,14 +181,16 @@ pub(super) async fn slow_settle_counts_done(t: Arc<TestDb>) {
         .unwrap();
     let ran = Arc::new(AtomicUsize::new(0));
     let r = ran.clone();
-    // A lease of 6 s: one try of a result may take 2 s, so the 3 s settle is cut off once.
+    // A lease of 15 s: one try of a result may take 5 s, so the 6 s settle is cut off once, and
+    // the retry, which waits for the first try's row lock, has 9 s to spare on a loaded machine
+    // (CI once saw a 6 s lease run out behind a 3 s settle: every row given up).
     let report = Worker::for_claimer(claimer)
         .handle_rows(move |_row| {
             r.fetch_add(1, Ordering::SeqCst);
             async { Ok::<_, String>(()) }
         })
         .concurrency(4)
-        .lease(Duration::from_secs(6))
+        .lease(Duration::from_secs(15))
         .until_empty(true)
         .run(std::future::pending())
         .await
@@ -209,6 +211,7 @@ pub(super) async fn slow_settle_counts_done(t: Arc<TestDb>) {
         (4, 0, 0, 0),
         "{report:?}"
     );
+    assert!(report.outages >= 1, "the first try was cut off: {report:?}");
 }
 
 #[cfg(feature = "postgres")]
