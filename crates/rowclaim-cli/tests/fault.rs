@@ -169,7 +169,8 @@ async fn ctrl_c_to_the_group(t: Arc<TestDb>) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("runs.log");
     let options = ["--concurrency", "2", "--prefetch", "2"];
-    let mut worker = work(&t.url, &TABLE, &options, &log, "sleep 2");
+    // Long enough that the Ctrl-C comes while both run, on a slow machine too.
+    let mut worker = work(&t.url, &TABLE, &options, &log, "sleep 5");
     worker.process_group(0).stderr(Stdio::piped());
     let worker = worker.spawn().unwrap();
     let pid = worker.id().unwrap();
@@ -214,8 +215,9 @@ async fn second_signal(t: Arc<TestDb>) {
     let pid = worker.id().unwrap();
     until("two commands run", || runs(&log).len() == 2).await;
     kill("INT", pid, true);
-    // A second signal within a second of the first would count as the same one.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A second signal within a second of the first being handled would count as the same one
+    // (and a slow machine may handle it late).
+    tokio::time::sleep(Duration::from_secs(3)).await;
     kill("INT", pid, true);
     let (code, err) = finish(worker).await;
     assert_eq!(code, Some(130), "{err}");
@@ -353,7 +355,9 @@ async fn cancel_running(t: Arc<TestDb>) {
     let id = id["id"].to_string();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("runs.log");
-    let options = ["--lease", "3s", "--kill-after", "1s"];
+    // Renewals find the cancel, every 3 s, each with 6 s to spare (one stalled past a shorter
+    // lease's end gives the job up instead).
+    let options = ["--lease", "9s", "--kill-after", "1s"];
     let mut worker = work(&t.url, &["--queue", "q"], &options, &log, "sleep 60");
     worker.stderr(Stdio::piped());
     let worker = worker.spawn().unwrap();
@@ -401,12 +405,14 @@ async fn stopped_past_its_lease(t: Arc<TestDb>) {
         "--poll",
         "200ms",
     ];
-    let mut sleeper = work(&t.url, &TABLE, &options, &log, "sleep 1");
+    // Its first command outlasts the time the stop takes to come, on a slow machine too.
+    let mut sleeper = work(&t.url, &TABLE, &options, &log, "sleep 5");
     sleeper.stderr(Stdio::piped());
     let sleeper = sleeper.spawn().unwrap();
     let sleeper_pid = sleeper.id().unwrap();
     until("the first worker runs a row", || runs(&log).len() == 1).await;
     kill("STOP", sleeper_pid, false);
+    let first_who = runs(&log).values().flatten().next().unwrap().who.clone();
     let stopped_at = now_us();
     // The other worker takes everything over once the stopped worker's leases expire.
     let options = [
@@ -433,6 +439,15 @@ async fn stopped_past_its_lease(t: Arc<TestDb>) {
             .await,
         ROWS as i64
     );
+    // Its command (not stopped: it leads a group of its own) has ended, so the late result is
+    // there to be tried once the worker wakes.
+    until("the stopped worker's first command ends", || {
+        runs(&log)
+            .values()
+            .flatten()
+            .any(|run| run.start < stopped_at && run.end.is_some() && run.who == first_who)
+    })
+    .await;
     let continued_at = now_us();
     kill("CONT", sleeper_pid, false);
     // Give it time to wake, beat, find its rows gone and try its late result.

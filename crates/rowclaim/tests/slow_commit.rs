@@ -29,14 +29,15 @@ use sqlx::{Connection, SqliteConnection};
 
 const JOBS: i64 = 10;
 /// The worker's lease, and (before the fix) its claim's time limit.
-const LEASE: Duration = Duration::from_secs(12);
+const LEASE: Duration = Duration::from_secs(20);
 /// How long after the worker starts the other writer keeps the write lock: the claim's wait for
 /// it, over a quarter of the lease.
-const WRITER_HOLDS: Duration = Duration::from_millis(6500);
+const WRITER_HOLDS: Duration = Duration::from_secs(11);
 /// How long after the worker starts the reader holds the claim's COMMIT back: past the claim's
 /// old time limit (the lease), and less than three quarters of the lease after the claim had
-/// the write lock.
-const READER_HOLDS: Duration = Duration::from_millis(13000);
+/// the write lock. (The rows then start with 5 s to spare before the runtime would give them
+/// up unstarted, a quarter of the lease before its end: room for a slow machine.)
+const READER_HOLDS: Duration = Duration::from_secs(21);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limited_claim_with_a_slow_commit_is_handed_out_and_runs_once() {

@@ -149,7 +149,9 @@ pub(super) async fn cancel_running(t: Arc<TestDb>) {
                 Ok::<_, String>(())
             }
         })
-        .lease(Duration::from_millis(1500));
+        // Renewals find the cancel. A lease of 6 s gives each renewal 4 s: a renewal that
+        // stalls past a shorter lease's end gives the job up instead (CI machines are slow).
+        .lease(Duration::from_secs(6));
     let cancel = {
         let (q, started, dropped) = (q.clone(), started.clone(), dropped.clone());
         async move {

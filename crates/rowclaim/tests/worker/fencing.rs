@@ -21,14 +21,16 @@ pub(super) async fn one_row_of_a_claim_lost(t: Arc<TestDb>) {
                     let _guard = Dropped(d);
                     std::future::pending::<()>().await;
                 } else {
-                    // Outlives several heartbeats.
-                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    // Outlives two heartbeats.
+                    tokio::time::sleep(Duration::from_secs(5)).await;
                 }
                 Ok::<_, String>(())
             }
         })
         .concurrency(2)
-        .lease(Duration::from_millis(1500));
+        // Renewals every 2 s, each with 4 s to spare before the lease would end (a renewal
+        // stalled past a shorter lease's end gives both rows up on a loaded machine).
+        .lease(Duration::from_secs(6));
     let thief = {
         let (t, started) = (t.clone(), started.clone());
         async move {

@@ -33,7 +33,10 @@ pub(super) async fn completed_jobs_deleted(t: Arc<TestDb>) {
         ))
         .await
         .unwrap();
-    assert_eq!((report.completed, report.retried), (20, 1), "{report:?}");
+    // At least one retry: on a slow machine the failed job may come due again (its retry waits
+    // about a second) and fail once more before the worker stops.
+    assert_eq!(report.completed, 20, "{report:?}");
+    assert!(report.retried >= 1, "{report:?}");
     assert_eq!(
         t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'ready' AND last_error = 'no'")
             .await,
@@ -101,10 +104,13 @@ pub(super) async fn default_prefetch_follows_the_jobs(t: Arc<TestDb>) {
         short > 100,
         "short jobs: at most {short} rows held at once; claims of hundreds expected"
     );
-    // 2 slots × 1 s / 250 ms = 8 rows ahead, 2 running: 10, and a claim's rounding.
-    let long = most_held(&t, "long", 24, Duration::from_millis(250), 1).await;
+    // 2 slots × 1 s / 250 ms = 8 rows ahead, 2 running: 10, and a claim's rounding. The rows
+    // counted as running also hold jobs finished whose results are not yet written (a claim
+    // looks past up to 10 of those), so up to 20 on a slow machine; a prefetch blind to how
+    // long jobs take holds all 40.
+    let long = most_held(&t, "long", 40, Duration::from_millis(250), 1).await;
     assert!(
-        (1..=12).contains(&long),
+        (1..=20).contains(&long),
         "jobs of 250 ms: {long} rows held at once; about 10 expected"
     );
 }
@@ -282,8 +288,9 @@ pub(super) async fn pause_and_resume(t: Arc<TestDb>) {
         })
         .concurrency(1)
         .prefetch(10)
-        // Heartbeats, and so looks at the paused queues, every second.
-        .lease(Duration::from_secs(3))
+        // Heartbeats, and so looks at the paused queues, every 3 s; each renewal has 6 s to
+        // spare (a renewal stalled past a shorter lease's end gave every row up).
+        .lease(Duration::from_secs(9))
         .poll(Duration::from_millis(100));
     let stop = worker.shutdown_handle();
     let steps = async {
