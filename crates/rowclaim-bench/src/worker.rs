@@ -23,7 +23,9 @@ COMMAND once per job (e.g. -- true). --concurrency, --prefetch and --batch are t
 Reported: jobs per second (jobs / seconds from the worker's start to its end), the worker's CPU
 time per job (this process, or the child and the commands it ran), and the database server's
 CPU time per job when the server runs on this machine (the CPU of its processes, read from
-/proc before and after). The run checks itself: every job completed, each claimed once.
+/proc before and after), and with the library Worker the seconds from its start, connecting
+included, to its first job's handler. The run checks itself: every job completed, each claimed
+once.
 
 --hold-snapshot keeps another connection in a REPEATABLE READ transaction, with a snapshot
 taken, for the whole drain: the rows the drain deletes or updates cannot be vacuumed or purged
@@ -98,6 +100,9 @@ struct WorkerReport {
     prefetch: Option<u32>,
     batch: Option<u32>,
     seconds: f64,
+    /// From the worker's start, its connecting included, to its first job's handler (as
+    /// graphile-worker's runner measures from `run()`); `None` for `rowclaim work`.
+    seconds_to_first_handler: Option<f64>,
     jobs_per_second: f64,
     worker_cpu_us_per_job: f64,
     server_cpu_us_per_job: Option<f64>,
@@ -175,17 +180,19 @@ pub(crate) async fn run(setting: &super::Setting, a: WorkerArgs) -> Result<()> {
     };
 
     let server_before = server_cpu(&backend);
-    let (seconds, worker_cpu, runner) = if a.command.is_empty() {
-        let (seconds, cpu) = library_worker(url, &a, target).await?;
-        (seconds, cpu, "library Worker, no-op handler".to_owned())
+    let (drain, runner) = if a.command.is_empty() {
+        let drain = library_worker(url, &a, target).await?;
+        (drain, "library Worker, no-op handler".to_owned())
     } else {
         let (seconds, cpu) = work_command(setting, &a).await?;
-        (
+        let drain = Drain {
             seconds,
             cpu,
-            format!("rowclaim work -- {}", a.command.join(" ")),
-        )
+            first: None,
+        };
+        (drain, format!("rowclaim work -- {}", a.command.join(" ")))
     };
+    let (seconds, worker_cpu) = (drain.seconds, drain.cpu);
     let peak_rss_mb = peak_rss_kb(if a.command.is_empty() {
         nix::sys::resource::UsageWho::RUSAGE_SELF
     } else {
@@ -230,6 +237,7 @@ pub(crate) async fn run(setting: &super::Setting, a: WorkerArgs) -> Result<()> {
         prefetch: a.prefetch,
         batch: a.batch,
         seconds,
+        seconds_to_first_handler: drain.first,
         jobs_per_second: a.jobs as f64 / seconds,
         worker_cpu_us_per_job: per_job(worker_cpu),
         server_cpu_us_per_job: server_before
@@ -271,6 +279,7 @@ pub(crate) async fn run(setting: &super::Setting, a: WorkerArgs) -> Result<()> {
             "worker CPU/job",
             "server CPU/job",
             "peak RSS",
+            "first job",
         ],
         0,
     );
@@ -282,13 +291,27 @@ pub(crate) async fn run(setting: &super::Setting, a: WorkerArgs) -> Result<()> {
             .server_cpu_us_per_job
             .map_or("n/a".to_owned(), |us| format!("{us:.1} µs")),
         format!("{:.1} MB", report.peak_rss_mb),
+        report
+            .seconds_to_first_handler
+            .map_or("n/a".to_owned(), |s| format!("{:.0} ms", s * 1000.0)),
     ]);
     print!("{}", t.render());
     Ok(())
 }
 
-/// Drains with the library Worker in this process; returns the seconds and this process's CPU.
-async fn library_worker(url: &str, a: &WorkerArgs, target: Target) -> Result<(f64, Duration)> {
+/// What a drain took.
+struct Drain {
+    /// From the worker's start (after connecting) to its end.
+    seconds: f64,
+    /// The worker's CPU.
+    cpu: Duration,
+    /// From before connecting to the first job's handler.
+    first: Option<f64>,
+}
+
+/// Drains with the library Worker in this process.
+async fn library_worker(url: &str, a: &WorkerArgs, target: Target) -> Result<Drain> {
+    let connecting = Instant::now();
     let connections = a.concurrency + a.prefetch.unwrap_or(0).min(16) + 4;
     let opts = ConnectOptions::default()
         .max_connections(connections)
@@ -302,8 +325,13 @@ async fn library_worker(url: &str, a: &WorkerArgs, target: Target) -> Result<(f6
                 .await?
         }
     };
+    let first = std::sync::Arc::new(std::sync::OnceLock::new());
+    let first_seen = first.clone();
     let mut worker = Worker::for_claimer(claimer)
-        .handle_rows(|_row| async { Ok::<_, String>(()) })
+        .handle_rows(move |_row| {
+            first_seen.get_or_init(Instant::now);
+            async { Ok::<_, String>(()) }
+        })
         .concurrency(a.concurrency as usize)
         .poll(Duration::from_millis(100))
         .until_empty(true);
@@ -338,7 +366,14 @@ async fn library_worker(url: &str, a: &WorkerArgs, target: Target) -> Result<(f6
             )));
         }
     }
-    Ok((seconds, cpu))
+    let first = first
+        .get()
+        .map(|t| t.duration_since(connecting).as_secs_f64());
+    Ok(Drain {
+        seconds,
+        cpu,
+        first,
+    })
 }
 
 /// The sum of `rowclaim_jobs_completed_total` over its labels, in Prometheus text.

@@ -103,6 +103,11 @@ async fn bench_worker(t: Arc<TestDb>) {
     assert!(rate_adds_up(&r, 300.0), "{r}");
     assert!(r["worker_cpu_us_per_job"].as_f64().unwrap() > 0.0, "{r}");
     assert!(r["peak_rss_mb"].as_f64().unwrap() > 1.0, "{r}");
+    // The first job came after the worker's start (its connecting counted: also longer than
+    // the drain that starts after it, on a fast machine) and before the drain ended.
+    let first = r["seconds_to_first_handler"].as_f64().unwrap_or(-1.0);
+    let seconds = r["seconds"].as_f64().unwrap();
+    assert!(first > 0.0 && first < seconds + 10.0, "{r}");
     assert_eq!(
         t.count("SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'bench' AND status = 'completed' AND attempts = 1")
             .await,

@@ -209,6 +209,35 @@ async fn unlisted_but_working(t: Arc<TestDb>) {
     }
 }
 
+/// A worker prunes the entries stopped a day ago or more as it starts, also one that ends at
+/// once (`--until-empty` of one job); younger entries stay listed.
+async fn pruned_as_it_starts(t: Arc<TestDb>) {
+    let url = t.url.clone();
+    t.jobs(1).await;
+    let mut work = vec!["work"];
+    work.extend(TABLE);
+    work.extend(["--until-empty", "--", "true"]);
+    run_ok(&url, &work, "").await;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as i64;
+    for (id, ago_ms) in [("old-one", 49 * 3_600_000), ("young-one", 3_600_000)] {
+        let at = now_ms - ago_ms;
+        t.exec(&format!(
+            "INSERT INTO rowclaim_workers (id, host, pid, version, queues, source, concurrency, \
+             lease_ms, running, started_at, heartbeat_at, stopped_at) VALUES ('{id}', 'h', 1, \
+             '0', '[]', 'jobs', 1, 30000, 0, {at}, {at}, {at})"
+        ))
+        .await;
+    }
+    t.insert_jobs(2, 2).await;
+    run_ok(&url, &work, "").await;
+    let left = |id: &str| format!("SELECT COUNT(*) FROM rowclaim_workers WHERE id = '{id}'");
+    assert_eq!(t.count(&left("old-one")).await, 0, "stopped 49 hours ago");
+    assert_eq!(t.count(&left("young-one")).await, 1, "stopped an hour ago");
+}
+
 macro_rules! cases {
     ($name:ident, $backend:expr) => {
         mod $name {
@@ -216,6 +245,10 @@ macro_rules! cases {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn two_workers_listed_then_one_gone_and_one_stopped() {
                 with_db($backend, killed_gone_stopped_stopped).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_worker_prunes_entries_a_day_old_as_it_starts() {
+                with_db($backend, pruned_as_it_starts).await
             }
         }
     };

@@ -129,9 +129,12 @@ async fn main() -> Res<()> {
     let cpu0 = self_cpu();
     let srv0 = server_cpu();
     let started = Instant::now();
+    // When the first loop had its first messages: the first job's handler, as the other
+    // runners measure it.
+    let first = std::sync::Arc::new(std::sync::OnceLock::new());
     let mut tasks = Vec::new();
     for _ in 0..a.concurrency {
-        let q = q.clone();
+        let (q, first) = (q.clone(), first.clone());
         tasks.push(tokio::spawn(async move {
             let mut seen: Vec<i64> = Vec::new();
             let mut reread = 0usize;
@@ -140,6 +143,7 @@ async fn main() -> Res<()> {
                 if msgs.is_empty() {
                     break;
                 }
+                first.get_or_init(Instant::now);
                 let ids: Vec<i64> = msgs.iter().map(|m| m.msg_id).collect();
                 reread += msgs.iter().filter(|m| m.read_ct != 1).count();
                 // The no-op job: nothing to do with the message.
@@ -207,6 +211,7 @@ async fn main() -> Res<()> {
         "vt_seconds": VT_SECONDS,
         "send_seconds": send_seconds,
         "seconds": seconds,
+        "seconds_to_first_handler": first.get().map(|t| t.duration_since(started).as_secs_f64()),
         "jobs_per_second": a.jobs as f64 / seconds,
         "worker_cpu_us_per_job": per_job(worker_cpu),
         "server_cpu_us_per_job": server.map(per_job),

@@ -106,12 +106,18 @@ impl Producer {
         }
     }
 
+    /// Starts the claims the worker wants now, up to as many at once as it may have under way
+    /// (an idle worker's first claim is short: the second, for the rest of its room, starts
+    /// beside it at once; see [`super::pace::Pace::wants`]).
     fn claim_if_wanted(&mut self, sh: &Arc<Shared>, local: &Local) {
         let quiet = self.idle_until.is_none() && self.retry_at.is_none();
-        if !quiet || self.claiming.len() >= self.at_once {
+        if !quiet {
             return;
         }
-        if let Some(most) = local.wants(sh, self.coming) {
+        while self.claiming.len() < self.at_once {
+            let Some(most) = local.wants(sh, self.coming) else {
+                return;
+            };
             self.coming += most;
             let since = sh.results.so_far();
             let claim = claim_rows(sh.clone(), most as u32);
