@@ -457,9 +457,9 @@ impl Worker {
         };
         let report = run_beside(runner, scheduling, phase, shutdown).await;
         beating.abort();
-        // Bounded (see `Registration::prune`): a worker that ended at once still prunes.
-        let _ = pruning.await;
-        registration.stop().await;
+        // Both bounded (see `Registration::bounded`), side by side: a worker that ended at once
+        // still prunes, and a registry that does not answer holds the end up 5 s at most.
+        let _ = tokio::join!(pruning, registration.stop());
         report
     }
 

@@ -57,7 +57,7 @@ const KEEP: Duration = Duration::from_secs(24 * 3600);
 /// tries again; a worker stopping or starting goes on without it).
 const WRITE_MOST: Duration = Duration::from_secs(5);
 
-/// The most entries one worker prunes as it registers.
+/// The most entries one worker prunes as it starts.
 const PRUNE_MOST: usize = 100;
 
 /// What a listed worker is doing, as the registry is read.
@@ -389,7 +389,7 @@ impl Registration {
     }
 
     /// Runs one write of the registry, given up after [`WRITE_MOST`]: a registry that does not
-    /// answer (an outage) never holds the worker up, at its start or its end.
+    /// answer (an outage) holds the worker up for at most that long, at its start or its end.
     async fn bounded(&self, doing: &str, write: impl std::future::Future<Output = ()>) {
         if tokio::time::timeout(WRITE_MOST, write).await.is_err() {
             tracing::debug!("{doing}: no answer within {WRITE_MOST:?}");

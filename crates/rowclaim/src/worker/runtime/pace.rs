@@ -187,6 +187,13 @@ mod tests {
         assert_eq!(batched.wants(0, 0, false, 0), Some(4), "a batch at most");
         let adapting = Pace::new(8, None, None, LEASE);
         assert_eq!(adapting.wants(0, 0, false, 0), Some(8));
+        // Results still being written leave it idle: the slots first all the same.
+        assert_eq!(pace.wants(0, 0, false, 20), Some(8));
+        // A prefetch too small for a claim beside the first (a quarter of the room): the rest
+        // waits for the first claim's answer.
+        let small = Pace::new(8, Some(2), None, LEASE);
+        assert_eq!(small.wants(0, 0, false, 0), Some(8));
+        assert_eq!(small.wants(8, 0, true, 0), None);
     }
 
     #[test]
