@@ -273,9 +273,7 @@ impl Worker {
     }
 
     /// Most rows taken by one claim statement. Default: the free slots (concurrency plus
-    /// prefetch, less what is held). A batch larger than that claims ahead. A worker that holds
-    /// nothing claims no more than its concurrency first, so that its first jobs start after a
-    /// short claim; the rest comes in the next claim (beside it, where claims go two at once).
+    /// prefetch, less what is held). A batch larger than that claims ahead.
     pub fn batch(mut self, n: u32) -> Self {
         self.batch = Some(n);
         self
