@@ -295,8 +295,8 @@ pub(super) async fn pause_and_resume(t: Arc<TestDb>) {
     let stop = worker.shutdown_handle();
     let steps = async {
         until_at_least(&started, 1).await;
-        // One running, ten claimed ahead (the first claim of an idle worker takes only its one
-        // slot; the ten come in the claim beside it).
+        // One running, ten claimed ahead (a claim may come back with fewer rows than it asked
+        // for, and the one that takes the rest follows it).
         until_count(
             t.clone(),
             "SELECT COUNT(*) FROM rowclaim_jobs WHERE status = 'running'",
