@@ -449,15 +449,9 @@ impl Worker {
             std::future::pending::<()>().await
         };
         let beating = tokio::spawn(registration.clone().beat_forever());
-        let pruning = {
-            let registration = registration.clone();
-            tokio::spawn(async move { registration.prune().await })
-        };
         let report = run_beside(runner, scheduling, phase, shutdown).await;
         beating.abort();
-        // Both bounded (see `Registration::bounded`), side by side: a worker that ended at once
-        // still prunes, and a registry that does not answer holds the end up 5 s at most.
-        let _ = tokio::join!(pruning, registration.stop());
+        registration.stop().await;
         report
     }
 
