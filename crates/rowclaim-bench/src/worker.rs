@@ -192,7 +192,6 @@ pub(crate) async fn run(setting: &super::Setting, a: WorkerArgs) -> Result<()> {
         };
         (drain, format!("rowclaim work -- {}", a.command.join(" ")))
     };
-    let (seconds, worker_cpu) = (drain.seconds, drain.cpu);
     let peak_rss_mb = peak_rss_kb(if a.command.is_empty() {
         nix::sys::resource::UsageWho::RUSAGE_SELF
     } else {
@@ -236,10 +235,10 @@ pub(crate) async fn run(setting: &super::Setting, a: WorkerArgs) -> Result<()> {
         concurrency: a.concurrency,
         prefetch: a.prefetch,
         batch: a.batch,
-        seconds,
+        seconds: drain.seconds,
         seconds_to_first_handler: drain.first,
-        jobs_per_second: a.jobs as f64 / seconds,
-        worker_cpu_us_per_job: per_job(worker_cpu),
+        jobs_per_second: a.jobs as f64 / drain.seconds,
+        worker_cpu_us_per_job: per_job(drain.cpu),
         server_cpu_us_per_job: server_before
             .zip(server_after)
             .map(|(b, e)| per_job(e.saturating_sub(b))),
