@@ -312,6 +312,10 @@ impl More for Limited<'_> {
             )?;
             self.saw(queue, seen);
             let Some(ids) = ids else { continue };
+            // On a Galera node the claim stands only once a count after its commit agrees.
+            if retry_transient!(store.gave_back_crossed(&args, queue, &ids).await)? {
+                continue;
+            }
             // Read once the claim committed, and not by claiming again should it fail: the
             // jobs are this claim's now (see `limits::claimed_rows`).
             let taken = retry_transient!(store.claimed_rows(&args, &ids).await)?;

@@ -48,6 +48,11 @@ pub(crate) trait Settings: Send + Sync {
     /// The rows of the jobs a limited claim took ([`limits::claimed_rows`]).
     async fn claimed_rows(&self, a: &ClaimArgs<'_>, ids: &IdList)
         -> Result<Vec<serde_json::Value>>;
+    /// Whether the jobs `ids` a limited claim of `queue` took were given back, unstarted: on a
+    /// node that applies other nodes' writes late, because a count after the claim's commit found
+    /// a limit crossed ([`limits::gave_back`]). Never elsewhere.
+    async fn gave_back_crossed(&self, a: &ClaimArgs<'_>, queue: &str, ids: &IdList)
+        -> Result<bool>;
 }
 
 #[async_trait::async_trait]
@@ -104,6 +109,18 @@ where
         ids: &IdList,
     ) -> Result<Vec<serde_json::Value>> {
         limits::claimed_rows(self, a, ids).await
+    }
+
+    async fn gave_back_crossed(
+        &self,
+        a: &ClaimArgs<'_>,
+        queue: &str,
+        ids: &IdList,
+    ) -> Result<bool> {
+        if !self.applies_others_late().await? {
+            return Ok(false);
+        }
+        limits::gave_back(self, a, queue, ids).await
     }
 }
 

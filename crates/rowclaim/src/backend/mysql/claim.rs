@@ -49,7 +49,16 @@ impl My {
             return Ok(Claimed::none());
         }
         let list = id_list(m, &found)?;
-        let Stmt { sql, binder } = mark_sql(a, &list, Recheck::Nothing);
+        // On Galera the mark checks the rows again: a transaction another node's claim aborted
+        // there may not say so, and its next statements then commit one by one (a limited
+        // claim was seen marking jobs outside its transaction, `tests/galera.rs`), where
+        // locks taken before hold nothing.
+        let recheck = if verify {
+            Recheck::Claimable
+        } else {
+            Recheck::Nothing
+        };
+        let Stmt { sql, binder } = mark_sql(a, &list, recheck);
         binder.query(sql)?.execute(&mut *tx).await.map_err(error)?;
         if verify {
             // The locks held off this node's claimers only: what counts is what committed.

@@ -10,8 +10,10 @@
 //! retried). Under that lock it counts what runs and what started, picks what the limits allow
 //! (`pick.rs`; on PostgreSQL with what the claimer saw of the lines before, [`Seen`]), marks
 //! it claimed and, for a rate, records the starts in `rowclaim_starts`. The claimed rows are
-//! read once the transaction committed ([`claimed_rows`]), with the lock let go. Each claim's
-//! statements are written once, here, over a driver's [`Run`].
+//! read once the transaction committed ([`claimed_rows`]), with the lock let go; on a Galera
+//! node only after a count made after the commit agrees (`recount.rs`: the turns there do not
+//! always keep two nodes' claims apart). Each claim's statements are written once, here, over a
+//! driver's [`Run`].
 //!
 //! What counts as running: jobs claimed whose lease has not run out (a job whose holder died
 //! holds its place until its lease runs out; then it is taken again first). What counts as
@@ -19,6 +21,7 @@
 //! records.
 
 mod pick;
+mod recount;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -33,6 +36,7 @@ use crate::queue::migrate::Schema;
 use crate::value::IdList;
 use pick::WINDOW;
 pub(crate) use pick::{heads_sql, keyless_sql, pick_ids_sql};
+pub(crate) use recount::gave_back;
 
 /// The limits of one queue. Set with [`crate::Queue::limit`]; none by default.
 ///
