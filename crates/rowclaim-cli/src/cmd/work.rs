@@ -22,6 +22,7 @@ pub struct WorkArgs {
     #[command(flatten)]
     source: SourceArgs,
     /// Rows claimed at once (default: the free slots). Rows beyond the free slots wait, claimed.
+    /// A worker that holds nothing claims no more than --concurrency first.
     #[arg(long, value_name = "N", value_parser = super::values::count, allow_hyphen_values = true)]
     batch: Option<u32>,
     /// Rows to claim ahead, beyond the running ones, waiting for a free slot with their leases

@@ -273,7 +273,9 @@ impl Worker {
     }
 
     /// Most rows taken by one claim statement. Default: the free slots (concurrency plus
-    /// prefetch, less what is held). A batch larger than that claims ahead.
+    /// prefetch, less what is held). A batch larger than that claims ahead. A worker that holds
+    /// nothing claims no more than its concurrency first, so that its first jobs start after a
+    /// short claim; the rest comes in the next claim (beside it, where claims go two at once).
     pub fn batch(mut self, n: u32) -> Self {
         self.batch = Some(n);
         self
@@ -449,9 +451,15 @@ impl Worker {
             std::future::pending::<()>().await
         };
         let beating = tokio::spawn(registration.clone().beat_forever());
+        let pruning = {
+            let registration = registration.clone();
+            tokio::spawn(async move { registration.prune().await })
+        };
         let report = run_beside(runner, scheduling, phase, shutdown).await;
         beating.abort();
-        registration.stop().await;
+        // Both bounded (see `Registration::bounded`), side by side: a worker that ended at once
+        // still prunes, and a registry that does not answer holds the end up 5 s at most.
+        let _ = tokio::join!(pruning, registration.stop());
         report
     }
 

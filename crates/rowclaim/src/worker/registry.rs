@@ -8,8 +8,8 @@
 //! The table is made the first time a worker registers (as the source registry is: a worker of
 //! an own table runs without `rowclaim init`). Registering never stops a worker that works: a
 //! registry that cannot be written (no privilege) is said once, and the worker goes on unlisted.
-//! Entries stopped or gone for a day are pruned by the workers as they register, a bounded
-//! number at a time.
+//! Entries stopped or gone for a day are pruned by the workers as they start (beside their first
+//! claims), a bounded number at a time.
 //!
 //! A worker's id ends in the tag its claims' tokens end in ([`crate::Token::tag`]), so a row's
 //! owner names the worker that holds it ([`WorkerEntry::holds`]).
@@ -57,7 +57,7 @@ const KEEP: Duration = Duration::from_secs(24 * 3600);
 /// tries again; a worker stopping or starting goes on without it).
 const WRITE_MOST: Duration = Duration::from_secs(5);
 
-/// The most entries one worker prunes as it registers.
+/// The most entries one worker prunes as it starts.
 const PRUNE_MOST: usize = 100;
 
 /// What a listed worker is doing, as the registry is read.
@@ -366,15 +366,21 @@ impl Registration {
             running: Arc::new(AtomicUsize::new(0)),
         });
         reg.bounded("registering the worker", reg.register()).await;
-        if !reg.off.load(Ordering::Relaxed) {
-            let prune = async {
-                if let Err(e) = roster(&reg.db).prune(KEEP, PRUNE_MOST).await {
-                    tracing::debug!("pruning {TABLE}: {e}");
-                }
-            };
-            reg.bounded("pruning old workers", prune).await;
-        }
         (claimer, reg)
+    }
+
+    /// Prunes entries stopped or gone for a day. Run beside the worker's first claims, not
+    /// before them: it is housekeeping, and the first job should not wait for it.
+    pub(crate) async fn prune(&self) {
+        if self.off.load(Ordering::Relaxed) {
+            return;
+        }
+        let prune = async {
+            if let Err(e) = roster(&self.db).prune(KEEP, PRUNE_MOST).await {
+                tracing::debug!("pruning {TABLE}: {e}");
+            }
+        };
+        self.bounded("pruning old workers", prune).await;
     }
 
     /// The worker's id.
@@ -383,7 +389,7 @@ impl Registration {
     }
 
     /// Runs one write of the registry, given up after [`WRITE_MOST`]: a registry that does not
-    /// answer (an outage) never holds the worker up, at its start or its end.
+    /// answer (an outage) holds the worker up for at most that long, at its start or its end.
     async fn bounded(&self, doing: &str, write: impl std::future::Future<Output = ()>) {
         if tokio::time::timeout(WRITE_MOST, write).await.is_err() {
             tracing::debug!("{doing}: no answer within {WRITE_MOST:?}");

@@ -81,6 +81,10 @@ impl Pace {
     ///
     /// - Beside a claim under way (`beside`), only a claim of a quarter of a batch or more:
     ///   claims of a few rows each would cost a statement and a commit each.
+    /// - An idle worker (nothing held, no claim under way) claims no more than its slots start
+    ///   at once, so that its first jobs start after a short claim; the rest of its room comes
+    ///   in the next claim, beside this one where the worker makes two at once. (On PostgreSQL
+    ///   a claim of 1,008 rows took 13 ms where the first job of a claim of 8 started after 2.)
     /// - Results still being written (`recording`) do not count: their jobs are done, and their
     ///   rows are let go within a flush. Counted, they made claims smaller while settles ran.
     ///   More of them than the worker may hold stops claims, though: the database is writing
@@ -101,7 +105,10 @@ impl Pace {
         if recording > most {
             return None;
         }
-        let left = most.saturating_sub(holding).min(batch);
+        let mut left = most.saturating_sub(holding).min(batch);
+        if holding == 0 && !beside {
+            left = left.min(self.concurrency);
+        }
         let enough = !beside || left * 4 >= batch.min(room);
         (left > 0 && enough && waiting <= prefetch / 2).then_some(left)
     }
@@ -118,7 +125,7 @@ mod tests {
         let mut pace = Pace::new(4, Some(16), Some(8), LEASE);
         pace.job_took(Duration::from_micros(5));
         assert_eq!(pace.prefetch(), 16);
-        assert_eq!(pace.wants(0, 0, false, 0), Some(8), "a batch at most");
+        assert_eq!(pace.wants(1, 0, false, 0), Some(8), "a batch at most");
         assert_eq!(pace.wants(15, 2, false, 0), Some(5), "the room left");
         assert_eq!(pace.wants(10, 8, false, 0), Some(8));
         assert_eq!(
@@ -163,7 +170,30 @@ mod tests {
     fn before_any_job_ended_it_claims_ahead_as_many_as_the_slots() {
         let pace = Pace::new(8, None, None, LEASE);
         assert_eq!(pace.prefetch(), 8);
-        assert_eq!(pace.wants(0, 0, false, 0), Some(16));
+        assert_eq!(pace.wants(8, 0, true, 0), Some(8));
+        assert_eq!(pace.wants(1, 0, false, 0), Some(15));
+    }
+
+    #[test]
+    fn an_idle_worker_claims_its_slots_first_and_the_rest_beside() {
+        let pace = Pace::new(8, Some(1000), None, LEASE);
+        assert_eq!(pace.wants(0, 0, false, 0), Some(8), "the slots first");
+        assert_eq!(
+            pace.wants(8, 0, true, 0),
+            Some(1000),
+            "the rest beside that claim"
+        );
+        let batched = Pace::new(8, Some(1000), Some(4), LEASE);
+        assert_eq!(batched.wants(0, 0, false, 0), Some(4), "a batch at most");
+        let adapting = Pace::new(8, None, None, LEASE);
+        assert_eq!(adapting.wants(0, 0, false, 0), Some(8));
+        // Results still being written leave it idle: the slots first all the same.
+        assert_eq!(pace.wants(0, 0, false, 20), Some(8));
+        // A prefetch too small for a claim beside the first (a quarter of the room): the rest
+        // waits for the first claim's answer.
+        let small = Pace::new(8, Some(2), None, LEASE);
+        assert_eq!(small.wants(0, 0, false, 0), Some(8));
+        assert_eq!(small.wants(8, 0, true, 0), None);
     }
 
     #[test]
@@ -172,15 +202,15 @@ mod tests {
         pace.job_took(Duration::from_millis(20));
         // 8 slots × 1 s / 20 ms
         assert_eq!(pace.prefetch(), 400);
-        assert_eq!(pace.wants(0, 0, false, 0), Some(408));
+        assert_eq!(pace.wants(8, 0, true, 0), Some(400));
         for _ in 0..200 {
             pace.job_took(Duration::from_micros(3));
         }
         assert_eq!(pace.prefetch(), MOST_AHEAD);
         assert_eq!(
-            pace.wants(0, 0, false, 0),
-            Some(8 + MOST_AHEAD),
-            "all the room, in one claim"
+            pace.wants(8, 0, true, 0),
+            Some(MOST_AHEAD),
+            "the rest of the room, in one claim beside the first"
         );
     }
 

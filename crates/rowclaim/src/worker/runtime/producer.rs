@@ -56,6 +56,10 @@ pub(super) struct Producer {
     retry_at: Option<Instant>,
     /// The last claim came back empty: look again at this time, or at a wake-up.
     idle_until: Option<Instant>,
+    /// The last claim answered brought rows (or none was answered yet): only then may a turn
+    /// start a second claim beside the first (an idle worker polling an empty queue sends one
+    /// claim a poll, not two).
+    rows_came: bool,
     paused: watch::Receiver<Paused>,
     wake: Arc<Notify>,
 }
@@ -71,6 +75,7 @@ impl Producer {
             failing_since: None,
             retry_at: None,
             idle_until: None,
+            rows_came: true,
             paused,
             wake,
         }
@@ -106,12 +111,20 @@ impl Producer {
         }
     }
 
+    /// Starts the claims the worker wants now, up to as many at once as it may have under way
+    /// (an idle worker's first claim is short: the second, for the rest of its room, starts
+    /// beside it at once where the last claim brought rows; see [`super::pace::Pace::wants`]).
     fn claim_if_wanted(&mut self, sh: &Arc<Shared>, local: &Local) {
         let quiet = self.idle_until.is_none() && self.retry_at.is_none();
-        if !quiet || self.claiming.len() >= self.at_once {
+        if !quiet {
             return;
         }
-        if let Some(most) = local.wants(sh, self.coming) {
+        let mut started = 0;
+        while self.claiming.len() < self.at_once && (started == 0 || self.rows_came) {
+            started += 1;
+            let Some(most) = local.wants(sh, self.coming) else {
+                return;
+            };
             self.coming += most;
             let since = sh.results.so_far();
             let claim = claim_rows(sh.clone(), most as u32);
@@ -179,6 +192,7 @@ impl Producer {
             Some(Ok(claim)) => {
                 sh.health.claims_work();
                 (self.failures, self.failing_since, self.retry_at) = (0, None, None);
+                self.rows_came = !claim.is_empty();
                 if claim.is_empty() {
                     if looks_again_after_results(sh) && sh.results.so_far() != since {
                         // Its statement may have run before those results were written: claim
@@ -214,6 +228,7 @@ impl Producer {
     /// A claim failed or went unanswered: try again after a pause, or give up once the outage
     /// has lasted `give_up_after`.
     fn failed(&mut self, sh: &Shared, failed: Option<Result<Claim>>) -> ControlFlow<Result<()>> {
+        self.rows_came = false;
         let why = match &failed {
             Some(Err(e)) => {
                 sh.health.failed("claiming rows", e);
