@@ -421,17 +421,16 @@ impl Worker {
             Some(queues) if self.listen => Some(claimer.db().queue().wakeups(queues).await?),
             _ => None,
         };
-        // Listed in the worker registry from here on (a registry that cannot be written is
-        // said once and does not stop the worker); its claims' tokens carry its id.
+        // Its claims' tokens carry its id from here on; it is listed in the worker registry
+        // beside its first claims (a registry that cannot be written is said once and does not
+        // stop the worker).
         let queues = crate::queue::served(&claimer).map(<[String]>::to_vec);
-        let (claimer, registration) = Registration::start(
+        let (claimer, registration) = Registration::new(
             claimer,
             queues.unwrap_or_default(),
             cfg.concurrency,
             cfg.lease,
-        )
-        .await;
-        tracing::debug!(worker = registration.id(), "registered");
+        );
         let phase = self.phase;
         let running = registration.running.clone();
         let runner = runtime::run(claimer, handler, cfg, wakeups, phase.subscribe(), running);
@@ -450,15 +449,32 @@ impl Worker {
             }
             std::future::pending::<()>().await
         };
-        let beating = tokio::spawn(registration.clone().beat_forever());
+        // The entry first, then the heartbeats that renew it.
+        let (registered, beats) = tokio::sync::oneshot::channel::<()>();
+        let registering = {
+            let registration = registration.clone();
+            tokio::spawn(async move {
+                registration.register().await;
+                let _ = registered.send(());
+            })
+        };
+        let beating = {
+            let registration = registration.clone();
+            tokio::spawn(async move {
+                let _ = beats.await;
+                registration.beat_forever().await;
+            })
+        };
         let pruning = {
             let registration = registration.clone();
             tokio::spawn(async move { registration.prune().await })
         };
         let report = run_beside(runner, scheduling, phase, shutdown).await;
         beating.abort();
-        // Both bounded (see `Registration::bounded`), side by side: a worker that ended at once
-        // still prunes, and a registry that does not answer holds the end up 5 s at most.
+        // Each bounded (see `Registration::bounded`): the stop lands after the entry, and beside
+        // the prune (a worker that ended at once still prunes); a registry that does not answer
+        // holds the end up 10 s at most, 5 s once the entry was written.
+        let _ = registering.await;
         let _ = tokio::join!(pruning, registration.stop());
         report
     }

@@ -340,9 +340,10 @@ pub(crate) struct Registration {
 }
 
 impl Registration {
-    /// Tags `claimer`'s tokens with a fresh worker id and registers the worker. Returns the
-    /// tagged claimer and the registration.
-    pub(crate) async fn start(
+    /// Tags `claimer`'s tokens with a fresh worker id. Returns the tagged claimer and the
+    /// registration, not yet written: [`Registration::register`] writes it, beside the worker's
+    /// first claims.
+    pub(crate) fn new(
         claimer: Claimer,
         queues: Vec<String>,
         concurrency: usize,
@@ -365,8 +366,16 @@ impl Registration {
             off: AtomicBool::new(false),
             running: Arc::new(AtomicUsize::new(0)),
         });
-        reg.bounded("registering the worker", reg.register()).await;
         (claimer, reg)
+    }
+
+    /// Writes the worker's entry (making the table the first time), given up after
+    /// [`WRITE_MOST`]. Run beside the worker's first claims, not before them: the tokens carry
+    /// the worker's id already, and the first job should not wait for a listing (on a new
+    /// database the table's creation took 8 ms of a first job's 30).
+    pub(crate) async fn register(&self) {
+        self.bounded("registering the worker", self.write_entry())
+            .await;
     }
 
     /// Prunes entries stopped or gone for a day. Run beside the worker's first claims, not
@@ -397,7 +406,7 @@ impl Registration {
     }
 
     /// Writes the entry, making the table the first time.
-    async fn register(&self) {
+    async fn write_entry(&self) {
         let r = roster(&self.db);
         let result = match r.insert(&self.entry).await {
             Err(e) if e.db_kind() == Some(DbKind::MissingTable) => {
@@ -414,8 +423,9 @@ impl Registration {
             }
             other => other,
         };
-        if let Err(e) = result {
-            self.failed("registering the worker", &e);
+        match result {
+            Ok(()) => tracing::debug!(worker = self.id(), "registered"),
+            Err(e) => self.failed("registering the worker", &e),
         }
     }
 
@@ -427,7 +437,7 @@ impl Registration {
         }
         let running = i64::try_from(self.running.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
         match roster(&self.db).beat(&self.entry.id, running).await {
-            Ok(0) => self.register().await,
+            Ok(0) => self.write_entry().await,
             Ok(_) => {}
             Err(e) => self.failed("renewing the worker's heartbeat", &e),
         }

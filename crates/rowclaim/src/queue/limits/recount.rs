@@ -9,7 +9,8 @@
 //! every write the cluster committed before it (`wsrep_sync_wait`), finds the queue within its
 //! limits; otherwise the claim gives them back, unstarted. Of two claims that crossed a limit
 //! together, the one that committed later always sees both in its count, so no crossing runs;
-//! at worst both give back and claim again.
+//! at worst both give back and claim again. The starts a given-back claim recorded for rate
+//! limits stay until they age out: a rate errs on the side of fewer starts.
 
 use crate::backend::run::Run;
 use crate::backend::sql::{self, Binder, Dialect, Stmt};
