@@ -4,6 +4,7 @@
 
 mod handler;
 pub(crate) mod outage;
+mod registration;
 mod registry;
 mod runtime;
 mod typed;
@@ -24,7 +25,7 @@ use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::queue::{Job, Retention, Schedule, Scheduler};
 use handler::{job_fn, ByKind, TaskFn};
-use registry::Registration;
+use registration::Registration;
 use runtime::{Config, Phase};
 
 /// Runs claimed rows with async handlers: the jobs of the managed queue ([`Worker::new`]) or the
@@ -449,33 +450,9 @@ impl Worker {
             }
             std::future::pending::<()>().await
         };
-        // The entry first, then the heartbeats that renew it.
-        let (registered, beats) = tokio::sync::oneshot::channel::<()>();
-        let registering = {
-            let registration = registration.clone();
-            tokio::spawn(async move {
-                registration.register().await;
-                let _ = registered.send(());
-            })
-        };
-        let beating = {
-            let registration = registration.clone();
-            tokio::spawn(async move {
-                let _ = beats.await;
-                registration.beat_forever().await;
-            })
-        };
-        let pruning = {
-            let registration = registration.clone();
-            tokio::spawn(async move { registration.prune().await })
-        };
+        let listing = registration.list();
         let report = run_beside(runner, scheduling, phase, shutdown).await;
-        beating.abort();
-        // Each bounded (see `Registration::bounded`): the stop lands after the entry, and beside
-        // the prune (a worker that ended at once still prunes); a registry that does not answer
-        // holds the end up 10 s at most, 5 s once the entry was written.
-        let _ = registering.await;
-        let _ = tokio::join!(pruning, registration.stop());
+        listing.end().await;
         report
     }
 

@@ -12,12 +12,11 @@
 //! claims), a bounded number at a time.
 //!
 //! A worker's id ends in the tag its claims' tokens end in ([`crate::Token::tag`]), so a row's
-//! owner names the worker that holds it ([`WorkerEntry::holds`]).
+//! owner names the worker that holds it ([`WorkerEntry::holds`]). A worker's own entry, its
+//! writes and heartbeats, is `registration.rs`.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
@@ -25,18 +24,18 @@ use serde::Serialize;
 use crate::backend::dispatch;
 use crate::backend::run::{Col, Run};
 use crate::backend::sql::{Binder, Dialect, Stmt};
-use crate::claim::{Claimer, Token};
+use crate::claim::Token;
 use crate::db::Db;
-use crate::error::{DbKind, ErrorKind, Result};
-use crate::journal::{create_table, from_millis, millis};
+use crate::error::{DbKind, Result};
+use crate::journal::{from_millis, millis};
 use crate::value::Value;
 
 /// The registry table's name.
-const TABLE: &str = "rowclaim_workers";
+pub(super) const TABLE: &str = "rowclaim_workers";
 
 /// The table, in SQL every database takes alike (times are epoch milliseconds by the database's
 /// clock; `queues` a JSON array).
-const CREATE: &str = "CREATE TABLE IF NOT EXISTS rowclaim_workers (
+pub(super) const CREATE: &str = "CREATE TABLE IF NOT EXISTS rowclaim_workers (
     id VARCHAR(40) NOT NULL PRIMARY KEY,
     host VARCHAR(255) NOT NULL,
     pid BIGINT NOT NULL,
@@ -51,14 +50,14 @@ const CREATE: &str = "CREATE TABLE IF NOT EXISTS rowclaim_workers (
     stopped_at BIGINT NULL)";
 
 /// How long a stopped or gone worker stays listed.
-const KEEP: Duration = Duration::from_secs(24 * 3600);
+pub(super) const KEEP: Duration = Duration::from_secs(24 * 3600);
 
 /// The longest one write of the registry may take before it is given up (the next heartbeat
 /// tries again; a worker stopping or starting goes on without it).
-const WRITE_MOST: Duration = Duration::from_secs(5);
+pub(super) const WRITE_MOST: Duration = Duration::from_secs(5);
 
 /// The most entries one worker prunes as it starts.
-const PRUNE_MOST: usize = 100;
+pub(super) const PRUNE_MOST: usize = 100;
 
 /// What a listed worker is doing, as the registry is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -168,7 +167,7 @@ pub(crate) struct Entry {
 
 /// The registry role, written once for every database over its driver's [`Run`].
 #[async_trait::async_trait]
-trait Roster: Send + Sync {
+pub(super) trait Roster: Send + Sync {
     async fn insert(&self, e: &Entry) -> Result<()>;
     async fn beat(&self, id: &str, running: i64) -> Result<u64>;
     async fn stop(&self, id: &str) -> Result<u64>;
@@ -306,7 +305,7 @@ fn entry(row: Vec<Value>) -> WorkerEntry {
 }
 
 /// The registry of `db`'s driver: the one door to it.
-fn roster(db: &Db) -> &dyn Roster {
+pub(super) fn roster(db: &Db) -> &dyn Roster {
     dispatch!(&db.backend, d => d)
 }
 
@@ -326,171 +325,6 @@ impl Db {
         }
         Ok(counts)
     }
-}
-
-/// A worker's registration: its entry, renewed by [`Registration::beat`] and marked stopped by
-/// [`Registration::stop`]. Every write's failure is logged, never returned.
-pub(crate) struct Registration {
-    db: Db,
-    entry: Entry,
-    /// The registry could not be written for good (no privilege): said once, not tried again.
-    off: AtomicBool,
-    /// Jobs running now, kept by the runtime.
-    pub(crate) running: Arc<AtomicUsize>,
-}
-
-impl Registration {
-    /// Tags `claimer`'s tokens with a fresh worker id. Returns the tagged claimer and the
-    /// registration, not yet written: [`Registration::register`] writes it, beside the worker's
-    /// first claims.
-    pub(crate) fn new(
-        claimer: Claimer,
-        queues: Vec<String>,
-        concurrency: usize,
-        lease: Duration,
-    ) -> (Claimer, Arc<Registration>) {
-        let tag = fresh_tag();
-        let claimer = claimer.tagged(tag);
-        let entry = Entry {
-            id: Token::tagged(tag).to_string(),
-            host: host_name(),
-            pid: i64::from(std::process::id()),
-            queues,
-            source: claimer.source_name().to_owned(),
-            concurrency: i64::try_from(concurrency).unwrap_or(i64::MAX),
-            lease,
-        };
-        let reg = Arc::new(Registration {
-            db: claimer.db().clone(),
-            entry,
-            off: AtomicBool::new(false),
-            running: Arc::new(AtomicUsize::new(0)),
-        });
-        (claimer, reg)
-    }
-
-    /// Writes the worker's entry (making the table the first time), given up after
-    /// [`WRITE_MOST`]. Run beside the worker's first claims, not before them: the tokens carry
-    /// the worker's id already, and the first job should not wait for a listing (on a new
-    /// database the table's creation took 8 ms of a first job's 30).
-    pub(crate) async fn register(&self) {
-        self.bounded("registering the worker", self.write_entry())
-            .await;
-    }
-
-    /// Prunes entries stopped or gone for a day. Run beside the worker's first claims, not
-    /// before them: it is housekeeping, and the first job should not wait for it.
-    pub(crate) async fn prune(&self) {
-        if self.off.load(Ordering::Relaxed) {
-            return;
-        }
-        let prune = async {
-            if let Err(e) = roster(&self.db).prune(KEEP, PRUNE_MOST).await {
-                tracing::debug!("pruning {TABLE}: {e}");
-            }
-        };
-        self.bounded("pruning old workers", prune).await;
-    }
-
-    /// The worker's id.
-    pub(crate) fn id(&self) -> &str {
-        &self.entry.id
-    }
-
-    /// Runs one write of the registry, given up after [`WRITE_MOST`]: a registry that does not
-    /// answer (an outage) holds the worker up for at most that long, at its start or its end.
-    async fn bounded(&self, doing: &str, write: impl std::future::Future<Output = ()>) {
-        if tokio::time::timeout(WRITE_MOST, write).await.is_err() {
-            tracing::debug!("{doing}: no answer within {WRITE_MOST:?}");
-        }
-    }
-
-    /// Writes the entry, making the table the first time.
-    async fn write_entry(&self) {
-        let r = roster(&self.db);
-        let result = match r.insert(&self.entry).await {
-            Err(e) if e.db_kind() == Some(DbKind::MissingTable) => {
-                match dispatch!(&self.db.backend, d => create_table(d, CREATE).await) {
-                    Ok(()) => {
-                        self.db.announce_created(
-                            TABLE,
-                            "which lists the workers and their heartbeats",
-                        );
-                        r.insert(&self.entry).await
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-            other => other,
-        };
-        match result {
-            Ok(()) => tracing::debug!(worker = self.id(), "registered"),
-            Err(e) => self.failed("registering the worker", &e),
-        }
-    }
-
-    /// Renews the heartbeat with the jobs running now; registers again when the entry is
-    /// missing (pruned while this worker was cut off, or the table dropped).
-    pub(crate) async fn beat(&self) {
-        if self.off.load(Ordering::Relaxed) {
-            return;
-        }
-        let running = i64::try_from(self.running.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
-        match roster(&self.db).beat(&self.entry.id, running).await {
-            Ok(0) => self.write_entry().await,
-            Ok(_) => {}
-            Err(e) => self.failed("renewing the worker's heartbeat", &e),
-        }
-    }
-
-    /// Beats every third of the lease, for as long as it is polled.
-    pub(crate) async fn beat_forever(self: Arc<Self>) {
-        let every = (self.entry.lease / 3).max(Duration::from_millis(100));
-        loop {
-            tokio::time::sleep(every).await;
-            self.bounded("renewing the worker's heartbeat", self.beat())
-                .await;
-        }
-    }
-
-    /// Marks the worker stopped (a clean shutdown).
-    pub(crate) async fn stop(&self) {
-        if self.off.load(Ordering::Relaxed) {
-            return;
-        }
-        let stop = async {
-            if let Err(e) = roster(&self.db).stop(&self.entry.id).await {
-                self.failed("marking the worker stopped", &e);
-            }
-        };
-        self.bounded("marking the worker stopped", stop).await;
-    }
-
-    /// A write that failed: a refusal is said once and ends the registration; anything else
-    /// (an outage, which the worker reports itself) is tried again at the next heartbeat.
-    fn failed(&self, doing: &str, e: &crate::error::Error) {
-        if e.kind() == ErrorKind::PermissionDenied {
-            if !self.off.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    "{doing}: {e}; the worker runs on, but `rowclaim workers` will not list it \
-                     (grant it INSERT and UPDATE on {TABLE}, or CREATE for the first worker)"
-                );
-            }
-        } else {
-            tracing::debug!("{doing}: {e}");
-        }
-    }
-}
-
-/// A fresh 48-bit worker tag, never 0: the random end of a UUID v7 (which the uuid crate keeps
-/// apart within a process too), mixed with the process id.
-fn fresh_tag() -> u64 {
-    let bytes = uuid::Uuid::now_v7().into_bytes();
-    let random = bytes[10..]
-        .iter()
-        .fold(0u64, |tag, b| (tag << 8) | u64::from(*b));
-    let tag = (random ^ (u64::from(std::process::id()) << 16)) & 0xffff_ffff_ffff;
-    tag.max(1)
 }
 
 /// This machine's name: the kernel's on Linux, else `HOSTNAME` or `COMPUTERNAME`, else

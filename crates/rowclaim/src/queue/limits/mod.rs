@@ -506,13 +506,15 @@ fn claimed_by<D: Dialect>(b: &mut Binder<D>, a: &ClaimArgs<'_>, ids: &IdList) ->
     )
 }
 
-/// Records the claim's starts, for rate limits (by the database's clock).
+/// Records the claim's starts, for rate limits: each at the instant its job's `attempted_at`
+/// records (the claim's, by the database's clock), so that a start given back can be found
+/// (`recount.rs`).
 pub(crate) fn starts_sql<D: Dialect>(a: &ClaimArgs<'_>, ids: &IdList) -> Stmt<D> {
     let mut b = Binder::<D>::new();
     let sql = format!(
         "INSERT INTO rowclaim_starts (queue, limit_key, started_ms) \
          SELECT queue, limit_key, {} FROM rowclaim_jobs WHERE {}",
-        D::epoch_ms(D::NOW),
+        D::epoch_ms("attempted_at"),
         claimed_by(&mut b, a, ids)
     );
     Stmt::new(sql, b)

@@ -9,8 +9,7 @@
 //! every write the cluster committed before it (`wsrep_sync_wait`), finds the queue within its
 //! limits; otherwise the claim gives them back, unstarted. Of two claims that crossed a limit
 //! together, the one that committed later always sees both in its count, so no crossing runs;
-//! at worst both give back and claim again. The starts a given-back claim recorded for rate
-//! limits stay until they age out: a rate errs on the side of fewer starts.
+//! at worst both give back and claim again, their starts (for rate limits) forgotten.
 
 use crate::backend::run::Run;
 use crate::backend::sql::{self, Binder, Dialect, Stmt};
@@ -32,7 +31,13 @@ pub(crate) async fn gave_back<R: Run + ?Sized>(
     if r.count(crossed_sql(queue, ids)).await? == 0 {
         return Ok(false);
     }
-    let back = sql::settle_in_table_sql(a.m, a.token, &Target::Ids(ids, 0), &Outcome::Unstarted)?;
+    // The starts first, while the jobs are still the claim's: a rate counts no start of a job
+    // that did not start.
+    for one in singles(ids) {
+        r.execute(unstart_sql(queue, a.token, &one)).await?;
+    }
+    let target = Target::Ids(ids, ids.len());
+    let back = sql::settle_in_table_sql(a.m, a.token, &target, &Outcome::Unstarted)?;
     let n = r.execute(back).await?;
     tracing::debug!(
         queue,
@@ -40,6 +45,32 @@ pub(crate) async fn gave_back<R: Run + ?Sized>(
         "a limited claim crossed a limit with another node's claim: its jobs are given back"
     );
     Ok(true)
+}
+
+/// Each id of `ids` as a list of its own.
+fn singles(ids: &IdList) -> Vec<IdList> {
+    match ids {
+        IdList::Int(v) => v.iter().map(|id| IdList::Int(vec![*id])).collect(),
+        IdList::Text(v) => v.iter().map(|id| IdList::Text(vec![id.clone()])).collect(),
+    }
+}
+
+/// Forgets the start the claim of `token` recorded for the job `id` (`starts_sql`: at the job's
+/// `attempted_at`), one row of them: the same start of another claim is the same row, and
+/// either one goes. MariaDB's SQL (`<=>`, `DELETE … LIMIT`): only a Galera node asks.
+fn unstart_sql<D: Dialect>(queue: &str, token: &str, id: &IdList) -> Stmt<D> {
+    let mut b = Binder::<D>::new();
+    let name = b.bind(queue.to_owned());
+    let which = D::id_in(&mut b, "j.id", id);
+    let owner = b.bind(token.to_owned());
+    let sql = format!(
+        "DELETE FROM rowclaim_starts WHERE queue = {name} AND EXISTS (SELECT 1 FROM \
+         rowclaim_jobs j WHERE {which} AND j.owner = {owner} AND j.status = {RUNNING} \
+         AND j.limit_key <=> rowclaim_starts.limit_key \
+         AND {} = rowclaim_starts.started_ms) LIMIT 1",
+        D::epoch_ms("j.attempted_at")
+    );
+    Stmt::new(sql, b)
 }
 
 /// 1 when the queue's jobs now cross one of its limits where the jobs `ids` count (what runs in
@@ -85,7 +116,7 @@ mod tests {
 
     use rowclaim_testkit::{with_db, Backend};
 
-    use super::crossed_sql;
+    use super::{crossed_sql, unstart_sql};
     use crate::backend::mysql::Sql;
     use crate::backend::run::Run;
     use crate::queue::limits::{QueueLimits, Rate};
@@ -171,6 +202,38 @@ mod tests {
                 !crossed(&db, &[3]).await,
                 "key a's starts counted for a claim of b"
             );
+
+            // A claim given back forgets its job's start: one row of those at its instant and
+            // key (another claim's equal start stays), none of another key or instant, and
+            // none for a job the claim does not hold.
+            t.exec("DELETE FROM rowclaim_starts").await;
+            t.exec(
+                "UPDATE rowclaim_jobs SET status = 'running', owner = 'tok', \
+                 attempted_at = TIMESTAMP '2026-01-01 00:00:00.123456' WHERE id = 1",
+            )
+            .await;
+            let ms = "CAST(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', \
+                      TIMESTAMP '2026-01-01 00:00:00.123456') DIV 1000 AS SIGNED)";
+            for (key, at) in [("a", ms), ("a", ms), ("b", ms), ("a", "0")] {
+                t.exec(&format!(
+                    "INSERT INTO rowclaim_starts (queue, limit_key, started_ms) \
+                     VALUES ('lq', '{key}', {at})"
+                ))
+                .await;
+            }
+            let unstart = |token: &str| unstart_sql::<Sql>("lq", token, &IdList::Int(vec![1]));
+            let crate::backend::Backend::MySql(my) = &db.backend else {
+                panic!("a MariaDB database")
+            };
+            assert_eq!(my.execute(unstart("other")).await.expect("unstart"), 0);
+            assert_eq!(my.execute(unstart("tok")).await.expect("unstart"), 1);
+            let of_a = "SELECT COUNT(*) FROM rowclaim_starts WHERE limit_key = 'a'";
+            assert_eq!(
+                t.count(of_a).await,
+                2,
+                "one start of key a at the claim's instant"
+            );
+            assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_starts").await, 3);
         })
         .await;
     }
