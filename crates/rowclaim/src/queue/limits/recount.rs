@@ -107,7 +107,7 @@ pub(crate) fn crossed_sql<D: Dialect>(queue: &str, ids: &IdList) -> Stmt<D> {
     Stmt::new(sql, b)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "mysql"))]
 mod tests {
     //! The recount's question on a MariaDB server (the statement is the same on a Galera node;
     //! `tests/galera.rs` runs it there): each limit crossed is seen, where the claim's jobs count.
@@ -123,12 +123,18 @@ mod tests {
     use crate::value::IdList;
     use crate::{Db, NewJob};
 
-    /// Whether a claim of `ids` in queue `lq` would be found crossing a limit.
-    async fn crossed(db: &Db, ids: &[i64]) -> bool {
+    /// The MariaDB driver of `db`.
+    #[allow(irrefutable_let_patterns)] // with only the mysql feature there is no other
+    fn driver(db: &Db) -> &crate::backend::mysql::My {
         let crate::backend::Backend::MySql(my) = &db.backend else {
             panic!("a MariaDB database")
         };
-        let n = my
+        my
+    }
+
+    /// Whether a claim of `ids` in queue `lq` would be found crossing a limit.
+    async fn crossed(db: &Db, ids: &[i64]) -> bool {
+        let n = driver(db)
             .count(crossed_sql::<Sql>("lq", &IdList::Int(ids.to_vec())))
             .await
             .expect("the recount");
@@ -222,9 +228,7 @@ mod tests {
                 .await;
             }
             let unstart = |token: &str| unstart_sql::<Sql>("lq", token, &IdList::Int(vec![1]));
-            let crate::backend::Backend::MySql(my) = &db.backend else {
-                panic!("a MariaDB database")
-            };
+            let my = driver(&db);
             assert_eq!(my.execute(unstart("other")).await.expect("unstart"), 0);
             assert_eq!(my.execute(unstart("tok")).await.expect("unstart"), 1);
             let of_a = "SELECT COUNT(*) FROM rowclaim_starts WHERE limit_key = 'a'";
