@@ -25,7 +25,7 @@
 use std::collections::BTreeMap;
 
 use crate::backend::run::{Col, Run, Transact};
-use crate::backend::sql::{Binder, Dialect, Stmt};
+use crate::backend::sql::{self, Binder, Dialect, Stmt};
 use crate::error::{Error, Result};
 use crate::value::{IdList, Value};
 
@@ -210,7 +210,7 @@ async fn states<R: Run + ?Sized>(
         let mut b = Binder::new();
         let sql = format!(
             "{}SELECT id, status FROM rowclaim_jobs WHERE {}",
-            sync_wait(sync),
+            sql::read_after_applied(sync),
             within(&mut b, "id", chunk)
         );
         for row in r.values(Stmt::new(sql, b), &[Col::Int, Col::Text]).await? {
@@ -227,16 +227,6 @@ async fn states<R: Run + ?Sized>(
 /// one statement text however many ids, prepared once).
 fn within<D: Dialect>(b: &mut Binder<D>, column: &str, ids: &[i64]) -> String {
     D::id_in(b, column, &IdList::Int(ids.to_vec()))
-}
-
-/// On a Galera node, the prefix that makes a read wait until the node has applied what the
-/// cluster committed before it (1: reads).
-fn sync_wait(sync: bool) -> &'static str {
-    if sync {
-        "SET STATEMENT wsrep_sync_wait = 1 FOR "
-    } else {
-        ""
-    }
 }
 
 /// Records that job `job` waits for `deps`.
@@ -324,7 +314,7 @@ async fn waiters_of<R: Run + ?Sized>(r: &R, ids: &[i64], sync: bool) -> Result<V
         let mut b = Binder::new();
         let sql = format!(
             "{}SELECT DISTINCT job FROM rowclaim_waits WHERE {}",
-            sync_wait(sync),
+            sql::read_after_applied(sync),
             within(&mut b, "waits_for", chunk)
         );
         out.extend(ints(r.values(Stmt::new(sql, b), &[Col::Int]).await?));
@@ -340,7 +330,7 @@ async fn waiting_after<R: Run + ?Sized>(r: &R, id: i64, sync: bool) -> Result<Ve
     let sql = format!(
         "{}SELECT id FROM rowclaim_jobs WHERE status = '{WAITING}' AND id > {} ORDER BY id \
          LIMIT {}",
-        sync_wait(sync),
+        sql::read_after_applied(sync),
         b.bind(id),
         b.bind(SWEEP_PAGE as i64)
     );
@@ -363,7 +353,7 @@ async fn judge_waiting<R: Run + ?Sized>(r: &R, jobs: &[i64], sync: bool) -> Resu
         "{}SELECT w.job, j.queue, j.if_failed, w.waits_for, d.status FROM rowclaim_waits w \
          JOIN rowclaim_jobs j ON j.id = w.job LEFT JOIN rowclaim_jobs d ON d.id = w.waits_for \
          WHERE j.status = '{WAITING}' AND {} ORDER BY w.job, w.waits_for",
-        sync_wait(sync),
+        sql::read_after_applied(sync),
         within(&mut b, "w.job", jobs)
     );
     let rows = r

@@ -99,7 +99,7 @@ impl Registration {
     /// [`WRITE_MOST`]. Run beside the worker's first claims, not before them: the tokens carry
     /// the worker's id already, and the first job should not wait for a listing (on a new
     /// database the table's creation took 8 ms of a first job's 30).
-    pub(crate) async fn register(&self) {
+    async fn register(&self) {
         self.bounded("registering the worker", self.write_entry())
             .await;
     }
@@ -131,7 +131,7 @@ impl Registration {
 
     /// Prunes entries stopped or gone for a day. Run beside the worker's first claims, not
     /// before them: it is housekeeping, and the first job should not wait for it.
-    pub(crate) async fn prune(&self) {
+    async fn prune(&self) {
         if self.off.load(Ordering::Relaxed) {
             return;
         }
@@ -144,7 +144,7 @@ impl Registration {
     }
 
     /// The worker's id.
-    pub(crate) fn id(&self) -> &str {
+    fn id(&self) -> &str {
         &self.entry.id
     }
 
@@ -182,7 +182,7 @@ impl Registration {
 
     /// Renews the heartbeat with the jobs running now; registers again when the entry is
     /// missing (pruned while this worker was cut off, or the table dropped).
-    pub(crate) async fn beat(&self) {
+    async fn beat(&self) {
         if self.off.load(Ordering::Relaxed) {
             return;
         }
@@ -195,7 +195,7 @@ impl Registration {
     }
 
     /// Beats every third of the lease, for as long as it is polled.
-    pub(crate) async fn beat_forever(self: Arc<Self>) {
+    async fn beat_forever(self: Arc<Self>) {
         let every = (self.entry.lease / 3).max(Duration::from_millis(100));
         loop {
             tokio::time::sleep(every).await;

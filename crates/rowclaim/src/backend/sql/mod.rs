@@ -30,6 +30,26 @@ pub(crate) const ATTEMPTS_KEPT: usize = 20;
 /// `last_error`).
 pub(crate) const ATTEMPT_ERROR_CHARS: usize = 2000;
 
+/// On a node that applies other nodes' writes late (a Galera node, `applies_others_late`), the
+/// prefix that makes a read wait until the node has applied what the cluster committed before
+/// it (`wsrep_sync_wait` 1); empty elsewhere.
+pub(crate) fn read_after_applied(wait: bool) -> &'static str {
+    if wait {
+        "SET STATEMENT wsrep_sync_wait = 1 FOR "
+    } else {
+        ""
+    }
+}
+
+/// [`read_after_applied`] for an UPDATE or DELETE (`wsrep_sync_wait` 2).
+pub(crate) fn write_after_applied(wait: bool) -> &'static str {
+    if wait {
+        "SET STATEMENT wsrep_sync_wait = 2 FOR "
+    } else {
+        ""
+    }
+}
+
 /// How one database writes the pieces of SQL that differ between databases. Implemented by a
 /// zero-sized type per driver (`postgres::Sql`, `mysql::Sql`, `sqlite::Sql`).
 pub(crate) trait Dialect: Sized + Send + Sync + 'static {

@@ -440,11 +440,7 @@ pub(crate) fn turn_sql<D: Dialect>(queue: &str, wait_for_others: bool) -> Stmt<D
     // On Galera a node applies the other nodes' claims moments after they commit: without the
     // wait (2: before an UPDATE) a claim 14 ms after another's on a second node counted the
     // running jobs without it and ran 3 in a queue limited to 2.
-    let wait = if wait_for_others {
-        "SET STATEMENT wsrep_sync_wait = 2 FOR "
-    } else {
-        ""
-    };
+    let wait = sql::write_after_applied(wait_for_others);
     let sql = format!(
         "{wait}UPDATE rowclaim_queues SET claim_turns = claim_turns + 1 WHERE name = {} \
          AND paused_at IS NULL AND {LIMITED}",

@@ -92,8 +92,9 @@ pub(crate) fn crossed_sql<D: Dialect>(queue: &str, ids: &IdList) -> Stmt<D> {
     let running = format!(
         "rowclaim_jobs j WHERE j.queue = q.name AND j.status = {RUNNING} AND j.lease_until >= {now}"
     );
+    let wait = sql::read_after_applied(true);
     let sql = format!(
-        "SET STATEMENT wsrep_sync_wait = 1 FOR SELECT COUNT(*) FROM rowclaim_queues q \
+        "{wait}SELECT COUNT(*) FROM rowclaim_queues q \
          WHERE q.name = {name} AND ( \
          (q.concurrency IS NOT NULL AND (SELECT COUNT(*) FROM {running}) > q.concurrency) \
          OR (q.key_concurrency IS NOT NULL AND EXISTS (SELECT 1 FROM {running} \

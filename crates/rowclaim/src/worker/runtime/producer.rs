@@ -119,9 +119,7 @@ impl Producer {
         if !quiet {
             return;
         }
-        let mut started = 0;
-        while self.claiming.len() < self.at_once && (started == 0 || self.rows_came) {
-            started += 1;
+        while self.claiming.len() < self.at_once {
             let Some(most) = local.wants(sh, self.coming) else {
                 return;
             };
@@ -135,6 +133,9 @@ impl Producer {
             };
             self.claiming
                 .push(Box::pin(claim.map(move |got| (most, since, got))));
+            if !self.rows_came {
+                return;
+            }
         }
     }
 
