@@ -138,12 +138,13 @@ impl Settle for Held {
         // A broken transaction claim loses all its rows at once: stop the others' jobs now, also
         // when the settler's time limit cuts the statement off.
         let _after = StopForgotten(self);
-        let finished = finished_for_good(&outcome);
-        let lost = self.claim.settle_rows(ids, outcome).await?;
-        if finished {
-            self.release_waiters(ids, &lost).await;
+        self.claim.settle_rows(ids, outcome).await
+    }
+
+    async fn settled(&self, ids: &[RowId], outcome: &Outcome, lost: &[RowId]) {
+        if finished_for_good(outcome) {
+            self.release_waiters(ids, lost).await;
         }
-        Ok(lost)
     }
 
     fn give_up(&self, ids: &[RowId]) {

@@ -1,5 +1,7 @@
 //! Writing results in batches: whatever piled up, one statement per claim and outcome.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,7 +71,9 @@ impl FlushMetrics {
 /// `delay`, for that long after the first; without one, until [`FLUSH_EVERY`] has passed since
 /// the last flush started or [`COMPANY`] results wait, where `gather` says results may wait),
 /// one statement per claim and outcome, the claims' statements side by side; more flushes at
-/// once when results pile up (see [`FLUSHES_AT_ONCE`]).
+/// once when results pile up (see [`FLUSHES_AT_ONCE`]). What follows a statement that
+/// committed ([`Settle::settled`]) runs beside the next flushes, and answers the statement's rows
+/// when done; the settler ends once the last of it has.
 /// A row's result is sent again only after its flush answered, so no two flushes hold the same
 /// row. A flush that takes longer than `limit` answers "timed out" to its rows, whose recorders
 /// try again. Where writes take `turns` (one writer), one flush runs at a time, each statement
@@ -89,6 +93,9 @@ pub(in crate::worker::runtime) async fn settler<T: Settle>(
         FLUSHES_AT_ONCE
     };
     let mut flushing = JoinSet::new();
+    // What follows flushes that ended (their looks for waiting jobs), each then answering its
+    // rows: they take no room from the next flush.
+    let mut following = JoinSet::new();
     let mut pending: Vec<Settling<T>> = Vec::new();
     let mut open = true;
     // When the next flush may start while results come one by one (no delay set).
@@ -126,7 +133,12 @@ pub(in crate::worker::runtime) async fn settler<T: Settle>(
                 }
                 None => open = false,
             },
-            Some(_) = flushing.join_next(), if !flushing.is_empty() => {}
+            Some(ended) = flushing.join_next(), if !flushing.is_empty() => {
+                for follow in ended.unwrap_or_default() {
+                    following.spawn(follow);
+                }
+            }
+            Some(_) = following.join_next(), if !following.is_empty() => {}
             () = sleep_until(due.unwrap_or_else(Instant::now)),
                 if due.is_some() && !pending.is_empty() && flushing.is_empty() => {}
             else => break,
@@ -136,14 +148,18 @@ pub(in crate::worker::runtime) async fn settler<T: Settle>(
 
 type Replies = Vec<(RowId, Reply)>;
 
+/// What follows a statement that committed ([`Settle::settled`]), then the answer to its rows.
+pub(super) type Follow = Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// One flush: the batch's statements, one per claim and outcome, side by side (each in its
-/// turn where writes take turns).
+/// turn where writes take turns). A statement that failed or went unanswered answers its rows
+/// at once; one that committed leaves what follows it to the caller, which answers them.
 pub(super) async fn flush<T: Settle>(
     batch: Vec<Settling<T>>,
     limit: Duration,
     m: FlushMetrics,
     turns: WriteTurns,
-) {
+) -> Vec<Follow> {
     let mut groups: Vec<(Arc<T>, Outcome, Replies)> = Vec::new();
     for s in batch {
         match groups
@@ -163,15 +179,32 @@ pub(super) async fn flush<T: Settle>(
             let settle = async {
                 // At once where writes take no turns.
                 let _turn = turns.take().await;
-                target.settle(&ids, outcome).await
+                target.settle(&ids, outcome.clone()).await
             };
             let result = tokio::time::timeout(limit, settle).await;
             m.seconds.record(secs(started.elapsed()));
             m.rows.record(ids.len() as f64);
-            answer(rows, result.ok());
+            let lost = match result {
+                Ok(Ok(lost)) => lost,
+                other => {
+                    answer(rows, other.ok());
+                    return None;
+                }
+            };
+            Some(Box::pin(async move {
+                let follow = target.settled(&ids, &outcome, &lost);
+                if tokio::time::timeout(limit, follow).await.is_err() {
+                    tracing::debug!("what follows a settle took over {limit:?}: left to the sweep");
+                }
+                answer(rows, Some(Ok(lost)));
+            }) as Follow)
         });
     }
-    while statements.join_next().await.is_some() {}
+    let mut follows = Vec::new();
+    while let Some(ended) = statements.join_next().await {
+        follows.extend(ended.ok().flatten());
+    }
+    follows
 }
 
 /// Tells each row of a statement what became of it (`None`: no answer in time).

@@ -1,6 +1,7 @@
 //! The settler: a finished job's outcome goes to one settler, which writes what piled up in one
 //! statement per claim and outcome (fenced row by row), a few flushes at once when they pile up
-//! ([`batch`]); each result is retried until its lease would end, then given up ([`record`]).
+//! ([`batch`]), what follows a statement ([`Settle::settled`]) beside the next flush; each result
+//! is retried until its lease would end, then given up ([`record`]).
 //!
 //! Both work against [`Settle`], the few things they need of a claim, so that they can be tested
 //! without a database; the runtime's [`Held`](super::held::Held) implements it over the claim
@@ -38,6 +39,21 @@ pub(super) trait Settle: Send + Sync + 'static {
         ids: &[RowId],
         outcome: Outcome,
     ) -> impl Future<Output = Result<Vec<RowId>>> + Send;
+
+    /// What follows a settle that committed (`lost`: the rows it did not write), before its
+    /// rows are answered: the managed queue's look for the jobs that waited for those that
+    /// finished. It runs beside the settler's next flush, not in front of it: a fast drain's
+    /// flushes came one after another, each waiting for the look before (a round trip). Bounded
+    /// by the flush's time limit; a look not finished by then is left to the workers' sweep.
+    fn settled(
+        &self,
+        ids: &[RowId],
+        outcome: &Outcome,
+        lost: &[RowId],
+    ) -> impl Future<Output = ()> + Send {
+        let _ = (ids, outcome, lost);
+        async {}
+    }
 
     /// Lets rows go unwritten: this worker stops looking after them (they come back when their
     /// lease ends) and stops their jobs, if running.

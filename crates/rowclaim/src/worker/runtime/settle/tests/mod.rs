@@ -13,6 +13,7 @@ use super::super::turns::WriteTurns;
 use super::batch::{FLUSHES_AT_ONCE, FLUSH_MOST, PILE_UP};
 use super::*;
 
+mod follow;
 mod gather;
 use crate::worker::outage::Health;
 use crate::worker::runtime::tally::Tally;
@@ -50,6 +51,10 @@ struct Fake {
     abandoned: AtomicUsize,
     /// What the row shows when looked at after a lost answer: this claim's outcome or not.
     shows_ours: AtomicBool,
+    /// What follows a committed statement waits while this is false.
+    following: watch::Sender<bool>,
+    /// The rows each follow-up was for, and the rows it was told were lost.
+    settled: Mutex<Vec<(Vec<RowId>, Vec<RowId>)>>,
 }
 
 impl Fake {
@@ -67,6 +72,8 @@ impl Fake {
             transaction,
             abandoned: AtomicUsize::new(0),
             shows_ours: AtomicBool::new(false),
+            following: watch::Sender::new(true),
+            settled: Mutex::default(),
         })
     }
 
@@ -106,6 +113,14 @@ impl Settle for Fake {
             Some(Answer::Fail(e)) => Err(e),
             Some(Answer::Hang) => std::future::pending().await,
         }
+    }
+
+    async fn settled(&self, ids: &[RowId], _outcome: &Outcome, lost: &[RowId]) {
+        let _ = self.following.subscribe().wait_for(|open| *open).await;
+        self.settled
+            .lock()
+            .unwrap()
+            .push((ids.to_vec(), lost.to_vec()));
     }
 
     fn give_up(&self, ids: &[RowId]) {

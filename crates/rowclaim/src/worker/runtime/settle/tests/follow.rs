@@ -1,0 +1,59 @@
+//! What follows a committed statement (the managed queue's look for waiting jobs): beside the
+//! next flush, and before its rows are answered.
+
+use super::*;
+
+#[tokio::test(start_paused = true)]
+async fn what_follows_a_statement_runs_beside_the_next_flush_and_answers_its_rows_after() {
+    let a = Fake::with(false, [Answer::Lost(vec![id(1)])]);
+    a.following.send_replace(false);
+    let (tx, rx) = mpsc::unbounded_channel();
+    // Nothing waits for company: each result makes a flush of its own once none runs.
+    let settler = spawn_gathering(rx, Duration::ZERO, WriteTurns::default(), || false);
+    let mut first = vec![send(&tx, &a, 0, done()), send(&tx, &a, 1, done())];
+    settle_down().await;
+    assert_eq!(a.sizes(), [2]);
+    let mut second = send(&tx, &a, 2, done());
+    settle_down().await;
+    assert_eq!(
+        a.sizes(),
+        [2, 1],
+        "the next flush does not wait for what follows the one before"
+    );
+    for answer in &mut first {
+        assert!(
+            answer.try_recv().is_err(),
+            "a row is answered only once what follows its statement is done"
+        );
+    }
+    assert!(second.try_recv().is_err());
+    drop(tx);
+    settle_down().await;
+    assert!(!settler.is_finished(), "the settler waits for what follows");
+    a.following.send_replace(true);
+    let first: Vec<Flushed> = futures_util::future::join_all(first)
+        .await
+        .into_iter()
+        .map(|a| a.expect("answered"))
+        .collect();
+    assert!(matches!(first[..], [Flushed::Recorded, Flushed::Lost]));
+    recorded(vec![second]).await;
+    settler.await.expect("the settler ends after what follows");
+    let mut settled = a.settled.lock().unwrap().clone();
+    settled.sort();
+    assert_eq!(
+        settled,
+        [(vec![id(0), id(1)], vec![id(1)]), (vec![id(2)], vec![])],
+        "each committed statement is followed once, told which rows it lost"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_statement_that_failed_answers_at_once_and_nothing_follows_it() {
+    let a = Fake::with(false, [Answer::Fail(broke())]);
+    a.following.send_replace(false);
+    let (tx, _settler) = start(Duration::ZERO);
+    let answer = send(&tx, &a, 0, done()).await.expect("answered");
+    assert!(matches!(answer, Flushed::Failed(_)), "{answer:?}");
+    assert!(a.settled.lock().unwrap().is_empty());
+}
