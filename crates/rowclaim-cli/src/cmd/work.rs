@@ -27,7 +27,7 @@ pub struct WorkArgs {
     batch: Option<u32>,
     /// Rows to claim ahead, beyond the running ones, waiting for a free slot with their leases
     /// renewed; claims then come in batches of about N/2. Default: about a second of work, as
-    /// the commands' mean run time says (1 to 1,000 rows); with --strategy transaction, 0.
+    /// the commands' mean run time says (1 to 2,000 rows); with --strategy transaction, 0.
     #[arg(long, value_name = "N", value_parser = super::values::count_or_zero, allow_hyphen_values = true)]
     prefetch: Option<u32>,
     /// How long a claim holds its rows without a heartbeat, e.g. 30s, 5m (at most 7d).

@@ -292,8 +292,8 @@ impl Worker {
     ///
     /// Default: about a second of work. The worker measures how long its jobs take and claims
     /// ahead as many rows as its slots get through in a second (a tenth of the lease, if that is
-    /// shorter): 1,000 at most for jobs of a millisecond or less, one for jobs of a second or
-    /// more; as many as the concurrency until the first job ended. With the transaction
+    /// shorter): 2,000 at most for jobs of a few milliseconds or less, one for jobs of a second
+    /// or more; as many as the concurrency until the first job ended. With the transaction
     /// strategy, whose claims hold a connection while their rows wait: the concurrency.
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = Some(n);
