@@ -192,7 +192,11 @@ pub(super) async fn flush<T: Settle>(
                 }
             };
             Some(Box::pin(async move {
-                let follow = target.settled(&ids, &outcome, &lost);
+                let follow = async {
+                    // It may write too (a job released), so in its turn as well.
+                    let _turn = turns.take().await;
+                    target.settled(&ids, &outcome, &lost).await;
+                };
                 if tokio::time::timeout(limit, follow).await.is_err() {
                     tracing::debug!("what follows a settle took over {limit:?}: left to the sweep");
                 }
