@@ -159,7 +159,7 @@ impl Registration {
     /// Writes the entry, making the table the first time.
     async fn write_entry(&self) {
         let r = roster(&self.db);
-        let result = match r.insert(&self.entry).await {
+        let result = match r.insert(&self.entry, false).await {
             Err(e) if e.db_kind() == Some(DbKind::MissingTable) => {
                 match dispatch!(&self.db.backend, d => create_table(d, CREATE).await) {
                     Ok(()) => {
@@ -167,7 +167,7 @@ impl Registration {
                             TABLE,
                             "which lists the workers and their heartbeats",
                         );
-                        r.insert(&self.entry).await
+                        r.insert(&self.entry, false).await
                     }
                     Err(e) => Err(e),
                 }
@@ -204,13 +204,26 @@ impl Registration {
         }
     }
 
-    /// Marks the worker stopped (a clean shutdown).
+    /// Marks the worker stopped (a clean shutdown). Where there was no entry to mark, it writes
+    /// one stopped: the entry's own write may have been given up unanswered (a registry slower
+    /// than [`WRITE_MOST`]) and land after this, and then, never renewed, it would read "gone"
+    /// for a day. Written first, the stopped entry makes that late write fail (its id is
+    /// taken); landed first, the late one is marked stopped by the second try.
     pub(crate) async fn stop(&self) {
         if self.off.load(Ordering::Relaxed) {
             return;
         }
         let stop = async {
-            if let Err(e) = roster(&self.db).stop(&self.entry.id).await {
+            let r = roster(&self.db);
+            let id = &self.entry.id;
+            let result = match r.stop(id).await {
+                Ok(0) => match r.insert(&self.entry, true).await {
+                    Err(e) if e.db_kind() != Some(DbKind::MissingTable) => r.stop(id).await,
+                    other => other.map(|()| 1),
+                },
+                other => other,
+            };
+            if let Err(e) = result {
                 self.failed("marking the worker stopped", &e);
             }
         };
@@ -232,6 +245,9 @@ impl Registration {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
 
 /// A fresh 48-bit worker tag, never 0: the random end of a UUID v7 (which the uuid crate keeps
 /// apart within a process too), mixed with the process id.

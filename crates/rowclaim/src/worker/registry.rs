@@ -168,7 +168,8 @@ pub(crate) struct Entry {
 /// The registry role, written once for every database over its driver's [`Run`].
 #[async_trait::async_trait]
 pub(super) trait Roster: Send + Sync {
-    async fn insert(&self, e: &Entry) -> Result<()>;
+    /// Writes `e`'s entry, as stopped already when `stopped`.
+    async fn insert(&self, e: &Entry, stopped: bool) -> Result<()>;
     async fn beat(&self, id: &str, running: i64) -> Result<u64>;
     async fn stop(&self, id: &str) -> Result<u64>;
     async fn list(&self) -> Result<Vec<WorkerEntry>>;
@@ -177,7 +178,7 @@ pub(super) trait Roster: Send + Sync {
 
 #[async_trait::async_trait]
 impl<R: Run + Send + Sync> Roster for R {
-    async fn insert(&self, e: &Entry) -> Result<()> {
+    async fn insert(&self, e: &Entry, stopped: bool) -> Result<()> {
         let queues = serde_json::Value::from(e.queues.clone()).to_string();
         let mut b = Binder::<R::Sql>::new();
         let values = [
@@ -192,9 +193,11 @@ impl<R: Run + Send + Sync> Roster for R {
         ]
         .join(", ");
         let now = R::Sql::epoch_ms(R::Sql::NOW);
+        let stopped_at = if stopped { now.as_str() } else { "NULL" };
         let sql = format!(
             "INSERT INTO {TABLE} (id, host, pid, version, queues, source, concurrency, lease_ms, \
-             running, started_at, heartbeat_at) VALUES ({values}, 0, {now}, {now})"
+             running, started_at, heartbeat_at, stopped_at) \
+             VALUES ({values}, 0, {now}, {now}, {stopped_at})"
         );
         self.execute(Stmt::new(sql, b)).await.map(drop)
     }
