@@ -1,5 +1,6 @@
 //! Writing results in batches: whatever piled up, one statement per claim and outcome.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -94,13 +95,20 @@ pub(in crate::worker::runtime) async fn settler<T: Settle>(
     };
     let mut flushing = JoinSet::new();
     // What follows flushes that ended (their looks for waiting jobs), each then answering its
-    // rows: they take no room from the next flush.
+    // rows: they take no room from the next flush. One runs at a time, in order, so that they
+    // take one more connection at most (a look takes a fraction of a flush's time).
     let mut following = JoinSet::new();
+    let mut to_follow: VecDeque<Follow> = VecDeque::new();
     let mut pending: Vec<Settling<T>> = Vec::new();
     let mut open = true;
     // When the next flush may start while results come one by one (no delay set).
     let mut next_due: Option<Instant> = None;
     loop {
+        if following.is_empty() {
+            if let Some(follow) = to_follow.pop_front() {
+                following.spawn(follow);
+            }
+        }
         let due = next_due.filter(|at| *at > Instant::now() && gather());
         let start = !pending.is_empty()
             && ((flushing.is_empty() && (due.is_none() || pending.len() >= COMPANY))
@@ -134,9 +142,7 @@ pub(in crate::worker::runtime) async fn settler<T: Settle>(
                 None => open = false,
             },
             Some(ended) = flushing.join_next(), if !flushing.is_empty() => {
-                for follow in ended.unwrap_or_default() {
-                    following.spawn(follow);
-                }
+                to_follow.extend(ended.unwrap_or_default());
             }
             Some(_) = following.join_next(), if !following.is_empty() => {}
             () = sleep_until(due.unwrap_or_else(Instant::now)),

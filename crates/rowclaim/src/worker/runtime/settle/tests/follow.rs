@@ -1,5 +1,5 @@
 //! What follows a committed statement (the managed queue's look for waiting jobs): beside the
-//! next flush, and before its rows are answered.
+//! next flush, one at a time, and before its rows are answered.
 
 use super::*;
 
@@ -27,6 +27,11 @@ async fn what_follows_a_statement_runs_beside_the_next_flush_and_answers_its_row
         );
     }
     assert!(second.try_recv().is_err());
+    assert_eq!(
+        a.following_started.load(Ordering::SeqCst),
+        1,
+        "one follow-up at a time: the second waits for the first"
+    );
     drop(tx);
     settle_down().await;
     assert!(!settler.is_finished(), "the settler waits for what follows");

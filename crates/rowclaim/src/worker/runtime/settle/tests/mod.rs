@@ -55,6 +55,8 @@ struct Fake {
     following: watch::Sender<bool>,
     /// The rows each follow-up was for, and the rows it was told were lost.
     settled: Mutex<Vec<(Vec<RowId>, Vec<RowId>)>>,
+    /// Follow-ups started.
+    following_started: AtomicUsize,
 }
 
 impl Fake {
@@ -74,6 +76,7 @@ impl Fake {
             shows_ours: AtomicBool::new(false),
             following: watch::Sender::new(true),
             settled: Mutex::default(),
+            following_started: AtomicUsize::new(0),
         })
     }
 
@@ -116,6 +119,7 @@ impl Settle for Fake {
     }
 
     async fn settled(&self, ids: &[RowId], _outcome: &Outcome, lost: &[RowId]) {
+        self.following_started.fetch_add(1, Ordering::SeqCst);
         let _ = self.following.subscribe().wait_for(|open| *open).await;
         self.settled
             .lock()
