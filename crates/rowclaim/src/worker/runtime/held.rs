@@ -141,10 +141,12 @@ impl Settle for Held {
         self.claim.settle_rows(ids, outcome).await
     }
 
-    async fn settled(&self, ids: &[RowId], outcome: &Outcome, lost: &[RowId]) {
-        if finished_for_good(outcome) {
-            self.release_waiters(ids, lost).await;
-        }
+    fn follows(&self, outcome: &Outcome) -> bool {
+        finished_for_good(outcome) && crate::queue::served(self.claim.claimer()).is_some()
+    }
+
+    async fn settled(&self, ids: &[RowId], _outcome: &Outcome, lost: &[RowId]) {
+        self.release_waiters(ids, lost).await;
     }
 
     fn give_up(&self, ids: &[RowId]) {

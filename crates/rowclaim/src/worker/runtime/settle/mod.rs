@@ -40,11 +40,20 @@ pub(super) trait Settle: Send + Sync + 'static {
         outcome: Outcome,
     ) -> impl Future<Output = Result<Vec<RowId>>> + Send;
 
+    /// Whether anything follows a committed settle of `outcome` ([`Settle::settled`]). Where
+    /// nothing does, its rows are answered at once.
+    fn follows(&self, outcome: &Outcome) -> bool {
+        let _ = outcome;
+        false
+    }
+
     /// What follows a settle that committed (`lost`: the rows it did not write), before its
     /// rows are answered: the managed queue's look for the jobs that waited for those that
     /// finished. It runs beside the settler's next flush, not in front of it: a fast drain's
-    /// flushes came one after another, each waiting for the look before (a round trip). Bounded
-    /// by the flush's time limit; a look not finished by then is left to the workers' sweep.
+    /// flushes came one after another, each waiting for the look before (a round trip). It ends
+    /// within the flush's time limit of the statement's start (so that a row is answered in
+    /// time for a recorder waiting for it); a look not done by then is left to the workers'
+    /// sweep.
     fn settled(
         &self,
         ids: &[RowId],

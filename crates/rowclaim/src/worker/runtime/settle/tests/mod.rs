@@ -57,6 +57,8 @@ struct Fake {
     settled: Mutex<Vec<(Vec<RowId>, Vec<RowId>)>>,
     /// Follow-ups started.
     following_started: AtomicUsize,
+    /// Whether anything follows its settles (see [`Settle::follows`]).
+    follows: AtomicBool,
 }
 
 impl Fake {
@@ -77,6 +79,7 @@ impl Fake {
             following: watch::Sender::new(true),
             settled: Mutex::default(),
             following_started: AtomicUsize::new(0),
+            follows: AtomicBool::new(true),
         })
     }
 
@@ -116,6 +119,10 @@ impl Settle for Fake {
             Some(Answer::Fail(e)) => Err(e),
             Some(Answer::Hang) => std::future::pending().await,
         }
+    }
+
+    fn follows(&self, _outcome: &Outcome) -> bool {
+        self.follows.load(Ordering::SeqCst)
     }
 
     async fn settled(&self, ids: &[RowId], _outcome: &Outcome, lost: &[RowId]) {
