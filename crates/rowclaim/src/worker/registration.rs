@@ -218,10 +218,13 @@ impl Registration {
             let id = &self.entry.id;
             let result = match r.stop(id).await {
                 Ok(0) => match r.insert(&self.entry, true).await {
-                    Err(e) if e.db_kind() != Some(DbKind::MissingTable) => r.stop(id).await,
-                    other => other.map(|()| 1),
+                    // Its id is taken: the entry landed meanwhile, and is marked now.
+                    Err(e) if e.db_kind() != Some(DbKind::MissingTable) => {
+                        r.stop(id).await.map(drop)
+                    }
+                    other => other,
                 },
-                other => other,
+                other => other.map(drop),
             };
             if let Err(e) = result {
                 self.failed("marking the worker stopped", &e);

@@ -90,13 +90,9 @@ impl Held {
 
 impl Held {
     /// After jobs of the managed queue finished for good (completed or dead), the jobs that
-    /// wait for them look again (`queue/after.rs`), right after the settle committed. A look
-    /// that fails is left to the workers' sweep: the finish is written already.
+    /// wait for them look again (`queue/after.rs`), once the settle committed (`follows` says
+    /// when). A look that fails is left to the workers' sweep: the finish is written already.
     async fn release_waiters(&self, ids: &[RowId], lost: &[RowId]) {
-        let claimer = self.claim.claimer();
-        if crate::queue::served(claimer).is_none() {
-            return;
-        }
         let done: Vec<i64> = ids
             .iter()
             .filter(|id| !lost.contains(id))
@@ -108,7 +104,7 @@ impl Held {
         if done.is_empty() {
             return;
         }
-        if let Err(e) = claimer.db().queue().finished(done).await {
+        if let Err(e) = self.claim.claimer().db().queue().finished(done).await {
             tracing::warn!("releasing the jobs that wait for finished jobs (the sweep will): {e}");
         }
     }
@@ -145,7 +141,7 @@ impl Settle for Held {
         finished_for_good(outcome) && crate::queue::served(self.claim.claimer()).is_some()
     }
 
-    async fn settled(&self, ids: &[RowId], _outcome: &Outcome, lost: &[RowId]) {
+    async fn settled(&self, ids: &[RowId], lost: &[RowId]) {
         self.release_waiters(ids, lost).await;
     }
 

@@ -200,7 +200,7 @@ mod tests {
     }
 
     #[test]
-    fn short_jobs_grow_it_to_a_second_of_work_and_at_most_most_ahead() {
+    fn short_jobs_grow_it_to_a_second_of_work_up_to_most_ahead() {
         let mut pace = Pace::new(8, None, None, LEASE);
         pace.job_took(Duration::from_millis(20));
         // 8 slots × 1 s / 20 ms

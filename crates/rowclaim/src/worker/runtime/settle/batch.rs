@@ -181,17 +181,18 @@ pub(super) async fn flush<T: Settle>(
         let (m, turns) = (m.clone(), turns.clone());
         statements.spawn(async move {
             let ids: Vec<RowId> = rows.iter().map(|(id, _)| id.clone()).collect();
+            let follows = target.follows(&outcome);
             let started = Instant::now();
             let settle = async {
                 // At once where writes take no turns.
                 let _turn = turns.take().await;
-                target.settle(&ids, outcome.clone()).await
+                target.settle(&ids, outcome).await
             };
             let result = tokio::time::timeout(limit, settle).await;
             m.seconds.record(secs(started.elapsed()));
             m.rows.record(ids.len() as f64);
             let lost = match result {
-                Ok(Ok(lost)) if lost.len() < ids.len() && target.follows(&outcome) => lost,
+                Ok(Ok(lost)) if follows && lost.len() < ids.len() => lost,
                 other => {
                     answer(rows, other.ok());
                     return None;
@@ -206,7 +207,7 @@ pub(super) async fn flush<T: Settle>(
                     && tokio::time::timeout_at(deadline, async {
                         // It may write too (a job released), so in its turn as well.
                         let _turn = turns.take().await;
-                        target.settled(&ids, &outcome, &lost).await;
+                        target.settled(&ids, &lost).await;
                     })
                     .await
                     .is_ok();

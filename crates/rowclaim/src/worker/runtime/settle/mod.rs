@@ -47,20 +47,16 @@ pub(super) trait Settle: Send + Sync + 'static {
         false
     }
 
-    /// What follows a settle that committed (`lost`: the rows it did not write), before its
+    /// What follows a settle that committed, where [`Settle::follows`] (`lost`: the rows it did
+    /// not write), before its
     /// rows are answered: the managed queue's look for the jobs that waited for those that
     /// finished. It runs beside the settler's next flush, not in front of it: a fast drain's
     /// flushes came one after another, each waiting for the look before (a round trip). It ends
     /// within the flush's time limit of the statement's start (so that a row is answered in
     /// time for a recorder waiting for it); a look not done by then is left to the workers'
     /// sweep.
-    fn settled(
-        &self,
-        ids: &[RowId],
-        outcome: &Outcome,
-        lost: &[RowId],
-    ) -> impl Future<Output = ()> + Send {
-        let _ = (ids, outcome, lost);
+    fn settled(&self, ids: &[RowId], lost: &[RowId]) -> impl Future<Output = ()> + Send {
+        let _ = (ids, lost);
         async {}
     }
 

@@ -125,7 +125,7 @@ impl Settle for Fake {
         self.follows.load(Ordering::SeqCst)
     }
 
-    async fn settled(&self, ids: &[RowId], _outcome: &Outcome, lost: &[RowId]) {
+    async fn settled(&self, ids: &[RowId], lost: &[RowId]) {
         self.following_started.fetch_add(1, Ordering::SeqCst);
         let _ = self.following.subscribe().wait_for(|open| *open).await;
         self.settled
