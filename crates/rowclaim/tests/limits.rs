@@ -548,6 +548,146 @@ mod postgres {
         with_db(Backend::Postgres, |t| few_keys_with_deep_lines(t, 2)).await
     }
 
+    /// One at a time per key, a claim takes a run of each idle key's line once it knows how
+    /// many keys there are (a worker then runs each run one after another): more than one job
+    /// of a key, each run its line's front, in line order, and none of a key still running.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_takes_a_run_of_each_idle_line() {
+        with_db(Backend::Postgres, |t| async move {
+            let q = queue(&t).await;
+            q.limit("runs", &QueueLimits::default().key_concurrency(1))
+                .await
+                .unwrap();
+            let keys = ["a", "b", "c"];
+            let jobs: Vec<NewJob> = (0..90)
+                .map(|n| {
+                    let key = keys[n % 3];
+                    NewJob::new(json!({ "key": key, "n": n }))
+                        .queue("runs")
+                        .limit_key(key)
+                })
+                .collect();
+            q.enqueue_many(&jobs).await.unwrap();
+            let claimer = q.claimer(&["runs".to_owned()]).await.unwrap();
+            let lease = Duration::from_secs(30);
+            let by_key = |claim: &rowclaim::Claim| {
+                let mut by_key: HashMap<String, Vec<i64>> = HashMap::new();
+                for row in claim.rows() {
+                    let payload: serde_json::Value =
+                        serde_json::from_str(row.data["payload"].as_str().unwrap()).unwrap();
+                    let key = payload["key"].as_str().unwrap().to_owned();
+                    by_key
+                        .entry(key)
+                        .or_default()
+                        .push(payload["n"].as_i64().unwrap());
+                }
+                by_key
+            };
+            // The first claim learns the keys: each line's front only.
+            let first = claimer.claim(30, lease).await.unwrap();
+            let fronts = by_key(&first);
+            assert_eq!(fronts.len(), 3, "{fronts:?}");
+            assert!(fronts.values().all(|n| n.len() == 1), "{fronts:?}");
+            // With key c's front still running, runs of a and b only.
+            for row in first.rows() {
+                let payload: serde_json::Value =
+                    serde_json::from_str(row.data["payload"].as_str().unwrap()).unwrap();
+                if payload["key"] != "c" {
+                    first.complete(&row.id).await.unwrap();
+                }
+            }
+            let second = claimer.claim(30, lease).await.unwrap();
+            let runs = by_key(&second);
+            assert!(!runs.contains_key("c"), "c still runs: {runs:?}");
+            for key in ["a", "b"] {
+                let n = &runs[key];
+                let first_n = if key == "a" { 3 } else { 4 };
+                let line: Vec<i64> = (0..n.len() as i64).map(|i| first_n + 3 * i).collect();
+                let mut sorted = n.clone();
+                sorted.sort_unstable();
+                assert_eq!(sorted, line, "{key}: the front of its line");
+                assert!(n.len() > 1, "{key}: a run, not one job: {runs:?}");
+            }
+        })
+        .await
+    }
+
+    /// A job of a run that fails sends the rest of its run back unstarted (attempts as they
+    /// were): the key's later jobs run only after its retry, in line order, and every other
+    /// job once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_rest_of_a_run_waits_for_the_retry_of_a_job_that_failed() {
+        with_db(Backend::Postgres, |t| async move {
+            let q = queue(&t).await;
+            q.limit("retry", &QueueLimits::default().key_concurrency(1))
+                .await
+                .unwrap();
+            let keys = ["a", "b", "c"];
+            let jobs: Vec<NewJob> = (0..150)
+                .map(|n| {
+                    let key = keys[n % 3];
+                    NewJob::new(json!({ "key": key, "n": n }))
+                        .queue("retry")
+                        .limit_key(key)
+                })
+                .collect();
+            q.enqueue_many(&jobs).await.unwrap();
+            let db = t.db().await;
+            let order: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
+            let seen = order.clone();
+            let worker = Worker::new(&db)
+                .queue("retry")
+                .handle_any(move |job| {
+                    let seen = seen.clone();
+                    async move {
+                        let n = job.payload["n"].as_i64().unwrap_or(-1);
+                        seen.lock().unwrap().push((n, job.attempt));
+                        if n == 90 && job.attempt == 1 {
+                            return Err("the first try fails".to_owned());
+                        }
+                        Ok(())
+                    }
+                })
+                .concurrency(4)
+                .lease(Duration::from_secs(30))
+                .poll(Duration::from_millis(50));
+            worker
+                .until_empty(true)
+                .run(std::future::pending())
+                .await
+                .unwrap();
+            let order = order.lock().unwrap().clone();
+            let a: Vec<(i64, i64)> = order.iter().copied().filter(|(n, _)| n % 3 == 0).collect();
+            let mut expected: Vec<(i64, i64)> = (0..50).map(|i| (3 * i, 1)).collect();
+            expected.insert(31, (90, 2));
+            assert_eq!(
+                a, expected,
+                "key a in line order, its failed job run again first"
+            );
+            let twice = t
+                .count(
+                    "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'retry' \
+                     AND status = 'completed' AND attempts = 2",
+                )
+                .await;
+            assert_eq!(twice, 1, "only the failed job ran twice");
+            all_ran_once_but(&t, "retry", 149).await;
+        })
+        .await
+    }
+
+    /// Every job of `queue` but one completed on its first attempt.
+    async fn all_ran_once_but(t: &TestDb, queue: &str, jobs: i64) {
+        assert_eq!(
+            t.count(&format!(
+                "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = '{queue}' \
+                 AND status = 'completed' AND attempts = 1"
+            ))
+            .await,
+            jobs,
+        );
+    }
+
     /// Keys new to a table since its last ANALYZE (the planner's statistics say no job has
     /// one, as when an application starts to use keys): the look at lines further back still
     /// reads the limit index key by key. With `MIN(limit_key)` for the next key, PostgreSQL

@@ -16,6 +16,8 @@ pub struct Claim {
     pub(super) rows: Vec<ClaimedRow>,
     /// The rows' ids in the claim's order (they outlive `rows` when the runtime takes those).
     pub(super) ids: Vec<RowId>,
+    /// Rows that run one after another ([`Line`]), as the layer that shaped the claim set them.
+    pub(super) lines: Vec<Line>,
     pub(super) open: StdMutex<HashSet<RowId>>,
     pub(super) held: Mutex<Option<Held>>,
     /// Signalled when the last open row is settled or given up (ends [`Claim::keep_alive`]).
@@ -122,6 +124,16 @@ impl Claim {
     /// copying it); [`Claim::rows`] is empty afterwards, the claim's bookkeeping unchanged.
     pub(crate) fn take_rows(&mut self) -> Vec<ClaimedRow> {
         std::mem::take(&mut self.rows)
+    }
+
+    /// Sets which of its rows run one after another (see [`Line`]).
+    pub(crate) fn set_lines(&mut self, lines: Vec<Line>) {
+        self.lines = lines;
+    }
+
+    /// Hands the lines over, with the rows ([`Claim::take_rows`]).
+    pub(crate) fn take_lines(&mut self) -> Vec<Line> {
+        std::mem::take(&mut self.lines)
     }
 
     /// Marks a row done. [`Error::LeaseLost`] if this claim no longer holds it.

@@ -19,6 +19,7 @@ mod words;
 pub(crate) use choice::auto_choice;
 pub use claimed::{Claim, LockedRows};
 pub use rows::{RowFilter, SourceRow};
+pub(crate) use words::Line;
 pub use words::{Backlog, ClaimedRow};
 
 use std::collections::HashSet;
@@ -484,6 +485,7 @@ impl Claimer {
             open: StdMutex::new(ids.iter().cloned().collect()),
             ids,
             rows,
+            lines: Vec::new(),
             held: Mutex::new(held),
             settled: Notify::new(),
             lease,

@@ -47,6 +47,21 @@ impl ClaimedRow {
     }
 }
 
+/// Rows of one claim that run one after another, at most `width` at once, in the order given:
+/// a layer above claims a line of rows ahead that must not all run at once (the managed queue:
+/// jobs of one limit key, claimed past the key's concurrency). The worker runtime keeps to
+/// it, and gives back unstarted the rows behind one that went back unfinished (a retry keeps
+/// its place in its line).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Line {
+    /// What the line is, unique among the claims of one worker (queue and key).
+    pub name: std::sync::Arc<str>,
+    /// How many of its rows may run at once.
+    pub width: u32,
+    /// Its rows, in the order they start.
+    pub rows: Vec<RowId>,
+}
+
 /// Work left in a source, from [`Claimer::backlog`](crate::Claimer::backlog).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]

@@ -12,13 +12,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::backend::{retry_transient, ClaimArgs};
-use crate::claim::{Claim, Claimer, Claiming, Layer, More, Shape};
+use crate::claim::{Claim, Claimer, Claiming, Layer, Line, More, Shape};
 use crate::db::Db;
 use crate::error::Result;
+use crate::id::RowId;
 use crate::mapping::{Fragment, Lifecycle, Mapping, Naming, Piece};
 use crate::source::Source;
 
-use super::limits::{Seen, LIMITED};
+use super::limits::{Seen, Taken, LIMITED};
 use super::settings::settings;
 
 /// The columns of a job that its claim returns (what [`crate::Job`] is read from).
@@ -172,6 +173,7 @@ impl Shape for JobClaims {
             queues: limited,
             kinds: &self.kinds,
             seen: &self.seen,
+            lines: Mutex::default(),
         };
         let how = Claiming {
             batch,
@@ -188,6 +190,8 @@ impl Shape for JobClaims {
             claim = claimer.claim_with(Claiming { arms: None, ..how }).await?;
         }
         self.note_end(&mut claim, batch, resumed);
+        let lines = std::mem::take(&mut *more.lines.lock().unwrap_or_else(|p| p.into_inner()));
+        claim.set_lines(lines);
         Ok(claim)
     }
 
@@ -271,6 +275,9 @@ struct Limited<'a> {
     queues: Vec<String>,
     kinds: &'a [String],
     seen: &'a Mutex<HashMap<String, Seen>>,
+    /// The lines among the jobs it took: each key's run ([`super::limits::Taken`]), for the
+    /// claim that holds them.
+    lines: Mutex<Vec<Line>>,
 }
 
 impl Limited<'_> {
@@ -282,6 +289,19 @@ impl Limited<'_> {
     fn saw(&self, queue: &str, what: Seen) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         seen.insert(queue.to_owned(), what);
+    }
+
+    /// Notes a claim's runs as lines of the claim (named by its token and their first job:
+    /// unique among the lines a worker holds).
+    fn lines(&self, token: &str, width: u32, runs: Vec<Vec<i64>>) {
+        let mut lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        lines.extend(runs.into_iter().filter_map(|run| {
+            Some(Line {
+                name: format!("{token}/{}", run.first()?).into(),
+                width,
+                rows: run.into_iter().map(RowId::Int).collect(),
+            })
+        }));
     }
 }
 
@@ -305,13 +325,15 @@ impl More for Limited<'_> {
             };
             let store = settings(self.db);
             let mut seen = self.seen_of(queue);
-            let (ids, at) = retry_transient!(
+            let (taken, at) = retry_transient!(
                 store
                     .claim_limited(&args, queue, self.kinds, &mut seen)
                     .await
             )?;
             self.saw(queue, seen);
-            let Some(ids) = ids else { continue };
+            let Some(Taken { ids, runs, width }) = taken else {
+                continue;
+            };
             // On a Galera node the claim stands only once a count after its commit agrees.
             if retry_transient!(store.gave_back_crossed(&args, queue, &ids).await)? {
                 continue;
@@ -323,6 +345,7 @@ impl More for Limited<'_> {
                 from = Some(from.map_or(at, |f| f.min(at)));
             }
             rows.extend(taken);
+            self.lines(args.token, width, runs);
         }
         Ok(from)
     }

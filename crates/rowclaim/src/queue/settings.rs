@@ -35,8 +35,8 @@ pub(crate) trait Settings: Send + Sync {
     /// The queues with limits that are not paused.
     async fn limited_queues(&self) -> Result<Vec<String>>;
     /// Claims what the limits of `queue` allow (jobs of `kinds`, all when empty), in a
-    /// transaction of its own (SQLite's takes the write lock): the ids of the jobs it took, and
-    /// the instant their lease runs from at the earliest. `seen`: see [`limits::claim`]. Their
+    /// transaction of its own (SQLite's takes the write lock): the jobs it took, and the
+    /// instant their lease runs from at the earliest. `seen`: see [`limits::claim`]. Their
     /// rows are read by [`Settings::claimed_rows`] once it committed.
     async fn claim_limited(
         &self,
@@ -44,7 +44,7 @@ pub(crate) trait Settings: Send + Sync {
         queue: &str,
         kinds: &[String],
         seen: &mut limits::Seen,
-    ) -> Result<(Option<IdList>, Instant)>;
+    ) -> Result<(Option<limits::Taken>, Instant)>;
     /// The rows of the jobs a limited claim took ([`limits::claimed_rows`]).
     async fn claimed_rows(&self, a: &ClaimArgs<'_>, ids: &IdList)
         -> Result<Vec<serde_json::Value>>;
@@ -86,7 +86,7 @@ where
         queue: &str,
         kinds: &[String],
         seen: &mut limits::Seen,
-    ) -> Result<(Option<IdList>, Instant)> {
+    ) -> Result<(Option<limits::Taken>, Instant)> {
         let asked = Instant::now();
         let wait_for_others = self.applies_others_late().await?;
         let tx = self.transaction(false).await?;
@@ -98,9 +98,9 @@ where
         } else {
             asked
         };
-        let ids = limits::claim(&tx, a, queue, kinds, wait_for_others, seen).await?;
+        let taken = limits::claim(&tx, a, queue, kinds, wait_for_others, seen).await?;
         tx.commit().await?;
-        Ok((ids, from))
+        Ok((taken, from))
     }
 
     async fn claimed_rows(

@@ -174,6 +174,14 @@ fn limited<D: Schema>(payload_type: &str, strategy: Strategy) -> String {
                 limits::keyless_sql("mail", &kinds, 2),
             ),
         );
+        steps.insert(
+            9,
+            (
+                "runs of idle lines, for the worker to run one after another: key \
+                 concurrency 1, up to 50 jobs a line",
+                limits::runs_sql("mail", &kinds, 1, 50, 200, true),
+            ),
+        );
     }
     steps
         .into_iter()

@@ -23,7 +23,7 @@
 mod pick;
 mod recount;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::queue::migrate::Schema;
 use crate::value::IdList;
 use pick::WINDOW;
-pub(crate) use pick::{heads_sql, keyless_sql, pick_ids_sql};
+pub(crate) use pick::{heads_sql, keyless_sql, pick_ids_sql, runs_sql};
 pub(crate) use recount::gave_back;
 
 /// The limits of one queue. Set with [`crate::Queue::limit`]; none by default.
@@ -233,6 +233,19 @@ impl QueueLimits {
         }
     }
 
+    /// How many of a key's jobs run at once where a claim may take more of the key's line than
+    /// that, for the worker that took them to run one after another (a
+    /// [`Line`](crate::claim::Line)): under a per-key concurrency without rates. (A rate counts
+    /// each start when its job is claimed: a job claimed ahead would start later than counted.)
+    /// Ten keys one at a time then run about as fast as an unlimited queue, not one job per key
+    /// per round trip of a result and a claim.
+    pub(crate) fn line_width(&self) -> Option<u32> {
+        match (self.rate, self.key_rate) {
+            (None, None) => self.key_concurrency,
+            _ => None,
+        }
+    }
+
     /// Whether a key's jobs have limits of their own.
     fn per_key(&self) -> bool {
         self.key_concurrency.is_some() || self.key_rate.is_some()
@@ -292,6 +305,9 @@ pub(crate) struct Seen {
     /// When it last looked for jobs without a key behind the window, and whether it found any.
     keyless_at: Option<Instant>,
     keyless_found: bool,
+    /// The queue's line width as its last claim read the limits
+    /// ([`QueueLimits::line_width`]): where set, a claim's rows of one key make a line.
+    pub(crate) width: Option<u32>,
 }
 
 impl Seen {
@@ -299,6 +315,16 @@ impl Seen {
     fn few_keys(&self, limits: &QueueLimits, room: i64) -> bool {
         self.keys
             .is_some_and(|k| k.saturating_mul(limits.line_front()).saturating_mul(2) < room)
+    }
+
+    /// How many of an idle key's line a claim of up to `room` jobs takes: the room shared among
+    /// the keys last seen, at least the key's concurrency; only that where the line is not the
+    /// worker's to run ([`QueueLimits::line_width`]) or no keys were seen yet.
+    fn run_length(&self, limits: &QueueLimits, room: i64) -> i64 {
+        match (limits.line_width(), self.keys) {
+            (Some(n), Some(keys)) if keys > 0 => (room / keys).max(i64::from(n)),
+            _ => limits.line_front(),
+        }
     }
 
     /// Whether a claim looks for jobs without a key behind the window: where the last look
@@ -309,6 +335,18 @@ impl Seen {
                 .keyless_at
                 .is_none_or(|at| at.elapsed() >= KEYLESS_EVERY)
     }
+}
+
+/// What a limited claim took ([`claim`]).
+pub(crate) struct Taken {
+    /// The jobs, by id.
+    pub ids: IdList,
+    /// Of those, each key's jobs taken beyond its concurrency, by id, in line order (each
+    /// with the jobs of its key taken before them): the worker runs each run `width` at once
+    /// ([`QueueLimits::line_width`]). A key with no more than `width` taken has none.
+    pub runs: Vec<Vec<i64>>,
+    /// How many of a run's jobs may run at once.
+    pub width: u32,
 }
 
 /// Claims up to `a.batch` jobs of the limited queue `queue` (of `kinds`, all when empty) that
@@ -325,7 +363,7 @@ pub(crate) async fn claim<R: Run + ?Sized>(
     kinds: &[String],
     wait_for_others: bool,
     seen: &mut Seen,
-) -> Result<Option<IdList>>
+) -> Result<Option<Taken>>
 where
     R::Sql: Schema,
 {
@@ -337,6 +375,7 @@ where
         return Ok(None);
     };
     let limits = QueueLimits::from_columns(&columns);
+    seen.width = limits.line_width();
     let count = |i: usize| columns.get(i).copied().flatten().unwrap_or(0);
     let room = limits.room(i64::from(a.batch), count(6), count(7));
     if room <= 0 {
@@ -346,35 +385,69 @@ where
     let fronts_first = further && seen.few_keys(&limits, room);
     let pick = pick_ids_sql(queue, kinds, &limits, room, !fronts_first);
     let mut picked = tx.texts(pick).await?;
+    let mut heads = HashMap::new();
     if fronts_first
         || (further
             && (picked.len() as i64) * 2 < room
-            && tx.count(waiting_sql(queue)).await? >= WINDOW)
+            && (limits.line_width().is_some() || tx.count(waiting_sql(queue)).await? >= WINDOW))
     {
         // The first jobs in claim order left most of the room (or could not fill it), and
-        // more wait behind them: the fronts of lines, and jobs without a key.
+        // more wait behind them: the fronts of lines, and jobs without a key. (Where the
+        // worker may run a key's line, the lines behind those fronts are worth a look however
+        // few jobs wait.)
         let fronts = fronts(tx, queue, kinds, &limits, room, picked.is_empty(), seen).await?;
         let known: HashSet<String> = picked.iter().cloned().collect();
         let left = usize::try_from(room)
             .unwrap_or(usize::MAX)
             .saturating_sub(picked.len());
-        picked.extend(
-            fronts
-                .into_iter()
-                .filter(|id| !known.contains(id))
-                .take(left),
-        );
+        let mut added = 0;
+        for (id, head) in fronts {
+            if let Some(head) = head {
+                heads.insert(id.clone(), head);
+            }
+            if added < left && !known.contains(&id) {
+                picked.push(id);
+                added += 1;
+            }
+        }
     }
     if picked.is_empty() {
         return Ok(None);
     }
+    let runs = runs_of(&picked, &heads, seen.width);
     let ids = IdList::new(a.m.id_kind, &a.m.parse_ids(&picked)?)?;
     tx.execute(mark_sql(a, &ids)).await?;
     if let Some(keep_ms) = limits.longest_period_ms() {
         tx.execute(starts_sql(a, &ids)).await?;
         tx.execute(prune_starts_sql(queue, keep_ms)).await?;
     }
-    Ok(Some(ids))
+    Ok(Some(Taken {
+        ids,
+        runs,
+        width: seen.width.unwrap_or(1),
+    }))
+}
+
+/// The jobs of `picked` that share a line's first job (`heads`, from [`runs_sql`]), by key, in
+/// line order, where a key has more than `width` of them.
+fn runs_of(picked: &[String], heads: &HashMap<String, i64>, width: Option<u32>) -> Vec<Vec<i64>> {
+    let Some(width) = width else {
+        return Vec::new();
+    };
+    let mut by_head: HashMap<i64, Vec<i64>> = HashMap::new();
+    for id in picked {
+        if let (Some(head), Ok(n)) = (heads.get(id), id.parse::<i64>()) {
+            by_head.entry(*head).or_default().push(n);
+        }
+    }
+    let mut runs: Vec<Vec<i64>> = by_head
+        .into_values()
+        .filter(|run| run.len() > width as usize)
+        .collect();
+    for run in &mut runs {
+        run.sort_unstable();
+    }
+    runs
 }
 
 /// The rows of the jobs a limited claim took ([`claim`]), as JSON, as any claim returns them,
@@ -406,14 +479,21 @@ async fn fronts<R: Run + ?Sized>(
     room: i64,
     nothing_yet: bool,
     seen: &mut Seen,
-) -> Result<Vec<String>>
+) -> Result<Vec<(String, Option<i64>)>>
 where
     R::Sql: Schema,
 {
     let mut keyless = seen.keyless_due();
-    let mut rows = tx
-        .named_numbers(heads_sql(queue, kinds, limits, room, keyless), 2)
-        .await?;
+    let run = seen.run_length(limits, room);
+    // Where the worker may run a key's line (`QueueLimits::line_width`), runs of it; each row
+    // then also names its line's first job.
+    let (heads, numbers) = match limits.line_width() {
+        Some(width) if run > i64::from(width) => {
+            (runs_sql(queue, kinds, width, run, room, keyless), 3)
+        }
+        _ => (heads_sql(queue, kinds, limits, room, keyless), 2),
+    };
+    let mut rows = tx.named_numbers(heads, numbers).await?;
     // The count of keys is on every row; with none, the last one stands.
     if let Some((_, numbers)) = rows.first() {
         seen.keys = numbers.first().copied().flatten();
@@ -429,7 +509,11 @@ where
             .iter()
             .any(|(_, numbers)| numbers.get(1).copied().flatten() == Some(1));
     }
-    Ok(rows.into_iter().map(|(id, _)| id).collect())
+    // A run's rows say their line's first job (`runs_sql`), after the count and the keyless.
+    Ok(rows
+        .into_iter()
+        .map(|(id, numbers)| (id, numbers.get(2).copied().flatten()))
+        .collect())
 }
 
 /// The queue's turn: a write of its row, whose lock the claim's transaction holds to its end,

@@ -133,6 +133,78 @@ pub(crate) fn heads_sql<D: Schema>(
     Stmt::new(sql, b)
 }
 
+/// [`heads_sql`] for a claim that may take a run of each idle key's line (see
+/// `QueueLimits::line_width`): up to `run` jobs from the front of the line of each key none of
+/// whose jobs runs, each due and of the claim's kinds, as are all ahead of it (the worker runs
+/// them one after another, `width` at once); from a key whose jobs run, as many as its width
+/// leaves room for, as [`heads_sql`] takes. Rows come place by place (every key's first, then
+/// every key's second, …), so that the claim's room is shared among the keys, and what it
+/// takes of a line is its front. PostgreSQL only, as [`heads_sql`]. Rows of its shape, and
+/// after them the id of the first job in line of the row's key (none for a job without a key):
+/// the rows of one key share it.
+pub(crate) fn runs_sql<D: Schema>(
+    queue: &str,
+    kinds: &[String],
+    width: u32,
+    run: i64,
+    take: i64,
+    keyless: bool,
+) -> Stmt<D> {
+    let now = D::NOW;
+    let mut b = Binder::<D>::new();
+    let q1 = b.bind(queue.to_owned());
+    let q2 = b.bind(queue.to_owned());
+    let q3 = b.bind(queue.to_owned());
+    let front = b.bind(i64::from(width));
+    let fits = kinds_cond(&mut b, kinds, "h.");
+    let q4 = b.bind(queue.to_owned());
+    let run = b.bind(run);
+    let walk = format!(
+        "WITH RECURSIVE rowclaim_keys (k) AS (\
+         SELECT (SELECT limit_key FROM rowclaim_jobs WHERE queue = {q1} \
+         AND status = {READY} AND limit_key IS NOT NULL ORDER BY limit_key LIMIT 1) \
+         UNION ALL SELECT (SELECT o.limit_key FROM rowclaim_jobs AS o WHERE o.queue = {q2} \
+         AND o.status = {READY} AND o.limit_key > rowclaim_keys.k \
+         ORDER BY o.limit_key LIMIT 1) \
+         FROM rowclaim_keys WHERE rowclaim_keys.k IS NOT NULL), \
+         rowclaim_fronts (k, id, place, due, head, busy) AS (SELECT rowclaim_keys.k, l.id, \
+         l.place, l.due, l.head, r.n FROM rowclaim_keys CROSS JOIN LATERAL (SELECT COUNT(*) AS n FROM \
+         (SELECT 1 FROM rowclaim_jobs AS o WHERE o.queue = {q3} \
+         AND o.limit_key = rowclaim_keys.k AND o.{status} = {RUNNING} LIMIT {front}) AS o) AS r \
+         CROSS JOIN LATERAL (SELECT h.id, ROW_NUMBER() OVER (ORDER BY h.id) AS place, \
+         MIN(CASE WHEN h.run_at <= {now}{fits} THEN 1 ELSE 0 END) OVER (ORDER BY h.id) AS due, \
+         FIRST_VALUE(h.id) OVER (ORDER BY h.id) AS head \
+         FROM rowclaim_jobs AS h WHERE h.queue = {q4} AND h.status = {READY} \
+         AND h.limit_key = rowclaim_keys.k AND {} ORDER BY h.id LIMIT {run}) AS l) ",
+        in_line::<D>("h"),
+        status = D::LINE_STATUS,
+    );
+    let keyed_kinds = kinds_cond(&mut b, kinds, "j.");
+    let front2 = b.bind(i64::from(width));
+    let keyless = if keyless {
+        format!(
+            " UNION ALL (SELECT w.id, w.priority, w.run_at, CAST(1 AS BIGINT), w.keyless, \
+             CAST(NULL AS BIGINT) FROM ({}) AS w)",
+            keyless_arm(&mut b, queue, kinds, take)
+        )
+    } else {
+        String::new()
+    };
+    let take = b.bind(take);
+    let sql = format!(
+        "{walk}SELECT CAST(f.id AS {}), (SELECT COUNT(DISTINCT k) FROM rowclaim_fronts), \
+         f.keyless, f.head FROM ((SELECT j.id, j.priority, j.run_at, rowclaim_fronts.place, \
+         CAST(0 AS BIGINT) AS keyless, rowclaim_fronts.head FROM rowclaim_fronts \
+         JOIN rowclaim_jobs AS j ON j.id = rowclaim_fronts.id \
+         WHERE j.run_at <= {now}{keyed_kinds} AND (rowclaim_fronts.busy + \
+         rowclaim_fronts.place <= {front2} OR (rowclaim_fronts.busy = 0 \
+         AND rowclaim_fronts.due = 1))){keyless}) AS f \
+         ORDER BY f.place, f.priority DESC, f.run_at, f.id LIMIT {take}",
+        D::TEXT,
+    );
+    Stmt::new(sql, b)
+}
+
 /// The first `take` due jobs of `queue` without a key, in claim order, as rows of
 /// [`heads_sql`]'s shape (no count of keys): for a claim whose fronts were all busy, without
 /// walking the keys again.

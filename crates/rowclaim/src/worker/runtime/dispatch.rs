@@ -1,9 +1,11 @@
 //! Dispatch: starts the rows waiting in the local queue as slots free up, each under a
-//! supervisor. A waiting row is not started when its claim no longer looks after it (counted
-//! lost), when its queue was paused after it was claimed (given back unstarted), or when its
-//! lease may have ended (given up: another worker may hold it by now).
+//! supervisor, in the order [`Waiting`] keeps (a line's rows one after another). A waiting row
+//! is not started when its claim no longer looks after it (counted lost), when its queue was
+//! paused after it was claimed (given back unstarted), or when its lease may have ended (given
+//! up: another worker may hold it by now); nor is the rest of its line then, nor after a row of
+//! its line ended unfinished (given back unstarted).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -14,20 +16,21 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use super::held::Held;
+use super::held::{finished_for_good, Held};
 use super::pace::Pace;
 use super::results::record;
 use super::supervise::supervise;
 use super::supervise::Ran;
 use super::tally::Counter;
+use super::waiting::Waiting;
 use super::{Finished, Shared};
 use crate::backend::Outcome;
 use crate::claim::{Claim, ClaimedRow};
 
 /// What the worker holds locally. Dropping it aborts every task in it.
 pub(super) struct Local {
-    /// Claimed rows waiting for a slot, in the order they were claimed.
-    pub(super) waiting: VecDeque<(Arc<Held>, ClaimedRow)>,
+    /// Claimed rows waiting for a slot.
+    pub(super) waiting: Waiting<Arc<Held>>,
     /// Supervisors of started rows. A job's slot is free once its handler ended; its result is
     /// recorded in the background, in batches, and counts against the rows the worker may hold.
     pub(super) jobs: Jobs,
@@ -49,7 +52,7 @@ impl Local {
             prefetch => prefetch,
         };
         Local {
-            waiting: VecDeque::new(),
+            waiting: Waiting::default(),
             jobs: Jobs::default(),
             beats: JoinSet::new(),
             helds: Vec::new(),
@@ -60,9 +63,9 @@ impl Local {
     /// Takes a claim's rows into the queue.
     pub(super) fn hold(&mut self, sh: &Shared, mut claim: Claim) -> Arc<Held> {
         let rows = claim.take_rows();
+        let lines = claim.take_lines();
         let held = Held::new(claim, sh.holds_transactions());
-        self.waiting
-            .extend(rows.into_iter().map(|row| (held.clone(), row)));
+        self.waiting.push(&held, rows, lines);
         self.helds.push(held.clone());
         held
     }
@@ -70,26 +73,34 @@ impl Local {
     /// Starts waiting rows while slots are free.
     pub(super) fn start_waiting(&mut self, sh: &Arc<Shared>, paused: &watch::Receiver<Paused>) {
         while self.jobs.len() < sh.cfg.concurrency {
-            let Some((held, row)) = self.waiting.pop_front() else {
+            let Some(((held, row), line)) = self.waiting.next() else {
                 break;
             };
             if !held.claim.is_open(&row.id) {
                 // A heartbeat found it taken over, or gave it up, before it started.
                 sh.tally.gone(&held.lease, std::slice::from_ref(&row.id));
             } else if paused.borrow().holds(&row) {
-                self.record(sh, unstarted(sh, held, &row));
+                self.record(sh, unstarted(sh, held, &row, "its queue is paused"));
             } else if !held.lease.may_start(sh.renews) {
                 // Its lease could not be confirmed in time: another worker may hold it by now.
                 tracing::debug!("row {}: not started, its lease may have ended", row.id);
                 held.give_up(std::slice::from_ref(&row.id));
                 sh.tally.gave_up(std::slice::from_ref(&row.id));
             } else {
-                self.start(sh, held, row);
+                self.start(sh, held, row, line);
+                continue;
             }
+            self.line_ended(sh, line.as_ref(), false);
         }
     }
 
-    fn start(&mut self, sh: &Arc<Shared>, held: Arc<Held>, row: ClaimedRow) {
+    fn start(
+        &mut self,
+        sh: &Arc<Shared>,
+        held: Arc<Held>,
+        row: ClaimedRow,
+        line: Option<Arc<str>>,
+    ) {
         let span = tracing::info_span!(
             "job",
             id = %row.id,
@@ -99,8 +110,27 @@ impl Local {
             kind = tracing::field::Empty,
             attempt = tracing::field::Empty,
         );
-        self.jobs
-            .push(supervise(sh.clone(), held, row).instrument(span));
+        let job = supervise(sh.clone(), held, row).instrument(span);
+        match line {
+            None => self.jobs.push(job),
+            Some(line) => self.jobs.push(async move {
+                let mut ran = job.await;
+                ran.line = Some(line);
+                ran
+            }),
+        }
+    }
+
+    /// A row of `line` ended, or was not started: the line goes on, or where the row did not
+    /// finish for good, the rest of it goes back unstarted.
+    fn line_ended(&mut self, sh: &Arc<Shared>, line: Option<&Arc<str>>, for_good: bool) {
+        let Some(line) = line else {
+            return;
+        };
+        for (held, row) in self.waiting.ended(line, for_good) {
+            let why = "a job ahead of it in its line did not finish";
+            self.record(sh, unstarted(sh, held, &row, why));
+        }
     }
 
     /// Records a result in the background.
@@ -113,9 +143,14 @@ impl Local {
         if let Some(took) = ran.took {
             self.pace.job_took(took);
         }
+        let for_good = ran
+            .finished
+            .as_ref()
+            .is_some_and(|f| finished_for_good(&f.outcome));
         if let Some(finished) = ran.finished {
             self.record(sh, finished);
         }
+        self.line_ended(sh, ran.line.as_ref(), for_good);
     }
 
     /// Jobs that ended while something else was awaited (see [`Jobs::beside`]).
@@ -127,8 +162,8 @@ impl Local {
 
     /// Rows of a queue paused since they were claimed go back, not started.
     pub(super) fn give_back_paused(&mut self, sh: &Arc<Shared>, paused: &Paused) {
-        for (held, row) in paused.take_from(&mut self.waiting) {
-            self.record(sh, unstarted(sh, held, &row));
+        for (held, row) in self.waiting.take_where(|row| paused.holds(row)) {
+            self.record(sh, unstarted(sh, held, &row, "its queue is paused"));
         }
     }
 
@@ -215,22 +250,12 @@ impl Paused {
                 .and_then(serde_json::Value::as_str)
                 .is_some_and(|q| self.0.contains(q))
     }
-
-    /// Takes the rows of paused queues out of `waiting`, which keeps the others in order.
-    fn take_from<T>(&self, waiting: &mut VecDeque<(T, ClaimedRow)>) -> Vec<(T, ClaimedRow)> {
-        let (back, keep): (Vec<_>, Vec<_>) =
-            waiting.drain(..).partition(|(_, row)| self.holds(row));
-        waiting.extend(keep);
-        back
-    }
 }
 
-/// A row claimed but not started, given back: its queue was paused meanwhile.
-fn unstarted(sh: &Shared, held: Arc<Held>, row: &ClaimedRow) -> Finished {
-    tracing::debug!(
-        "row {}: its queue is paused; given back, not started",
-        row.id
-    );
+/// A row claimed but not started, given back: `why` (its queue was paused meanwhile, or a row
+/// ahead of it in its line went back).
+fn unstarted(sh: &Shared, held: Arc<Held>, row: &ClaimedRow, why: &str) -> Finished {
+    tracing::debug!("row {}: {why}; given back, not started", row.id);
     Finished {
         held,
         id: row.id.clone(),
@@ -286,27 +311,29 @@ mod tests {
     #[test]
     fn rows_of_paused_queues_go_back_and_the_rest_keep_their_order() {
         let paused = Paused(["mail".to_owned()].into_iter().collect());
-        let mut waiting: VecDeque<((), ClaimedRow)> = [
+        let mut waiting = Waiting::default();
+        let rows = vec![
             row(1, "mail".into()),
             row(2, "sms".into()),
             row(3, serde_json::Value::Null),
             row(4, "mail".into()),
             row(5, 7.into()),
-        ]
-        .into_iter()
-        .map(|r| ((), r))
-        .collect();
+        ];
+        waiting.push(&(), rows, Vec::new());
         let ids = |rows: &mut dyn Iterator<Item = &((), ClaimedRow)>| {
             rows.map(|(_, r)| r.id.clone()).collect::<Vec<_>>()
         };
-        let back = paused.take_from(&mut waiting);
+        let back = waiting.take_where(|r| paused.holds(r));
         assert_eq!(ids(&mut back.iter()), [RowId::Int(1), RowId::Int(4)]);
         assert_eq!(
-            ids(&mut waiting.iter()),
+            ids(&mut waiting.take_all().iter()),
             [RowId::Int(2), RowId::Int(3), RowId::Int(5)]
         );
         // Nothing paused: nothing goes back.
-        assert!(Paused::default().take_from(&mut waiting).is_empty());
-        assert_eq!(waiting.len(), 3);
+        waiting.push(&(), vec![row(6, "mail".into())], Vec::new());
+        assert!(waiting
+            .take_where(|r| Paused::default().holds(r))
+            .is_empty());
+        assert_eq!(waiting.len(), 1);
     }
 }

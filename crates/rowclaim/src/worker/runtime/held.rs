@@ -115,7 +115,7 @@ impl Held {
 /// [`Outcome::Retry`], and leaves its job unfinished; one settles dead as [`Outcome::Failed`]
 /// only on its last attempt). A batch settled otherwise sends no look at all. A cancelled job
 /// is never settled by its worker (its result is refused): [`crate::Queue::cancel`] looks.
-fn finished_for_good(outcome: &Outcome) -> bool {
+pub(super) fn finished_for_good(outcome: &Outcome) -> bool {
     match outcome {
         Outcome::Done(_) | Outcome::Failed(_) => true,
         Outcome::Ready | Outcome::Retry { .. } | Outcome::Snooze { .. } | Outcome::Unstarted => {

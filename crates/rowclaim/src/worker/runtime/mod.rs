@@ -12,8 +12,9 @@
 //!   (up to two skip-locked claims under way at once on a server), backs off while claims
 //!   fail, idles after an empty claim until the poll interval passes or a notification wakes
 //!   it.
-//! - [`dispatch`]: starts waiting rows in free slots; rows of a queue paused since they were
-//!   claimed go back unstarted, rows whose lease may have ended are given up.
+//! - [`dispatch`]: starts waiting rows in free slots ([`waiting`]: in the claims' order, a
+//!   line's rows one after another); rows of a queue paused since they were claimed go back
+//!   unstarted, rows whose lease may have ended are given up.
 //! - [`supervise`]: one running job: its handler under a time limit and stop requests, its end
 //!   turned into the outcome to record.
 //! - [`heartbeat`]: renews one claim's lease while it has open rows.
@@ -50,6 +51,7 @@ mod shutdown;
 mod supervise;
 mod tally;
 mod turns;
+mod waiting;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};

@@ -3,7 +3,6 @@
 //! or after an error), then are stopped, and their supervisors give their rows back. Being told
 //! to stop now ([`Phase::Now`]) cuts every wait short.
 
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +38,7 @@ pub(super) async fn shutdown(
             local.hold(sh, claim);
         }
     }
-    let waiting = std::mem::take(&mut local.waiting);
+    let waiting = local.waiting.take_all();
     let give_back = async {
         tokio::select! {
             () = release_waiting(sh, waiting) => {}
@@ -128,7 +127,7 @@ async fn wait_for_supervisors(sh: &Arc<Shared>, mut local: Local) {
 /// Gives back rows that never started, one statement per claim, all claims at once. One try
 /// each, within a few seconds: at shutdown there is no time to wait out an outage; rows not
 /// given back come back through their lease.
-async fn release_waiting(sh: &Shared, waiting: VecDeque<(Arc<Held>, ClaimedRow)>) {
+async fn release_waiting(sh: &Shared, waiting: Vec<(Arc<Held>, ClaimedRow)>) {
     let mut by_claim: Vec<(Arc<Held>, Vec<RowId>)> = Vec::new();
     for (held, row) in waiting {
         match by_claim.iter_mut().find(|(h, _)| Arc::ptr_eq(h, &held)) {

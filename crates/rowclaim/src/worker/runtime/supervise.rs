@@ -30,13 +30,19 @@ type Switch = watch::Sender<Option<StopReason>>;
 pub(super) struct Ran {
     pub(super) finished: Option<Finished>,
     pub(super) took: Option<Duration>,
+    /// The line the row ran in, if any (see `waiting.rs`): set by the dispatch.
+    pub(super) line: Option<Arc<str>>,
 }
 
 /// Runs one row: the handler on this task, watched for its time limit and for stop requests.
 pub(super) async fn supervise(sh: Arc<Shared>, held: Arc<Held>, row: ClaimedRow) -> Ran {
     let mut took = None;
     let finished = run_row(sh, held, row, &mut took).await;
-    Ran { finished, took }
+    Ran {
+        finished,
+        took,
+        line: None,
+    }
 }
 
 /// Runs one row; returns the result to record, if any.
