@@ -548,11 +548,11 @@ mod postgres {
         with_db(Backend::Postgres, |t| few_keys_with_deep_lines(t, 2)).await
     }
 
-    /// One at a time per key, a claim takes a run of each idle key's line once it knows how
-    /// many keys there are (a worker then runs each run one after another): more than one job
-    /// of a key, each run its line's front, in line order, and none of a key still running.
+    /// Runs of a key's line are a worker's (it runs them one after another): a plain claimer,
+    /// once it knows how many keys there are, still takes only the front of each idle line, and
+    /// none of a key still running.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_claim_takes_a_run_of_each_idle_line() {
+    async fn a_plain_claimer_takes_the_front_of_each_idle_line_only() {
         with_db(Backend::Postgres, |t| async move {
             let q = queue(&t).await;
             q.limit("runs", &QueueLimits::default().key_concurrency(1))
@@ -596,18 +596,59 @@ mod postgres {
                     first.complete(&row.id).await.unwrap();
                 }
             }
+            // A plain claimer (not a worker's) takes no runs: the front of each idle line.
             let second = claimer.claim(30, lease).await.unwrap();
-            let runs = by_key(&second);
-            assert!(!runs.contains_key("c"), "c still runs: {runs:?}");
-            for key in ["a", "b"] {
-                let n = &runs[key];
-                let first_n = if key == "a" { 3 } else { 4 };
-                let line: Vec<i64> = (0..n.len() as i64).map(|i| first_n + 3 * i).collect();
-                let mut sorted = n.clone();
-                sorted.sort_unstable();
-                assert_eq!(sorted, line, "{key}: the front of its line");
-                assert!(n.len() > 1, "{key}: a run, not one job: {runs:?}");
+            let fronts = by_key(&second);
+            assert!(!fronts.contains_key("c"), "c still runs: {fronts:?}");
+            assert_eq!(fronts.get("a"), Some(&vec![3]), "{fronts:?}");
+            assert_eq!(fronts.get("b"), Some(&vec![4]), "{fronts:?}");
+        })
+        .await
+    }
+
+    /// The jobs of a run whose worker died all run out together: they are taken again first
+    /// first, one at a time under a key concurrency of 1, not all at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_whose_leases_ran_out_is_taken_again_one_at_a_time() {
+        with_db(Backend::Postgres, |t| async move {
+            let q = queue(&t).await;
+            q.limit("gone", &QueueLimits::default().key_concurrency(1))
+                .await
+                .unwrap();
+            let jobs: Vec<NewJob> = (0..30)
+                .map(|n| {
+                    let key = if n % 2 == 0 { "a" } else { "b" };
+                    NewJob::new(json!({ "key": key, "n": n }))
+                        .queue("gone")
+                        .limit_key(key)
+                })
+                .collect();
+            q.enqueue_many(&jobs).await.unwrap();
+            // Key a's first five: a run whose worker died, its leases long out.
+            t.exec(
+                "UPDATE rowclaim_jobs SET status = 'running', attempts = 1, owner = 'gone', \
+                 lease_until = now() - interval '1 minute' WHERE id IN (SELECT id \
+                 FROM rowclaim_jobs WHERE queue = 'gone' AND limit_key = 'a' ORDER BY id LIMIT 5)",
+            )
+            .await;
+            let claimer = q.claimer(&["gone".to_owned()]).await.unwrap();
+            let lease = Duration::from_secs(30);
+            let mut taken: Vec<(String, i64)> = Vec::new();
+            for _ in 0..3 {
+                let claim = claimer.claim(30, lease).await.unwrap();
+                for row in claim.rows() {
+                    let payload: serde_json::Value =
+                        serde_json::from_str(row.data["payload"].as_str().unwrap()).unwrap();
+                    let key = payload["key"].as_str().unwrap().to_owned();
+                    taken.push((key, payload["n"].as_i64().unwrap()));
+                }
             }
+            let a: Vec<i64> = taken
+                .iter()
+                .filter(|(k, _)| k == "a")
+                .map(|(_, n)| *n)
+                .collect();
+            assert_eq!(a, vec![0], "key a: its first job again, alone: {taken:?}");
         })
         .await
     }
@@ -634,14 +675,25 @@ mod postgres {
             q.enqueue_many(&jobs).await.unwrap();
             let db = t.db().await;
             let order: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
-            let seen = order.clone();
+            // The most jobs of one key held at once in the database: more than one is a run.
+            let held_max: Arc<Mutex<i64>> = Arc::default();
+            let (seen, held, tdb) = (order.clone(), held_max.clone(), t.clone());
             let worker = Worker::new(&db)
                 .queue("retry")
                 .handle_any(move |job| {
-                    let seen = seen.clone();
+                    let (seen, held, tdb) = (seen.clone(), held.clone(), tdb.clone());
                     async move {
                         let n = job.payload["n"].as_i64().unwrap_or(-1);
                         seen.lock().unwrap().push((n, job.attempt));
+                        let key = ["a", "b", "c"][(n % 3) as usize];
+                        let now = tdb
+                            .count(&format!(
+                                "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'retry' \
+                                 AND limit_key = '{key}' AND status = 'running'"
+                            ))
+                            .await;
+                        let mut held = held.lock().unwrap();
+                        *held = (*held).max(now);
                         if n == 90 && job.attempt == 1 {
                             return Err("the first try fails".to_owned());
                         }
@@ -649,6 +701,7 @@ mod postgres {
                     }
                 })
                 .concurrency(4)
+                .prefetch(150)
                 .lease(Duration::from_secs(30))
                 .poll(Duration::from_millis(50));
             worker
@@ -656,6 +709,11 @@ mod postgres {
                 .run(std::future::pending())
                 .await
                 .unwrap();
+            let held_max = *held_max.lock().unwrap();
+            assert!(
+                held_max > 1,
+                "the worker took runs: {held_max} of a key held at once"
+            );
             let order = order.lock().unwrap().clone();
             let a: Vec<(i64, i64)> = order.iter().copied().filter(|(n, _)| n % 3 == 0).collect();
             let mut expected: Vec<(i64, i64)> = (0..50).map(|i| (3 * i, 1)).collect();

@@ -126,6 +126,9 @@ struct Inner {
     shape: Option<Arc<dyn Shape>>,
     /// What its tokens end in, when a worker tagged them ([`Token::tagged`]).
     tag: Option<u64>,
+    /// The slots of the worker that runs its claims' lines ([`Line`]) as they say; only such
+    /// a claimer's claims hold lines (a layer above takes none for any other caller).
+    line_slots: Option<usize>,
 }
 
 /// How often a busy claimer also looks for rows whose lease expired. Looking costs a scan of an
@@ -231,35 +234,49 @@ impl Claimer {
                 rescue: StdMutex::default(),
                 shape: None,
                 tag: None,
+                line_slots: None,
             }),
         })
     }
 
     /// This claimer with its claims shaped by a layer above (which made it).
     pub(crate) fn shaped(self, shape: Arc<dyn Shape>) -> Claimer {
-        self.remade(Some(shape), self.inner.tag)
+        self.remade(|i| i.shape = Some(shape))
     }
 
     /// This claimer with every token it makes ending in `tag` ([`Token::tagged`]): a worker's
     /// claims, told apart by the worker's id.
     pub(crate) fn tagged(self, tag: u64) -> Claimer {
-        self.remade(self.inner.shape.clone(), Some(tag))
+        self.remade(|i| i.tag = Some(tag))
     }
 
-    fn remade(&self, shape: Option<Arc<dyn Shape>>, tag: Option<u64>) -> Claimer {
+    /// This claimer for a worker of `slots` slots that runs its claims' lines ([`Line`]).
+    pub(crate) fn running_lines(self, slots: usize) -> Claimer {
+        self.remade(|i| i.line_slots = Some(slots.max(1)))
+    }
+
+    /// The slots of the worker that runs this claimer's lines; `None`: its claims hold none.
+    pub(crate) fn line_slots(&self) -> Option<usize> {
+        self.inner.line_slots
+    }
+
+    fn remade(&self, change: impl FnOnce(&mut Inner)) -> Claimer {
         let i = &self.inner;
+        let mut inner = Inner {
+            db: i.db.clone(),
+            m: i.m.clone(),
+            strategy: i.strategy,
+            resolved: i.resolved,
+            recorded: AtomicBool::new(i.recorded.load(Ordering::Relaxed)),
+            server: i.server.clone(),
+            rescue: StdMutex::default(),
+            shape: i.shape.clone(),
+            tag: i.tag,
+            line_slots: i.line_slots,
+        };
+        change(&mut inner);
         Claimer {
-            inner: Arc::new(Inner {
-                db: i.db.clone(),
-                m: i.m.clone(),
-                strategy: i.strategy,
-                resolved: i.resolved,
-                recorded: AtomicBool::new(i.recorded.load(Ordering::Relaxed)),
-                server: i.server.clone(),
-                rescue: StdMutex::default(),
-                shape,
-                tag,
-            }),
+            inner: Arc::new(inner),
         }
     }
 

@@ -173,6 +173,7 @@ impl Shape for JobClaims {
             queues: limited,
             kinds: &self.kinds,
             seen: &self.seen,
+            slots: claimer.line_slots(),
             lines: Mutex::default(),
         };
         let how = Claiming {
@@ -275,6 +276,9 @@ struct Limited<'a> {
     queues: Vec<String>,
     kinds: &'a [String],
     seen: &'a Mutex<HashMap<String, Seen>>,
+    /// The slots of the worker that runs the claim's lines, if one does: only then may it take
+    /// runs of a key's line ([`Claimer::line_slots`]).
+    slots: Option<usize>,
     /// The lines among the jobs it took: each key's run ([`super::limits::Taken`]), for the
     /// claim that holds them.
     lines: Mutex<Vec<Line>>,
@@ -325,6 +329,7 @@ impl More for Limited<'_> {
             };
             let store = settings(self.db);
             let mut seen = self.seen_of(queue);
+            seen.slots = self.slots;
             let (taken, at) = retry_transient!(
                 store
                     .claim_limited(&args, queue, self.kinds, &mut seen)

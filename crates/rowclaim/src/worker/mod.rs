@@ -432,6 +432,8 @@ impl Worker {
             cfg.concurrency,
             cfg.lease,
         );
+        // The runtime runs a claim's lines as they say (`runtime/waiting.rs`).
+        let claimer = claimer.running_lines(cfg.concurrency);
         let phase = self.phase;
         let running = registration.running.clone();
         let runner = runtime::run(claimer, handler, cfg, wakeups, phase.subscribe(), running);

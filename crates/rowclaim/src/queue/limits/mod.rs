@@ -235,13 +235,15 @@ impl QueueLimits {
 
     /// How many of a key's jobs run at once where a claim may take more of the key's line than
     /// that, for the worker that took them to run one after another (a
-    /// [`Line`](crate::claim::Line)): under a per-key concurrency without rates. (A rate counts
-    /// each start when its job is claimed: a job claimed ahead would start later than counted.)
+    /// [`Line`](crate::claim::Line)): under a per-key concurrency without rates and without a
+    /// concurrency of the queue's own. (A rate counts each start when its job is claimed: a job
+    /// claimed ahead would start later than counted. A run's jobs waiting in a worker count as
+    /// running against the queue's concurrency, and would leave it room for less than it allows.)
     /// Ten keys one at a time then run about as fast as an unlimited queue, not one job per key
     /// per round trip of a result and a claim.
     pub(crate) fn line_width(&self) -> Option<u32> {
-        match (self.rate, self.key_rate) {
-            (None, None) => self.key_concurrency,
+        match (self.concurrency, self.rate, self.key_rate) {
+            (None, None, None) => self.key_concurrency,
             _ => None,
         }
     }
@@ -305,9 +307,12 @@ pub(crate) struct Seen {
     /// When it last looked for jobs without a key behind the window, and whether it found any.
     keyless_at: Option<Instant>,
     keyless_found: bool,
-    /// The queue's line width as its last claim read the limits
-    /// ([`QueueLimits::line_width`]): where set, a claim's rows of one key make a line.
+    /// The queue's line width as its last claim read the limits ([`QueueLimits::line_width`]),
+    /// where the claimer takes runs (`slots`): where set, a claim's rows of one key make a line.
     pub(crate) width: Option<u32>,
+    /// The slots of the worker that runs the claimer's lines, set before each claim; `None`
+    /// (any other caller): no runs, no lines.
+    pub(crate) slots: Option<usize>,
 }
 
 impl Seen {
@@ -318,11 +323,17 @@ impl Seen {
     }
 
     /// How many of an idle key's line a claim of up to `room` jobs takes: the room shared among
-    /// the keys last seen, at least the key's concurrency; only that where the line is not the
-    /// worker's to run ([`QueueLimits::line_width`]) or no keys were seen yet.
+    /// the keys last seen, or among the worker's slots where those are more (a run takes about
+    /// as long as the worker's other rows then, and its rows waiting do not keep the worker from
+    /// claiming other work much longer than those would), at least the key's concurrency; only
+    /// that where the line is not the worker's to run ([`QueueLimits::line_width`], `slots`)
+    /// or no keys were seen yet.
     fn run_length(&self, limits: &QueueLimits, room: i64) -> i64 {
-        match (limits.line_width(), self.keys) {
-            (Some(n), Some(keys)) if keys > 0 => (room / keys).max(i64::from(n)),
+        match (self.width, self.keys, self.slots) {
+            (Some(n), Some(keys), Some(slots)) if keys > 0 => {
+                let slots = i64::try_from(slots).unwrap_or(i64::MAX);
+                (room / keys.max(slots)).max(i64::from(n))
+            }
             _ => limits.line_front(),
         }
     }
@@ -375,7 +386,7 @@ where
         return Ok(None);
     };
     let limits = QueueLimits::from_columns(&columns);
-    seen.width = limits.line_width();
+    seen.width = seen.slots.and(limits.line_width());
     let count = |i: usize| columns.get(i).copied().flatten().unwrap_or(0);
     let room = limits.room(i64::from(a.batch), count(6), count(7));
     if room <= 0 {
@@ -389,7 +400,7 @@ where
     if fronts_first
         || (further
             && (picked.len() as i64) * 2 < room
-            && (limits.line_width().is_some() || tx.count(waiting_sql(queue)).await? >= WINDOW))
+            && (seen.width.is_some() || tx.count(waiting_sql(queue)).await? >= WINDOW))
     {
         // The first jobs in claim order left most of the room (or could not fill it), and
         // more wait behind them: the fronts of lines, and jobs without a key. (Where the
@@ -487,7 +498,7 @@ where
     let run = seen.run_length(limits, room);
     // Where the worker may run a key's line (`QueueLimits::line_width`), runs of it; each row
     // then also names its line's first job.
-    let (heads, numbers) = match limits.line_width() {
+    let (heads, numbers) = match seen.width {
         Some(width) if run > i64::from(width) => {
             (runs_sql(queue, kinds, width, run, room, keyless), 3)
         }

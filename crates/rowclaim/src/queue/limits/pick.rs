@@ -135,9 +135,11 @@ pub(crate) fn heads_sql<D: Schema>(
 
 /// [`heads_sql`] for a claim that may take a run of each idle key's line (see
 /// `QueueLimits::line_width`): up to `run` jobs from the front of the line of each key none of
-/// whose jobs runs, each due and of the claim's kinds, as are all ahead of it (the worker runs
-/// them one after another, `width` at once); from a key whose jobs run, as many as its width
-/// leaves room for, as [`heads_sql`] takes. Rows come place by place (every key's first, then
+/// whose jobs runs, each due and of the claim's kinds, as are all between it and the front (the
+/// worker runs them one after another, `width` at once). A job scheduled for later behind the
+/// front ends the run: it joins the line at its place once due, and what the run would hold
+/// behind it would start first. From a key whose jobs run, as many as its width leaves room
+/// for, as [`heads_sql`] takes (a scheduled job among them counts a place here). Rows come place by place (every key's first, then
 /// every key's second, …), so that the claim's room is shared among the keys, and what it
 /// takes of a line is its front. PostgreSQL only, as [`heads_sql`]. Rows of its shape, and
 /// after them the id of the first job in line of the row's key (none for a job without a key):
@@ -158,6 +160,7 @@ pub(crate) fn runs_sql<D: Schema>(
     let front = b.bind(i64::from(width));
     let fits = kinds_cond(&mut b, kinds, "h.");
     let q4 = b.bind(queue.to_owned());
+    let q5 = b.bind(queue.to_owned());
     let run = b.bind(run);
     let walk = format!(
         "WITH RECURSIVE rowclaim_keys (k) AS (\
@@ -175,8 +178,10 @@ pub(crate) fn runs_sql<D: Schema>(
          MIN(CASE WHEN h.run_at <= {now}{fits} THEN 1 ELSE 0 END) OVER (ORDER BY h.id) AS due, \
          FIRST_VALUE(h.id) OVER (ORDER BY h.id) AS head \
          FROM rowclaim_jobs AS h WHERE h.queue = {q4} AND h.status = {READY} \
-         AND h.limit_key = rowclaim_keys.k AND {} ORDER BY h.id LIMIT {run}) AS l) ",
-        in_line::<D>("h"),
+         AND h.limit_key = rowclaim_keys.k AND h.id >= (SELECT f.id FROM rowclaim_jobs AS f \
+         WHERE f.queue = {q5} AND f.limit_key = rowclaim_keys.k AND f.{status} = {READY} \
+         AND {} ORDER BY f.{status}, f.id LIMIT 1) ORDER BY h.id LIMIT {run}) AS l) ",
+        in_line::<D>("f"),
         status = D::LINE_STATUS,
     );
     let keyed_kinds = kinds_cond(&mut b, kinds, "j.");
@@ -410,6 +415,13 @@ impl FirstOfLine<'_> {
                     let first = format!("{expired} AND {}", D::ahead_in_line(RUNNING));
                     blocked.push(self.other(b, &first));
                     blocked.push(self.started(b, rate));
+                } else if let (true, Some(n)) = (D::SKIP_SCAN, self.limits.line_width()) {
+                    // A run's jobs (`runs_sql`) may all have run out together: they are taken
+                    // again first first, no more than the key's concurrency leaves room for.
+                    let live = format!("{status} = {RUNNING} AND o.lease_until >= {now}");
+                    let before = format!("{expired} AND {}", D::ahead_in_line(RUNNING));
+                    let (live, before) = (self.counted(b, &live), self.counted(b, &before));
+                    blocked.push(format!("{live} + {before} >= {}", b.bind(i64::from(n))));
                 }
             }
             // Up to n of a key at once: a job may start while fewer than n of its key run or

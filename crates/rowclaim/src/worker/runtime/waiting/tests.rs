@@ -122,3 +122,45 @@ fn take_all_empties_the_lines_and_keeps_the_order_of_arrival() {
     assert!(w.ended(&"k".into(), true).is_empty());
     assert!(w.lines.is_empty());
 }
+
+#[test]
+fn a_row_that_ends_unfinished_beside_another_keeps_the_line_until_that_one_ends() {
+    let mut w = Waiting::default();
+    w.push(&(), rows(&[1, 2, 3, 4]), vec![line("k", 2, &[1, 2, 3, 4])]);
+    assert_eq!(ids(&start_all(&mut w)), [1, 2]);
+    let k: Arc<str> = "k".into();
+    let back: Vec<RowId> = w.ended(&k, false).into_iter().map(|((), r)| r.id).collect();
+    assert_eq!(back, [RowId::Int(3), RowId::Int(4)]);
+    assert!(w.is_empty());
+    // Row 2 still runs: the line is kept for it, and a later claim's row of it waits its turn.
+    assert!(w.lines.contains_key(&k));
+    w.push(&(), rows(&[3]), vec![line("k", 2, &[3])]);
+    assert_eq!(ids(&start_all(&mut w)), [3], "one place was free");
+    w.push(&(), rows(&[4]), vec![line("k", 2, &[4])]);
+    assert!(start_all(&mut w).is_empty(), "2 and 3 run");
+    assert!(w.ended(&k, true).is_empty());
+    assert_eq!(ids(&start_all(&mut w)), [4]);
+    assert!(w.ended(&k, true).is_empty());
+    assert!(w.ended(&k, true).is_empty());
+    assert!(w.lines.is_empty() && w.ready.is_empty());
+}
+
+#[test]
+fn a_later_claim_of_a_line_runs_after_what_the_line_holds() {
+    let mut w = Waiting::default();
+    w.push(&(), rows(&[1, 2]), vec![line("k", 1, &[1, 2])]);
+    assert_eq!(ids(&start_all(&mut w)), [1]);
+    w.push(&(), rows(&[9, 3, 4]), vec![line("k", 1, &[3, 4])]);
+    assert_eq!(
+        ids(&start_all(&mut w)),
+        [9],
+        "the line's next waits for its first"
+    );
+    let k: Arc<str> = "k".into();
+    for next in [2, 3, 4] {
+        assert!(w.ended(&k, true).is_empty());
+        assert_eq!(ids(&start_all(&mut w)), [next]);
+    }
+    assert!(w.ended(&k, true).is_empty());
+    assert!(w.is_empty() && w.lines.is_empty());
+}
