@@ -653,6 +653,75 @@ mod postgres {
         .await
     }
 
+    /// A dead worker's run, the first of its jobs already taken again and sent back for a
+    /// retry: the retry runs first, then the rest of the run one at a time, then the line
+    /// behind it; each of a key's jobs in line order, with a worker taking runs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_workers_run_waits_for_the_retry_of_its_first_job() {
+        with_db(Backend::Postgres, |t| async move {
+            let q = queue(&t).await;
+            q.limit("dead", &QueueLimits::default().key_concurrency(1))
+                .await
+                .unwrap();
+            let jobs: Vec<NewJob> = (0..60)
+                .map(|n| {
+                    let key = if n % 2 == 0 { "a" } else { "b" };
+                    NewJob::new(json!({ "key": key, "n": n }))
+                        .queue("dead")
+                        .limit_key(key)
+                })
+                .collect();
+            q.enqueue_many(&jobs).await.unwrap();
+            // Key a's first five ran out as a run; its first was taken again, failed, and
+            // waits for its retry, due once the worker knows the keys and takes runs (key b's
+            // jobs take a while).
+            let run = "SELECT id FROM rowclaim_jobs WHERE queue = 'dead' AND limit_key = 'a' \
+                       ORDER BY id LIMIT 5";
+            t.exec(&format!(
+                "UPDATE rowclaim_jobs SET status = 'running', attempts = 1, owner = 'gone', \
+                 lease_until = now() - interval '1 minute' WHERE id IN ({run})"
+            ))
+            .await;
+            t.exec(&format!(
+                "UPDATE rowclaim_jobs SET status = 'ready', owner = NULL, lease_until = NULL, \
+                 run_at = now() + interval '1 second' WHERE id = (SELECT MIN(id) FROM ({run}) AS r)"
+            ))
+            .await;
+            let db = t.db().await;
+            let order: Arc<Mutex<Vec<i64>>> = Arc::default();
+            let seen = order.clone();
+            Worker::new(&db)
+                .queue("dead")
+                .handle_any(move |job| {
+                    let seen = seen.clone();
+                    async move {
+                        let n = job.payload["n"].as_i64().unwrap_or(-1);
+                        seen.lock().unwrap().push(n);
+                        if n % 2 == 1 {
+                            tokio::time::sleep(Duration::from_millis(60)).await;
+                        }
+                        Ok::<(), String>(())
+                    }
+                })
+                .concurrency(4)
+                .prefetch(100)
+                .lease(Duration::from_secs(30))
+                .poll(Duration::from_millis(50))
+                .until_empty(true)
+                .run(std::future::pending())
+                .await
+                .unwrap();
+            let order = order.lock().unwrap().clone();
+            let a: Vec<i64> = order.iter().copied().filter(|n| n % 2 == 0).collect();
+            let expected: Vec<i64> = (0..30).map(|i| 2 * i).collect();
+            assert_eq!(a, expected, "key a in line order, each once");
+            let mut b: Vec<i64> = order.iter().copied().filter(|n| n % 2 == 1).collect();
+            b.sort_unstable();
+            assert_eq!(b, (0..30).map(|i| 2 * i + 1).collect::<Vec<_>>());
+        })
+        .await
+    }
+
     /// A job of a run that fails sends the rest of its run back unstarted (attempts as they
     /// were): the key's later jobs run only after its retry, in line order, and every other
     /// job once.

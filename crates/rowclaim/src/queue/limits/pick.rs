@@ -137,13 +137,14 @@ pub(crate) fn heads_sql<D: Schema>(
 /// `QueueLimits::line_width`): up to `run` jobs from the front of the line of each key none of
 /// whose jobs runs, each due and of the claim's kinds, as are all between it and the front (the
 /// worker runs them one after another, `width` at once). A job scheduled for later behind the
-/// front ends the run: it joins the line at its place once due, and what the run would hold
-/// behind it would start first. From a key whose jobs run, as many as its width leaves room
-/// for, as [`heads_sql`] takes (a scheduled job among them counts a place here). Rows come place by place (every key's first, then
-/// every key's second, …), so that the claim's room is shared among the keys, and what it
-/// takes of a line is its front. PostgreSQL only, as [`heads_sql`]. Rows of its shape, and
-/// after them the id of the first job in line of the row's key (none for a job without a key):
-/// the rows of one key share it.
+/// front ends the run (it joins the line at its place once due, and what the run would hold
+/// behind it would start first), and so does a running job behind the front, left by a dead
+/// worker's run. From a key whose jobs run, as many as its width leaves room for, as
+/// [`heads_sql`] takes (a scheduled job among them counts a place here). Rows come place by
+/// place (every key's first, then every key's second, …), so that the claim's room is shared
+/// among the keys, and what it takes of a line is its front. PostgreSQL only, as
+/// [`heads_sql`]. Rows of its shape, and after them the id of the first job in line of the
+/// row's key (none for a job without a key): the rows of one key share it.
 pub(crate) fn runs_sql<D: Schema>(
     queue: &str,
     kinds: &[String],
@@ -157,11 +158,16 @@ pub(crate) fn runs_sql<D: Schema>(
     let q1 = b.bind(queue.to_owned());
     let q2 = b.bind(queue.to_owned());
     let q3 = b.bind(queue.to_owned());
-    let front = b.bind(i64::from(width));
-    let fits = kinds_cond(&mut b, kinds, "h.");
     let q4 = b.bind(queue.to_owned());
     let q5 = b.bind(queue.to_owned());
+    let front = b.bind(i64::from(width));
+    let fits = kinds_cond(&mut b, kinds, "h.");
+    let q6 = b.bind(queue.to_owned());
     let run = b.bind(run);
+    // Per key: its first job in line and the first of its running jobs behind that (left by
+    // a dead worker's run, `blocked`'s expired arm: a run stops before it, to start after it);
+    // how many of its jobs run (those behind its first in line only while their leases last);
+    // and the run, from its first job in line on.
     let walk = format!(
         "WITH RECURSIVE rowclaim_keys (k) AS (\
          SELECT (SELECT limit_key FROM rowclaim_jobs WHERE queue = {q1} \
@@ -171,16 +177,21 @@ pub(crate) fn runs_sql<D: Schema>(
          ORDER BY o.limit_key LIMIT 1) \
          FROM rowclaim_keys WHERE rowclaim_keys.k IS NOT NULL), \
          rowclaim_fronts (k, id, place, due, head, busy) AS (SELECT rowclaim_keys.k, l.id, \
-         l.place, l.due, l.head, r.n FROM rowclaim_keys CROSS JOIN LATERAL (SELECT COUNT(*) AS n FROM \
-         (SELECT 1 FROM rowclaim_jobs AS o WHERE o.queue = {q3} \
-         AND o.limit_key = rowclaim_keys.k AND o.{status} = {RUNNING} LIMIT {front}) AS o) AS r \
+         l.place, l.due, l.head, r.n FROM rowclaim_keys CROSS JOIN LATERAL (SELECT f.id, \
+         (SELECT s.id FROM rowclaim_jobs AS s WHERE s.queue = {q3} \
+         AND s.limit_key = rowclaim_keys.k AND s.{status} = {RUNNING} AND s.id > f.id \
+         ORDER BY s.{status}, s.id LIMIT 1) AS stop FROM rowclaim_jobs AS f \
+         WHERE f.queue = {q4} AND f.limit_key = rowclaim_keys.k AND f.{status} = {READY} \
+         AND {} ORDER BY f.{status}, f.id LIMIT 1) AS line_first \
+         CROSS JOIN LATERAL (SELECT COUNT(*) AS n FROM (SELECT 1 FROM rowclaim_jobs AS o \
+         WHERE o.queue = {q5} AND o.limit_key = rowclaim_keys.k AND o.{status} = {RUNNING} \
+         AND (o.lease_until >= {now} OR o.id < line_first.id) LIMIT {front}) AS o) AS r \
          CROSS JOIN LATERAL (SELECT h.id, ROW_NUMBER() OVER (ORDER BY h.id) AS place, \
          MIN(CASE WHEN h.run_at <= {now}{fits} THEN 1 ELSE 0 END) OVER (ORDER BY h.id) AS due, \
          FIRST_VALUE(h.id) OVER (ORDER BY h.id) AS head \
-         FROM rowclaim_jobs AS h WHERE h.queue = {q4} AND h.status = {READY} \
-         AND h.limit_key = rowclaim_keys.k AND h.id >= (SELECT f.id FROM rowclaim_jobs AS f \
-         WHERE f.queue = {q5} AND f.limit_key = rowclaim_keys.k AND f.{status} = {READY} \
-         AND {} ORDER BY f.{status}, f.id LIMIT 1) ORDER BY h.id LIMIT {run}) AS l) ",
+         FROM rowclaim_jobs AS h WHERE h.queue = {q6} AND h.status = {READY} \
+         AND h.limit_key = rowclaim_keys.k AND h.id >= line_first.id \
+         AND (line_first.stop IS NULL OR h.id < line_first.stop) ORDER BY h.id LIMIT {run}) AS l) ",
         in_line::<D>("f"),
         status = D::LINE_STATUS,
     );
@@ -406,6 +417,21 @@ impl FirstOfLine<'_> {
             D::ahead_in_line(READY),
             in_line::<D>("o")
         );
+        // Where a worker may have taken runs of a key's line (PostgreSQL, a key concurrency
+        // without a key rate; also once the limits changed since), a dead worker's run leaves
+        // several of a key's jobs running with their leases out, and one of them may go back
+        // to wait for a retry while those behind it still count as running. Such jobs behind
+        // `j` in its line do not keep it waiting (it is ahead of them, and they wait for it
+        // below), else neither would ever start. Everywhere else every running job counts.
+        let runs = D::SKIP_SCAN && one_running && key_rate.is_none();
+        let running = if runs {
+            vec![
+                format!("{status} = {RUNNING} AND o.lease_until >= {now}"),
+                format!("{expired} AND {}", D::ahead_in_line(RUNNING)),
+            ]
+        } else {
+            vec![format!("{status} = {RUNNING}")]
+        };
         let mut blocked = Vec::new();
         match arm {
             // A job whose lease ran out takes its own place again; under a rate, one at a
@@ -415,32 +441,39 @@ impl FirstOfLine<'_> {
                     let first = format!("{expired} AND {}", D::ahead_in_line(RUNNING));
                     blocked.push(self.other(b, &first));
                     blocked.push(self.started(b, rate));
-                } else if let (true, Some(n)) = (D::SKIP_SCAN, self.limits.line_width()) {
-                    // A run's jobs (`runs_sql`) may all have run out together: they are taken
-                    // again first first, no more than the key's concurrency leaves room for.
-                    let live = format!("{status} = {RUNNING} AND o.lease_until >= {now}");
-                    let before = format!("{expired} AND {}", D::ahead_in_line(RUNNING));
-                    let (live, before) = (self.counted(b, &live), self.counted(b, &before));
-                    blocked.push(format!("{live} + {before} >= {}", b.bind(i64::from(n))));
+                } else if runs {
+                    // The jobs of a run may all have run out together: they are taken again
+                    // first first, no more than the key's concurrency at once, and none before
+                    // a job ahead of it in line that went back (a retry).
+                    let counts: Vec<String> = running
+                        .iter()
+                        .chain(std::iter::once(&ahead))
+                        .map(|cond| self.counted(b, cond))
+                        .collect();
+                    let n = b.bind(self.limits.line_front());
+                    blocked.push(format!("{} >= {n}", counts.join(" + ")));
                 }
             }
             // Up to n of a key at once: a job may start while fewer than n of its key run or
             // wait ahead of it in line (each count stops at n).
             Arm::Ready if self.limits.line_front() > 1 => {
-                let running = self.counted(b, &format!("{status} = {RUNNING}"));
-                let waiting = match ahead_of_j {
+                let mut counts: Vec<String> =
+                    running.iter().map(|cond| self.counted(b, cond)).collect();
+                counts.push(match ahead_of_j {
                     Ahead::Place(place) => format!("({place} - 1)"),
                     Ahead::Sought => self.counted(b, &ahead),
-                };
+                });
                 let n = b.bind(self.limits.line_front());
-                blocked.push(format!("{running} + {waiting} >= {n}"));
+                blocked.push(format!("{} >= {n}", counts.join(" + ")));
             }
             Arm::Ready if one_running || key_rate.is_some() => {
                 if ahead_of_j == Ahead::Sought {
                     blocked.push(self.other(b, &ahead));
                 }
                 if one_running {
-                    blocked.push(self.other(b, &format!("{status} = {RUNNING}")));
+                    for cond in &running {
+                        blocked.push(self.other(b, cond));
+                    }
                 } else {
                     blocked.push(self.other(b, &expired));
                 }
