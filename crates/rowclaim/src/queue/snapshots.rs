@@ -183,6 +183,10 @@ fn limited<D: Schema>(payload_type: &str, strategy: Strategy) -> String {
             ),
         );
     }
+    if let Some(setup) = D::LIMITED_CLAIM_SETUP {
+        let setup = Stmt::new(setup.to_owned(), crate::backend::sql::Binder::new());
+        steps.insert(0, ("the transaction's setting", setup));
+    }
     steps
         .into_iter()
         .map(|(what, s)| format!("-- {what}\n{}", show([s])))

@@ -111,6 +111,10 @@ pub(crate) async fn claim<R: Run + ?Sized>(
 where
     R::Sql: Schema,
 {
+    if let Some(setup) = R::Sql::LIMITED_CLAIM_SETUP {
+        tx.execute(Stmt::new(setup.to_owned(), Binder::new()))
+            .await?;
+    }
     // The queue's turn: its row lock, held to the end of the transaction.
     if tx.execute(turn_sql(queue, wait_for_others)).await? == 0 {
         return Ok(None);

@@ -167,7 +167,10 @@ pub(crate) fn runs_sql<D: Schema>(
     // Per key: its first job in line and the first of its running jobs behind that (left by
     // a dead worker's run, `blocked`'s expired arm: a run stops before it, to start after it);
     // how many of its jobs run (those behind its first in line only while their leases last);
-    // and the run, from its first job in line on.
+    // and the run, from its first job in line on, read by the limit index (bounded as it is
+    // ordered: bounded by the id alone, PostgreSQL walked the primary key from that id and
+    // passed over every other key's jobs on the way), with
+    // what the claim orders by, so that no join reads the jobs again (it hashed the table).
     let walk = format!(
         "WITH RECURSIVE rowclaim_keys (k) AS (\
          SELECT (SELECT limit_key FROM rowclaim_jobs WHERE queue = {q1} \
@@ -176,8 +179,9 @@ pub(crate) fn runs_sql<D: Schema>(
          AND o.status = {READY} AND o.limit_key > rowclaim_keys.k \
          ORDER BY o.limit_key LIMIT 1) \
          FROM rowclaim_keys WHERE rowclaim_keys.k IS NOT NULL), \
-         rowclaim_fronts (k, id, place, due, head, busy) AS (SELECT rowclaim_keys.k, l.id, \
-         l.place, l.due, l.head, r.n FROM rowclaim_keys CROSS JOIN LATERAL (SELECT f.id, \
+         rowclaim_fronts (k, id, priority, run_at, ok, place, due, head, busy) AS (\
+         SELECT rowclaim_keys.k, l.id, l.priority, l.run_at, l.ok, l.place, l.due, l.head, r.n \
+         FROM rowclaim_keys CROSS JOIN LATERAL (SELECT f.id, \
          (SELECT s.id FROM rowclaim_jobs AS s WHERE s.queue = {q3} \
          AND s.limit_key = rowclaim_keys.k AND s.{status} = {RUNNING} AND s.id > f.id \
          ORDER BY s.{status}, s.id LIMIT 1) AS stop FROM rowclaim_jobs AS f \
@@ -186,16 +190,17 @@ pub(crate) fn runs_sql<D: Schema>(
          CROSS JOIN LATERAL (SELECT COUNT(*) AS n FROM (SELECT 1 FROM rowclaim_jobs AS o \
          WHERE o.queue = {q5} AND o.limit_key = rowclaim_keys.k AND o.{status} = {RUNNING} \
          AND (o.lease_until >= {now} OR o.id < line_first.id) LIMIT {front}) AS o) AS r \
-         CROSS JOIN LATERAL (SELECT h.id, ROW_NUMBER() OVER (ORDER BY h.id) AS place, \
-         MIN(CASE WHEN h.run_at <= {now}{fits} THEN 1 ELSE 0 END) OVER (ORDER BY h.id) AS due, \
-         FIRST_VALUE(h.id) OVER (ORDER BY h.id) AS head \
-         FROM rowclaim_jobs AS h WHERE h.queue = {q6} AND h.status = {READY} \
-         AND h.limit_key = rowclaim_keys.k AND h.id >= line_first.id \
-         AND (line_first.stop IS NULL OR h.id < line_first.stop) ORDER BY h.id LIMIT {run}) AS l) ",
+         CROSS JOIN LATERAL (SELECT m.id, m.priority, m.run_at, m.ok, \
+         ROW_NUMBER() OVER (ORDER BY m.id) AS place, MIN(m.ok) OVER (ORDER BY m.id) AS due, \
+         FIRST_VALUE(m.id) OVER (ORDER BY m.id) AS head FROM (SELECT h.id, h.priority, \
+         h.run_at, CASE WHEN h.run_at <= {now}{fits} THEN 1 ELSE 0 END AS ok \
+         FROM rowclaim_jobs AS h WHERE h.queue = {q6} AND h.limit_key = rowclaim_keys.k \
+         AND h.{status} = {READY} AND (h.{status}, h.id) >= ({READY}, line_first.id) \
+         AND (line_first.stop IS NULL OR (h.{status}, h.id) < ({READY}, line_first.stop)) \
+         ORDER BY h.{status}, h.id LIMIT {run}) AS m) AS l) ",
         in_line::<D>("f"),
         status = D::LINE_STATUS,
     );
-    let keyed_kinds = kinds_cond(&mut b, kinds, "j.");
     let front2 = b.bind(i64::from(width));
     let keyless = if keyless {
         format!(
@@ -209,12 +214,9 @@ pub(crate) fn runs_sql<D: Schema>(
     let take = b.bind(take);
     let sql = format!(
         "{walk}SELECT CAST(f.id AS {}), (SELECT COUNT(DISTINCT k) FROM rowclaim_fronts), \
-         f.keyless, f.head FROM ((SELECT j.id, j.priority, j.run_at, rowclaim_fronts.place, \
-         CAST(0 AS BIGINT) AS keyless, rowclaim_fronts.head FROM rowclaim_fronts \
-         JOIN rowclaim_jobs AS j ON j.id = rowclaim_fronts.id \
-         WHERE j.run_at <= {now}{keyed_kinds} AND (rowclaim_fronts.busy + \
-         rowclaim_fronts.place <= {front2} OR (rowclaim_fronts.busy = 0 \
-         AND rowclaim_fronts.due = 1))){keyless}) AS f \
+         f.keyless, f.head FROM ((SELECT c.id, c.priority, c.run_at, c.place, \
+         CAST(0 AS BIGINT) AS keyless, c.head FROM rowclaim_fronts AS c WHERE c.ok = 1 \
+         AND (c.busy + c.place <= {front2} OR (c.busy = 0 AND c.due = 1))){keyless}) AS f \
          ORDER BY f.place, f.priority DESC, f.run_at, f.id LIMIT {take}",
         D::TEXT,
     );

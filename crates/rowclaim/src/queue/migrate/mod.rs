@@ -31,6 +31,8 @@ pub(crate) trait Schema: Dialect {
     /// `limit_key` in the limit index: `status`; on MySQL a column that is the status of keyed
     /// jobs only, so that a change of status of a job without a key leaves that index alone.
     const LINE_STATUS: &'static str = "status";
+    /// A statement a limited claim's transaction starts with, if any (`limits/claiming.rs`).
+    const LIMITED_CLAIM_SETUP: Option<&'static str> = None;
     /// "Job `o` is ahead of job `j` in their key's line", both of status `status` (a quoted
     /// literal), as a bound the limit index reads (`limits/pick.rs`).
     fn ahead_in_line(_status: &str) -> String {
