@@ -555,31 +555,13 @@ mod postgres {
     async fn a_plain_claimer_takes_the_front_of_each_idle_line_only() {
         with_db(Backend::Postgres, |t| async move {
             let q = queue(&t).await;
-            q.limit("runs", &QueueLimits::default().key_concurrency(1))
-                .await
-                .unwrap();
-            let keys = ["a", "b", "c"];
-            let jobs: Vec<NewJob> = (0..90)
-                .map(|n| {
-                    let key = keys[n % 3];
-                    NewJob::new(json!({ "key": key, "n": n }))
-                        .queue("runs")
-                        .limit_key(key)
-                })
-                .collect();
-            q.enqueue_many(&jobs).await.unwrap();
+            one_at_a_time_by_key(&q, "runs", &["a", "b", "c"], 90).await;
             let claimer = q.claimer(&["runs".to_owned()]).await.unwrap();
             let lease = Duration::from_secs(30);
             let by_key = |claim: &rowclaim::Claim| {
                 let mut by_key: HashMap<String, Vec<i64>> = HashMap::new();
-                for row in claim.rows() {
-                    let payload: serde_json::Value =
-                        serde_json::from_str(row.data["payload"].as_str().unwrap()).unwrap();
-                    let key = payload["key"].as_str().unwrap().to_owned();
-                    by_key
-                        .entry(key)
-                        .or_default()
-                        .push(payload["n"].as_i64().unwrap());
+                for (key, n) in claim.rows().iter().map(key_and_n) {
+                    by_key.entry(key).or_default().push(n);
                 }
                 by_key
             };
@@ -590,9 +572,7 @@ mod postgres {
             assert!(fronts.values().all(|n| n.len() == 1), "{fronts:?}");
             // With key c's front still running, runs of a and b only.
             for row in first.rows() {
-                let payload: serde_json::Value =
-                    serde_json::from_str(row.data["payload"].as_str().unwrap()).unwrap();
-                if payload["key"] != "c" {
+                if key_and_n(row).0 != "c" {
                     first.complete(&row.id).await.unwrap();
                 }
             }
@@ -612,36 +592,13 @@ mod postgres {
     async fn a_run_whose_leases_ran_out_is_taken_again_one_at_a_time() {
         with_db(Backend::Postgres, |t| async move {
             let q = queue(&t).await;
-            q.limit("gone", &QueueLimits::default().key_concurrency(1))
-                .await
-                .unwrap();
-            let jobs: Vec<NewJob> = (0..30)
-                .map(|n| {
-                    let key = if n % 2 == 0 { "a" } else { "b" };
-                    NewJob::new(json!({ "key": key, "n": n }))
-                        .queue("gone")
-                        .limit_key(key)
-                })
-                .collect();
-            q.enqueue_many(&jobs).await.unwrap();
-            // Key a's first five: a run whose worker died, its leases long out.
-            t.exec(
-                "UPDATE rowclaim_jobs SET status = 'running', attempts = 1, owner = 'gone', \
-                 lease_until = now() - interval '1 minute' WHERE id IN (SELECT id \
-                 FROM rowclaim_jobs WHERE queue = 'gone' AND limit_key = 'a' ORDER BY id LIMIT 5)",
-            )
-            .await;
+            two_keys_with_a_dead_run(&t, &q, "gone", 30).await;
             let claimer = q.claimer(&["gone".to_owned()]).await.unwrap();
             let lease = Duration::from_secs(30);
             let mut taken: Vec<(String, i64)> = Vec::new();
             for _ in 0..3 {
                 let claim = claimer.claim(30, lease).await.unwrap();
-                for row in claim.rows() {
-                    let payload: serde_json::Value =
-                        serde_json::from_str(row.data["payload"].as_str().unwrap()).unwrap();
-                    let key = payload["key"].as_str().unwrap().to_owned();
-                    taken.push((key, payload["n"].as_i64().unwrap()));
-                }
+                taken.extend(claim.rows().iter().map(key_and_n));
             }
             let a: Vec<i64> = taken
                 .iter()
@@ -660,32 +617,14 @@ mod postgres {
     async fn a_dead_workers_run_waits_for_the_retry_of_its_first_job() {
         with_db(Backend::Postgres, |t| async move {
             let q = queue(&t).await;
-            q.limit("dead", &QueueLimits::default().key_concurrency(1))
-                .await
-                .unwrap();
-            let jobs: Vec<NewJob> = (0..60)
-                .map(|n| {
-                    let key = if n % 2 == 0 { "a" } else { "b" };
-                    NewJob::new(json!({ "key": key, "n": n }))
-                        .queue("dead")
-                        .limit_key(key)
-                })
-                .collect();
-            q.enqueue_many(&jobs).await.unwrap();
-            // Key a's first five ran out as a run; its first was taken again, failed, and
-            // waits for its retry, due once the worker knows the keys and takes runs (key b's
-            // jobs take a while).
-            let run = "SELECT id FROM rowclaim_jobs WHERE queue = 'dead' AND limit_key = 'a' \
-                       ORDER BY id LIMIT 5";
-            t.exec(&format!(
-                "UPDATE rowclaim_jobs SET status = 'running', attempts = 1, owner = 'gone', \
-                 lease_until = now() - interval '1 minute' WHERE id IN ({run})"
-            ))
-            .await;
-            t.exec(&format!(
+            two_keys_with_a_dead_run(&t, &q, "dead", 60).await;
+            // The first of key a's dead run was taken again, failed, and waits for its retry,
+            // due once the worker knows the keys and takes runs (key b's jobs take a while).
+            t.exec(
                 "UPDATE rowclaim_jobs SET status = 'ready', owner = NULL, lease_until = NULL, \
-                 run_at = now() + interval '1 second' WHERE id = (SELECT MIN(id) FROM ({run}) AS r)"
-            ))
+                 run_at = now() + interval '1 second' WHERE id = (SELECT MIN(id) \
+                 FROM rowclaim_jobs WHERE queue = 'dead' AND limit_key = 'a')",
+            )
             .await;
             let db = t.db().await;
             let order: Arc<Mutex<Vec<i64>>> = Arc::default();
@@ -729,19 +668,7 @@ mod postgres {
     async fn the_rest_of_a_run_waits_for_the_retry_of_a_job_that_failed() {
         with_db(Backend::Postgres, |t| async move {
             let q = queue(&t).await;
-            q.limit("retry", &QueueLimits::default().key_concurrency(1))
-                .await
-                .unwrap();
-            let keys = ["a", "b", "c"];
-            let jobs: Vec<NewJob> = (0..150)
-                .map(|n| {
-                    let key = keys[n % 3];
-                    NewJob::new(json!({ "key": key, "n": n }))
-                        .queue("retry")
-                        .limit_key(key)
-                })
-                .collect();
-            q.enqueue_many(&jobs).await.unwrap();
+            one_at_a_time_by_key(&q, "retry", &["a", "b", "c"], 150).await;
             let db = t.db().await;
             let order: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
             // The most jobs of one key held at once in the database: more than one is a run.
@@ -801,6 +728,43 @@ mod postgres {
             all_ran_once_but(&t, "retry", 149).await;
         })
         .await
+    }
+
+    /// A claimed job's key and `n`, from its payload.
+    fn key_and_n(row: &rowclaim::ClaimedRow) -> (String, i64) {
+        let payload: serde_json::Value =
+            serde_json::from_str(row.data["payload"].as_str().unwrap()).unwrap();
+        let key = payload["key"].as_str().unwrap().to_owned();
+        (key, payload["n"].as_i64().unwrap())
+    }
+
+    /// Queue `name`, one job of each key at a time, with `jobs` jobs of `keys` in turn (job `n`
+    /// of key `keys[n % keys.len()]`, `n` in its payload).
+    async fn one_at_a_time_by_key(q: &Queue, name: &str, keys: &[&str], jobs: usize) {
+        q.limit(name, &QueueLimits::default().key_concurrency(1))
+            .await
+            .unwrap();
+        let jobs: Vec<NewJob> = (0..jobs)
+            .map(|n| {
+                let key = keys[n % keys.len()];
+                NewJob::new(json!({ "key": key, "n": n }))
+                    .queue(name)
+                    .limit_key(key)
+            })
+            .collect();
+        q.enqueue_many(&jobs).await.unwrap();
+    }
+
+    /// [`one_at_a_time_by_key`] with keys a and b (a's are the even `n`s), and key a's first
+    /// five left running by a dead worker, their leases long out.
+    async fn two_keys_with_a_dead_run(t: &TestDb, q: &Queue, name: &str, jobs: usize) {
+        one_at_a_time_by_key(q, name, &["a", "b"], jobs).await;
+        t.exec(&format!(
+            "UPDATE rowclaim_jobs SET status = 'running', attempts = 1, owner = 'gone', \
+             lease_until = now() - interval '1 minute' WHERE id IN (SELECT id \
+             FROM rowclaim_jobs WHERE queue = '{name}' AND limit_key = 'a' ORDER BY id LIMIT 5)"
+        ))
+        .await;
     }
 
     /// Every job of `queue` but one completed on its first attempt.

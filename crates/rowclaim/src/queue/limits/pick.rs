@@ -72,9 +72,9 @@ pub(crate) fn heads_sql<D: Schema>(
     let now = D::NOW;
     let in_line = in_line::<D>;
     let mut b = Binder::<D>::new();
-    let q1 = b.bind(queue.to_owned());
-    let q2 = b.bind(queue.to_owned());
     let (fronts, place) = if limits.line_front() == 1 {
+        let q1 = b.bind(queue.to_owned());
+        let q2 = b.bind(queue.to_owned());
         // One front a key: the walk from key to key lands on each key's first job in line
         // (the limit index orders a key's ready jobs by id), so a key's entries are walked
         // once, not once to find the key and again for its front.
@@ -92,17 +92,11 @@ pub(crate) fn heads_sql<D: Schema>(
         );
         (walk, "1")
     } else {
+        let keys = keys_walk(&mut b, queue);
         let q3 = b.bind(queue.to_owned());
         let front = b.bind(limits.line_front());
         let walk = format!(
-            "WITH RECURSIVE rowclaim_keys (k) AS (\
-             SELECT (SELECT limit_key FROM rowclaim_jobs WHERE queue = {q1} \
-             AND status = {READY} AND limit_key IS NOT NULL ORDER BY limit_key LIMIT 1) \
-             UNION ALL SELECT (SELECT o.limit_key FROM rowclaim_jobs AS o WHERE o.queue = {q2} \
-             AND o.status = {READY} AND o.limit_key > rowclaim_keys.k \
-             ORDER BY o.limit_key LIMIT 1) \
-             FROM rowclaim_keys WHERE rowclaim_keys.k IS NOT NULL), \
-             rowclaim_fronts (k, id, place) AS (SELECT rowclaim_keys.k, l.id, l.place \
+            "{keys}rowclaim_fronts (k, id, place) AS (SELECT rowclaim_keys.k, l.id, l.place \
              FROM rowclaim_keys CROSS JOIN LATERAL (SELECT h.id, \
              ROW_NUMBER() OVER (ORDER BY h.id) AS place FROM rowclaim_jobs AS h \
              WHERE h.queue = {q3} AND h.status = {READY} AND h.limit_key = rowclaim_keys.k \
@@ -155,8 +149,7 @@ pub(crate) fn runs_sql<D: Schema>(
 ) -> Stmt<D> {
     let now = D::NOW;
     let mut b = Binder::<D>::new();
-    let q1 = b.bind(queue.to_owned());
-    let q2 = b.bind(queue.to_owned());
+    let keys = keys_walk(&mut b, queue);
     let q3 = b.bind(queue.to_owned());
     let q4 = b.bind(queue.to_owned());
     let q5 = b.bind(queue.to_owned());
@@ -169,17 +162,10 @@ pub(crate) fn runs_sql<D: Schema>(
     // how many of its jobs run (those behind its first in line only while their leases last);
     // and the run, from its first job in line on, read by the limit index (bounded as it is
     // ordered: bounded by the id alone, PostgreSQL walked the primary key from that id and
-    // passed over every other key's jobs on the way), with
-    // what the claim orders by, so that no join reads the jobs again (it hashed the table).
+    // passed over every other key's jobs on the way), with what the claim orders by, so that
+    // no join reads the jobs again (it hashed the whole table).
     let walk = format!(
-        "WITH RECURSIVE rowclaim_keys (k) AS (\
-         SELECT (SELECT limit_key FROM rowclaim_jobs WHERE queue = {q1} \
-         AND status = {READY} AND limit_key IS NOT NULL ORDER BY limit_key LIMIT 1) \
-         UNION ALL SELECT (SELECT o.limit_key FROM rowclaim_jobs AS o WHERE o.queue = {q2} \
-         AND o.status = {READY} AND o.limit_key > rowclaim_keys.k \
-         ORDER BY o.limit_key LIMIT 1) \
-         FROM rowclaim_keys WHERE rowclaim_keys.k IS NOT NULL), \
-         rowclaim_fronts (k, id, priority, run_at, ok, place, due, head, busy) AS (\
+        "{keys}rowclaim_fronts (k, id, priority, run_at, ok, place, due, head, busy) AS (\
          SELECT rowclaim_keys.k, l.id, l.priority, l.run_at, l.ok, l.place, l.due, l.head, r.n \
          FROM rowclaim_keys CROSS JOIN LATERAL (SELECT f.id, \
          (SELECT s.id FROM rowclaim_jobs AS s WHERE s.queue = {q3} \
@@ -221,6 +207,22 @@ pub(crate) fn runs_sql<D: Schema>(
         D::TEXT,
     );
     Stmt::new(sql, b)
+}
+
+/// `WITH RECURSIVE rowclaim_keys (k) AS (…), `: the keys with a ready job in `queue`, walked
+/// from key to key through the limit index (each step one index probe, however deep the lines).
+fn keys_walk<D: Dialect>(b: &mut Binder<D>, queue: &str) -> String {
+    let q1 = b.bind(queue.to_owned());
+    let q2 = b.bind(queue.to_owned());
+    format!(
+        "WITH RECURSIVE rowclaim_keys (k) AS (\
+         SELECT (SELECT limit_key FROM rowclaim_jobs WHERE queue = {q1} \
+         AND status = {READY} AND limit_key IS NOT NULL ORDER BY limit_key LIMIT 1) \
+         UNION ALL SELECT (SELECT o.limit_key FROM rowclaim_jobs AS o WHERE o.queue = {q2} \
+         AND o.status = {READY} AND o.limit_key > rowclaim_keys.k \
+         ORDER BY o.limit_key LIMIT 1) \
+         FROM rowclaim_keys WHERE rowclaim_keys.k IS NOT NULL), "
+    )
 }
 
 /// The first `take` due jobs of `queue` without a key, in claim order, as rows of
