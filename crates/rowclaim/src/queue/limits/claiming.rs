@@ -21,9 +21,9 @@ use crate::value::IdList;
 /// limited queue where it found none the last time, while the jobs it finds in front keep it
 /// busy. That look reads the queue's ready jobs to their end where none are keyless (no index
 /// holds keyless jobs apart): a table of 5,000 jobs of 10 keys, each claim 1.2 ms, more than
-/// its other statements together. A claim that would otherwise come back empty always looks,
-/// so such a job waits at most this long more for a free slot while the claimer finds other
-/// jobs (as a job whose lease ran out waits, `claim/`).
+/// its other statements together. A claim that would otherwise come back empty always looks
+/// (but where the worker runs lines, `fronts`), so such a job waits at most this long more for
+/// a free slot while the claimer finds other jobs (as a job whose lease ran out waits, `claim/`).
 pub(crate) const KEYLESS_EVERY: Duration = Duration::from_secs(1);
 
 /// What a claimer learned of one limited queue's lines in its last claims, so that its next
