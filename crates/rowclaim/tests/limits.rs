@@ -819,7 +819,11 @@ mod postgres {
                  WHERE id <= 2000",
             )
             .await;
-            for heading in ["-- pick: key concurrency 1", "-- pick: key concurrency 2"] {
+            for heading in [
+                "-- pick: key concurrency 1",
+                "-- pick: key concurrency 2",
+                "-- pick: one at a time per key",
+            ] {
                 let plan = ran(&t, &from_snapshot(heading)).await;
                 assert!(
                     !plan.contains("rowclaim_jobs_pkey on rowclaim_jobs o"),

@@ -114,6 +114,7 @@ fn limited<D: Schema>(payload_type: &str, strategy: Strategy) -> String {
         .concurrency(10)
         .key_concurrency(1)
         .key_rate(Rate::new(1, Duration::from_secs(60)));
+    let one_per_key = QueueLimits::default().key_concurrency(1);
     let two_per_key = QueueLimits::default().key_concurrency(2);
     let lines = QueueLimits::default()
         .key_concurrency(3)
@@ -125,6 +126,10 @@ fn limited<D: Schema>(payload_type: &str, strategy: Strategy) -> String {
         (
             "pick: key concurrency 1, key rate 1 per minute",
             limits::pick_ids_sql("mail", &kinds, &first_only, 2, true),
+        ),
+        (
+            "pick: one at a time per key",
+            limits::pick_ids_sql("mail", &kinds, &one_per_key, 2, true),
         ),
         (
             "pick: key concurrency 2",
@@ -182,6 +187,10 @@ fn limited<D: Schema>(payload_type: &str, strategy: Strategy) -> String {
                 limits::runs_sql("mail", &kinds, 1, 50, 200, true),
             ),
         );
+        steps.push((
+            "the first of lines further back: one at a time per key",
+            limits::heads_sql("mail", &kinds, &one_per_key, 2, true),
+        ));
     }
     if let Some(setup) = D::LIMITED_CLAIM_SETUP {
         let setup = Stmt::new(setup.to_owned(), crate::backend::sql::Binder::new());

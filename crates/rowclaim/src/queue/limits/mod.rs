@@ -16,7 +16,9 @@
 //! driver's [`Run`].
 //!
 //! What counts as running: jobs claimed whose lease has not run out (a job whose holder died
-//! holds its place until its lease runs out; then it is taken again first). What counts as
+//! holds its place until its lease runs out; then it is taken again first, or on PostgreSQL
+//! under a key concurrency without a key rate after the ready jobs ahead of it in its line,
+//! such as a retry, which a dead worker's run must not pass). What counts as
 //! started: each claim of a job, by the database's clock, the same instant its `attempted_at`
 //! records.
 

@@ -256,7 +256,9 @@ fn keyless_arm<D: Dialect>(b: &mut Binder<D>, queue: &str, kinds: &[String], tak
 /// The ids of up to `take` jobs of `queue` that its per-key limits allow to start now, in claim
 /// order (jobs whose lease ran out first, then by priority, run-at, id).
 ///
-/// Within one key, jobs line up in enqueue order, jobs whose lease ran out ahead: the `n`th of
+/// Within one key, jobs line up in enqueue order, jobs whose lease ran out ahead (on
+/// PostgreSQL under a key concurrency without a key rate, behind the ready jobs before them in
+/// line: see [`FirstOfLine::blocked`]): the `n`th of
 /// a key's line may start while fewer than `limit − n + 1` of the key's jobs run (or started
 /// within the rate's period). The line holds the key's pending work: ready jobs that are due or
 /// wait for a retry (so that a failed job keeps its place), and jobs whose lease ran out. A job
