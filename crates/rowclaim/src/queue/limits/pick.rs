@@ -418,6 +418,7 @@ impl FirstOfLine<'_> {
         let key_rate = self.limits.key_rate;
         let status = format!("o.{}", D::LINE_STATUS);
         let expired = format!("{status} = {RUNNING} AND o.lease_until < {now}");
+        let expired_ahead = format!("{expired} AND {}", D::ahead_in_line(RUNNING));
         let ahead = format!(
             "{status} = {READY} AND {} AND {}",
             D::ahead_in_line(READY),
@@ -433,7 +434,7 @@ impl FirstOfLine<'_> {
         let running = if runs {
             vec![
                 format!("{status} = {RUNNING} AND o.lease_until >= {now}"),
-                format!("{expired} AND {}", D::ahead_in_line(RUNNING)),
+                expired_ahead.clone(),
             ]
         } else {
             vec![format!("{status} = {RUNNING}")]
@@ -444,8 +445,7 @@ impl FirstOfLine<'_> {
             // time, the first first.
             Arm::Expired => {
                 if let Some(rate) = key_rate {
-                    let first = format!("{expired} AND {}", D::ahead_in_line(RUNNING));
-                    blocked.push(self.other(b, &first));
+                    blocked.push(self.other(b, &expired_ahead));
                     blocked.push(self.started(b, rate));
                 } else if runs {
                     // The jobs of a run may all have run out together: they are taken again
