@@ -149,22 +149,22 @@ pub(super) async fn cancel_running(t: Arc<TestDb>) {
                 Ok::<_, String>(())
             }
         })
-        // Renewals find the cancel. A lease of 6 s gives each renewal 4 s: a renewal that
-        // stalls past a shorter lease's end gives the job up instead (CI machines are slow).
-        .lease(Duration::from_secs(6));
+        // Renewals find the cancel. A lease of 15 s gives each renewal 5 s, with 10 s to spare:
+        // a renewal that stalls past the lease's end gives the job up instead, and CI's loaded
+        // MariaDB let every 2 s try of a 6 s lease run out (see `one_row_of_a_claim_lost`).
+        .lease(Duration::from_secs(15));
     let cancel = {
         let (q, started, dropped) = (q.clone(), started.clone(), dropped.clone());
         async move {
-            until_set(started).await;
+            assert!(until_set(started).await, "the job started");
             assert!(q.cancel(id).await.unwrap(), "the running job was cancelled");
-            until_set(dropped).await;
+            assert!(
+                until_set(dropped).await,
+                "the cancelled job was stopped while the worker ran"
+            );
         }
     };
     let report = worker.run(cancel).await.unwrap();
-    assert!(
-        dropped.load(Ordering::SeqCst),
-        "the cancelled job was stopped"
-    );
     assert_eq!((report.lost, report.completed), (1, 0), "{report:?}");
     let sql =
         format!("SELECT COUNT(*) FROM rowclaim_jobs WHERE id = {id} AND status = 'cancelled'");

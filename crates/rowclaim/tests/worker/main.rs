@@ -30,14 +30,16 @@ async fn until_count(t: Arc<TestDb>, sql: &'static str, want: i64) {
     }
 }
 
-/// Resolves once `flag` is set (bounded like [`until_count`]).
-async fn until_set(flag: Arc<AtomicBool>) {
+/// Resolves once `flag` is set (bounded like [`until_count`]); says whether it was. A test that
+/// needs the flag set while the worker runs asserts this: shutdown sets many such flags itself.
+async fn until_set(flag: Arc<AtomicBool>) -> bool {
     for _ in 0..600 {
         if flag.load(Ordering::SeqCst) {
-            return;
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    false
 }
 
 /// Sets its flag when dropped: tells that the runtime dropped a handler's future.
