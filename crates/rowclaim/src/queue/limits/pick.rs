@@ -163,7 +163,10 @@ pub(crate) fn runs_sql<D: Schema>(
     // and the run, from its first job in line on, read by the limit index (bounded as it is
     // ordered: bounded by the id alone, PostgreSQL walked the primary key from that id and
     // passed over every other key's jobs on the way), with what the claim orders by, so that
-    // no join reads the jobs again (it hashed the whole table).
+    // no join reads the jobs again (it hashed the whole table). Its end is a bound of the index
+    // too (no stop: the largest id): as `stop IS NULL OR …`, a filter the planner could not
+    // guess, PostgreSQL read each key's whole line by a bitmap and sorted it for the first
+    // `run` (10 keys of 1,300 ready jobs each: 23 ms a claim, against 3.6 ms).
     let walk = format!(
         "{keys}rowclaim_fronts (k, id, priority, run_at, ok, place, due, head, busy) AS (\
          SELECT rowclaim_keys.k, l.id, l.priority, l.run_at, l.ok, l.place, l.due, l.head, r.n \
@@ -182,10 +185,11 @@ pub(crate) fn runs_sql<D: Schema>(
          h.run_at, CASE WHEN h.run_at <= {now}{fits} THEN 1 ELSE 0 END AS ok \
          FROM rowclaim_jobs AS h WHERE h.queue = {q6} AND h.limit_key = rowclaim_keys.k \
          AND h.{status} = {READY} AND (h.{status}, h.id) >= ({READY}, line_first.id) \
-         AND (line_first.stop IS NULL OR (h.{status}, h.id) < ({READY}, line_first.stop)) \
+         AND (h.{status}, h.id) < ({READY}, COALESCE(line_first.stop, {no_stop})) \
          ORDER BY h.{status}, h.id LIMIT {run}) AS m) AS l) ",
         in_line::<D>("f"),
         status = D::LINE_STATUS,
+        no_stop = i64::MAX,
     );
     let front2 = b.bind(i64::from(width));
     let keyless = if keyless {
