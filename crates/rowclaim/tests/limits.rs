@@ -836,27 +836,33 @@ mod postgres {
     /// A run is read in line order by the limit index, from its first job to where it stops,
     /// and no further than its length. With the stop written `stop IS NULL OR …` (a filter the
     /// planner could not guess), PostgreSQL read each key's whole line by a bitmap and sorted
-    /// it for the run's first jobs, on every claim (10 keys of 1,300 jobs: 23 ms a claim).
+    /// it for the run's first jobs, on every claim (10 keys of 1,300 jobs: 23 ms a claim). With
+    /// each key's first job in line looked up after a walk of the keys, it turned to the
+    /// primary key once most jobs were finished, and walked it from its start for each key
+    /// (12,000 of 20,000 finished: 130 ms a claim).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_run_is_read_in_line_order_by_the_limit_index() {
         with_db(Backend::Postgres, |t| async move {
             queue(&t).await;
             jobs_keyed_after_analyze(&t, 10).await;
             t.exec("ANALYZE rowclaim_jobs").await;
-            // A drain under way: the first jobs claimed and finished since the last vacuum.
+            // A drain well under way: the first jobs claimed and finished since the last vacuum.
             t.exec(
                 "UPDATE rowclaim_jobs SET status = 'running', owner = 'w', \
-                 lease_until = now() + interval '1 hour' WHERE id <= 7000",
+                 lease_until = now() + interval '1 hour' WHERE id <= 12000",
             )
             .await;
             t.exec(
                 "UPDATE rowclaim_jobs SET status = 'completed', finished_at = now() \
-                 WHERE id <= 7000",
+                 WHERE id <= 12000",
             )
             .await;
             let runs = from_snapshot("-- runs of idle lines");
             let plan = ran(&t, &runs).await;
-            assert!(!plan.contains("Bitmap Heap Scan on rowclaim_jobs h"), "{plan}");
+            assert!(
+                !plan.contains("Bitmap Heap Scan on rowclaim_jobs h"),
+                "{plan}"
+            );
             assert!(
                 plan.lines().any(|l| l.contains("Index Cond")
                     && l.contains("ROW(status, id) >= ROW('ready'::text")
@@ -864,6 +870,7 @@ mod postgres {
                 "the run's start and stop bound the index read: {plan}"
             );
             assert!(!plan.contains("Sort Key: h.id"), "{plan}");
+            assert!(!plan.contains("rowclaim_jobs_pkey"), "{plan}");
         })
         .await
     }
