@@ -72,6 +72,10 @@ pub(crate) fn heads_sql<D: Schema>(
     let now = D::NOW;
     let in_line = in_line::<D>;
     let mut b = Binder::<D>::new();
+    // Each front comes with what the claim checks and orders it by, so that no join reads
+    // the jobs again: joined back by id, PostgreSQL hashed the whole table on every claim (1,000
+    // keys, 20,000 jobs: 15 ms of a 45 ms claim).
+    let cols = "limit_key, id, priority, run_at, kind";
     let (fronts, place) = if limits.line_front() == 1 {
         let q1 = b.bind(queue.to_owned());
         let q2 = b.bind(queue.to_owned());
@@ -79,13 +83,16 @@ pub(crate) fn heads_sql<D: Schema>(
         // (the limit index orders a key's ready jobs by id), so a key's entries are walked
         // once, not once to find the key and again for its front.
         let walk = format!(
-            "WITH RECURSIVE rowclaim_fronts (k, id) AS (\
-             SELECT f.limit_key, f.id FROM (SELECT h.limit_key, h.id FROM rowclaim_jobs AS h \
+            "WITH RECURSIVE rowclaim_fronts ({cols}) AS (\
+             SELECT f.limit_key, f.id, f.priority, f.run_at, f.kind FROM (SELECT h.limit_key, \
+             h.id, h.priority, h.run_at, h.kind FROM rowclaim_jobs AS h \
              WHERE h.queue = {q1} AND h.status = {READY} AND h.limit_key IS NOT NULL \
              AND {} ORDER BY h.limit_key, h.status, h.id LIMIT 1) AS f \
-             UNION ALL SELECT n.limit_key, n.id FROM rowclaim_fronts CROSS JOIN LATERAL \
-             (SELECT o.limit_key, o.id FROM rowclaim_jobs AS o WHERE o.queue = {q2} \
-             AND o.status = {READY} AND o.limit_key > rowclaim_fronts.k AND {} \
+             UNION ALL SELECT n.limit_key, n.id, n.priority, n.run_at, n.kind \
+             FROM rowclaim_fronts CROSS JOIN LATERAL \
+             (SELECT o.limit_key, o.id, o.priority, o.run_at, o.kind FROM rowclaim_jobs AS o \
+             WHERE o.queue = {q2} AND o.status = {READY} \
+             AND o.limit_key > rowclaim_fronts.limit_key AND {} \
              ORDER BY o.limit_key, o.status, o.id LIMIT 1) AS n) ",
             in_line("h"),
             in_line("o"),
@@ -96,14 +103,15 @@ pub(crate) fn heads_sql<D: Schema>(
         let q3 = b.bind(queue.to_owned());
         let front = b.bind(limits.line_front());
         let walk = format!(
-            "{keys}rowclaim_fronts (k, id, place) AS (SELECT rowclaim_keys.k, l.id, l.place \
-             FROM rowclaim_keys CROSS JOIN LATERAL (SELECT h.id, \
+            "{keys}rowclaim_fronts ({cols}, place) AS (SELECT rowclaim_keys.k, l.id, \
+             l.priority, l.run_at, l.kind, l.place FROM rowclaim_keys CROSS JOIN LATERAL \
+             (SELECT h.id, h.priority, h.run_at, h.kind, \
              ROW_NUMBER() OVER (ORDER BY h.id) AS place FROM rowclaim_jobs AS h \
              WHERE h.queue = {q3} AND h.status = {READY} AND h.limit_key = rowclaim_keys.k \
              AND {} ORDER BY h.id LIMIT {front}) AS l) ",
             in_line("h"),
         );
-        (walk, "rowclaim_fronts.place")
+        (walk, "j.place")
     };
     let keyed_kinds = kinds_cond(&mut b, kinds, "j.");
     let line = FirstOfLine { queue, limits };
@@ -117,9 +125,10 @@ pub(crate) fn heads_sql<D: Schema>(
     };
     let take = b.bind(take);
     let sql = format!(
-        "{fronts}SELECT CAST(f.id AS {}), (SELECT COUNT(DISTINCT k) FROM rowclaim_fronts), \
-         f.keyless FROM ((SELECT j.id, j.priority, j.run_at, CAST(0 AS BIGINT) AS keyless \
-         FROM rowclaim_fronts JOIN rowclaim_jobs AS j ON j.id = rowclaim_fronts.id \
+        "{fronts}SELECT CAST(f.id AS {}), \
+         (SELECT COUNT(DISTINCT limit_key) FROM rowclaim_fronts), f.keyless \
+         FROM ((SELECT j.id, j.priority, j.run_at, CAST(0 AS BIGINT) AS keyless \
+         FROM rowclaim_fronts AS j \
          WHERE j.run_at <= {now}{keyed_kinds} AND NOT ({blocked})){keyless}) AS f \
          ORDER BY f.priority DESC, f.run_at, f.id LIMIT {take}",
         D::TEXT,
