@@ -104,6 +104,11 @@ pub(crate) trait Shape: Send + Sync + fmt::Debug {
     fn limited(&self) -> bool {
         false
     }
+    /// Whether its last claims took runs of keys' lines for the worker to run one after another
+    /// ([`Line`]).
+    fn takes_runs(&self) -> bool {
+        false
+    }
 }
 
 /// A layer above the claim core that owns a source's table (the managed queue): it completes
@@ -235,6 +240,11 @@ impl Claimer {
     /// Whether its claims come under limits (see [`Shape::limited`]).
     pub(crate) fn limited(&self) -> bool {
         self.shape().is_some_and(Shape::limited)
+    }
+
+    /// Whether its claims take runs of keys' lines (see [`Shape::takes_runs`]).
+    pub(crate) fn takes_runs(&self) -> bool {
+        self.shape().is_some_and(Shape::takes_runs)
     }
 
     /// The strategy in use (what `auto` resolved to).

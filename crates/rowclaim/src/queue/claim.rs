@@ -204,6 +204,12 @@ impl Shape for JobClaims {
         let last = self.limited.lock().unwrap_or_else(|p| p.into_inner());
         last.as_ref().is_some_and(|(_, queues)| !queues.is_empty())
     }
+
+    /// Where the last look at the lines of one of its queues took runs.
+    fn takes_runs(&self) -> bool {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.values().any(|s| s.took_runs)
+    }
 }
 
 impl JobClaims {

@@ -46,6 +46,8 @@ pub(crate) struct Seen {
     /// The slots of the worker that runs the claimer's lines, set before each claim; `None`
     /// (any other caller): no runs, no lines.
     pub(crate) slots: Option<usize>,
+    /// Whether its last look at the lines took runs (longer than the line's width).
+    pub(crate) took_runs: bool,
 }
 
 impl Seen {
@@ -241,6 +243,7 @@ where
         }
         _ => (heads_sql(queue, kinds, limits, room, keyless), 2),
     };
+    seen.took_runs = numbers == 3;
     let mut rows = tx.named_numbers(heads, numbers).await?;
     // The count of keys is on every row; with none, the last one stands.
     if let Some((_, numbers)) = rows.first() {

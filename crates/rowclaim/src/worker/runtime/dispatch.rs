@@ -39,7 +39,7 @@ pub(super) struct Local {
     /// Claims with rows still open.
     pub(super) helds: Vec<Arc<Held>>,
     /// How far ahead to claim.
-    pace: Pace,
+    pub(super) pace: Pace,
 }
 
 impl Local {

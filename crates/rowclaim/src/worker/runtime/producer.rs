@@ -104,6 +104,7 @@ impl Producer {
             }
             local.start_waiting(sh, &self.paused);
             local.tidy();
+            local.pace.claims_take_runs(sh.claimer.takes_runs());
             self.claim_if_wanted(sh, local);
             if let ControlFlow::Break(end) = self.next(sh, local, phase).await {
                 return end;
