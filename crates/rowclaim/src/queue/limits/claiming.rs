@@ -237,13 +237,11 @@ where
     let run = seen.run_length(limits, room);
     // Where the worker may run a key's line (`QueueLimits::line_width`), runs of it; each row
     // then also names its line's first job.
+    seen.took_runs = seen.width.is_some_and(|width| run > i64::from(width));
     let (heads, numbers) = match seen.width {
-        Some(width) if run > i64::from(width) => {
-            (runs_sql(queue, kinds, width, run, room, keyless), 3)
-        }
+        Some(width) if seen.took_runs => (runs_sql(queue, kinds, width, run, room, keyless), 3),
         _ => (heads_sql(queue, kinds, limits, room, keyless), 2),
     };
-    seen.took_runs = numbers == 3;
     let mut rows = tx.named_numbers(heads, numbers).await?;
     // The count of keys is on every row; with none, the last one stands.
     if let Some((_, numbers)) = rows.first() {

@@ -75,29 +75,12 @@ pub(crate) fn heads_sql<D: Schema>(
     // Each front comes with what the claim checks and orders it by, so that no join reads
     // the jobs again: joined back by id, PostgreSQL hashed the whole table on every claim (1,000
     // keys, 20,000 jobs: 15 ms of a 45 ms claim).
-    let cols = "limit_key, id, priority, run_at, kind";
+    const COLUMNS: [&str; 5] = ["limit_key", "id", "priority", "run_at", "kind"];
+    let cols = COLUMNS.join(", ");
     let (fronts, place) = if limits.line_front() == 1 {
-        let q1 = b.bind(queue.to_owned());
-        let q2 = b.bind(queue.to_owned());
-        // One front a key: the walk from key to key lands on each key's first job in line
-        // (the limit index orders a key's ready jobs by id), so a key's entries are walked
-        // once, not once to find the key and again for its front.
-        let walk = format!(
-            "WITH RECURSIVE rowclaim_fronts ({cols}) AS (\
-             SELECT f.limit_key, f.id, f.priority, f.run_at, f.kind FROM (SELECT h.limit_key, \
-             h.id, h.priority, h.run_at, h.kind FROM rowclaim_jobs AS h \
-             WHERE h.queue = {q1} AND h.status = {READY} AND h.limit_key IS NOT NULL \
-             AND {} ORDER BY h.limit_key, h.status, h.id LIMIT 1) AS f \
-             UNION ALL SELECT n.limit_key, n.id, n.priority, n.run_at, n.kind \
-             FROM rowclaim_fronts CROSS JOIN LATERAL \
-             (SELECT o.limit_key, o.id, o.priority, o.run_at, o.kind FROM rowclaim_jobs AS o \
-             WHERE o.queue = {q2} AND o.status = {READY} \
-             AND o.limit_key > rowclaim_fronts.limit_key AND {} \
-             ORDER BY o.limit_key, o.status, o.id LIMIT 1) AS n) ",
-            in_line("h"),
-            in_line("o"),
-        );
-        (walk, "1")
+        // One front a key: the walk lands on each key's first job in line.
+        let walk = first_in_line_walk(&mut b, queue, "rowclaim_fronts", &cols, &COLUMNS);
+        (format!("{walk} "), "1")
     } else {
         let keys = keys_walk(&mut b, queue);
         let q3 = b.bind(queue.to_owned());
@@ -158,27 +141,15 @@ pub(crate) fn runs_sql<D: Schema>(
 ) -> Stmt<D> {
     let now = D::NOW;
     let mut b = Binder::<D>::new();
-    let q1 = b.bind(queue.to_owned());
-    let q2 = b.bind(queue.to_owned());
-    // The keys and the first job in line of each, in one walk from key to key that lands on
-    // it, as `heads_sql` walks one front a key. Looked up per key instead (`ORDER BY status,
-    // id LIMIT 1` after a walk of the keys), the planner turned to the primary key once a
-    // drain was under way and walked it from its start past every finished job, for each key
-    // (10 keys: 17 ms a key, 200 ms a claim); ordered by the key first, only the limit index
-    // serves it.
-    let heads = format!(
-        "WITH RECURSIVE rowclaim_heads (k, id) AS (\
-         SELECT f.limit_key, f.id FROM (SELECT h.limit_key, h.id FROM rowclaim_jobs AS h \
-         WHERE h.queue = {q1} AND h.{status} = {READY} AND h.limit_key IS NOT NULL AND {} \
-         ORDER BY h.limit_key, h.{status}, h.id LIMIT 1) AS f \
-         UNION ALL SELECT n.limit_key, n.id FROM rowclaim_heads CROSS JOIN LATERAL \
-         (SELECT o.limit_key, o.id FROM rowclaim_jobs AS o WHERE o.queue = {q2} \
-         AND o.{status} = {READY} AND o.limit_key > rowclaim_heads.k AND {} \
-         ORDER BY o.limit_key, o.{status}, o.id LIMIT 1) AS n), ",
-        in_line::<D>("h"),
-        in_line::<D>("o"),
-        status = D::LINE_STATUS,
+    // The keys and the first job in line of each, in one walk (see `first_in_line_walk`).
+    let heads = first_in_line_walk(
+        &mut b,
+        queue,
+        "rowclaim_heads",
+        "k, id",
+        &["limit_key", "id"],
     );
+    let heads = format!("{heads}, ");
     let q3 = b.bind(queue.to_owned());
     let q5 = b.bind(queue.to_owned());
     let front = b.bind(i64::from(width));
@@ -236,6 +207,47 @@ pub(crate) fn runs_sql<D: Schema>(
         D::TEXT,
     );
     Stmt::new(sql, b)
+}
+
+/// `WITH RECURSIVE {cte} ({names}) AS (…)`: of each key of `queue` with a job in line, the job
+/// columns `cols` of its first job in line (the first of `cols` is `limit_key`, named first in
+/// `names`), in one walk from key to key through the limit index that lands on it: a key's
+/// entries are walked once, not once to find the key and again for its first job. Ordered by
+/// the key first, an order only the limit index has: looked up per key (`ORDER BY status, id
+/// LIMIT 1` after a walk of the keys), the planner turned to the primary key once a drain was
+/// under way and walked it from its start past every finished job, for each key (10 keys:
+/// 17 ms a key, 200 ms a claim).
+fn first_in_line_walk<D: Schema>(
+    b: &mut Binder<D>,
+    queue: &str,
+    cte: &str,
+    names: &str,
+    cols: &[&str],
+) -> String {
+    let q1 = b.bind(queue.to_owned());
+    let q2 = b.bind(queue.to_owned());
+    let of = |t: &str| {
+        cols.iter()
+            .map(|c| format!("{t}.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let key = names.split(',').next().unwrap_or(names).trim();
+    format!(
+        "WITH RECURSIVE {cte} ({names}) AS (SELECT {} FROM (SELECT {} FROM rowclaim_jobs AS h \
+         WHERE h.queue = {q1} AND h.{status} = {READY} AND h.limit_key IS NOT NULL AND {} \
+         ORDER BY h.limit_key, h.{status}, h.id LIMIT 1) AS f \
+         UNION ALL SELECT {} FROM {cte} CROSS JOIN LATERAL (SELECT {} FROM rowclaim_jobs AS o \
+         WHERE o.queue = {q2} AND o.{status} = {READY} AND o.limit_key > {cte}.{key} AND {} \
+         ORDER BY o.limit_key, o.{status}, o.id LIMIT 1) AS n)",
+        of("f"),
+        of("h"),
+        in_line::<D>("h"),
+        of("n"),
+        of("o"),
+        in_line::<D>("o"),
+        status = D::LINE_STATUS,
+    )
 }
 
 /// `WITH RECURSIVE rowclaim_keys (k) AS (…), `: the keys with a ready job in `queue`, walked

@@ -104,7 +104,6 @@ impl Producer {
             }
             local.start_waiting(sh, &self.paused);
             local.tidy();
-            local.pace.claims_take_runs(sh.claimer.takes_runs());
             self.claim_if_wanted(sh, local);
             if let ControlFlow::Break(end) = self.next(sh, local, phase).await {
                 return end;
@@ -193,6 +192,9 @@ impl Producer {
         match got {
             Some(Ok(claim)) => {
                 sh.health.claims_work();
+                // Only a claim changes whether claims take runs (a lock on the claimer's state:
+                // not once per job).
+                local.pace.claims_take_runs(sh.claimer.takes_runs());
                 (self.failures, self.failing_since, self.retry_at) = (0, None, None);
                 self.rows_came = !claim.is_empty();
                 if claim.is_empty() {
