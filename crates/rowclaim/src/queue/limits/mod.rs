@@ -23,6 +23,7 @@
 //! records.
 
 mod claiming;
+mod lines;
 mod pick;
 mod recount;
 
@@ -38,7 +39,8 @@ pub(crate) use claiming::{claim, claimed_rows, Seen, Taken};
 pub(crate) use claiming::{
     claimed_sql, mark_sql, prune_starts_sql, read_sql, starts_sql, turn_sql, waiting_sql,
 };
-pub(crate) use pick::{heads_sql, keyless_sql, pick_ids_sql, runs_sql};
+pub(crate) use lines::{heads_sql, keyless_sql, runs_sql};
+pub(crate) use pick::pick_ids_sql;
 pub(crate) use recount::gave_back;
 
 /// The limits of one queue. Set with [`crate::Queue::limit`]; none by default.
