@@ -448,6 +448,10 @@ macro_rules! limit_cases {
 }
 
 #[cfg(feature = "postgres")]
+/// Runs of keys' lines claimed while the last ones run (PostgreSQL).
+#[path = "limits/runs.rs"]
+mod runs;
+
 mod postgres {
     limit_cases!(Backend::Postgres);
 
@@ -741,7 +745,7 @@ mod postgres {
 
     /// Queue `name`, one job of each key at a time, with `jobs` jobs of `keys` in turn (job `n`
     /// of key `keys[n % keys.len()]`, `n` in its payload).
-    async fn one_at_a_time_by_key(q: &Queue, name: &str, keys: &[&str], jobs: usize) {
+    pub(super) async fn one_at_a_time_by_key(q: &Queue, name: &str, keys: &[&str], jobs: usize) {
         q.limit(name, &QueueLimits::default().key_concurrency(1))
             .await
             .unwrap();

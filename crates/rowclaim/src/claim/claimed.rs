@@ -18,6 +18,8 @@ pub struct Claim {
     pub(super) ids: Vec<RowId>,
     /// Rows that run one after another ([`Line`]), as the layer that shaped the claim set them.
     pub(super) lines: Vec<Line>,
+    /// Every row of a line's key among its rows is in that line (see [`Claim::lines_whole`]).
+    pub(super) lines_whole: bool,
     pub(super) open: StdMutex<HashSet<RowId>>,
     pub(super) held: Mutex<Option<Held>>,
     /// Signalled when the last open row is settled or given up (ends [`Claim::keep_alive`]).
@@ -126,9 +128,18 @@ impl Claim {
         std::mem::take(&mut self.rows)
     }
 
-    /// Sets which of its rows run one after another (see [`Line`]).
-    pub(crate) fn set_lines(&mut self, lines: Vec<Line>) {
+    /// Sets which of its rows run one after another (see [`Line`]), and whether every row
+    /// of a line's key among them is in that line (`whole`).
+    pub(crate) fn set_lines(&mut self, lines: Vec<Line>, whole: bool) {
         self.lines = lines;
+        self.lines_whole = whole;
+    }
+
+    /// Whether it holds lines ([`Line`]) and every row of a line's key among its rows is in
+    /// that line: while the worker runs them whole, the next rows of those lines may be
+    /// claimed to join them ([`crate::Claimer::claim_behind`]).
+    pub(crate) fn lines_whole(&self) -> bool {
+        self.lines_whole
     }
 
     /// Hands the lines over, with the rows ([`Claim::take_rows`]).

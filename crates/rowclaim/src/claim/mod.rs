@@ -94,8 +94,15 @@ const LOST_RACE_RETRIES: u32 = 50;
 /// nothing else of it.
 #[async_trait::async_trait]
 pub(crate) trait Shape: Send + Sync + fmt::Debug {
-    /// Claims up to `batch` rows for `lease` with `claimer`, through [`Claimer::claim_with`].
-    async fn claim(&self, claimer: &Claimer, batch: u32, lease: Duration) -> Result<Claim>;
+    /// Claims up to `batch` rows for `lease` with `claimer`, through [`Claimer::claim_with`];
+    /// `own`: see [`Claimer::claim_behind`].
+    async fn claim(
+        &self,
+        claimer: &Claimer,
+        batch: u32,
+        lease: Duration,
+        own: &[Token],
+    ) -> Result<Claim>;
     /// The shape as itself, for the layer that made it to recognise it.
     fn as_any(&self) -> &dyn std::any::Any;
     /// Whether its claims come under limits (the managed queue's limited queues), where a
@@ -308,12 +315,26 @@ impl Claimer {
     /// counts up). Transient database errors are retried here, as are rounds in which other
     /// claimers took every candidate first.
     pub async fn claim(&self, batch: u32, lease: Duration) -> Result<Claim> {
+        self.claim_behind(batch, lease, &[]).await
+    }
+
+    /// [`Claimer::claim`] for a worker that runs its claims' lines ([`Line`]) and still runs
+    /// those of the claims `own` whole: each row of them either runs, waits in its line, or
+    /// finished for good (none went back, was lost or given up), and every row of a line's
+    /// key it holds is in that line ([`Claim::lines_whole`]). The next rows of such a line
+    /// may then be claimed while its rows run: they join it, to run behind them.
+    pub(crate) async fn claim_behind(
+        &self,
+        batch: u32,
+        lease: Duration,
+        own: &[Token],
+    ) -> Result<Claim> {
         if batch == 0 {
             return Err(Error::InvalidInput("batch must be at least 1".into()));
         }
         check_lease(lease)?;
         let claimed = match &self.inner.shape {
-            Some(shape) => shape.claim(self, batch, lease).await,
+            Some(shape) => shape.claim(self, batch, lease, own).await,
             None => self.claim_with(Claiming::plain(batch, lease)).await,
         };
         match claimed {
@@ -455,6 +476,7 @@ impl Claimer {
             ids,
             rows,
             lines: Vec::new(),
+            lines_whole: false,
             held: Mutex::new(held),
             settled: Notify::new(),
             lease,

@@ -8,11 +8,12 @@
 //! [`Claimer::claim_with`] (the claim core, as for any source) and [`Limited::claim_more`].
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::backend::{retry_transient, ClaimArgs};
-use crate::claim::{Claim, Claimer, Claiming, Layer, Line, More, Shape};
+use crate::claim::{Claim, Claimer, Claiming, Layer, Line, More, Shape, Token};
 use crate::db::Db;
 use crate::error::Result;
 use crate::id::RowId;
@@ -160,7 +161,13 @@ pub(crate) struct JobClaims {
 
 #[async_trait::async_trait]
 impl Shape for JobClaims {
-    async fn claim(&self, claimer: &Claimer, batch: u32, lease: Duration) -> Result<Claim> {
+    async fn claim(
+        &self,
+        claimer: &Claimer,
+        batch: u32,
+        lease: Duration,
+        own: &[Token],
+    ) -> Result<Claim> {
         let limited = self.limited_queues(claimer.db()).await?;
         // A claimer whose queues are all limited has nothing for the ordinary claim, which
         // leaves limited queues alone: only the limited claim is asked.
@@ -174,7 +181,9 @@ impl Shape for JobClaims {
             kinds: &self.kinds,
             seen: &self.seen,
             slots: claimer.line_slots(),
+            own: own.iter().map(Token::to_string).collect(),
             lines: Mutex::default(),
+            whole: AtomicBool::new(true),
         };
         let how = Claiming {
             batch,
@@ -192,7 +201,8 @@ impl Shape for JobClaims {
         }
         self.note_end(&mut claim, batch, resumed);
         let lines = std::mem::take(&mut *more.lines.lock().unwrap_or_else(|p| p.into_inner()));
-        claim.set_lines(lines);
+        let whole = !lines.is_empty() && more.whole.load(Ordering::Relaxed);
+        claim.set_lines(lines, whole);
         Ok(claim)
     }
 
@@ -285,9 +295,15 @@ struct Limited<'a> {
     /// The slots of the worker that runs the claim's lines, if one does: only then may it take
     /// runs of a key's line ([`Claimer::line_slots`]).
     slots: Option<usize>,
+    /// The tokens of claims whose lines the worker still runs whole, as text: a key's next run
+    /// may join the line ([`super::limits::runs_sql`]).
+    own: Vec<String>,
     /// The lines among the jobs it took: each key's run ([`super::limits::Taken`]), for the
     /// claim that holds them.
     lines: Mutex<Vec<Line>>,
+    /// Every keyed job of a limited queue it took is in one of `lines` (and no job came from
+    /// the ordinary claim beside them): see [`Claim::lines_whole`].
+    whole: AtomicBool,
 }
 
 impl Limited<'_> {
@@ -301,16 +317,16 @@ impl Limited<'_> {
         seen.insert(queue.to_owned(), what);
     }
 
-    /// Notes a claim's runs as lines of the claim (named by its token and their first job:
-    /// unique among the lines a worker holds).
-    fn lines(&self, token: &str, width: u32, runs: Vec<Vec<i64>>) {
+    /// Notes a claim's runs as lines of the claim, named by queue and key (the number of its
+    /// line), so that a key's next run, claimed while this one runs, joins the line the worker
+    /// runs. (Two keys whose numbers met would share one line: run one after another, never
+    /// at once.)
+    fn lines(&self, queue: &str, width: u32, runs: Vec<(i64, Vec<i64>)>) {
         let mut lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
-        lines.extend(runs.into_iter().filter_map(|run| {
-            Some(Line {
-                name: format!("{token}/{}", run.first()?).into(),
-                width,
-                rows: run.into_iter().map(RowId::Int).collect(),
-            })
+        lines.extend(runs.into_iter().map(|(line, run)| Line {
+            name: format!("{queue}/{line}").into(),
+            width,
+            rows: run.into_iter().map(RowId::Int).collect(),
         }));
     }
 }
@@ -323,6 +339,9 @@ impl More for Limited<'_> {
         rows: &mut Vec<serde_json::Value>,
     ) -> Result<Option<Instant>> {
         let mut from: Option<Instant> = None;
+        if !rows.is_empty() {
+            self.whole.store(false, Ordering::Relaxed);
+        }
         for queue in &self.queues {
             let taken = u32::try_from(rows.len()).unwrap_or(args.batch);
             let left = args.batch.saturating_sub(taken);
@@ -338,13 +357,22 @@ impl More for Limited<'_> {
             seen.slots = self.slots;
             let (taken, at) = retry_transient!(
                 store
-                    .claim_limited(&args, queue, self.kinds, &mut seen)
+                    .claim_limited(&args, queue, self.kinds, &mut seen, &self.own)
                     .await
             )?;
             self.saw(queue, seen);
-            let Some(Taken { ids, runs, width }) = taken else {
+            let Some(Taken {
+                ids,
+                runs,
+                width,
+                whole,
+            }) = taken
+            else {
                 continue;
             };
+            if !whole {
+                self.whole.store(false, Ordering::Relaxed);
+            }
             // On a Galera node the claim stands only once a count after its commit agrees.
             if retry_transient!(store.gave_back_crossed(&args, queue, &ids).await)? {
                 continue;
@@ -356,7 +384,7 @@ impl More for Limited<'_> {
                 from = Some(from.map_or(at, |f| f.min(at)));
             }
             rows.extend(taken);
-            self.lines(args.token, width, runs);
+            self.lines(queue, width, runs);
         }
         Ok(from)
     }

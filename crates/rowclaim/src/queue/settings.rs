@@ -36,7 +36,7 @@ pub(crate) trait Settings: Send + Sync {
     async fn limited_queues(&self) -> Result<Vec<String>>;
     /// Claims what the limits of `queue` allow (jobs of `kinds`, all when empty), in a
     /// transaction of its own (SQLite's takes the write lock): the jobs it took, and the
-    /// instant their lease runs from at the earliest. `seen`: see [`limits::claim`]. Their
+    /// instant their lease runs from at the earliest. `seen`, `own`: see [`limits::claim`]. Their
     /// rows are read by [`Settings::claimed_rows`] once it committed.
     async fn claim_limited(
         &self,
@@ -44,6 +44,7 @@ pub(crate) trait Settings: Send + Sync {
         queue: &str,
         kinds: &[String],
         seen: &mut limits::Seen,
+        own: &[String],
     ) -> Result<(Option<limits::Taken>, Instant)>;
     /// The rows of the jobs a limited claim took ([`limits::claimed_rows`]).
     async fn claimed_rows(&self, a: &ClaimArgs<'_>, ids: &IdList)
@@ -86,6 +87,7 @@ where
         queue: &str,
         kinds: &[String],
         seen: &mut limits::Seen,
+        own: &[String],
     ) -> Result<(Option<limits::Taken>, Instant)> {
         let asked = Instant::now();
         let wait_for_others = self.applies_others_late().await?;
@@ -98,7 +100,7 @@ where
         } else {
             asked
         };
-        let taken = limits::claim(&tx, a, queue, kinds, wait_for_others, seen).await?;
+        let taken = limits::claim(&tx, a, queue, kinds, wait_for_others, seen, own).await?;
         tx.commit().await?;
         Ok((taken, from))
     }

@@ -184,7 +184,23 @@ fn limited<D: Schema>(payload_type: &str, strategy: Strategy) -> String {
             (
                 "runs of idle lines, for the worker to run one after another: key \
                  concurrency 1, up to 50 jobs a line",
-                limits::runs_sql("mail", &kinds, 1, 50, 200, true),
+                limits::runs_sql("mail", &kinds, 1, 50, 200, true, &[]),
+            ),
+        );
+        steps.insert(
+            10,
+            (
+                "runs of lines, where the worker runs its own claims' lines whole: a key whose \
+                 running jobs are all held under those tokens counts as idle",
+                limits::runs_sql(
+                    "mail",
+                    &kinds,
+                    1,
+                    50,
+                    200,
+                    false,
+                    &["0193a1b2-0000-7000-8000-00000000002a".to_owned()],
+                ),
             ),
         );
         steps.push((

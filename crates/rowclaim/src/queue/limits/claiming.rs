@@ -87,12 +87,16 @@ impl Seen {
 pub(crate) struct Taken {
     /// The jobs, by id.
     pub ids: IdList,
-    /// Of those, each key's jobs taken beyond its concurrency, by id, in line order (each
-    /// with the jobs of its key taken before them): the worker runs each run `width` at once
-    /// ([`QueueLimits::line_width`]). A key with no more than `width` taken has none.
-    pub runs: Vec<Vec<i64>>,
+    /// Of those, the runs of keys' lines ([`runs_sql`]): each key's jobs, by id, in line
+    /// order, with the number of its line (the key's, so that a key's next run joins it). The
+    /// worker runs each line `width` at once ([`QueueLimits::line_width`]).
+    pub runs: Vec<(i64, Vec<i64>)>,
     /// How many of a run's jobs may run at once.
     pub width: u32,
+    /// Every keyed job it took is in one of `runs`: the worker may claim the next runs of
+    /// their lines while it runs them (`own` in [`runs_sql`]). Not where jobs came in claim
+    /// order (their keys are not known here) or by the fronts of lines without runs.
+    pub whole: bool,
 }
 
 /// Claims up to `a.batch` jobs of the limited queue `queue` (of `kinds`, all when empty) that
@@ -102,6 +106,7 @@ pub(crate) struct Taken {
 /// until this server has applied what other servers committed (a Galera node), so that the
 /// counts below see every job they started. `seen`: what the claimer learned of the queue's
 /// lines before, brought up to date.
+/// `own`: the tokens of claims whose lines the worker still runs whole ([`runs_sql`]).
 pub(crate) async fn claim<R: Run + ?Sized>(
     tx: &R,
     a: &ClaimArgs<'_>,
@@ -109,6 +114,7 @@ pub(crate) async fn claim<R: Run + ?Sized>(
     kinds: &[String],
     wait_for_others: bool,
     seen: &mut Seen,
+    own: &[String],
 ) -> Result<Option<Taken>>
 where
     R::Sql: Schema,
@@ -135,7 +141,8 @@ where
     let fronts_first = further && seen.few_keys(&limits, room);
     let pick = pick_ids_sql(queue, kinds, &limits, room, !fronts_first);
     let mut picked = tx.texts(pick).await?;
-    let mut heads = HashMap::new();
+    let mut lines = HashMap::new();
+    let mut keyless = HashSet::new();
     if fronts_first
         || (further
             && (picked.len() as i64) * 2 < room
@@ -145,15 +152,19 @@ where
         // more wait behind them: the fronts of lines, and jobs without a key. (Where the
         // worker may run a key's line, the lines behind those fronts are worth a look however
         // few jobs wait.)
-        let fronts = fronts(tx, queue, kinds, &limits, room, picked.is_empty(), seen).await?;
+        let nothing_yet = picked.is_empty();
+        let fronts = fronts(tx, queue, kinds, &limits, room, nothing_yet, seen, own).await?;
         let known: HashSet<String> = picked.iter().cloned().collect();
         let left = usize::try_from(room)
             .unwrap_or(usize::MAX)
             .saturating_sub(picked.len());
         let mut added = 0;
-        for (id, head) in fronts {
-            if let Some(head) = head {
-                heads.insert(id.clone(), head);
+        for Front { id, line, keyed } in fronts {
+            if let Some(line) = line {
+                lines.insert(id.clone(), line);
+            }
+            if !keyed {
+                keyless.insert(id.clone());
             }
             if added < left && !known.contains(&id) {
                 picked.push(id);
@@ -164,7 +175,11 @@ where
     if picked.is_empty() {
         return Ok(None);
     }
-    let runs = runs_of(&picked, &heads, seen.width);
+    let runs = runs_of(&picked, &lines, seen.width);
+    let whole = !runs.is_empty()
+        && picked
+            .iter()
+            .all(|id| lines.contains_key(id) || keyless.contains(id));
     let ids = IdList::new(a.m.id_kind, &a.m.parse_ids(&picked)?)?;
     tx.execute(mark_sql(a, &ids)).await?;
     if let Some(keep_ms) = limits.longest_period_ms() {
@@ -175,29 +190,41 @@ where
         ids,
         runs,
         width: seen.width.unwrap_or(1),
+        whole,
     }))
 }
 
-/// The jobs of `picked` that share a line's first job (`heads`, from [`runs_sql`]), by key, in
-/// line order, where a key has more than `width` of them.
-fn runs_of(picked: &[String], heads: &HashMap<String, i64>, width: Option<u32>) -> Vec<Vec<i64>> {
-    let Some(width) = width else {
+/// The jobs of `picked` that share a line (`lines`, from [`runs_sql`]), by line, in line
+/// order: each key's run, also one no longer than `width` (a key's jobs a worker holds are all
+/// in its line, which its next run may join).
+fn runs_of(
+    picked: &[String],
+    lines: &HashMap<String, i64>,
+    width: Option<u32>,
+) -> Vec<(i64, Vec<i64>)> {
+    if width.is_none() {
         return Vec::new();
-    };
-    let mut by_head: HashMap<i64, Vec<i64>> = HashMap::new();
+    }
+    let mut by_line: HashMap<i64, Vec<i64>> = HashMap::new();
     for id in picked {
-        if let (Some(head), Ok(n)) = (heads.get(id), id.parse::<i64>()) {
-            by_head.entry(*head).or_default().push(n);
+        if let (Some(line), Ok(n)) = (lines.get(id), id.parse::<i64>()) {
+            by_line.entry(*line).or_default().push(n);
         }
     }
-    let mut runs: Vec<Vec<i64>> = by_head
-        .into_values()
-        .filter(|run| run.len() > width as usize)
-        .collect();
-    for run in &mut runs {
+    let mut runs: Vec<(i64, Vec<i64>)> = by_line.into_iter().collect();
+    for (_, run) in &mut runs {
         run.sort_unstable();
     }
     runs
+}
+
+/// A job the fronts of lines offer ([`fronts`]).
+struct Front {
+    id: String,
+    /// The number of its key's line, where it is of a run ([`runs_sql`]).
+    line: Option<i64>,
+    /// It has a key (else it came from the arm of jobs without one).
+    keyed: bool,
 }
 
 /// The rows of the jobs a limited claim took ([`claim`]), as JSON, as any claim returns them,
@@ -220,7 +247,8 @@ pub(crate) async fn claimed_rows<R: Run + ?Sized>(
 /// The ids of the fronts of the queue's lines that may start ([`heads_sql`]), with jobs
 /// without a key where they are due ([`Seen::keyless_due`]), or where the claim would come
 /// back empty without them (`nothing_yet`: it found nothing before this look, and the fronts
-/// are all busy). Notes what it saw.
+/// are all busy). Notes what it saw. `own`: as [`runs_sql`] takes it.
+#[allow(clippy::too_many_arguments)]
 async fn fronts<R: Run + ?Sized>(
     tx: &R,
     queue: &str,
@@ -229,7 +257,8 @@ async fn fronts<R: Run + ?Sized>(
     room: i64,
     nothing_yet: bool,
     seen: &mut Seen,
-) -> Result<Vec<(String, Option<i64>)>>
+    own: &[String],
+) -> Result<Vec<Front>>
 where
     R::Sql: Schema,
 {
@@ -239,7 +268,9 @@ where
     // then also names its line's first job.
     seen.took_runs = seen.width.is_some_and(|width| run > i64::from(width));
     let (heads, numbers) = match seen.width {
-        Some(width) if seen.took_runs => (runs_sql(queue, kinds, width, run, room, keyless), 3),
+        Some(width) if seen.took_runs => {
+            (runs_sql(queue, kinds, width, run, room, keyless, own), 3)
+        }
         _ => (heads_sql(queue, kinds, limits, room, keyless), 2),
     };
     let mut rows = tx.named_numbers(heads, numbers).await?;
@@ -261,10 +292,14 @@ where
             .iter()
             .any(|(_, numbers)| numbers.get(1).copied().flatten() == Some(1));
     }
-    // A run's rows say their line's first job (`runs_sql`), after the count and the keyless.
+    // A run's rows say their key's line (`runs_sql`), after the count and the keyless.
     Ok(rows
         .into_iter()
-        .map(|(id, numbers)| (id, numbers.get(2).copied().flatten()))
+        .map(|(id, numbers)| Front {
+            id,
+            line: numbers.get(2).copied().flatten(),
+            keyed: numbers.get(1).copied().flatten() != Some(1),
+        })
         .collect())
 }
 

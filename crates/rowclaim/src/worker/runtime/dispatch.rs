@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
+use super::breaks::Breaks;
 use super::held::{finished_for_good, Held};
 use super::pace::Pace;
 use super::results::record;
@@ -25,7 +26,8 @@ use super::tally::Counter;
 use super::waiting::Waiting;
 use super::{Finished, Shared};
 use crate::backend::Outcome;
-use crate::claim::{Claim, ClaimedRow};
+use crate::claim::{Claim, ClaimedRow, Line, Token};
+use crate::id::RowId;
 
 /// What the worker holds locally. Dropping it aborts every task in it.
 pub(super) struct Local {
@@ -40,6 +42,8 @@ pub(super) struct Local {
     pub(super) helds: Vec<Arc<Held>>,
     /// How far ahead to claim.
     pub(super) pace: Pace,
+    /// Lines that broke while claims were under way.
+    breaks: Breaks,
 }
 
 impl Local {
@@ -57,14 +61,49 @@ impl Local {
             beats: JoinSet::new(),
             helds: Vec::new(),
             pace: Pace::new(cfg.concurrency, prefetch, cfg.batch, cfg.lease),
+            breaks: Breaks::default(),
         }
     }
 
-    /// Takes a claim's rows into the queue.
-    pub(super) fn hold(&mut self, sh: &Shared, mut claim: Claim) -> Arc<Held> {
-        let rows = claim.take_rows();
-        let lines = claim.take_lines();
+    /// A claim starts: its number, and the tokens of the claims whose lines the worker runs
+    /// whole (see `Held::runs_lines_whole`), whose lines' next rows it may claim.
+    pub(super) fn claim_starts(&mut self) -> (u64, Vec<Token>) {
+        let own = self
+            .helds
+            .iter()
+            .filter(|h| h.runs_lines_whole())
+            .map(|h| *h.claim.token())
+            .collect();
+        (self.breaks.claim_starts(), own)
+    }
+
+    /// Takes the rows of claim number `number` into the queue. The rows of a line that broke
+    /// since the claim started go back unstarted: they were claimed behind a row that went back
+    /// meanwhile. `oldest`: the lowest number of the claims still under way, if any.
+    pub(super) fn hold(
+        &mut self,
+        sh: &Arc<Shared>,
+        mut claim: Claim,
+        number: u64,
+        oldest: Option<u64>,
+    ) -> Arc<Held> {
+        let mut rows = claim.take_rows();
+        let (late, lines): (Vec<Line>, Vec<Line>) = claim
+            .take_lines()
+            .into_iter()
+            .partition(|l| self.breaks.broke_since(&l.name, number));
+        self.breaks.forget_before(oldest);
         let held = Held::new(claim, sh.holds_transactions());
+        if !late.is_empty() {
+            held.lines_broken();
+            let behind: HashSet<RowId> = late.into_iter().flat_map(|l| l.rows).collect();
+            let back;
+            (back, rows) = rows.into_iter().partition(|r| behind.contains(&r.id));
+            for row in back {
+                let why = "a job ahead of it in its line did not finish";
+                self.record(sh, unstarted(sh, held.clone(), &row, why));
+            }
+        }
         self.waiting.push(&held, rows, lines);
         self.helds.push(held.clone());
         held
@@ -123,10 +162,17 @@ impl Local {
 
     /// A row of `line` ended, or was not started: the line goes on, or where the row did not
     /// finish for good, the rest of it goes back unstarted.
+    /// The worker then no longer runs any claim's lines whole (`Held::runs_lines_whole`): the
+    /// rows that went back may show as running under their claims' tokens until their results
+    /// are written.
     fn line_ended(&mut self, sh: &Arc<Shared>, line: Option<&Arc<str>>, for_good: bool) {
         let Some(line) = line else {
             return;
         };
+        if !for_good {
+            self.breaks.broke(line);
+            self.helds.iter().for_each(|h| h.lines_broken());
+        }
         for (held, row) in self.waiting.ended(line, for_good) {
             let why = "a job ahead of it in its line did not finish";
             self.record(sh, unstarted(sh, held, &row, why));
@@ -162,7 +208,12 @@ impl Local {
 
     /// Rows of a queue paused since they were claimed go back, not started.
     pub(super) fn give_back_paused(&mut self, sh: &Arc<Shared>, paused: &Paused) {
-        for (held, row) in self.waiting.take_where(|row| paused.holds(row)) {
+        let back = self.waiting.take_where(|row| paused.holds(row));
+        if !back.is_empty() {
+            // As after a row of a line that went back (see `line_ended`).
+            self.helds.iter().for_each(|h| h.lines_broken());
+        }
+        for (held, row) in back {
             self.record(sh, unstarted(sh, held, &row, "its queue is paused"));
         }
     }

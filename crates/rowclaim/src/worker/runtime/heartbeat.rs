@@ -70,6 +70,9 @@ async fn renew(sh: &Shared, held: &Held, due: Instant, give_up_at: Instant) -> b
     match tokio::time::timeout(limit, held.claim.beat()).await {
         Ok(Ok(beat)) => {
             sh.health.answered();
+            if !beat.lost.is_empty() {
+                held.lines_broken();
+            }
             held.stop(&beat.lost, StopReason::LeaseLost);
             if beat.renewed {
                 held.lease.confirm(sent);

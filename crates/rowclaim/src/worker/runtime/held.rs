@@ -2,6 +2,7 @@
 //! last confirmed it ([`Lease`]), and the stop switches of its running jobs.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
@@ -23,6 +24,8 @@ pub(super) struct Held {
     /// The claim holds a transaction (the transaction strategy): a write that went unanswered
     /// leaves it in an unknown state.
     pub(super) transaction: bool,
+    /// The worker still runs the claim's lines whole ([`Held::runs_lines_whole`]).
+    lines_whole: AtomicBool,
 }
 
 impl Held {
@@ -31,8 +34,26 @@ impl Held {
             lease: Lease::new(claim.lease(), claim.claimed_at().into()),
             running: Mutex::default(),
             transaction,
+            lines_whole: AtomicBool::new(claim.lines_whole()),
             claim: Arc::new(claim),
         })
+    }
+
+    /// Whether the worker still runs the claim's lines whole: it holds lines, every row of
+    /// their keys it took is in them ([`Claim::lines_whole`]), and none of the worker's rows
+    /// went back unfinished, was lost or given up since it was made. Its rows that have not
+    /// finished then all run or wait in their lines, so the next rows of those lines may be
+    /// claimed to run behind them (`Claimer::claim_behind`). A row that went back may still
+    /// show as running under its token until its result is written, and must not then count
+    /// as the worker's own.
+    pub(super) fn runs_lines_whole(&self) -> bool {
+        self.lines_whole.load(Ordering::Relaxed)
+    }
+
+    /// A row of the worker went back unfinished, was lost or given up: see
+    /// [`Held::runs_lines_whole`].
+    pub(super) fn lines_broken(&self) {
+        self.lines_whole.store(false, Ordering::Relaxed);
     }
 
     pub(super) fn stop(&self, ids: &[RowId], reason: StopReason) {
@@ -66,6 +87,7 @@ impl Held {
     /// Gives rows up: this worker stops looking after them (they come back when their lease
     /// ends) and stops their jobs, if running.
     pub(super) fn give_up(&self, ids: &[RowId]) {
+        self.lines_broken();
         ids.iter().for_each(|id| self.claim.forget(id));
         self.stop(ids, StopReason::LeaseLost);
         if self.claim.open_count() == 0 {

@@ -39,6 +39,7 @@
 //! heartbeat stops any running job whose row its claim no longer looks after, however it got
 //! there. So a job never runs on for a row this worker let go.
 
+mod breaks;
 mod dispatch;
 mod heartbeat;
 mod held;

@@ -17,7 +17,7 @@ use tracing::Instrument;
 use super::dispatch::{Local, Paused};
 use super::heartbeat::heartbeat;
 use super::{sleep_until, AbortOnDrop, Phase, Shared};
-use crate::claim::Claim;
+use crate::claim::{Claim, Token};
 use crate::error::{Error, Result};
 use crate::metrics::secs;
 use crate::queue::Wakeups;
@@ -27,9 +27,10 @@ use crate::worker::outage::pause;
 /// A claim statement under way (`None`: no answer in time).
 pub(super) type Claiming = Pin<Box<dyn Future<Output = Option<Result<Claim>>> + Send>>;
 
-/// A claim statement under way, with the rows it asked for and the results through when it
-/// started ([`Results::so_far`](super::results::Results::so_far)).
-type Asked = Pin<Box<dyn Future<Output = (usize, u64, Option<Result<Claim>>)> + Send>>;
+/// A claim statement under way, with the rows it asked for, the results through when it
+/// started ([`Results::so_far`](super::results::Results::so_far)) and its number
+/// (`Local::claim_starts`).
+type Asked = Pin<Box<dyn Future<Output = (usize, u64, u64, Option<Result<Claim>>)> + Send>>;
 
 /// Claim statements a worker has under way at once, with the skip-locked strategy on a database
 /// server. A claim costs the server more per row than short jobs cost the worker, so with one
@@ -49,6 +50,8 @@ pub(super) struct Producer {
     at_once: usize,
     /// Rows the claims under way asked for.
     coming: usize,
+    /// The numbers of the claims under way.
+    numbers: Vec<u64>,
     /// Claims failed in a row, and since when.
     failures: u32,
     failing_since: Option<Instant>,
@@ -71,6 +74,7 @@ impl Producer {
             claiming: FuturesUnordered::new(),
             at_once: if two { CLAIMS_AT_ONCE } else { 1 },
             coming: 0,
+            numbers: Vec::new(),
             failures: 0,
             failing_since: None,
             retry_at: None,
@@ -84,9 +88,10 @@ impl Producer {
     /// The claim statements still under way, for shutdown to finish.
     pub(super) fn under_way(&mut self) -> Vec<Claiming> {
         self.coming = 0;
+        self.numbers.clear();
         std::mem::take(&mut self.claiming)
             .into_iter()
-            .map(|asked| -> Claiming { Box::pin(asked.map(|(_, _, got)| got)) })
+            .map(|asked| -> Claiming { Box::pin(asked.map(|(_, _, _, got)| got)) })
             .collect()
     }
 
@@ -114,7 +119,7 @@ impl Producer {
     /// Starts the claims the worker wants now, up to as many at once as it may have under way
     /// (an idle worker's first claim is short: the second, for the rest of its room, starts
     /// beside it at once where the last claim brought rows; see [`super::pace::Pace::wants`]).
-    fn claim_if_wanted(&mut self, sh: &Arc<Shared>, local: &Local) {
+    fn claim_if_wanted(&mut self, sh: &Arc<Shared>, local: &mut Local) {
         let quiet = self.idle_until.is_none() && self.retry_at.is_none();
         if !quiet {
             return;
@@ -125,14 +130,16 @@ impl Producer {
             };
             self.coming += most;
             let since = sh.results.so_far();
-            let claim = claim_rows(sh.clone(), most as u32);
+            let (number, own) = local.claim_starts();
+            self.numbers.push(number);
+            let claim = claim_rows(sh.clone(), most as u32, own);
             let claim = if sh.claimer.limited() {
                 Box::pin(claim)
             } else {
                 on_its_own_task(claim)
             };
             self.claiming
-                .push(Box::pin(claim.map(move |got| (most, since, got))));
+                .push(Box::pin(claim.map(move |got| (most, since, number, got))));
             if !self.rows_came {
                 return;
             }
@@ -161,9 +168,10 @@ impl Producer {
                     self.idle_until = None;
                 }
             }
-            Some((asked, since, got)) = self.claiming.next(), if !self.claiming.is_empty() => {
+            Some((asked, since, number, got)) = self.claiming.next(), if !self.claiming.is_empty() => {
                 self.coming = self.coming.saturating_sub(asked);
-                return self.answered(sh, local, got, since).await;
+                self.numbers.retain(|n| *n != number);
+                return self.answered(sh, local, got, since, number).await;
             }
             Ok(()) = self.paused.changed(), if sh.managed => {
                 let now_paused = self.paused.borrow_and_update().clone();
@@ -181,13 +189,14 @@ impl Producer {
     /// Acts on a claim's answer: its rows go into the local queue; an empty claim idles the loop
     /// (or ends it under `--until-empty`), unless results went through while it ran (`since`:
     /// those through when it started) that may have freed what it could not see; a failure
-    /// backs off.
+    /// backs off. `number`: the claim's (`Local::claim_starts`).
     async fn answered(
         &mut self,
         sh: &Arc<Shared>,
         local: &mut Local,
         got: Option<Result<Claim>>,
         since: u64,
+        number: u64,
     ) -> ControlFlow<Result<()>> {
         match got {
             Some(Ok(claim)) => {
@@ -216,7 +225,8 @@ impl Producer {
                 }
                 // Rows came (another claim may have come back empty beside this one).
                 self.idle_until = None;
-                let held = local.hold(sh, claim);
+                let oldest = self.numbers.iter().min().copied();
+                let held = local.hold(sh, claim, number, oldest);
                 if sh.renews {
                     local.beats.spawn(heartbeat(sh.clone(), held));
                 }
@@ -273,8 +283,9 @@ fn stops(e: &Error) -> bool {
 }
 
 /// One claim statement of up to `most` rows, within the claim's time limit (`None`: no answer
-/// in time), measured and traced.
-async fn claim_rows(sh: Arc<Shared>, most: u32) -> Option<Result<Claim>> {
+/// in time), measured and traced. `own`: the tokens of the claims whose lines the worker runs
+/// whole (see `Claimer::claim_behind`).
+async fn claim_rows(sh: Arc<Shared>, most: u32, own: Vec<Token>) -> Option<Result<Claim>> {
     let span = tracing::debug_span!(
         "claim",
         source = %sh.claimer.source_name(),
@@ -286,7 +297,7 @@ async fn claim_rows(sh: Arc<Shared>, most: u32) -> Option<Result<Claim>> {
     let started = Instant::now();
     let claim = sh
         .claimer
-        .claim(most, sh.cfg.lease)
+        .claim_behind(most, sh.cfg.lease, &own)
         .instrument(span.clone());
     // SQLite always answers (a lock wait ends at its busy timeout), and a claim cut short
     // there may still commit after its answer was given up on: its rows would be claimed by

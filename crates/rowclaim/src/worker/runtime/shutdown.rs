@@ -35,7 +35,9 @@ pub(super) async fn shutdown(
         let (got, ended) = local.jobs.beside(answers(under_way, phase)).await;
         local.ended(sh, ended);
         for claim in got {
-            local.hold(sh, claim);
+            // Their rows all go back below; as if started before every break, those of lines
+            // that broke go back at once.
+            local.hold(sh, claim, 0, None);
         }
     }
     let waiting = local.waiting.take_all();
