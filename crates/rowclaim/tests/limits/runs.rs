@@ -19,57 +19,69 @@ struct Ran {
     owners_max: i64,
 }
 
-/// Drains queue `name` (keys `keys`, job `n` of key `keys[n % keys.len()]`) with one worker of
-/// 4 slots and a prefetch of 60, so that it claims many runs of each line; a job whose `n`
-/// `fails` fails its first attempt.
-async fn drain(t: &Arc<TestDb>, name: &str, keys: &[&str], fails: fn(i64) -> bool) -> Ran {
-    let db = t.db().await;
+/// Drains queue `name` (keys `keys`, job `n` of key `keys[n % keys.len()]`) with `workers`
+/// workers (each on its own pool) of 4 slots and a prefetch of 60, so that each claims many
+/// runs of each line; a job whose `n` `fails` fails its first attempt.
+async fn drain(
+    t: &Arc<TestDb>,
+    name: &str,
+    keys: &[&str],
+    fails: fn(i64) -> bool,
+    workers: usize,
+) -> Ran {
     let ran: Arc<Mutex<Ran>> = Arc::default();
-    let (seen, tdb) = (ran.clone(), t.clone());
     let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
-    let worker = Worker::new(&db)
-        .queue(name)
-        .handle_any(move |job| {
-            let (seen, tdb, keys) = (seen.clone(), tdb.clone(), keys.clone());
-            let name = job.queue.clone();
-            async move {
-                let n = job.payload["n"].as_i64().unwrap_or(-1);
-                let key = keys[n as usize % keys.len()].clone();
-                {
+    let mut running = Vec::new();
+    for _ in 0..workers {
+        let db = t.db().await;
+        let (seen, tdb, keys) = (ran.clone(), t.clone(), keys.clone());
+        let worker = Worker::new(&db)
+            .queue(name)
+            .handle_any(move |job| {
+                let (seen, tdb, keys) = (seen.clone(), tdb.clone(), keys.clone());
+                let name = job.queue.clone();
+                async move {
+                    let n = job.payload["n"].as_i64().unwrap_or(-1);
+                    let key = keys[n as usize % keys.len()].clone();
+                    {
+                        let mut r = seen.lock().unwrap();
+                        r.order
+                            .entry(key.clone())
+                            .or_default()
+                            .push((n, job.attempt));
+                        let now = r.per_key.entry(key.clone()).or_default();
+                        *now += 1;
+                        let now = *now;
+                        r.per_key_max = r.per_key_max.max(now);
+                    }
+                    let owners = tdb
+                        .count(&format!(
+                            "SELECT COUNT(DISTINCT owner) FROM rowclaim_jobs \
+                             WHERE queue = '{name}' AND limit_key = '{key}' \
+                             AND status = 'running'"
+                        ))
+                        .await;
                     let mut r = seen.lock().unwrap();
-                    r.order
-                        .entry(key.clone())
-                        .or_default()
-                        .push((n, job.attempt));
-                    let now = r.per_key.entry(key.clone()).or_default();
-                    *now += 1;
-                    let now = *now;
-                    r.per_key_max = r.per_key_max.max(now);
+                    r.owners_max = r.owners_max.max(owners);
+                    *r.per_key.entry(key).or_default() -= 1;
+                    if fails(n) && job.attempt == 1 {
+                        return Err("the first try fails".to_owned());
+                    }
+                    Ok::<(), String>(())
                 }
-                let owners = tdb
-                    .count(&format!(
-                        "SELECT COUNT(DISTINCT owner) FROM rowclaim_jobs WHERE queue = '{name}' \
-                         AND limit_key = '{key}' AND status = 'running'"
-                    ))
-                    .await;
-                let mut r = seen.lock().unwrap();
-                r.owners_max = r.owners_max.max(owners);
-                *r.per_key.entry(key).or_default() -= 1;
-                if fails(n) && job.attempt == 1 {
-                    return Err("the first try fails".to_owned());
-                }
-                Ok::<(), String>(())
-            }
-        })
-        .concurrency(4)
-        .prefetch(60)
-        .lease(Duration::from_secs(30))
-        .poll(Duration::from_millis(50));
-    worker
-        .until_empty(true)
-        .run(std::future::pending())
-        .await
-        .unwrap();
+            })
+            .concurrency(4)
+            .prefetch(60)
+            .lease(Duration::from_secs(30))
+            .poll(Duration::from_millis(50))
+            .until_empty(true);
+        running.push(tokio::spawn(async move {
+            worker.run(std::future::pending()).await
+        }));
+    }
+    for r in running {
+        r.await.expect("worker task").expect("worker");
+    }
     let ran = std::mem::take(&mut *ran.lock().unwrap());
     ran
 }
@@ -108,7 +120,7 @@ async fn a_keys_next_run_joins_its_line_one_at_a_time_in_order() {
         let q = queue(&t).await;
         let keys = ["a", "b", "c"];
         one_at_a_time_by_key(&q, "next", &keys, 900).await;
-        let ran = drain(&t, "next", &keys, never).await;
+        let ran = drain(&t, "next", &keys, never, 1).await;
         assert_lines_held(&ran, &keys, 900, never);
         all_ran_once(&t, "next", 900).await;
     })
@@ -122,14 +134,28 @@ fn some_fail(n: i64) -> bool {
 
 /// A job fails while the worker has its key's next run claimed, or a claim of it under way:
 /// that run goes back unstarted with the rest of the line, and the key's later jobs run only
-/// after the retry, in line order.
+/// after the retry, in line order. Each retry's write takes half a second (a trigger), so that
+/// claims start, and run, while the failed job still shows as running under its claim's
+/// token: they must not count it as the worker's own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_next_run_claimed_behind_a_job_that_failed_waits_for_its_retry() {
     with_db(Backend::Postgres, |t| async move {
         let q = queue(&t).await;
         let keys = ["a", "b", "c"];
         one_at_a_time_by_key(&q, "behind", &keys, 700).await;
-        let ran = drain(&t, "behind", &keys, some_fail).await;
+        t.exec(
+            "CREATE FUNCTION slow_retry() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             IF OLD.status = 'running' AND NEW.status = 'ready' \
+             AND NEW.run_at > now() + interval '100 milliseconds' \
+             THEN PERFORM pg_sleep(0.5); END IF; RETURN NEW; END $$",
+        )
+        .await;
+        t.exec(
+            "CREATE TRIGGER slow_retry BEFORE UPDATE ON rowclaim_jobs \
+             FOR EACH ROW EXECUTE FUNCTION slow_retry()",
+        )
+        .await;
+        let ran = drain(&t, "behind", &keys, some_fail, 1).await;
         assert_lines_held(&ran, &keys, 700, some_fail);
         let twice = t
             .count(
@@ -139,6 +165,21 @@ async fn a_next_run_claimed_behind_a_job_that_failed_waits_for_its_retry() {
             .await;
         assert_eq!(twice, 5, "only the failed jobs ran twice");
         all_ran_once(&t, "behind", 695).await;
+    })
+    .await
+}
+
+/// Two workers: each claims the next runs of the lines it runs, never of a line the other
+/// runs (its jobs there are not its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_claim_next_runs_of_their_own_lines_only() {
+    with_db(Backend::Postgres, |t| async move {
+        let q = queue(&t).await;
+        let keys = ["a", "b", "c", "d"];
+        one_at_a_time_by_key(&q, "two", &keys, 1200).await;
+        let ran = drain(&t, "two", &keys, never, 2).await;
+        assert_lines_held(&ran, &keys, 1200, never);
+        all_ran_once(&t, "two", 1200).await;
     })
     .await
 }
