@@ -447,11 +447,12 @@ macro_rules! limit_cases {
     };
 }
 
-#[cfg(feature = "postgres")]
 /// Runs of keys' lines claimed while the last ones run (PostgreSQL).
+#[cfg(feature = "postgres")]
 #[path = "limits/runs.rs"]
 mod runs;
 
+#[cfg(feature = "postgres")]
 mod postgres {
     limit_cases!(Backend::Postgres);
 

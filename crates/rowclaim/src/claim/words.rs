@@ -47,14 +47,16 @@ impl ClaimedRow {
     }
 }
 
-/// Rows of one claim that run one after another, at most `width` at once, in the order given:
-/// a layer above claims a line of rows ahead that must not all run at once (the managed queue:
-/// jobs of one limit key, claimed past the key's concurrency). The worker runtime keeps to
-/// it, and gives back unstarted the rows behind one that went back unfinished (a retry keeps
-/// its place in its line).
+/// Rows that run one after another, at most `width` at once, in the order given: a layer above
+/// claims a line of rows ahead that must not all run at once (the managed queue: a run of jobs
+/// of one limit key, each of the key's jobs the claim took). The worker runtime keeps to it,
+/// and gives back unstarted the rows behind one that went back unfinished (a retry keeps its
+/// place in its line). Lines of one name are one line: the rows of a later claim join the line
+/// behind those the worker holds (the line's next run, `Claimer::claim_behind`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Line {
-    /// What the line is, unique among the claims of one worker (queue and key).
+    /// What the line is (the managed queue: its queue and a number of its key, which two keys
+    /// may share: their jobs then run one after another, never more at once).
     pub name: std::sync::Arc<str>,
     /// How many of its rows may run at once.
     pub width: u32,

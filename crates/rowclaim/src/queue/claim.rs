@@ -370,11 +370,14 @@ impl More for Limited<'_> {
             else {
                 continue;
             };
-            if !whole {
-                self.whole.store(false, Ordering::Relaxed);
-            }
+            // Not whole until its rows are read: rows claimed under the token and never read
+            // (a read that failed, the claim kept for the rows of queues before) run nowhere,
+            // and must not count as the worker's own.
+            let whole_before = self.whole.swap(false, Ordering::Relaxed);
             // On a Galera node the claim stands only once a count after its commit agrees.
             if retry_transient!(store.gave_back_crossed(&args, queue, &ids).await)? {
+                // Given back: none of its rows is held.
+                self.whole.store(whole_before, Ordering::Relaxed);
                 continue;
             }
             // Read once the claim committed, and not by claiming again should it fail: the
@@ -383,6 +386,7 @@ impl More for Limited<'_> {
             if !taken.is_empty() {
                 from = Some(from.map_or(at, |f| f.min(at)));
             }
+            self.whole.store(whole_before && whole, Ordering::Relaxed);
             rows.extend(taken);
             self.lines(queue, width, runs);
         }

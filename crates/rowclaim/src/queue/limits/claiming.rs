@@ -265,7 +265,7 @@ where
     let mut keyless = seen.keyless_due();
     let run = seen.run_length(limits, room);
     // Where the worker may run a key's line (`QueueLimits::line_width`), runs of it; each row
-    // then also names its line's first job.
+    // then also names its key's line.
     seen.took_runs = seen.width.is_some_and(|width| run > i64::from(width));
     let (heads, numbers) = match seen.width {
         Some(width) if seen.took_runs => {

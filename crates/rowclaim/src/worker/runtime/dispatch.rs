@@ -95,7 +95,7 @@ impl Local {
         self.breaks.forget_before(oldest);
         let held = Held::new(claim, sh.holds_transactions());
         if !late.is_empty() {
-            held.lines_broken();
+            held.mark_lines_broken();
             let behind: HashSet<RowId> = late.into_iter().flat_map(|l| l.rows).collect();
             let back;
             (back, rows) = rows.into_iter().partition(|r| behind.contains(&r.id));
@@ -171,7 +171,7 @@ impl Local {
         };
         if !for_good {
             self.breaks.broke(line);
-            self.helds.iter().for_each(|h| h.lines_broken());
+            self.helds.iter().for_each(|h| h.mark_lines_broken());
         }
         for (held, row) in self.waiting.ended(line, for_good) {
             let why = "a job ahead of it in its line did not finish";
@@ -208,10 +208,13 @@ impl Local {
 
     /// Rows of a queue paused since they were claimed go back, not started.
     pub(super) fn give_back_paused(&mut self, sh: &Arc<Shared>, paused: &Paused) {
+        // As after a row of a line that went back (see `line_ended`).
+        for line in self.waiting.lines_where(|row| paused.holds(row)) {
+            self.breaks.broke(&line);
+        }
         let back = self.waiting.take_where(|row| paused.holds(row));
         if !back.is_empty() {
-            // As after a row of a line that went back (see `line_ended`).
-            self.helds.iter().for_each(|h| h.lines_broken());
+            self.helds.iter().for_each(|h| h.mark_lines_broken());
         }
         for (held, row) in back {
             self.record(sh, unstarted(sh, held, &row, "its queue is paused"));

@@ -71,7 +71,7 @@ async fn renew(sh: &Shared, held: &Held, due: Instant, give_up_at: Instant) -> b
         Ok(Ok(beat)) => {
             sh.health.answered();
             if !beat.lost.is_empty() {
-                held.lines_broken();
+                held.mark_lines_broken();
             }
             held.stop(&beat.lost, StopReason::LeaseLost);
             if beat.renewed {

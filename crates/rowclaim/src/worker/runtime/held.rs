@@ -52,7 +52,7 @@ impl Held {
 
     /// A row of the worker went back unfinished, was lost or given up: see
     /// [`Held::runs_lines_whole`].
-    pub(super) fn lines_broken(&self) {
+    pub(super) fn mark_lines_broken(&self) {
         self.lines_whole.store(false, Ordering::Relaxed);
     }
 
@@ -87,7 +87,7 @@ impl Held {
     /// Gives rows up: this worker stops looking after them (they come back when their lease
     /// ends) and stops their jobs, if running.
     pub(super) fn give_up(&self, ids: &[RowId]) {
-        self.lines_broken();
+        self.mark_lines_broken();
         ids.iter().for_each(|id| self.claim.forget(id));
         self.stop(ids, StopReason::LeaseLost);
         if self.claim.open_count() == 0 {

@@ -18,10 +18,10 @@ pub(super) const AHEAD: Duration = Duration::from_secs(1);
 pub(super) const MOST_AHEAD: usize = 2000;
 
 /// [`MOST_AHEAD`] where the worker's claims take runs of keys' lines (a limited queue, one run of
-/// each idle key a claim). A key's next run can be claimed only once every job of its last run
-/// has its result written, so the worker idles for a claim between its runs, and longer runs
-/// pay for it less often: 10 keys one at a time, no-op jobs, 15,000–16,400 jobs/s at 2,000 and
-/// 19,800–20,800 at 5,000 (19,900 at 10,000). The rows of a run could not run elsewhere sooner
+/// each idle key a claim). Measured before a key's next run could be claimed while its last one
+/// runs (`Claimer::claim_behind`), when the worker idled for a claim between its runs and
+/// longer runs paid for it less often: 10 keys one at a time, no-op jobs, 15,000–16,400 jobs/s
+/// at 2,000 and 19,800–20,800 at 5,000 (19,900 at 10,000). The rows of a run could not run elsewhere sooner
 /// anyway: its key's concurrency is this worker's while it holds the run. [`AHEAD`] still
 /// bounds it for jobs that take time.
 pub(super) const MOST_AHEAD_IN_RUNS: usize = 5000;
@@ -68,6 +68,11 @@ impl Pace {
     /// limits of its queues change).
     pub(super) fn claims_take_runs(&mut self, runs: bool) {
         self.runs = runs;
+    }
+
+    /// Whether the worker's claims take runs of keys' lines now.
+    pub(super) fn takes_runs(&self) -> bool {
+        self.runs
     }
 
     /// A job's handler ran for `took`.

@@ -35,8 +35,8 @@ pub(super) async fn shutdown(
         let (got, ended) = local.jobs.beside(answers(under_way, phase)).await;
         local.ended(sh, ended);
         for claim in got {
-            // Their rows all go back below; as if started before every break, those of lines
-            // that broke go back at once.
+            // Their rows all go back below (as if started before every break, those of lines
+            // that broke go back here already).
             local.hold(sh, claim, 0, None);
         }
     }

@@ -56,7 +56,9 @@ impl<T> Default for Waiting<T> {
 
 impl<T: Clone> Waiting<T> {
     /// Takes in one claim's rows, in its order, and its lines. A line's rows that did not come
-    /// (a row a claim could not read back) are skipped; a row in no line waits on its own.
+    /// (a row a claim could not read back) are skipped; a row in no line waits on its own. The
+    /// rows of a line of a name the worker holds join it, behind its rows (the line takes the
+    /// later claim's width).
     pub(super) fn push(&mut self, with: &T, rows: Vec<ClaimedRow>, lines: Vec<Line>) {
         let mut in_line: HashMap<RowId, (usize, usize)> = HashMap::new();
         for (l, line) in lines.iter().enumerate() {
@@ -138,6 +140,15 @@ impl<T: Clone> Waiting<T> {
         back
     }
 
+    /// The lines whose next waiting row `which` picks: those [`Waiting::take_where`] empties.
+    pub(super) fn lines_where(&self, which: impl Fn(&ClaimedRow) -> bool) -> Vec<Arc<str>> {
+        self.lines
+            .iter()
+            .filter(|(_, q)| q.rows.front().is_some_and(|(_, (_, row))| which(row)))
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// Takes out the rows `which` picks, in lines or not; the rest keep their order. A line
     /// goes whole where its first row is picked (a line's rows are of one queue).
     pub(super) fn take_where(&mut self, which: impl Fn(&ClaimedRow) -> bool) -> Vec<Entry<T>> {
@@ -145,13 +156,7 @@ impl<T: Clone> Waiting<T> {
             self.free.drain(..).partition(|(_, (_, row))| which(row));
         self.free = keep;
         let mut back: Vec<Placed<T>> = back.into_iter().collect();
-        let names: Vec<Arc<str>> = self
-            .lines
-            .iter()
-            .filter(|(_, q)| q.rows.front().is_some_and(|(_, (_, row))| which(row)))
-            .map(|(name, _)| name.clone())
-            .collect();
-        for name in names {
+        for name in self.lines_where(&which) {
             if let Some(q) = self.lines.get_mut(&name) {
                 back.extend(q.rows.drain(..));
             }

@@ -164,3 +164,44 @@ fn a_later_claim_of_a_line_runs_after_what_the_line_holds() {
     assert!(w.ended(&k, true).is_empty());
     assert!(w.is_empty() && w.lines.is_empty());
 }
+
+/// A later claim's rows of a line the worker runs (its next run) join it: they start only after
+/// the rows before them, one at a time, and go back with the rest once one of those went back.
+#[test]
+fn a_later_claims_rows_of_a_line_join_it_behind_its_rows() {
+    let mut w = Waiting::default();
+    let k: Arc<str> = "q/7".into();
+    w.push(&(), rows(&[1, 2]), vec![line("q/7", 1, &[1, 2])]);
+    assert_eq!(ids(&start_all(&mut w)), [1]);
+    // The next run comes while row 1 runs, with a row of no line.
+    w.push(&(), rows(&[3, 9, 4]), vec![line("q/7", 1, &[3, 4])]);
+    assert_eq!(
+        ids(&start_all(&mut w)),
+        [9],
+        "row 1 still runs: only the free row"
+    );
+    assert!(w.ended(&k, true).is_empty());
+    assert_eq!(ids(&start_all(&mut w)), [2]);
+    assert!(w.ended(&k, true).is_empty());
+    assert_eq!(ids(&start_all(&mut w)), [3]);
+    // Row 3 went back: row 4, of the later claim, goes back with it.
+    let back: Vec<RowId> = w.ended(&k, false).into_iter().map(|(_, r)| r.id).collect();
+    assert_eq!(back, [RowId::Int(4)]);
+    assert!(w.is_empty());
+}
+
+#[test]
+fn the_lines_a_pause_empties_are_named() {
+    let mut w = Waiting::default();
+    w.push(
+        &(),
+        rows(&[1, 2, 3, 4]),
+        vec![line("a", 1, &[1, 2]), line("b", 1, &[3, 4])],
+    );
+    assert_eq!(ids(&start_all(&mut w)), [1, 3]);
+    let odd = |r: &ClaimedRow| r.id == RowId::Int(2);
+    let named = w.lines_where(odd);
+    assert_eq!(named, [Arc::<str>::from("a")]);
+    let back = w.take_where(odd);
+    assert_eq!(back.len(), 1);
+}
