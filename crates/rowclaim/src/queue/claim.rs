@@ -366,6 +366,7 @@ impl More for Limited<'_> {
                 runs,
                 width,
                 whole,
+                rows: marked,
             }) = taken
             else {
                 continue;
@@ -382,7 +383,10 @@ impl More for Limited<'_> {
             }
             // Read once the claim committed, and not by claiming again should it fail: the
             // jobs are this claim's now (see `limits::claimed_rows`).
-            let taken = retry_transient!(store.claimed_rows(&args, &ids).await)?;
+            let taken = match marked {
+                Some(rows) => rows,
+                None => retry_transient!(store.claimed_rows(&args, &ids).await)?,
+            };
             if !taken.is_empty() {
                 from = Some(from.map_or(at, |f| f.min(at)));
             }

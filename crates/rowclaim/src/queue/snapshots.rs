@@ -204,6 +204,10 @@ fn limited<D: Schema>(payload_type: &str, strategy: Strategy) -> String {
             ),
         );
         steps.push((
+            "mark jobs 7 and 9 ours, returning their rows (a claim that took runs)",
+            limits::mark_returning_sql(&a, &ids),
+        ));
+        steps.push((
             "the first of lines further back: one at a time per key",
             limits::heads_sql("mail", &kinds, &one_per_key, 2, true),
         ));

@@ -37,7 +37,8 @@ use crate::error::{Error, Result};
 pub(crate) use claiming::{claim, claimed_rows, Seen, Taken};
 #[cfg(test)]
 pub(crate) use claiming::{
-    claimed_sql, mark_sql, prune_starts_sql, read_sql, starts_sql, turn_sql, waiting_sql,
+    claimed_sql, mark_returning_sql, mark_sql, prune_starts_sql, read_sql, starts_sql, turn_sql,
+    waiting_sql,
 };
 pub(crate) use lines::{heads_sql, keyless_sql, runs_sql};
 pub(crate) use pick::pick_ids_sql;
