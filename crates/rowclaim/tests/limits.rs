@@ -135,6 +135,15 @@ async fn queue(t: &TestDb) -> Queue {
     q
 }
 
+/// How many jobs of `queue` completed on their second attempt.
+async fn completed_on_second_try(t: &TestDb, queue: &str) -> i64 {
+    t.count(&format!(
+        "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = '{queue}' \
+         AND status = 'completed' AND attempts = 2"
+    ))
+    .await
+}
+
 /// Every job of `queue` completed on its first attempt.
 async fn all_ran_once(t: &TestDb, queue: &str, jobs: i64) {
     assert_eq!(
@@ -724,12 +733,7 @@ mod postgres {
                 a, expected,
                 "key a in line order, its failed job run again first"
             );
-            let twice = t
-                .count(
-                    "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'retry' \
-                     AND status = 'completed' AND attempts = 2",
-                )
-                .await;
+            let twice = completed_on_second_try(&t, "retry").await;
             assert_eq!(twice, 1, "only the failed job ran twice");
             all_ran_once(&t, "retry", 149).await;
         })

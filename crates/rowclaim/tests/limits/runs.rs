@@ -157,12 +157,7 @@ async fn a_next_run_claimed_behind_a_job_that_failed_waits_for_its_retry() {
         .await;
         let ran = drain(&t, "behind", &keys, some_fail, 1).await;
         assert_lines_held(&ran, &keys, 700, some_fail);
-        let twice = t
-            .count(
-                "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = 'behind' \
-                 AND status = 'completed' AND attempts = 2",
-            )
-            .await;
+        let twice = completed_on_second_try(&t, "behind").await;
         assert_eq!(twice, 5, "only the failed jobs ran twice");
         all_ran_once(&t, "behind", 695).await;
     })
