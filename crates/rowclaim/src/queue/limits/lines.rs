@@ -7,6 +7,7 @@ use super::pick::{in_line, kinds_cond, Ahead, Arm, FirstOfLine};
 use super::{QueueLimits, READY, RUNNING};
 use crate::backend::sql::{Binder, Dialect, Stmt};
 use crate::queue::migrate::Schema;
+use crate::value::Value;
 
 /// The ids (as text) of up to `take` jobs that may start (see [`pick_sql`]) at the front of
 /// their key's line, or without a key, in claim order: each key's line is found through the
@@ -145,13 +146,14 @@ pub(crate) fn runs_sql<D: Schema>(
         ("r.n", String::new())
     } else {
         let q = b.bind(queue.to_owned());
-        let own: Vec<String> = own.iter().map(|t| b.bind(t.clone())).collect();
+        // One array, so that the statement's text is one however many claims the worker holds
+        // (each text is a statement the connection prepares and keeps).
+        let own = b.bind(Value::Texts(own.to_vec()));
         let lateral = format!(
             " CROSS JOIN LATERAL (SELECT COUNT(*) AS n FROM (SELECT 1 FROM rowclaim_jobs AS x \
              WHERE x.queue = {q} AND x.limit_key = rowclaim_heads.k AND x.{status} = {RUNNING} \
              AND (x.lease_until >= {now} OR x.id < line_first.id) AND NOT (x.lease_until >= \
-             {now} AND x.owner IS NOT NULL AND x.owner IN ({})) LIMIT 1) AS x) AS y",
-            own.join(", "),
+             {now} AND x.owner IS NOT NULL AND x.owner = ANY({own})) LIMIT 1) AS x) AS y",
             status = D::LINE_STATUS,
         );
         ("y.n", lateral)
