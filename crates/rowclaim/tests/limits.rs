@@ -136,6 +136,7 @@ async fn queue(t: &TestDb) -> Queue {
 }
 
 /// How many jobs of `queue` completed on their second attempt.
+#[cfg(feature = "postgres")]
 async fn completed_on_second_try(t: &TestDb, queue: &str) -> i64 {
     t.count(&format!(
         "SELECT COUNT(*) FROM rowclaim_jobs WHERE queue = '{queue}' \
