@@ -19,14 +19,18 @@ struct Ran {
     owners_max: i64,
 }
 
+/// Which jobs (by `n`) fail their first attempt, and which take half a second.
+type Plan = (fn(i64) -> bool, fn(i64) -> bool);
+
 /// Drains queue `name` (keys `keys`, job `n` of key `keys[n % keys.len()]`) with `workers`
 /// workers (each on its own pool) of 4 slots and a prefetch of 60, so that each claims many
-/// runs of each line; a job whose `n` `fails` fails its first attempt.
+/// runs of each line; a job whose `n` `fails` fails its first attempt, one that is `slow` takes
+/// half a second.
 async fn drain(
     t: &Arc<TestDb>,
     name: &str,
     keys: &[&str],
-    fails: fn(i64) -> bool,
+    (fails, slow): Plan,
     workers: usize,
 ) -> Ran {
     let ran: Arc<Mutex<Ran>> = Arc::default();
@@ -61,6 +65,9 @@ async fn drain(
                              AND status = 'running'"
                         ))
                         .await;
+                    if slow(n) {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
                     let mut r = seen.lock().unwrap();
                     r.owners_max = r.owners_max.max(owners);
                     *r.per_key.entry(key).or_default() -= 1;
@@ -120,7 +127,7 @@ async fn a_keys_next_run_joins_its_line_one_at_a_time_in_order() {
         let q = queue(&t).await;
         let keys = ["a", "b", "c"];
         one_at_a_time_by_key(&q, "next", &keys, 900).await;
-        let ran = drain(&t, "next", &keys, never, 1).await;
+        let ran = drain(&t, "next", &keys, (never, never), 1).await;
         assert_lines_held(&ran, &keys, 900, never);
         all_ran_once(&t, "next", 900).await;
     })
@@ -155,7 +162,7 @@ async fn a_next_run_claimed_behind_a_job_that_failed_waits_for_its_retry() {
              FOR EACH ROW EXECUTE FUNCTION slow_retry()",
         )
         .await;
-        let ran = drain(&t, "behind", &keys, some_fail, 1).await;
+        let ran = drain(&t, "behind", &keys, (some_fail, never), 1).await;
         assert_lines_held(&ran, &keys, 700, some_fail);
         let twice = completed_on_second_try(&t, "behind").await;
         assert_eq!(twice, 5, "only the failed jobs ran twice");
@@ -172,9 +179,37 @@ async fn two_workers_claim_next_runs_of_their_own_lines_only() {
         let q = queue(&t).await;
         let keys = ["a", "b", "c", "d"];
         one_at_a_time_by_key(&q, "two", &keys, 1200).await;
-        let ran = drain(&t, "two", &keys, never, 2).await;
+        let ran = drain(&t, "two", &keys, (never, never), 2).await;
         assert_lines_held(&ran, &keys, 1200, never);
         all_ran_once(&t, "two", 1200).await;
+    })
+    .await
+}
+
+fn first(n: i64) -> bool {
+    n == 0
+}
+
+/// A dead worker's last job of key a, its lease running out a second into the drain, while the
+/// worker's claims take runs of keys b and c: the claim that takes it again takes it on its
+/// own, not in a line (its key is not known there), so that claim is not whole and its token
+/// not the worker's own: no later claim takes key a's next run while that job runs (it takes
+/// half a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_taken_again_alone_keeps_its_key_from_the_next_claims() {
+    with_db(Backend::Postgres, |t| async move {
+        let q = queue(&t).await;
+        let keys = ["a", "b", "c"];
+        one_at_a_time_by_key(&q, "alone", &keys, 3000).await;
+        t.exec(
+            "UPDATE rowclaim_jobs SET status = 'running', owner = 'gone', \
+             lease_until = now() + interval '1 second' WHERE id = (SELECT MIN(id) \
+             FROM rowclaim_jobs WHERE queue = 'alone' AND limit_key = 'a')",
+        )
+        .await;
+        let ran = drain(&t, "alone", &keys, (never, first), 1).await;
+        assert_lines_held(&ran, &keys, 3000, never);
+        all_ran_once(&t, "alone", 3000).await;
     })
     .await
 }
