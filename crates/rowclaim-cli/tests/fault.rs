@@ -413,8 +413,9 @@ async fn stopped_past_its_lease(t: Arc<TestDb>) {
     until("the first worker runs a row", || runs(&log).len() == 1).await;
     // And holds its room: 1 running, 3 ahead. A stop that came while its last claim ahead was
     // still under way cut that claim short (on a loaded machine: 3 rows held, not 4).
+    let mut held = 0;
     for _ in 0..600 {
-        let held = t
+        held = t
             .count("SELECT COUNT(*) FROM jobs WHERE owner IS NOT NULL")
             .await;
         if held >= 4 {
@@ -422,6 +423,10 @@ async fn stopped_past_its_lease(t: Arc<TestDb>) {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert_eq!(
+        held, 4,
+        "rows the first worker holds (1 running, prefetch 3)"
+    );
     kill("STOP", sleeper_pid, false);
     let first_who = runs(&log).values().flatten().next().unwrap().who.clone();
     let stopped_at = now_us();

@@ -192,6 +192,18 @@ impl Mapping {
             .map(|t| self.id_kind.parse(t, "row id"))
             .collect()
     }
+
+    /// The id of a row read as JSON (a claim's `row_json`), as the id column's kind.
+    pub(crate) fn id_of(&self, row: &serde_json::Value) -> Result<RowId> {
+        row.get(&self.id_name)
+            .and_then(|v| self.id_kind.id_from_json(v))
+            .ok_or_else(|| {
+                Error::InvalidInput(format!(
+                    "claimed row has no usable {} in {row}",
+                    self.id_name
+                ))
+            })
+    }
 }
 
 /// A table name, optionally qualified by a schema (PostgreSQL) or database (MySQL).

@@ -488,15 +488,7 @@ impl Claimer {
         let m = &self.inner.m;
         rows.into_iter()
             .map(|data| {
-                let id = data
-                    .get(&m.id_name)
-                    .and_then(|v| m.id_kind.id_from_json(v))
-                    .ok_or_else(|| {
-                        Error::InvalidInput(format!(
-                            "claimed row has no usable {} in {data}",
-                            m.id_name
-                        ))
-                    })?;
+                let id = m.id_of(&data)?;
                 Ok(ClaimedRow { id, data })
             })
             .collect()

@@ -329,19 +329,14 @@ impl Limited<'_> {
             rows: run.into_iter().map(RowId::Int).collect(),
         }));
     }
-}
 
-#[async_trait::async_trait]
-impl More for Limited<'_> {
-    async fn claim_more(
+    /// [`More::claim_more`]: each limited queue's claim in turn, while the batch has room.
+    async fn claim_each(
         &self,
         args: &ClaimArgs<'_>,
         rows: &mut Vec<serde_json::Value>,
     ) -> Result<Option<Instant>> {
         let mut from: Option<Instant> = None;
-        if !rows.is_empty() {
-            self.whole.store(false, Ordering::Relaxed);
-        }
         for queue in &self.queues {
             let taken = u32::try_from(rows.len()).unwrap_or(args.batch);
             let left = args.batch.saturating_sub(taken);
@@ -371,14 +366,8 @@ impl More for Limited<'_> {
             else {
                 continue;
             };
-            // Not whole until its rows are read: rows claimed under the token and never read
-            // (a read that failed, the claim kept for the rows of queues before) run nowhere,
-            // and must not count as the worker's own.
-            let whole_before = self.whole.swap(false, Ordering::Relaxed);
             // On a Galera node the claim stands only once a count after its commit agrees.
             if retry_transient!(store.gave_back_crossed(&args, queue, &ids).await)? {
-                // Given back: none of its rows is held.
-                self.whole.store(whole_before, Ordering::Relaxed);
                 continue;
             }
             // Read once the claim committed, and not by claiming again should it fail: the
@@ -390,11 +379,31 @@ impl More for Limited<'_> {
             if !taken.is_empty() {
                 from = Some(from.map_or(at, |f| f.min(at)));
             }
-            self.whole.store(whole_before && whole, Ordering::Relaxed);
+            if !whole {
+                self.whole.store(false, Ordering::Relaxed);
+            }
             rows.extend(taken);
             self.lines(queue, width, runs);
         }
         Ok(from)
+    }
+}
+
+#[async_trait::async_trait]
+impl More for Limited<'_> {
+    async fn claim_more(
+        &self,
+        args: &ClaimArgs<'_>,
+        rows: &mut Vec<serde_json::Value>,
+    ) -> Result<Option<Instant>> {
+        let ordinary = !rows.is_empty();
+        let added = self.claim_each(args, rows).await;
+        // Rows of the ordinary claim beside, or, after a failure, rows a limited claim took and
+        // never read (they run nowhere): the worker does not run the claim's lines whole.
+        if ordinary || added.is_err() {
+            self.whole.store(false, Ordering::Relaxed);
+        }
+        added
     }
 }
 

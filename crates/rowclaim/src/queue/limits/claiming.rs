@@ -14,6 +14,7 @@ use crate::backend::run::Run;
 use crate::backend::sql::{self, Binder, Dialect, Stmt};
 use crate::backend::ClaimArgs;
 use crate::error::Result;
+use crate::id::RowId;
 use crate::queue::migrate::Schema;
 use crate::value::IdList;
 
@@ -145,8 +146,7 @@ where
     let fronts_first = further && seen.few_keys(&limits, room);
     let pick = pick_ids_sql(queue, kinds, &limits, room, !fronts_first);
     let mut picked = tx.texts(pick).await?;
-    let mut lines = HashMap::new();
-    let mut keyless = HashSet::new();
+    let (mut lines, mut keyless) = (HashMap::new(), HashSet::new());
     if fronts_first
         || (further
             && (picked.len() as i64) * 2 < room
@@ -158,23 +158,7 @@ where
         // few jobs wait.)
         let nothing_yet = picked.is_empty();
         let fronts = fronts(tx, queue, kinds, &limits, room, nothing_yet, seen, own).await?;
-        let known: HashSet<String> = picked.iter().cloned().collect();
-        let left = usize::try_from(room)
-            .unwrap_or(usize::MAX)
-            .saturating_sub(picked.len());
-        let mut added = 0;
-        for Front { id, line, keyed } in fronts {
-            if let Some(line) = line {
-                lines.insert(id.clone(), line);
-            }
-            if !keyed {
-                keyless.insert(id.clone());
-            }
-            if added < left && !known.contains(&id) {
-                picked.push(id);
-                added += 1;
-            }
-        }
+        (lines, keyless) = add_fronts(&mut picked, fronts, room);
     }
     if picked.is_empty() {
         return Ok(None);
@@ -184,10 +168,11 @@ where
         && picked
             .iter()
             .all(|id| lines.contains_key(id) || keyless.contains(id));
-    let ids = IdList::new(a.m.id_kind, &a.m.parse_ids(&picked)?)?;
+    let picked = a.m.parse_ids(&picked)?;
+    let ids = IdList::new(a.m.id_kind, &picked)?;
     let rows = if seen.took_runs {
         let marked = tx.texts(mark_returning_sql(a, &ids)).await?;
-        Some(in_order(&picked, marked)?)
+        Some(in_order(a, &picked, &marked)?)
     } else {
         tx.execute(mark_sql(a, &ids)).await?;
         None
@@ -205,27 +190,52 @@ where
     }))
 }
 
+/// Adds to `picked` the `fronts` not among them while the claim has room (`room` jobs in all);
+/// of every front, its line's number where it is of a run, and the fronts without a key.
+fn add_fronts(
+    picked: &mut Vec<String>,
+    fronts: Vec<Front>,
+    room: i64,
+) -> (HashMap<String, i64>, HashSet<String>) {
+    let (mut lines, mut keyless) = (HashMap::new(), HashSet::new());
+    let known: HashSet<String> = picked.iter().cloned().collect();
+    let left = usize::try_from(room)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(picked.len());
+    let mut added = 0;
+    for Front { id, line, keyed } in fronts {
+        if let Some(line) = line {
+            lines.insert(id.clone(), line);
+        }
+        if !keyed {
+            keyless.insert(id.clone());
+        }
+        if added < left && !known.contains(&id) {
+            picked.push(id);
+            added += 1;
+        }
+    }
+    (lines, keyless)
+}
+
 /// The rows of `marked` (JSON text, as [`mark_returning_sql`] returns them, in no order) in the
 /// order of their ids in `picked`.
-fn in_order(picked: &[String], marked: Vec<String>) -> Result<Vec<serde_json::Value>> {
-    let place: HashMap<&str, usize> = picked
-        .iter()
-        .enumerate()
-        .map(|(i, id)| (id.as_str(), i))
-        .collect();
+fn in_order(
+    a: &ClaimArgs<'_>,
+    picked: &[RowId],
+    marked: &[String],
+) -> Result<Vec<serde_json::Value>> {
+    let place: HashMap<&RowId, usize> = picked.iter().enumerate().map(|(i, id)| (id, i)).collect();
     let mut rows = marked
         .iter()
-        .map(|t| sql::parse_row(t))
+        .map(|t| {
+            let row = sql::parse_row(t)?;
+            let at = place.get(&a.m.id_of(&row)?).copied().unwrap_or(usize::MAX);
+            Ok((at, row))
+        })
         .collect::<Result<Vec<_>>>()?;
-    let at = |row: &serde_json::Value| {
-        let id = match &row["id"] {
-            serde_json::Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        place.get(id.as_str()).copied().unwrap_or(usize::MAX)
-    };
-    rows.sort_by_cached_key(at);
-    Ok(rows)
+    rows.sort_unstable_by_key(|(at, _)| *at);
+    Ok(rows.into_iter().map(|(_, row)| row).collect())
 }
 
 /// The jobs of `picked` that share a line (`lines`, from [`runs_sql`]), by line, in line

@@ -130,7 +130,8 @@ pub(crate) fn runs_sql<D: Schema>(
     let fits = kinds_cond(&mut b, kinds, "h.");
     let q6 = b.bind(queue.to_owned());
     let run = b.bind(run);
-    // Per key: its first job in line and the first of its running jobs behind that (left by
+    // Per key: its first job in line, the number of its line (once a key, not once a job),
+    // and the first of its running jobs behind that (left by
     // a dead worker's run, `blocked`'s expired arm: a run stops before it, to start after it);
     // how many of its jobs run (those behind its first in line only while their leases last);
     // and the run, from its first job in line on, read by the limit index (bounded as it is
@@ -140,29 +141,13 @@ pub(crate) fn runs_sql<D: Schema>(
     // too (no stop: the largest id): as `stop IS NULL OR …`, a filter the planner could not
     // guess, PostgreSQL read each key's whole line by a bitmap and sorted it for the first
     // `run` (10 keys of 1,300 ready jobs each: 23 ms a claim, against 3.6 ms).
-    // Where the worker runs lines whole under `own`: whether any running job of the key
-    // counts against it, one of those not held under `own` with its lease (at most one read).
-    let (others, others_of) = if own.is_empty() {
-        ("r.n", String::new())
-    } else {
-        let q = b.bind(queue.to_owned());
-        // One array, so that the statement's text is one however many claims the worker holds
-        // (each text is a statement the connection prepares and keeps).
-        let own = b.bind(Value::Texts(own.to_vec()));
-        let lateral = format!(
-            " CROSS JOIN LATERAL (SELECT COUNT(*) AS n FROM (SELECT 1 FROM rowclaim_jobs AS x \
-             WHERE x.queue = {q} AND x.limit_key = rowclaim_heads.k AND x.{status} = {RUNNING} \
-             AND (x.lease_until >= {now} OR x.id < line_first.id) AND NOT (x.lease_until >= \
-             {now} AND x.owner IS NOT NULL AND x.owner = ANY({own})) LIMIT 1) AS x) AS y",
-            status = D::LINE_STATUS,
-        );
-        ("y.n", lateral)
-    };
+    let (others, others_of) = not_own::<D>(&mut b, queue, own);
     let walk = format!(
         "{heads}rowclaim_fronts (k, id, priority, run_at, ok, place, due, line, busy, others) \
          AS (SELECT rowclaim_heads.k, l.id, l.priority, l.run_at, l.ok, l.place, l.due, \
-         hashtextextended(rowclaim_heads.k, 0), r.n, {others} \
+         line_first.line, r.n, {others} \
          FROM rowclaim_heads CROSS JOIN LATERAL (SELECT rowclaim_heads.id, \
+         hashtextextended(rowclaim_heads.k, 0) AS line, \
          (SELECT s.id FROM rowclaim_jobs AS s WHERE s.queue = {q3} \
          AND s.limit_key = rowclaim_heads.k AND s.{status} = {RUNNING} \
          AND s.id > rowclaim_heads.id ORDER BY s.{status}, s.id LIMIT 1) AS stop) AS line_first \
@@ -200,6 +185,29 @@ pub(crate) fn runs_sql<D: Schema>(
         D::TEXT,
     );
     Stmt::new(sql, b)
+}
+
+/// For [`runs_sql`] where the worker runs lines whole under the tokens `own`: a lateral join
+/// `y` of whether any running job of the key counts against it, one not held under `own` with
+/// its lease (at most one read), and that count's column. Without `own`, every running job
+/// counts: the count of them, `r.n`, and no join.
+fn not_own<D: Schema>(b: &mut Binder<D>, queue: &str, own: &[String]) -> (&'static str, String) {
+    if own.is_empty() {
+        return ("r.n", String::new());
+    }
+    let now = D::NOW;
+    let q = b.bind(queue.to_owned());
+    // One array, so that the statement's text is one however many claims the worker holds
+    // (each text is a statement the connection prepares and keeps).
+    let own = b.bind(Value::Texts(own.to_vec()));
+    let lateral = format!(
+        " CROSS JOIN LATERAL (SELECT COUNT(*) AS n FROM (SELECT 1 FROM rowclaim_jobs AS x \
+         WHERE x.queue = {q} AND x.limit_key = rowclaim_heads.k AND x.{status} = {RUNNING} \
+         AND (x.lease_until >= {now} OR x.id < line_first.id) AND NOT (x.lease_until >= \
+         {now} AND x.owner IS NOT NULL AND x.owner = ANY({own})) LIMIT 1) AS x) AS y",
+        status = D::LINE_STATUS,
+    );
+    ("y.n", lateral)
 }
 
 /// `WITH RECURSIVE {cte} ({names}) AS (…)`: of each key of `queue` with a job in line, the job

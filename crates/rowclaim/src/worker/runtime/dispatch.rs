@@ -29,6 +29,9 @@ use crate::backend::Outcome;
 use crate::claim::{Claim, ClaimedRow, Line, Token};
 use crate::id::RowId;
 
+/// Why a row of a line goes back unstarted after one ahead of it did not finish.
+const BEHIND_UNFINISHED: &str = "a job ahead of it in its line did not finish";
+
 /// What the worker holds locally. Dropping it aborts every task in it.
 pub(super) struct Local {
     /// Claimed rows waiting for a slot.
@@ -100,8 +103,7 @@ impl Local {
             let back;
             (back, rows) = rows.into_iter().partition(|r| behind.contains(&r.id));
             for row in back {
-                let why = "a job ahead of it in its line did not finish";
-                self.record(sh, unstarted(sh, held.clone(), &row, why));
+                self.record(sh, unstarted(sh, held.clone(), &row, BEHIND_UNFINISHED));
             }
         }
         self.waiting.push(&held, rows, lines);
@@ -161,22 +163,26 @@ impl Local {
     }
 
     /// A row of `line` ended, or was not started: the line goes on, or where the row did not
-    /// finish for good, the rest of it goes back unstarted.
-    /// The worker then no longer runs any claim's lines whole (`Held::runs_lines_whole`): the
-    /// rows that went back may show as running under their claims' tokens until their results
-    /// are written.
+    /// finish for good, the rest of it goes back unstarted ([`Local::lines_broke`]: those rows
+    /// may show as running under their claims' tokens until their results are written).
     fn line_ended(&mut self, sh: &Arc<Shared>, line: Option<&Arc<str>>, for_good: bool) {
         let Some(line) = line else {
             return;
         };
         if !for_good {
-            self.breaks.broke(line);
-            self.helds.iter().for_each(|h| h.mark_lines_broken());
+            self.lines_broke(std::slice::from_ref(line));
         }
         for (held, row) in self.waiting.ended(line, for_good) {
-            let why = "a job ahead of it in its line did not finish";
-            self.record(sh, unstarted(sh, held, &row, why));
+            self.record(sh, unstarted(sh, held, &row, BEHIND_UNFINISHED));
         }
+    }
+
+    /// Rows went back unstarted from `lines` (and from no line, where it is empty): a claim
+    /// under way gives back its rows of those lines, and the worker no longer runs any claim's
+    /// lines whole (`Held::runs_lines_whole`).
+    fn lines_broke(&mut self, lines: &[Arc<str>]) {
+        lines.iter().for_each(|line| self.breaks.broke(line));
+        self.helds.iter().for_each(|h| h.mark_lines_broken());
     }
 
     /// Records a result in the background.
@@ -208,13 +214,9 @@ impl Local {
 
     /// Rows of a queue paused since they were claimed go back, not started.
     pub(super) fn give_back_paused(&mut self, sh: &Arc<Shared>, paused: &Paused) {
-        // As after a row of a line that went back (see `line_ended`).
-        for line in self.waiting.lines_where(|row| paused.holds(row)) {
-            self.breaks.broke(&line);
-        }
-        let back = self.waiting.take_where(|row| paused.holds(row));
+        let (back, emptied) = self.waiting.take_where(|row| paused.holds(row));
         if !back.is_empty() {
-            self.helds.iter().for_each(|h| h.mark_lines_broken());
+            self.lines_broke(&emptied);
         }
         for (held, row) in back {
             self.record(sh, unstarted(sh, held, &row, "its queue is paused"));
@@ -377,7 +379,7 @@ mod tests {
         let ids = |rows: &mut dyn Iterator<Item = &((), ClaimedRow)>| {
             rows.map(|(_, r)| r.id.clone()).collect::<Vec<_>>()
         };
-        let back = waiting.take_where(|r| paused.holds(r));
+        let (back, _) = waiting.take_where(|r| paused.holds(r));
         assert_eq!(ids(&mut back.iter()), [RowId::Int(1), RowId::Int(4)]);
         assert_eq!(
             ids(&mut waiting.take_all().iter()),
@@ -387,6 +389,7 @@ mod tests {
         waiting.push(&(), vec![row(6, "mail".into())], Vec::new());
         assert!(waiting
             .take_where(|r| Paused::default().holds(r))
+            .0
             .is_empty());
         assert_eq!(waiting.len(), 1);
     }

@@ -140,37 +140,38 @@ impl<T: Clone> Waiting<T> {
         back
     }
 
-    /// The lines whose next waiting row `which` picks: those [`Waiting::take_where`] empties.
-    pub(super) fn lines_where(&self, which: impl Fn(&ClaimedRow) -> bool) -> Vec<Arc<str>> {
-        self.lines
-            .iter()
-            .filter(|(_, q)| q.rows.front().is_some_and(|(_, (_, row))| which(row)))
-            .map(|(name, _)| name.clone())
-            .collect()
-    }
-
     /// Takes out the rows `which` picks, in lines or not; the rest keep their order. A line
-    /// goes whole where its first row is picked (a line's rows are of one queue).
-    pub(super) fn take_where(&mut self, which: impl Fn(&ClaimedRow) -> bool) -> Vec<Entry<T>> {
+    /// goes whole where its first row is picked (a line's rows are of one queue). Also the
+    /// names of the lines it emptied so.
+    pub(super) fn take_where(
+        &mut self,
+        which: impl Fn(&ClaimedRow) -> bool,
+    ) -> (Vec<Entry<T>>, Vec<Arc<str>>) {
         let (back, keep): (VecDeque<_>, VecDeque<_>) =
             self.free.drain(..).partition(|(_, (_, row))| which(row));
         self.free = keep;
         let mut back: Vec<Placed<T>> = back.into_iter().collect();
-        for name in self.lines_where(&which) {
-            if let Some(q) = self.lines.get_mut(&name) {
+        let names: Vec<Arc<str>> = self
+            .lines
+            .iter()
+            .filter(|(_, q)| q.rows.front().is_some_and(|(_, (_, row))| which(row)))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &names {
+            if let Some(q) = self.lines.get_mut(name) {
                 back.extend(q.rows.drain(..));
             }
-            self.refresh(&name);
+            self.refresh(name);
         }
         back.sort_by_key(|(place, _)| *place);
         self.len -= back.len();
-        back.into_iter().map(|(_, entry)| entry).collect()
+        (back.into_iter().map(|(_, entry)| entry).collect(), names)
     }
 
     /// Every waiting row, in the order they arrived; none waits afterwards (lines with rows
     /// running stay, to be told when those end).
     pub(super) fn take_all(&mut self) -> Vec<Entry<T>> {
-        self.take_where(|_| true)
+        self.take_where(|_| true).0
     }
 
     /// How many rows wait.
