@@ -38,8 +38,10 @@ fn refused(out: &Output, endpoint: &str) {
     assert!(err.contains(endpoint), "names {endpoint}: {}", says(out));
 }
 
-/// A one-shot command opens one connection: the pool keeps the one that checked the server is
+/// A one-shot command opens one session: the pool keeps the one that checked the server is
 /// there, instead of closing it and opening another (a second TCP, TLS and session start).
+/// Sessions, not connections: on a loaded machine a slow first connection is joined by a knock
+/// on the port (connect and close, nothing sent) to see whether anything listens.
 async fn one_connection(t: std::sync::Arc<TestDb>) {
     let port: u16 = t
         .url
@@ -51,10 +53,10 @@ async fn one_connection(t: std::sync::Arc<TestDb>) {
     let proxy = Proxy::start(port).await;
     let out = run(&proxy.url_for(&t.url), &["stats", "--json"]).await;
     ok(&out);
-    assert_eq!(proxy.accepted(), 1, "connections opened by `stats`");
+    assert_eq!(proxy.sessions(), 1, "sessions opened by `stats`");
     let out = run(&proxy.url_for(&t.url), &["enqueue", "--queue", "a", "{}"]).await;
     ok(&out);
-    assert_eq!(proxy.accepted(), 2, "connections opened by `enqueue` (one)");
+    assert_eq!(proxy.sessions(), 2, "sessions opened by `enqueue` (one)");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,6 +149,22 @@ async fn no_tls_server_plain_by_default_refused_when_required() {
 fn refusing_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a spare port");
     listener.local_addr().expect("its address").port()
+}
+
+/// A one-shot command against a port nothing listens on says the connection was refused (a
+/// knock on the port finds it while the pool quietly retries), not that no answer came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_is_named_as_refused() {
+    let port = refusing_port();
+    for url in [
+        format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+        format!("mysql://root@127.0.0.1:{port}/test"),
+    ] {
+        let out = run(&url, &["stats", "--json"]).await;
+        refused(&out, &format!("127.0.0.1:{port}"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("Connection refused"), "{}", says(&out));
+    }
 }
 
 /// `work` started while the database is down waits for it, as it waits out an outage, says so

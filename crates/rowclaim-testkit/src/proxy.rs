@@ -43,6 +43,8 @@ struct Shared {
     fired: AtomicBool,
     open: AtomicUsize,
     accepted: AtomicUsize,
+    /// Connections whose client sent at least one byte.
+    spoke: AtomicUsize,
 }
 
 /// A running proxy; dropping it closes every connection through it and stops listening.
@@ -71,6 +73,7 @@ impl Proxy {
             fired: AtomicBool::new(false),
             open: AtomicUsize::new(0),
             accepted: AtomicUsize::new(0),
+            spoke: AtomicUsize::new(0),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Proxy {
@@ -147,6 +150,12 @@ impl Proxy {
     /// Connections the proxy has accepted since it started, closed ones included.
     pub fn accepted(&self) -> usize {
         self.shared.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Connections whose client sent anything: sessions, not a bare connect-and-close such as
+    /// a knock to see whether a port listens.
+    pub fn sessions(&self) -> usize {
+        self.shared.spoke.load(Ordering::SeqCst)
     }
 }
 
@@ -319,6 +328,10 @@ async fn pump(
             return End::Eof;
         }
         let chunk = &buf[..n];
+        if let (Some(shared), true) = (cut, tail.is_empty()) {
+            // The client's first bytes (the tail only grows).
+            shared.spoke.fetch_add(1, Ordering::SeqCst);
+        }
         let fire = cut.is_some_and(|shared| {
             let mut armed = shared.armed.lock().unwrap_or_else(|e| e.into_inner());
             let hit = armed.as_deref().is_some_and(|p| {

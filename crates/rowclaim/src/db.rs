@@ -164,11 +164,33 @@ fn pg_endpoint(o: &PgConnectOptions) -> String {
     }
 }
 
+/// Where the server listens, for a knock: libpq's socket file in the socket directory.
+#[cfg(feature = "postgres")]
+fn pg_listener(o: &PgConnectOptions) -> open::Listener {
+    let file = format!(".s.PGSQL.{}", o.get_port());
+    match o.get_socket() {
+        Some(dir) => open::Listener::Socket(dir.join(file)),
+        // A host that is a path names the socket directory too (as in libpq).
+        None if o.get_host().starts_with('/') => {
+            open::Listener::Socket(std::path::Path::new(o.get_host()).join(file))
+        }
+        None => open::Listener::Tcp(o.get_host().to_owned(), o.get_port()),
+    }
+}
+
 #[cfg(feature = "mysql")]
 fn my_endpoint(o: &MySqlConnectOptions) -> String {
     match o.get_socket() {
         Some(path) => format!("MySQL/MariaDB at {}", path.display()),
         None => format!("MySQL/MariaDB at {}:{}", o.get_host(), o.get_port()),
+    }
+}
+
+#[cfg(feature = "mysql")]
+fn my_listener(o: &MySqlConnectOptions) -> open::Listener {
+    match o.get_socket() {
+        Some(path) => open::Listener::Socket(path.to_owned()),
+        None => open::Listener::Tcp(o.get_host().to_owned(), o.get_port()),
     }
 }
 
@@ -232,10 +254,11 @@ async fn connect_postgres(url: &str, opts: &ConnectOptions) -> Result<(Backend, 
     let (route, endpoint) = if target.hosts.len() == 1 {
         let options = target.hosts[0].1.clone();
         let endpoint = pg_endpoint(&options);
+        let listener = pg_listener(&options);
         let pool = open_pool(
             pool_options,
             options,
-            &endpoint,
+            (&endpoint, listener),
             opts.connect_timeout,
             pg_connect_sorted,
         )
@@ -291,10 +314,11 @@ async fn connect_mysql(url: &str, opts: &ConnectOptions) -> Result<(Backend, Str
     let pool_options = MySqlPoolOptions::new()
         .max_connections(opts.max_connections)
         .acquire_timeout(opts.acquire_timeout);
+    let listener = my_listener(&options);
     let pool = open_pool(
         pool_options,
         options,
-        &endpoint,
+        (&endpoint, listener),
         opts.connect_timeout,
         mysql::sorted,
     )

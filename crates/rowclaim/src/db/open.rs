@@ -42,24 +42,58 @@ pub(super) fn take_connect_timeout(url: &str) -> Result<(String, Option<Duration
     Ok((format!("{base}?{}", kept.join("&")), timeout))
 }
 
-/// How long the pool's first connection may take before a connection of rowclaim's own looks
-/// for the reason: the pool quietly retries a refused connection until its timeout.
-const PROBE_AFTER: Duration = Duration::from_millis(200);
+/// How long the pool's first connection may take before rowclaim knocks on the server's port
+/// to see whether anything listens there: the pool quietly retries a refused connection until
+/// its timeout.
+const KNOCK_AFTER: Duration = Duration::from_millis(200);
+
+/// How long the pool's first connection may take, when something does listen, before a session
+/// of rowclaim's own looks for the reason: the pool also retries a server that says it is
+/// starting up or has too many clients. Long enough that a server merely slow to answer (a
+/// loaded machine) is not sent a second session.
+const PROBE_AFTER: Duration = Duration::from_secs(2);
+
+/// Where a server listens, for a knock that opens no session: a TCP port or a Unix socket.
+pub(super) enum Listener {
+    Tcp(String, u16),
+    #[cfg_attr(not(unix), allow(dead_code))]
+    Socket(std::path::PathBuf),
+}
+
+impl Listener {
+    /// Connects and closes at once, sending nothing, so the server starts no session: only
+    /// whether the operating system refuses the connection.
+    async fn knock(&self) -> std::io::Result<()> {
+        match self {
+            Listener::Tcp(host, port) => {
+                tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+            }
+            #[cfg(unix)]
+            Listener::Socket(path) => {
+                tokio::net::UnixStream::connect(path).await?;
+            }
+            #[cfg(not(unix))]
+            Listener::Socket(_) => {}
+        }
+        Ok(())
+    }
+}
 
 /// Opens the pool with its first connection in it, the one a one-shot command then runs on (a
 /// second connection would cost another TCP, TLS and session start). An unreachable server is
 /// reported with what was dialled and what the operating system said: a refused connection
-/// within [`PROBE_AFTER`] (a connection of our own finds it), a server that never answers after
-/// `wait`.
+/// after [`KNOCK_AFTER`] (a knock finds it), a server that refuses sessions after
+/// [`PROBE_AFTER`] (a session of our own hears why), a server that never answers after `wait`.
 pub(super) async fn open_pool<DB: sqlx::Database>(
     pool_options: PoolOptions<DB>,
     options: ConnectionOptions<DB>,
-    endpoint: &str,
+    (endpoint, listener): (&str, Listener),
     wait: Duration,
     sort: fn(sqlx::Error) -> DatabaseError,
 ) -> Result<Pool<DB>> {
     let wait = wait.min(pool_options.get_acquire_timeout());
-    let deadline = tokio::time::Instant::now() + wait;
+    let start = tokio::time::Instant::now();
+    let deadline = start + wait;
     let opened = tokio::time::timeout_at(deadline, pool_options.connect_with(options.clone()));
     tokio::pin!(opened);
     let settle = |opened: std::result::Result<sqlx::Result<Pool<DB>>, _>| match opened {
@@ -69,7 +103,23 @@ pub(super) async fn open_pool<DB: sqlx::Database>(
     };
     tokio::select! {
         opened = &mut opened => return settle(opened),
-        () = tokio::time::sleep(PROBE_AFTER) => {}
+        () = tokio::time::sleep_until(start + KNOCK_AFTER) => {}
+    }
+    tokio::select! {
+        opened = &mut opened => return settle(opened),
+        knocked = tokio::time::timeout_at(deadline, listener.knock()) => match knocked {
+            Err(_) => return Err(no_answer(endpoint, wait, sort)),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                return Err(connect_failed(endpoint, sort(sqlx::Error::Io(e))));
+            }
+            // Something listens, or the knock failed in a way the pool does not retry (and so
+            // reports itself).
+            Ok(_) => {}
+        }
+    }
+    tokio::select! {
+        opened = &mut opened => return settle(opened),
+        () = tokio::time::sleep_until(start + PROBE_AFTER) => {}
     }
     tokio::select! {
         opened = &mut opened => settle(opened),
