@@ -613,6 +613,53 @@ mod postgres {
         .await
     }
 
+    /// Jobs of a key that run behind a job of it waiting for its retry count against the key's
+    /// concurrency as much as those ahead: with two at a time, and jobs 1 and 2 of key a
+    /// running (started while the key allowed three), its failed job 0, due again, waits; key
+    /// b's front does not.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn jobs_running_behind_a_retry_hold_their_places() {
+        with_db(Backend::Postgres, |t| async move {
+            let q = queue(&t).await;
+            q.limit("behind", &QueueLimits::default().key_concurrency(2))
+                .await
+                .unwrap();
+            let jobs: Vec<NewJob> = (0..6)
+                .map(|n| {
+                    let key = if n < 5 { "a" } else { "b" };
+                    NewJob::new(json!({ "key": key, "n": n }))
+                        .queue("behind")
+                        .limit_key(key)
+                })
+                .collect();
+            q.enqueue_many(&jobs).await.unwrap();
+            let nth = |n: i64| {
+                format!(
+                    "(SELECT id FROM rowclaim_jobs WHERE queue = 'behind' \
+                     ORDER BY id OFFSET {n} LIMIT 1)"
+                )
+            };
+            t.exec(&format!(
+                "UPDATE rowclaim_jobs SET attempts = 1, last_error = 'failed' WHERE id = {}",
+                nth(0)
+            ))
+            .await;
+            t.exec(&format!(
+                "UPDATE rowclaim_jobs SET status = 'running', attempts = 1, owner = 'other', \
+                 attempted_at = now(), lease_until = now() + interval '1 minute' \
+                 WHERE id IN ({}, {})",
+                nth(1),
+                nth(2)
+            ))
+            .await;
+            let claimer = q.claimer(&["behind".to_owned()]).await.unwrap();
+            let claim = claimer.claim(10, Duration::from_secs(30)).await.unwrap();
+            let taken: Vec<(String, i64)> = claim.rows().iter().map(key_and_n).collect();
+            assert_eq!(taken, vec![("b".to_owned(), 5)], "key a holds two running");
+        })
+        .await
+    }
+
     /// The jobs of a run whose worker died all run out together: they are taken again first
     /// first, one at a time under a key concurrency of 1, not all at once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
