@@ -167,6 +167,38 @@ async fn a_refused_connection_is_named_as_refused() {
     }
 }
 
+/// A server that turns sessions away (every connection taken) is named with its own words
+/// within a short `connect_timeout`, not reported as silent: the pool retries "too many
+/// clients" quietly, and a session of rowclaim's own, at half the timeout, hears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_room_says_so() {
+    use sqlx::Connection;
+    let pg = PrivatePostgres::start_with(
+        "max_connections = 3\nsuperuser_reserved_connections = 0",
+        &[],
+    )
+    .await;
+    let url = pg.url("postgres");
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(
+            sqlx::PgConnection::connect(&url)
+                .await
+                .expect("one of the server's three connections"),
+        );
+    }
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let out = run(
+        &format!("{url}{sep}connect_timeout=2"),
+        &["stats", "--json"],
+    )
+    .await;
+    refused(&out, &format!("127.0.0.1:{}", pg.port()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("too many clients"), "{}", says(&out));
+    drop(held);
+}
+
 /// `work` started while the database is down waits for it, as it waits out an outage, says so
 /// once, and works once the server is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

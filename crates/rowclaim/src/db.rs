@@ -73,7 +73,7 @@ pub struct ConnectOptions {
     pub async_commit: bool,
     /// How long [`Db::connect_with`] waits for the first connection before it reports the server
     /// unreachable (at most [`ConnectOptions::acquire_timeout`]). Default 10 s, or
-    /// `connect_timeout=SECONDS` in the URL. A refused connection is reported within 0.2 s.
+    /// `connect_timeout=SECONDS` in the URL. A refused connection is reported after about 0.2 s.
     pub connect_timeout: Duration,
     /// How long a statement waits for a connection from the pool (all busy, or the server
     /// unreachable) before it fails. Default 10 s.
@@ -164,17 +164,18 @@ fn pg_endpoint(o: &PgConnectOptions) -> String {
     }
 }
 
-/// Where the server listens, for a knock: libpq's socket file in the socket directory.
+/// Where the server takes connections, for a knock: libpq's socket file in the socket
+/// directory.
 #[cfg(feature = "postgres")]
-fn pg_listener(o: &PgConnectOptions) -> open::Listener {
+fn pg_address(o: &PgConnectOptions) -> open::ServerAddress {
     let file = format!(".s.PGSQL.{}", o.get_port());
     match o.get_socket() {
-        Some(dir) => open::Listener::Socket(dir.join(file)),
+        Some(dir) => open::ServerAddress::Socket(dir.join(file)),
         // A host that is a path names the socket directory too (as in libpq).
         None if o.get_host().starts_with('/') => {
-            open::Listener::Socket(std::path::Path::new(o.get_host()).join(file))
+            open::ServerAddress::Socket(std::path::Path::new(o.get_host()).join(file))
         }
-        None => open::Listener::Tcp(o.get_host().to_owned(), o.get_port()),
+        None => open::ServerAddress::Tcp(o.get_host().to_owned(), o.get_port()),
     }
 }
 
@@ -187,10 +188,10 @@ fn my_endpoint(o: &MySqlConnectOptions) -> String {
 }
 
 #[cfg(feature = "mysql")]
-fn my_listener(o: &MySqlConnectOptions) -> open::Listener {
+fn my_address(o: &MySqlConnectOptions) -> open::ServerAddress {
     match o.get_socket() {
-        Some(path) => open::Listener::Socket(path.to_owned()),
-        None => open::Listener::Tcp(o.get_host().to_owned(), o.get_port()),
+        Some(path) => open::ServerAddress::Socket(path.to_owned()),
+        None => open::ServerAddress::Tcp(o.get_host().to_owned(), o.get_port()),
     }
 }
 
@@ -254,11 +255,12 @@ async fn connect_postgres(url: &str, opts: &ConnectOptions) -> Result<(Backend, 
     let (route, endpoint) = if target.hosts.len() == 1 {
         let options = target.hosts[0].1.clone();
         let endpoint = pg_endpoint(&options);
-        let listener = pg_listener(&options);
+        let address = pg_address(&options);
         let pool = open_pool(
             pool_options,
             options,
-            (&endpoint, listener),
+            &endpoint,
+            address,
             opts.connect_timeout,
             pg_connect_sorted,
         )
@@ -314,11 +316,12 @@ async fn connect_mysql(url: &str, opts: &ConnectOptions) -> Result<(Backend, Str
     let pool_options = MySqlPoolOptions::new()
         .max_connections(opts.max_connections)
         .acquire_timeout(opts.acquire_timeout);
-    let listener = my_listener(&options);
+    let address = my_address(&options);
     let pool = open_pool(
         pool_options,
         options,
-        (&endpoint, listener),
+        &endpoint,
+        address,
         opts.connect_timeout,
         mysql::sorted,
     )

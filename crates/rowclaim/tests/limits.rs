@@ -331,7 +331,10 @@ async fn rates(t: Arc<TestDb>, per_key: u32) {
         0,
         "starts of the first run left after a claim a period later"
     );
-    assert!(kept(String::new()).await <= 1);
+    assert!(
+        kept(String::new()).await <= 1,
+        "more than the last claim's start kept"
+    );
 }
 
 /// Limits that cannot work are refused, naming what is wrong, and nothing is written.

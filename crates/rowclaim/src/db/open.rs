@@ -50,30 +50,36 @@ const KNOCK_AFTER: Duration = Duration::from_millis(200);
 /// How long the pool's first connection may take, when something does listen, before a session
 /// of rowclaim's own looks for the reason: the pool also retries a server that says it is
 /// starting up or has too many clients. Long enough that a server merely slow to answer (a
-/// loaded machine) is not sent a second session.
+/// loaded machine) is not sent a second session; at most half the wait, so that the reason is
+/// heard within a short `connect_timeout` too.
 const PROBE_AFTER: Duration = Duration::from_secs(2);
 
-/// Where a server listens, for a knock that opens no session: a TCP port or a Unix socket.
-pub(super) enum Listener {
+/// Where a server takes connections, for a knock that opens no session: a TCP port or a Unix
+/// socket.
+pub(super) enum ServerAddress {
     Tcp(String, u16),
     #[cfg_attr(not(unix), allow(dead_code))]
     Socket(std::path::PathBuf),
 }
 
-impl Listener {
+impl ServerAddress {
     /// Connects and closes at once, sending nothing, so the server starts no session: only
-    /// whether the operating system refuses the connection.
+    /// whether the operating system refuses the connection. (MySQL/MariaDB count such a
+    /// connection as aborted, towards `max_connect_errors` of a remote host; the session that
+    /// follows clears that count.)
     async fn knock(&self) -> std::io::Result<()> {
         match self {
-            Listener::Tcp(host, port) => {
-                tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+            ServerAddress::Tcp(host, port) => {
+                // An IPv6 literal as URLs write it, `[::1]`.
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                tokio::net::TcpStream::connect((host, *port)).await?;
             }
             #[cfg(unix)]
-            Listener::Socket(path) => {
+            ServerAddress::Socket(path) => {
                 tokio::net::UnixStream::connect(path).await?;
             }
             #[cfg(not(unix))]
-            Listener::Socket(_) => {}
+            ServerAddress::Socket(_) => {}
         }
         Ok(())
     }
@@ -82,12 +88,14 @@ impl Listener {
 /// Opens the pool with its first connection in it, the one a one-shot command then runs on (a
 /// second connection would cost another TCP, TLS and session start). An unreachable server is
 /// reported with what was dialled and what the operating system said: a refused connection
-/// after [`KNOCK_AFTER`] (a knock finds it), a server that refuses sessions after
-/// [`PROBE_AFTER`] (a session of our own hears why), a server that never answers after `wait`.
+/// after [`KNOCK_AFTER`] (a knock at `address` finds it), a server that refuses sessions after
+/// [`PROBE_AFTER`] or half of `wait` (a session of our own hears why), a server that never
+/// answers after `wait`.
 pub(super) async fn open_pool<DB: sqlx::Database>(
     pool_options: PoolOptions<DB>,
     options: ConnectionOptions<DB>,
-    (endpoint, listener): (&str, Listener),
+    endpoint: &str,
+    address: ServerAddress,
     wait: Duration,
     sort: fn(sqlx::Error) -> DatabaseError,
 ) -> Result<Pool<DB>> {
@@ -107,7 +115,7 @@ pub(super) async fn open_pool<DB: sqlx::Database>(
     }
     tokio::select! {
         opened = &mut opened => return settle(opened),
-        knocked = tokio::time::timeout_at(deadline, listener.knock()) => match knocked {
+        knocked = tokio::time::timeout_at(deadline, address.knock()) => match knocked {
             Err(_) => return Err(no_answer(endpoint, wait, sort)),
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
                 return Err(connect_failed(endpoint, sort(sqlx::Error::Io(e))));
@@ -119,7 +127,7 @@ pub(super) async fn open_pool<DB: sqlx::Database>(
     }
     tokio::select! {
         opened = &mut opened => return settle(opened),
-        () = tokio::time::sleep_until(start + PROBE_AFTER) => {}
+        () = tokio::time::sleep_until(start + PROBE_AFTER.min(wait / 2)) => {}
     }
     tokio::select! {
         opened = &mut opened => settle(opened),
