@@ -187,12 +187,7 @@ async fn a_server_without_room_says_so() {
                 .expect("one of the server's three connections"),
         );
     }
-    let sep = if url.contains('?') { '&' } else { '?' };
-    let out = run(
-        &format!("{url}{sep}connect_timeout=2"),
-        &["stats", "--json"],
-    )
-    .await;
+    let out = run(&format!("{url}?connect_timeout=2"), &["stats", "--json"]).await;
     refused(&out, &format!("127.0.0.1:{}", pg.port()));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("too many clients"), "{}", says(&out));

@@ -312,6 +312,7 @@ async fn pump(
 ) -> End {
     let mut buf = vec![0u8; 16 * 1024];
     let mut tail: Vec<u8> = Vec::new();
+    let mut spoke = false;
     loop {
         if !gate(&mut rx, generation).await {
             return End::Dead;
@@ -328,8 +329,9 @@ async fn pump(
             return End::Eof;
         }
         let chunk = &buf[..n];
-        if let (Some(shared), true) = (cut, tail.is_empty()) {
-            // The client's first bytes (the tail only grows).
+        if let (Some(shared), false) = (cut, spoke) {
+            // The client's first bytes.
+            spoke = true;
             shared.spoke.fetch_add(1, Ordering::SeqCst);
         }
         let fire = cut.is_some_and(|shared| {

@@ -3,7 +3,7 @@
 //! ([`runs_sql`]), and jobs without a key ([`keyless_sql`]). A claim reads these where the first
 //! jobs in claim order (`pick.rs`) leave most of its room, or first where it saw few keys.
 
-use super::pick::{in_line, kinds_cond, Ahead, Arm, FirstOfLine};
+use super::pick::{holds_place, in_line, kinds_cond, Ahead, Arm, FirstOfLine};
 use super::{QueueLimits, READY, RUNNING};
 use crate::backend::sql::{Binder, Dialect, Stmt};
 use crate::queue::migrate::Schema;
@@ -152,8 +152,8 @@ pub(crate) fn runs_sql<D: Schema>(
          AND s.limit_key = rowclaim_heads.k AND s.{status} = {RUNNING} \
          AND s.id > rowclaim_heads.id ORDER BY s.{status}, s.id LIMIT 1) AS stop) AS line_first \
          CROSS JOIN LATERAL (SELECT COUNT(*) AS n FROM (SELECT 1 FROM rowclaim_jobs AS o \
-         WHERE o.queue = {q5} AND o.limit_key = rowclaim_heads.k AND o.{status} = {RUNNING} \
-         AND (o.lease_until >= {now} OR o.id < line_first.id) LIMIT {front}) AS o) AS r\
+         WHERE o.queue = {q5} AND o.limit_key = rowclaim_heads.k AND {holding} \
+         LIMIT {front}) AS o) AS r\
          {others_of} CROSS JOIN LATERAL (SELECT m.id, m.priority, m.run_at, m.ok, \
          ROW_NUMBER() OVER (ORDER BY m.id) AS place, MIN(m.ok) OVER (ORDER BY m.id) AS due \
          FROM (SELECT h.id, h.priority, \
@@ -164,6 +164,7 @@ pub(crate) fn runs_sql<D: Schema>(
          ORDER BY h.{status}, h.id LIMIT {run}) AS m) AS l) ",
         status = D::LINE_STATUS,
         no_stop = i64::MAX,
+        holding = holds_place::<D>("o", "o.id < line_first.id"),
     );
     let front2 = b.bind(i64::from(width));
     let keyless = if keyless {
@@ -202,10 +203,10 @@ fn not_own<D: Schema>(b: &mut Binder<D>, queue: &str, own: &[String]) -> (&'stat
     let own = b.bind(Value::Texts(own.to_vec()));
     let lateral = format!(
         " CROSS JOIN LATERAL (SELECT COUNT(*) AS n FROM (SELECT 1 FROM rowclaim_jobs AS x \
-         WHERE x.queue = {q} AND x.limit_key = rowclaim_heads.k AND x.{status} = {RUNNING} \
-         AND (x.lease_until >= {now} OR x.id < line_first.id) AND NOT (x.lease_until >= \
-         {now} AND x.owner IS NOT NULL AND x.owner = ANY({own})) LIMIT 1) AS x) AS y",
-        status = D::LINE_STATUS,
+         WHERE x.queue = {q} AND x.limit_key = rowclaim_heads.k AND {} AND NOT \
+         (x.lease_until >= {now} AND x.owner IS NOT NULL AND x.owner = ANY({own})) LIMIT 1) \
+         AS x) AS y",
+        holds_place::<D>("x", "x.id < line_first.id"),
     );
     ("y.n", lateral)
 }

@@ -26,6 +26,19 @@ pub(crate) fn pick_ids_sql<D: Schema>(
     Stmt::new(sql, b)
 }
 
+/// "Job `o` (an alias) runs and holds its key's place": its lease holds, or it is `ahead` (a
+/// condition on `o`) of the job in question in their line, with its lease run out (a dead
+/// worker's; it is taken again first). A running job behind it whose lease ran out does not
+/// count: it waits for the one in question. Where runs of lines may be taken (PostgreSQL, a
+/// key concurrency without a key rate).
+pub(super) fn holds_place<D: Schema>(o: &str, ahead: &str) -> String {
+    format!(
+        "{o}.{} = {RUNNING} AND ({o}.lease_until >= {} OR {ahead})",
+        D::LINE_STATUS,
+        D::NOW
+    )
+}
+
 /// "Job `t` (an alias, or empty for the table's own columns) is in its key's line", for a
 /// ready job: due, or waiting for a retry (a failed job keeps its place). A job scheduled for
 /// later that never ran is not in line until its time comes.
@@ -230,10 +243,7 @@ impl FirstOfLine<'_> {
         // for those ahead whose lease ran out: each is a descent of the limit index per job
         // looked at (1,000 keys two at a time: three looks a job, the pick a third slower).
         let running = if runs {
-            format!(
-                "{status} = {RUNNING} AND (o.lease_until >= {now} OR {})",
-                D::ahead_in_line(RUNNING)
-            )
+            holds_place::<D>("o", &D::ahead_in_line(RUNNING))
         } else {
             format!("{status} = {RUNNING}")
         };
