@@ -411,6 +411,83 @@ async fn a_deep_line_hides_no_other_key(t: Arc<TestDb>, limits: QueueLimits, fir
     assert_eq!(taken(&last), ["-1"], "{limits:?}");
 }
 
+/// A limited claim hands its jobs on as an ordinary claim does: the same row for the same job
+/// (the limited claim reads its rows by a statement of its own), down to a payload that is a
+/// JSON string reading as a number, which must reach the handler as that string.
+async fn limited_rows_are_ordinary_rows(t: Arc<TestDb>) {
+    let q = queue(&t).await;
+    q.limit("limited", &QueueLimits::default().key_concurrency(1))
+        .await
+        .unwrap();
+    let payloads = [
+        json!("123"),
+        json!({"nested": {"list": [1, "two", null]}, "text": "é \" '"}),
+        json!(null),
+        json!(4.5),
+    ];
+    let jobs = |queue: &str| -> Vec<NewJob> {
+        payloads
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                NewJob::new(p.clone())
+                    .queue(queue)
+                    .kind("k")
+                    .priority(3)
+                    .max_attempts(7)
+                    .timeout(Duration::from_millis(1500))
+                    .unique_key(format!("{queue}-{i}"))
+                    .limit_key(format!("key-{i}"))
+            })
+            .collect()
+    };
+    q.enqueue_many(&jobs("plain")).await.unwrap();
+    q.enqueue_many(&jobs("limited")).await.unwrap();
+    let mut rows = Vec::new();
+    for queue in ["plain", "limited"] {
+        let claimer = q.claimer(&[queue.to_owned()]).await.unwrap();
+        let claim = claimer.claim(10, Duration::from_secs(60)).await.unwrap();
+        let mut read: Vec<(serde_json::Value, rowclaim::Job)> = claim
+            .rows()
+            .iter()
+            .map(|r| {
+                let mut data = r.data.clone();
+                let fields = data.as_object_mut().unwrap();
+                fields.remove("id");
+                fields.remove("queue");
+                let mut job = rowclaim::Job::from_row(r).unwrap();
+                job.id = 0;
+                job.queue = String::new();
+                (data, job)
+            })
+            .collect();
+        read.sort_by_key(|(data, _)| data["unique_key"].as_str().unwrap_or("").to_owned());
+        assert_eq!(
+            read.len(),
+            payloads.len(),
+            "{queue}: one claim takes every job"
+        );
+        rows.push(read);
+    }
+    let (plain, limited) = (&rows[0], &rows[1]);
+    for ((plain_row, plain_job), (limited_row, limited_job)) in plain.iter().zip(limited) {
+        let key = |row: &serde_json::Value| row["unique_key"].as_str().unwrap_or("").to_owned();
+        assert_eq!(key(limited_row), key(plain_row).replace("plain", "limited"));
+        let mut limited_row = limited_row.clone();
+        limited_row["unique_key"] = plain_row["unique_key"].clone();
+        assert_eq!(limited_row, *plain_row, "the same row from either claim");
+        assert_eq!(limited_job, plain_job, "the same job from either claim");
+    }
+    let first: Vec<_> = limited.iter().map(|(_, job)| job.payload.clone()).collect();
+    assert!(
+        first.contains(&json!("123")),
+        "a JSON string stays one: {first:?}"
+    );
+    assert!(limited.iter().all(|(_, job)| job.attempt == 1
+        && job.max_attempts == 7
+        && job.timeout == Some(Duration::from_millis(1500))));
+}
+
 macro_rules! limit_cases {
     ($backend:expr) => {
         use super::*;
@@ -457,6 +534,10 @@ macro_rules! limit_cases {
                 a_deep_line_hides_no_other_key(t, two, &["-0", "a0", "a1", "b0", "b1"])
             })
             .await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_limited_claim_reads_its_jobs_as_an_ordinary_claim_does() {
+            with_db($backend, limited_rows_are_ordinary_rows).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn limits_that_cannot_work_are_refused() {

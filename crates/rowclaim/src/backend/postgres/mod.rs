@@ -76,6 +76,14 @@ impl Dialect for Sql {
         claimed_json(m)
     }
 
+    type Claimed = Columns;
+
+    /// Plain columns, each read by its type ([`Columns`]): as a JSON object, the server spent
+    /// 3.5 µs a row building it, as much again as the rest of the read.
+    fn claimed_select(m: &Mapping) -> String {
+        claimed_columns(m)
+    }
+
     fn epoch_ms(expr: &str) -> String {
         format!("floor(extract(epoch FROM {expr}) * 1000)::int8")
     }
@@ -224,6 +232,29 @@ pub(crate) fn claimed_json(m: &Mapping) -> String {
     format!("jsonb_build_object({})", pairs.join(", "))
 }
 
+/// [`claimed_json`] as plain columns, each under its name (read as [`Columns`]); a user's
+/// whole row as one `jsonb` column named [`WHOLE_ROW`], which [`Columns`] hands on as the row.
+fn claimed_columns(m: &Mapping) -> String {
+    let Some(l) = &m.lifecycle else {
+        return format!("to_jsonb(t) AS {WHOLE_ROW}");
+    };
+    let cols: Vec<String> = l
+        .carried
+        .iter()
+        .map(|c| {
+            let q = Sql::quote(c);
+            match l.as_text.contains(c) {
+                true => format!("t.{q}::text AS {q}"),
+                false => format!("t.{q}"),
+            }
+        })
+        .collect();
+    cols.join(", ")
+}
+
+/// The name of the one column that holds a whole row as `jsonb` ([`claimed_columns`]).
+const WHOLE_ROW: &str = "rowclaim_row";
+
 /// The rows a statement returns as `jsonb` objects (one column).
 pub(crate) async fn json_rows<R: Run<Sql = Sql> + ?Sized>(
     r: &R,
@@ -262,6 +293,17 @@ impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for Columns {
         // in one go; inserted one by one, each searched and split nodes (perf, tuned Worker:
         // reading the claimed rows 18 % of the worker's CPU before, 15 % after).
         Ok(Columns(Value::Object(columns.into_iter().collect())))
+    }
+}
+
+impl sql::ClaimedRow for Columns {
+    fn into_row(self) -> Result<serde_json::Value> {
+        match self.0 {
+            serde_json::Value::Object(mut row) if row.len() == 1 && row.contains_key(WHOLE_ROW) => {
+                Ok(row.remove(WHOLE_ROW).unwrap_or_default())
+            }
+            row => Ok(row),
+        }
     }
 }
 

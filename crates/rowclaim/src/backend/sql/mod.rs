@@ -89,6 +89,16 @@ pub(crate) trait Dialect: Sized + Send + Sync + 'static {
     fn id_in(b: &mut Binder<Self>, column: &str, ids: &IdList) -> String;
     /// A claimed row of alias `t` as a JSON object (the managed queue's job: its own columns).
     fn row_json(m: &Mapping) -> String;
+    /// How a row of [`Dialect::claimed_select`] is read.
+    type Claimed: ClaimedRow
+        + for<'r> sqlx::FromRow<'r, <Self::DB as sqlx::Database>::Row>
+        + Send
+        + Unpin;
+    /// A claimed row of alias `t`, as the statement that reads it selects it (read as
+    /// [`Dialect::Claimed`]): by default [`Dialect::row_json`] as text.
+    fn claimed_select(m: &Mapping) -> String {
+        format!("CAST({} AS {})", Self::row_json(m), Self::TEXT)
+    }
     /// A time column (or expression) as epoch milliseconds, whatever the session's time zone.
     fn epoch_ms(expr: &str) -> String;
     /// A time column (or expression) as epoch microseconds (an integer).
@@ -266,6 +276,31 @@ pub(crate) fn lease_ms(lease: Duration) -> i64 {
 }
 
 /// Parses a row's JSON text (MySQL and SQLite build it with `JSON_OBJECT`).
+/// A claimed row as a driver reads it ([`Dialect::Claimed`]), made the JSON object every claim
+/// hands on.
+pub(crate) trait ClaimedRow {
+    fn into_row(self) -> Result<serde_json::Value>;
+}
+
+/// A claimed row read as JSON text ([`Dialect::row_json`] cast to text).
+pub(crate) struct JsonText(String);
+
+impl<'r, R: sqlx::Row> sqlx::FromRow<'r, R> for JsonText
+where
+    usize: sqlx::ColumnIndex<R>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    fn from_row(r: &'r R) -> sqlx::Result<JsonText> {
+        r.try_get(0).map(JsonText)
+    }
+}
+
+impl ClaimedRow for JsonText {
+    fn into_row(self) -> Result<serde_json::Value> {
+        parse_row(&self.0)
+    }
+}
+
 pub(crate) fn parse_row(text: &str) -> Result<serde_json::Value> {
     serde_json::from_str(text).map_err(|e| {
         crate::error::Error::Internal(format!("a row came back as invalid JSON ({e}): {text}"))

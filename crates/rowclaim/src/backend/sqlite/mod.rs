@@ -91,6 +91,8 @@ impl Dialect for Sql {
         claimed_json(m)
     }
 
+    type Claimed = sql::JsonText;
+
     fn appended(list: &str, entry: &[(&str, String)]) -> String {
         let fields: Vec<String> = entry.iter().map(|(k, v)| format!("'{k}', {v}")).collect();
         let had = format!("COALESCE({list}, '[]')");
