@@ -158,9 +158,10 @@ fn pg_connect_sorted(e: sqlx::Error) -> crate::error::DatabaseError {
 
 #[cfg(feature = "postgres")]
 fn pg_endpoint(o: &PgConnectOptions) -> String {
-    match o.get_socket() {
-        Some(dir) => format!("PostgreSQL at {}", dir.display()),
-        None => format!("PostgreSQL at {}:{}", o.get_host(), o.get_port()),
+    // The socket file, as libpq names it: a directory alone does not say which server.
+    match pg_address(o) {
+        open::ServerAddress::Socket(file) => format!("PostgreSQL on socket {}", file.display()),
+        open::ServerAddress::Tcp(host, port) => format!("PostgreSQL at {host}:{port}"),
     }
 }
 
@@ -441,7 +442,8 @@ impl Db {
     }
 
     /// Where this pool connects, for messages: `PostgreSQL at 127.0.0.1:5432`,
-    /// `MySQL/MariaDB at db:3306`, `SQLite file ./work.db`. Never holds a password.
+    /// `PostgreSQL on socket /run/postgresql/.s.PGSQL.5432`, `MySQL/MariaDB at db:3306`,
+    /// `SQLite file ./work.db`. Never holds a password.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
     }
@@ -511,6 +513,28 @@ fn redact(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// A server reached by a Unix socket is named by its socket file, the directory given as
+    /// `host=` or as a host that is a path (libpq's two ways); one reached by TCP by its host
+    /// and port. Never the password.
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn a_postgres_endpoint_names_the_socket_file_or_the_host_and_port() {
+        use std::str::FromStr;
+        let endpoint = |url: &str| {
+            super::pg_endpoint(&sqlx::postgres::PgConnectOptions::from_str(url).unwrap())
+        };
+        let socket = "PostgreSQL on socket /run/pg/.s.PGSQL.5499";
+        assert_eq!(
+            endpoint("postgres://u@localhost:5499/db?host=/run/pg"),
+            socket
+        );
+        assert_eq!(endpoint("postgres://u@%2Frun%2Fpg:5499/db"), socket);
+        assert_eq!(
+            endpoint("postgres://u:secret@127.0.0.1:5432/db"),
+            "PostgreSQL at 127.0.0.1:5432"
+        );
+    }
+
     /// A build without a driver says which cargo feature would have it (the PostgreSQL-only
     /// build of the suite runs this).
     #[cfg(not(feature = "sqlite"))]
