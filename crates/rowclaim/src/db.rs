@@ -513,9 +513,9 @@ fn redact(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    /// A server reached by a Unix socket is named by its socket file, the directory given as
-    /// `host=` or as a host that is a path (libpq's two ways); one reached by TCP by its host
-    /// and port. Never the password.
+    /// A server reached by a Unix socket is named by its socket file, its directory given as
+    /// `host=`, as the URL's host, or as options whose host is a path (a pool handed over
+    /// whole); one reached by TCP by its host and port. Never the password.
     #[cfg(feature = "postgres")]
     #[test]
     fn a_postgres_endpoint_names_the_socket_file_or_the_host_and_port() {
@@ -529,6 +529,10 @@ mod tests {
             socket
         );
         assert_eq!(endpoint("postgres://u@%2Frun%2Fpg:5499/db"), socket);
+        let options = sqlx::postgres::PgConnectOptions::new()
+            .host("/run/pg")
+            .port(5499);
+        assert_eq!(super::pg_endpoint(&options), socket);
         assert_eq!(
             endpoint("postgres://u:secret@127.0.0.1:5432/db"),
             "PostgreSQL at 127.0.0.1:5432"

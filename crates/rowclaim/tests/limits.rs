@@ -478,10 +478,10 @@ async fn limited_rows_are_ordinary_rows(t: Arc<TestDb>) {
         assert_eq!(limited_row, *plain_row, "the same row from either claim");
         assert_eq!(limited_job, plain_job, "the same job from either claim");
     }
-    let first: Vec<_> = limited.iter().map(|(_, job)| job.payload.clone()).collect();
+    let read: Vec<_> = limited.iter().map(|(_, job)| job.payload.clone()).collect();
     assert!(
-        first.contains(&json!("123")),
-        "a JSON string stays one: {first:?}"
+        read.contains(&json!("123")),
+        "a JSON string stays one: {read:?}"
     );
     assert!(limited.iter().all(|(_, job)| job.attempt == 1
         && job.max_attempts == 7

@@ -146,7 +146,7 @@ pub(crate) fn skip_locked_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
     let set = sql::claim_set(m, &mut b, a.token, a.lease);
     let returning = match &m.lifecycle {
         None => "to_jsonb(t)".to_owned(), // the whole row, as `json_rows` reads it
-        Some(l) => carried(l, &mut b),
+        Some(l) => carried(m, l, &mut b),
     };
     let sql = format!(
         "WITH {}, c AS ({union} LIMIT {limit}) \
@@ -160,18 +160,8 @@ pub(crate) fn skip_locked_sql(a: &ClaimArgs<'_>) -> Stmt<Sql> {
 /// What a skip-locked claim of a source a layer above completes returns per row: its carried
 /// columns one by one (those it carries as text cast to text) and the extra values it asks for,
 /// each under its own name (a user's own table returns each row as JSON instead).
-fn carried(l: &crate::mapping::Lifecycle, b: &mut B) -> String {
-    let mut cols: Vec<String> = l
-        .carried
-        .iter()
-        .map(|c| {
-            let q = Sql::quote(c);
-            match l.as_text.contains(c) {
-                true => format!("t.{q}::text AS {q}"),
-                false => format!("t.{q}"),
-            }
-        })
-        .collect();
+fn carried(m: &Mapping, l: &crate::mapping::Lifecycle, b: &mut B) -> String {
+    let mut cols = vec![claimed_columns(m)];
     for (name, value) in &l.extra {
         cols.push(format!(
             "{} AS {}",

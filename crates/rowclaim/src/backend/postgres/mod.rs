@@ -1,6 +1,7 @@
 //! PostgreSQL: rowclaim's claim SQL for PostgreSQL (the managed queue's is in `queue/postgres.rs`).
 //!
-//! Leases are `timestamptz` computed from `now()`; rows come back as `to_jsonb(t)`; id lists are
+//! Leases are `timestamptz` computed from `now()`; rows come back as `to_jsonb(t)` (a managed
+//! queue's jobs as plain columns, [`claimed_columns`]); id lists are
 //! bound as one array (`= ANY($n)`), so every statement's text is stable and prepared once.
 
 mod catalog;
@@ -232,18 +233,20 @@ pub(crate) fn claimed_json(m: &Mapping) -> String {
     format!("jsonb_build_object({})", pairs.join(", "))
 }
 
-/// [`claimed_json`] as plain columns, each under its name (read as [`Columns`]); a user's
-/// whole row as one `jsonb` column named [`WHOLE_ROW`], which [`Columns`] hands on as the row.
-fn claimed_columns(m: &Mapping) -> String {
-    let Some(l) = &m.lifecycle else {
-        return format!("to_jsonb(t) AS {WHOLE_ROW}");
+/// [`claimed_json`] as plain columns, each under its name (read as [`Columns`]), those carried
+/// as text cast to text: what a claim of the managed queue returns (its skip-locked claim adds
+/// its extra values, `claim.rs`). A source no layer completes (never claimed this way) selects
+/// every column of its mapping.
+pub(crate) fn claimed_columns(m: &Mapping) -> String {
+    let (columns, as_text) = match &m.lifecycle {
+        Some(l) => (&l.carried, l.as_text.as_slice()),
+        None => (&m.columns, &[][..]),
     };
-    let cols: Vec<String> = l
-        .carried
+    let cols: Vec<String> = columns
         .iter()
         .map(|c| {
             let q = Sql::quote(c);
-            match l.as_text.contains(c) {
+            match as_text.contains(c) {
                 true => format!("t.{q}::text AS {q}"),
                 false => format!("t.{q}"),
             }
@@ -251,9 +254,6 @@ fn claimed_columns(m: &Mapping) -> String {
         .collect();
     cols.join(", ")
 }
-
-/// The name of the one column that holds a whole row as `jsonb` ([`claimed_columns`]).
-const WHOLE_ROW: &str = "rowclaim_row";
 
 /// The rows a statement returns as `jsonb` objects (one column).
 pub(crate) async fn json_rows<R: Run<Sql = Sql> + ?Sized>(
@@ -296,14 +296,9 @@ impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for Columns {
     }
 }
 
-impl sql::ClaimedRow for Columns {
+impl sql::IntoRow for Columns {
     fn into_row(self) -> Result<serde_json::Value> {
-        match self.0 {
-            serde_json::Value::Object(mut row) if row.len() == 1 && row.contains_key(WHOLE_ROW) => {
-                Ok(row.remove(WHOLE_ROW).unwrap_or_default())
-            }
-            row => Ok(row),
-        }
+        Ok(self.0)
     }
 }
 

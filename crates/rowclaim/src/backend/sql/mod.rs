@@ -90,7 +90,7 @@ pub(crate) trait Dialect: Sized + Send + Sync + 'static {
     /// A claimed row of alias `t` as a JSON object (the managed queue's job: its own columns).
     fn row_json(m: &Mapping) -> String;
     /// How a row of [`Dialect::claimed_select`] is read.
-    type Claimed: ClaimedRow
+    type Claimed: IntoRow
         + for<'r> sqlx::FromRow<'r, <Self::DB as sqlx::Database>::Row>
         + Send
         + Unpin;
@@ -275,10 +275,9 @@ pub(crate) fn lease_ms(lease: Duration) -> i64 {
     i64::try_from(lease.as_millis()).unwrap_or(i64::MAX).max(1)
 }
 
-/// Parses a row's JSON text (MySQL and SQLite build it with `JSON_OBJECT`).
 /// A claimed row as a driver reads it ([`Dialect::Claimed`]), made the JSON object every claim
 /// hands on.
-pub(crate) trait ClaimedRow {
+pub(crate) trait IntoRow {
     fn into_row(self) -> Result<serde_json::Value>;
 }
 
@@ -295,12 +294,13 @@ where
     }
 }
 
-impl ClaimedRow for JsonText {
+impl IntoRow for JsonText {
     fn into_row(self) -> Result<serde_json::Value> {
         parse_row(&self.0)
     }
 }
 
+/// Parses a row's JSON text (MySQL and SQLite build it with `JSON_OBJECT`).
 pub(crate) fn parse_row(text: &str) -> Result<serde_json::Value> {
     serde_json::from_str(text).map_err(|e| {
         crate::error::Error::Internal(format!("a row came back as invalid JSON ({e}): {text}"))

@@ -11,7 +11,7 @@ use super::{
     heads_sql, keyless_sql, pick_ids_sql, runs_sql, QueueLimits, COLUMNS, LIMITED, READY, RUNNING,
 };
 use crate::backend::run::Run;
-use crate::backend::sql::{self, Binder, ClaimedRow, Dialect, Stmt};
+use crate::backend::sql::{self, Binder, Dialect, IntoRow, Stmt};
 use crate::backend::ClaimArgs;
 use crate::error::Result;
 use crate::id::RowId;
@@ -286,7 +286,7 @@ pub(crate) async fn claimed_rows<R: Run + ?Sized>(
 /// The claimed rows statement `s` returns ([`Dialect::claimed_select`]), as JSON objects.
 async fn read_rows<R: Run + ?Sized>(r: &R, s: Stmt<R::Sql>) -> Result<Vec<serde_json::Value>> {
     let rows: Vec<<R::Sql as Dialect>::Claimed> = r.fetch_all(s).await?;
-    rows.into_iter().map(ClaimedRow::into_row).collect()
+    rows.into_iter().map(IntoRow::into_row).collect()
 }
 
 /// The ids of the fronts of the queue's lines that may start ([`heads_sql`]), with jobs
@@ -415,10 +415,11 @@ fn mark<D: Dialect>(a: &ClaimArgs<'_>, ids: &IdList, returning: &str) -> Stmt<D>
     Stmt::new(sql, b)
 }
 
-/// [`mark_sql`] that returns the marked jobs' rows as [`claimed_sql`] reads them: for a claim that took runs of keys' lines, whose rows are this worker's own claims'
-/// anyway. Read in the claim's transaction, under the queue's turn, they cost each row one
-/// look-up less (and the claim a statement less): 10 keys one at a time, the read after the
-/// commit took 6.0 µs a job, one claim after another.
+/// [`mark_sql`] that returns the marked jobs' rows as [`claimed_sql`] reads them: for a claim
+/// that took runs of keys' lines, whose rows are this worker's own claims' anyway. Read in the
+/// claim's transaction, under the queue's turn, they cost each row one look-up less (and the
+/// claim a statement less): 10 keys one at a time, the read after the commit took 6.0 µs a job,
+/// one claim after another.
 pub(crate) fn mark_returning_sql<D: Dialect>(a: &ClaimArgs<'_>, ids: &IdList) -> Stmt<D> {
     let returning = format!(" RETURNING {}", D::claimed_select(a.m));
     mark::<D>(a, ids, &returning)
