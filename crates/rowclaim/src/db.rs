@@ -183,7 +183,7 @@ fn pg_address(o: &PgConnectOptions) -> open::ServerAddress {
 #[cfg(feature = "mysql")]
 fn my_endpoint(o: &MySqlConnectOptions) -> String {
     match o.get_socket() {
-        Some(path) => format!("MySQL/MariaDB at {}", path.display()),
+        Some(path) => format!("MySQL/MariaDB on socket {}", path.display()),
         None => format!("MySQL/MariaDB at {}:{}", o.get_host(), o.get_port()),
     }
 }
@@ -536,6 +536,25 @@ mod tests {
         assert_eq!(
             endpoint("postgres://u:secret@127.0.0.1:5432/db"),
             "PostgreSQL at 127.0.0.1:5432"
+        );
+    }
+
+    /// A MySQL/MariaDB server is named by its socket file or by its host and port, as a
+    /// PostgreSQL one is; never the password.
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn a_mysql_endpoint_names_the_socket_file_or_the_host_and_port() {
+        use std::str::FromStr;
+        let endpoint = |url: &str| {
+            super::my_endpoint(&sqlx::mysql::MySqlConnectOptions::from_str(url).unwrap())
+        };
+        assert_eq!(
+            endpoint("mysql://u:secret@localhost/db?socket=/run/mysqld/mysqld.sock"),
+            "MySQL/MariaDB on socket /run/mysqld/mysqld.sock"
+        );
+        assert_eq!(
+            endpoint("mysql://u:secret@db.internal:3307/db"),
+            "MySQL/MariaDB at db.internal:3307"
         );
     }
 

@@ -63,7 +63,11 @@ impl Target {
                 }
             })?;
             let label = match options.get_socket() {
-                Some(dir) => dir.display().to_string(),
+                // The socket file, as libpq names it (the directory alone names no port).
+                Some(dir) => dir
+                    .join(format!(".s.PGSQL.{}", options.get_port()))
+                    .display()
+                    .to_string(),
                 None => format!("{}:{}", options.get_host(), options.get_port()),
             };
             hosts.push((label, options));
@@ -75,7 +79,7 @@ impl Target {
         })
     }
 
-    /// `host:port` for messages: the one host, or all of them.
+    /// `host:port` (or a socket file) for messages: the one host, or all of them.
     pub(crate) fn label(&self) -> String {
         let labels: Vec<&str> = self.hosts.iter().map(|(l, _)| l.as_str()).collect();
         labels.join(",")
@@ -140,6 +144,9 @@ mod tests {
         assert!(!t.pooled);
         assert_eq!(t.hosts[1].1.get_database(), Some("db"));
         assert_eq!(t.hosts[1].1.get_username(), "u");
+
+        let t = Target::parse("postgres://u@h1,%2Frun%2Fpg:5433/db").unwrap();
+        assert_eq!(t.label(), "h1:5432,/run/pg/.s.PGSQL.5433");
 
         let t = Target::parse("postgres://u@h1/db?pgbouncer=true").unwrap();
         assert_eq!(t.label(), "h1:5432");
