@@ -24,13 +24,17 @@ impl Db {
     pub async fn claimer(&self, source: Source, strategy: Strategy) -> Result<Claimer> {
         let (mapping, chosen, server) = self.checked_mapping(&source, strategy, None).await?;
         self.id_unique(&mapping).await?;
-        let made = async {
+        let made = || async {
             let (chosen, recorded) = self.check_recorded(&mapping, chosen, strategy).await?;
-            self.claimer_of(mapping.clone(), chosen, server, recorded)
+            self.claimer_of(mapping.clone(), chosen, server.clone(), recorded)
                 .await
         };
+        // Each step reads, or makes a table if it is missing, so all of them run again after a
+        // transient error: on a Galera cluster another node making `rowclaim_leases` or
+        // `rowclaim_sources` at the same moment aborts a read of that table here (1213, seen
+        // with three `rowclaim work --strategy lease-table` starting at once, one per node).
         // Reading the record or making the lease table may be refused: say which privilege.
-        match made.await {
+        match crate::backend::retry_transient!(made().await) {
             Err(e) => Err(self.explain_denied(&mapping, chosen, false, e).await),
             made => made,
         }
