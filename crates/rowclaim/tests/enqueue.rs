@@ -407,6 +407,135 @@ async fn a_stream_is_all_or_nothing(t: Arc<TestDb>) {
     assert_eq!(links.waits_for[0].id, first.id, "{links:?}");
 }
 
+/// One job of [`payloads_of_every_kind`]: what it is given and what its record must show.
+struct Given {
+    payload: serde_json::Value,
+    queue: &'static str,
+    priority: i32,
+    delay: bool,
+    unique_key: Option<String>,
+}
+
+/// The jobs of [`payloads_of_every_kind`]: long runs of jobs alike but for their payloads
+/// (objects, arrays), scalars of every JSON kind among them, runs just shorter and just longer
+/// than a statement of their own takes, a unique key inside a run, runs that differ only in
+/// their delay or priority.
+fn every_kind() -> Vec<Given> {
+    let given = |payload, queue, priority, delay| Given {
+        payload,
+        queue,
+        priority,
+        delay,
+        unique_key: None,
+    };
+    let object = |i: usize| {
+        json!({
+            "i": i, "text": text(i), "tenth": 0.1 + i as f64, "sum": 0.1 + 0.2, "huge": 1.5e300,
+            "u64": u64::MAX - i as u64, "none": null, "list": [i, "two", [3.25], {"four": false}],
+        })
+    };
+    let mut jobs = Vec::new();
+    for i in 0..1_500 {
+        jobs.push(given(object(i), "a", 0, false));
+        if i == 700 {
+            let mut keyed = given(json!({"keyed": i}), "a", 0, false);
+            keyed.unique_key = Some(format!("kind-{i}"));
+            jobs.push(keyed);
+        }
+    }
+    let scalars = [
+        json!(123),
+        json!(-7),
+        json!(2.5),
+        json!(1e-7),
+        json!(u64::MAX),
+        json!("a string with \"quotes\", ✓ and \\"),
+        json!(""),
+        json!("{not an object}"),
+        json!("[not an array]"),
+        json!(true),
+        json!(false),
+        json!(null),
+    ];
+    for (i, v) in scalars.iter().cycle().take(40).enumerate() {
+        // Scalars between objects alike, and runs of scalars alike.
+        jobs.push(given(v.clone(), "a", 0, false));
+        if i % 3 == 0 {
+            jobs.push(given(object(i), "a", 0, false));
+        }
+    }
+    for (len, queue) in [(15, "b"), (16, "c"), (17, "b"), (1, "c"), (40, "b")] {
+        for i in 0..len {
+            jobs.push(given(json!([i, "array", {"len": len}]), queue, 0, false));
+        }
+    }
+    for i in 0..300 {
+        jobs.push(given(object(i), "d", (i / 100) as i32, (i / 50) % 2 == 1));
+    }
+    jobs
+}
+
+/// Payloads of every JSON kind come back as given, whatever statement carries them; the ids
+/// are new, their own and ascend in the order given.
+async fn payloads_of_every_kind(t: Arc<TestDb>) {
+    let db = t.db().await;
+    let q = db.queue();
+    q.init().await.expect("init");
+    let before = q
+        .enqueue_all(&[NewJob::new(json!({"before": 1})), NewJob::new(json!(2))])
+        .await
+        .expect("enqueue the jobs before");
+    let given = every_kind();
+    let jobs: Vec<NewJob> = given
+        .iter()
+        .map(|g| {
+            let mut j = NewJob::new(g.payload.clone())
+                .queue(g.queue)
+                .priority(g.priority);
+            if g.delay {
+                j = j.delay(Duration::from_secs(3600));
+            }
+            if let Some(k) = &g.unique_key {
+                j = j.unique_key(k);
+            }
+            j
+        })
+        .collect();
+    let start = SystemTime::now();
+    let got = q.enqueue_all(&jobs).await.expect("enqueue");
+    assert_eq!(got.len(), given.len(), "one answer per job");
+    assert!(got.iter().all(|e| !e.existing));
+    assert!(got[0].id > before[1].id, "{:?} after {before:?}", got[0]);
+    assert!(
+        got.windows(2).all(|w| w[0].id < w[1].id),
+        "ids ascend in the order given"
+    );
+    let records = q
+        .list(&JobFilter::new().limit(given.len() as u32 + 10))
+        .await
+        .expect("list");
+    assert_eq!(
+        records.len(),
+        given.len() + 2,
+        "the jobs of the call and the two before"
+    );
+    let by_id: HashMap<i64, _> = records.iter().map(|r| (r.id, r)).collect();
+    for (i, (g, e)) in given.iter().zip(&got).enumerate() {
+        let r = by_id
+            .get(&e.id)
+            .unwrap_or_else(|| panic!("job {i} (id {}) is not in the table", e.id));
+        let what = format!("job {i}: {r:?}");
+        assert_eq!(r.payload, g.payload, "{what}");
+        assert_eq!(r.queue, g.queue, "{what}");
+        assert_eq!(r.priority, i64::from(g.priority), "{what}");
+        assert_eq!(r.unique_key, g.unique_key, "{what}");
+        let hours = if g.delay { 1 } else { 0 };
+        let due = start + Duration::from_secs(3600 * hours);
+        assert!(r.run_at >= due - Duration::from_secs(30), "{what}");
+        assert!(r.run_at <= due + Duration::from_secs(600), "{what}");
+    }
+}
+
 macro_rules! enqueue_cases {
     ($backend:expr) => {
         use super::*;
@@ -425,6 +554,10 @@ macro_rules! enqueue_cases {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn bulk_enqueue_is_all_or_nothing_on_a_database_error() {
             with_db($backend, all_or_nothing_on_a_database_error).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn payloads_of_every_kind_come_back_as_given() {
+            with_db($backend, payloads_of_every_kind).await
         }
     };
 }

@@ -12,7 +12,7 @@ use super::{
     Admin, Enqueued, Incoming, JobFilter, JobParts, JobRecord, Listener, NewJob, QueueStats,
     QueueStore,
 };
-use crate::backend::run::{Col, Finish, InTx, OnConn, Run, Transact};
+use crate::backend::run::{Finish, InTx, OnConn, Run, Transact};
 use crate::backend::sql::{self, Binder, Stmt};
 use crate::backend::sqlite::{Lite, Sql, NOW};
 use crate::error::Result;
@@ -43,8 +43,9 @@ impl QueueStore for Lite {
     async fn enqueue(&self, jobs: &mut Incoming<'_>, _ids: bool) -> Result<Vec<Enqueued>> {
         let tx = self.transaction(true).await?;
         let mut out = Vec::new();
+        let mut next = None;
         while let Some((_, chunk)) = jobs.next().await? {
-            insert_jobs(&tx, chunk, &mut out).await?;
+            insert_jobs(&tx, chunk, &mut next, &mut out).await?;
         }
         super::after::hold(&tx, jobs.handed(), &out).await?;
         let n = jobs.count();
@@ -88,13 +89,23 @@ pub(crate) async fn enqueue_one<R: Run<Sql = Sql>>(r: &R, job: &JobParts<'_>) ->
     insert_unless_pending(r, job, insert_one).await
 }
 
-/// Jobs in one multi-row INSERT: 10 values each, well under SQLite's 32,766 bound values.
+/// Jobs in one piece of a chunk: a multi-row INSERT of 11 values each stays well under
+/// SQLite's 32,766 bound values.
 const BULK_ROWS: usize = 1_000;
 
+/// Alike jobs (see [`alike`]) at least this many in a row go in one statement of their own,
+/// their payloads as one JSON array; fewer go with their neighbours, a row of values each.
+const MIN_RUN: usize = 16;
+
 /// The columns an enqueue writes.
-const INSERT_INTO: &str = "INSERT INTO rowclaim_jobs \
+const COLUMNS: &str = "INSERT INTO rowclaim_jobs \
      (queue, kind, payload, priority, run_at, max_attempts, unique_key, timeout_ms, limit_key, \
      created_at) VALUES ";
+
+/// The columns a bulk enqueue writes: each job's id given (see [`insert_jobs`]).
+const COLUMNS_WITH_ID: &str = "INSERT INTO rowclaim_jobs \
+     (id, queue, kind, payload, priority, run_at, max_attempts, timeout_ms, limit_key, \
+     created_at) ";
 
 /// One job's row of values in an enqueue's INSERT.
 fn job_values(b: &mut B, job: &JobParts<'_>) -> String {
@@ -116,7 +127,7 @@ pub(crate) fn insert_one(job: &JobParts<'_>) -> Stmt<Sql> {
     let mut b = B::new();
     let values = job_values(&mut b, job);
     let sql = format!(
-        "{INSERT_INTO}{values} \
+        "{COLUMNS}{values} \
          ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('ready', 'running') \
          DO NOTHING RETURNING id"
     );
@@ -125,52 +136,165 @@ pub(crate) fn insert_one(job: &JobParts<'_>) -> Stmt<Sql> {
 
 /// Inserts `jobs` (one chunk of an enqueue) piece by piece ([`pieces`]; each statement is a
 /// round trip to the database's thread), their ids to `out` in order.
+///
+/// The jobs of a bulk piece are given their ids: `next` is the one after the largest in the
+/// table, read once per enqueue. The enqueue's transaction holds the write lock from its
+/// start, so no other connection inserts meanwhile, and SQLite itself gives a new row the
+/// largest id plus one: the ids are the ones it would give, known without a RETURNING row per
+/// job (about a third of a bulk insert's time).
 async fn insert_jobs<R: Run<Sql = Sql>>(
     r: &R,
     jobs: &[NewJob],
+    next: &mut Option<i64>,
     out: &mut Vec<Enqueued>,
 ) -> Result<()> {
     out.reserve(jobs.len());
     for piece in pieces(jobs.iter().map(NewJob::parts), BULK_ROWS, usize::MAX) {
         match piece {
-            Piece::Keyed(job) => out.push(enqueue_one(r, &job).await?),
-            Piece::Bulk(bulk) => insert_bulk(r, &bulk, out).await?,
+            Piece::Keyed(job) => {
+                let got = enqueue_one(r, &job).await?;
+                if let (false, Some(next)) = (got.existing, next.as_mut()) {
+                    *next = (*next).max(got.id.saturating_add(1));
+                }
+                out.push(got);
+            }
+            Piece::Bulk(bulk) => {
+                let first = match *next {
+                    Some(id) => id,
+                    None => r.count(next_id()).await?,
+                };
+                let after = insert_bulk(r, &bulk, first).await?;
+                out.extend((first..after).map(|id| Enqueued {
+                    id,
+                    existing: false,
+                }));
+                *next = Some(after);
+            }
         }
     }
     Ok(())
 }
 
-/// Inserts `run` (jobs without a unique key) in one statement; their ids go to `out` in the
-/// order of `run`. The write transaction is this process's alone and a new row's id is the
-/// largest so far plus one, so the ids ascend in the order of the VALUES; RETURNING
-/// promises no order, hence the sort.
-async fn insert_bulk<R: Run<Sql = Sql>>(
-    r: &R,
-    run: &[JobParts<'_>],
-    out: &mut Vec<Enqueued>,
-) -> Result<()> {
-    let mut b = B::new();
-    let rows: Vec<String> = run.iter().map(|job| job_values(&mut b, job)).collect();
-    let sql = format!("{INSERT_INTO}{} RETURNING id", rows.join(", "));
-    let mut ids: Vec<i64> = r
-        .values(Stmt::new(sql, b), &[Col::Int])
-        .await?
-        .into_iter()
-        .filter_map(|row| row.into_iter().next().and_then(|v| v.int()))
-        .collect();
-    if ids.len() != run.len() {
-        return Err(crate::error::Error::Internal(format!(
-            "an enqueue of {} jobs returned {} ids",
-            run.len(),
-            ids.len()
-        )));
+/// The id SQLite would give the next new job.
+fn next_id() -> Stmt<Sql> {
+    Stmt::new(
+        "SELECT COALESCE(MAX(id), 0) + 1 FROM rowclaim_jobs".into(),
+        B::new(),
+    )
+}
+
+/// Whether `a` and `b` differ only in their payloads (and neither has a unique key).
+fn alike(a: &JobParts<'_>, b: &JobParts<'_>) -> bool {
+    (a.queue, a.kind, a.priority, a.delay_ms, a.run_at_ms)
+        == (b.queue, b.kind, b.priority, b.delay_ms, b.run_at_ms)
+        && (a.max_attempts, a.timeout_ms, a.limit_key)
+            == (b.max_attempts, b.timeout_ms, b.limit_key)
+}
+
+/// Whether a payload is a JSON object or array: `json_each` hands such an element back as its
+/// JSON text, a scalar as an SQL value (a string without its quotes, `true` as 1).
+fn composite(payload: &str) -> bool {
+    matches!(payload.as_bytes().first(), Some(b'{' | b'['))
+}
+
+/// Inserts `bulk` (jobs without a unique key) with the ids `first`, `first + 1`, … in order;
+/// returns the id after the last. Runs of at least [`MIN_RUN`] alike jobs with composite
+/// payloads go in one statement each ([`insert_run`]), the jobs between them a row of values
+/// each ([`insert_rows`]).
+async fn insert_bulk<R: Run<Sql = Sql>>(r: &R, bulk: &[JobParts<'_>], first: i64) -> Result<i64> {
+    let mut id = first;
+    // bulk[rows..at] waits for a statement of rows; bulk[at..] is not looked at yet.
+    let (mut rows, mut at) = (0, 0);
+    while at < bulk.len() {
+        let run = bulk[at..]
+            .iter()
+            .take_while(|j| composite(&j.payload) && alike(&bulk[at], j))
+            .count();
+        if run < MIN_RUN {
+            at += run.max(1);
+            continue;
+        }
+        id = insert_rows(r, &bulk[rows..at], id).await?;
+        id = insert_run(r, &bulk[at..at + run], id).await?;
+        (rows, at) = (at + run, at + run);
     }
-    ids.sort_unstable();
-    out.extend(ids.into_iter().map(|id| Enqueued {
-        id,
-        existing: false,
-    }));
-    Ok(())
+    insert_rows(r, &bulk[rows..], id).await
+}
+
+/// Inserts `jobs` in one statement, a row of values each, with the ids `first`, … in order;
+/// returns the id after the last.
+async fn insert_rows<R: Run<Sql = Sql>>(r: &R, jobs: &[JobParts<'_>], first: i64) -> Result<i64> {
+    if jobs.is_empty() {
+        return Ok(first);
+    }
+    let mut b = B::new();
+    let rows: Vec<String> = (first..)
+        .zip(jobs)
+        .map(|(id, job)| {
+            let id = b.bind(id);
+            let (queue, kind) = (b.bind(job.queue.to_owned()), b.bind(job.kind.to_owned()));
+            let (payload, priority) = (b.bind(job.payload.clone()), b.bind(job.priority));
+            let (at, delay) = (b.bind(job.run_at_ms), b.bind(job.delay_ms));
+            format!(
+                "({id}, {queue}, {kind}, json({payload}), {priority}, \
+                 COALESCE({at}, {NOW} + {delay}), {}, {}, {}, {NOW})",
+                b.bind(job.max_attempts),
+                b.bind(job.timeout_ms),
+                b.bind(job.limit_key.map(str::to_owned)),
+            )
+        })
+        .collect();
+    let sql = format!("{COLUMNS_WITH_ID}VALUES {}", rows.join(", "));
+    inserted(r, Stmt::new(sql, b), jobs.len(), first).await
+}
+
+/// Inserts `run` (alike jobs with composite payloads) in one statement: their settings bound
+/// once, their payloads as one JSON array that `json_each` reads back element by element (a
+/// row of 11 bound values per job costs SQLite about twice the time); ids `first`, … in order.
+/// Returns the id after the last.
+async fn insert_run<R: Run<Sql = Sql>>(r: &R, run: &[JobParts<'_>], first: i64) -> Result<i64> {
+    let job = &run[0];
+    let mut payloads =
+        String::with_capacity(run.iter().map(|j| j.payload.len() + 1).sum::<usize>() + 1);
+    for (i, j) in run.iter().enumerate() {
+        payloads.push(if i == 0 { '[' } else { ',' });
+        payloads.push_str(&j.payload);
+    }
+    payloads.push(']');
+    let mut b = B::new();
+    let id = b.bind(first);
+    let (queue, kind) = (b.bind(job.queue.to_owned()), b.bind(job.kind.to_owned()));
+    let (priority, at, delay) = (
+        b.bind(job.priority),
+        b.bind(job.run_at_ms),
+        b.bind(job.delay_ms),
+    );
+    let sql = format!(
+        "{COLUMNS_WITH_ID}SELECT {id} + key, {queue}, {kind}, value, {priority}, \
+         COALESCE({at}, {NOW} + {delay}), {}, {}, {}, {NOW} FROM json_each({})",
+        b.bind(job.max_attempts),
+        b.bind(job.timeout_ms),
+        b.bind(job.limit_key.map(str::to_owned)),
+        b.bind(payloads),
+    );
+    inserted(r, Stmt::new(sql, b), run.len(), first).await
+}
+
+/// Runs an insert of `n` jobs given the ids `first`, …; returns the id after the last.
+async fn inserted<R: Run<Sql = Sql>>(
+    r: &R,
+    insert: Stmt<Sql>,
+    n: usize,
+    first: i64,
+) -> Result<i64> {
+    let wrote = r.execute(insert).await?;
+    let after = i64::try_from(n).ok().and_then(|n| first.checked_add(n));
+    match after {
+        Some(after) if wrote == n as u64 => Ok(after),
+        _ => Err(crate::error::Error::Internal(format!(
+            "an insert of {n} jobs from id {first} wrote {wrote}"
+        ))),
+    }
 }
 
 /// How stats count here: ready jobs through the ready index, dead and cancelled through theirs
