@@ -411,36 +411,78 @@ async fn a_stream_is_all_or_nothing(t: Arc<TestDb>) {
 struct Given {
     payload: serde_json::Value,
     queue: &'static str,
+    kind: &'static str,
     priority: i32,
+    max_attempts: i32,
+    timeout_ms: Option<i64>,
+    limit_key: Option<&'static str>,
     delay: bool,
     unique_key: Option<String>,
 }
 
+impl Given {
+    fn new(payload: serde_json::Value, queue: &'static str) -> Given {
+        Given {
+            payload,
+            queue,
+            kind: "",
+            priority: 0,
+            max_attempts: 25,
+            timeout_ms: None,
+            limit_key: None,
+            delay: false,
+            unique_key: None,
+        }
+    }
+
+    fn keyed(payload: serde_json::Value, key: &str) -> Given {
+        let mut g = Given::new(payload, "a");
+        g.unique_key = Some(key.to_owned());
+        g
+    }
+
+    fn job(&self) -> NewJob {
+        let mut j = NewJob::new(self.payload.clone())
+            .queue(self.queue)
+            .kind(self.kind)
+            .priority(self.priority)
+            .max_attempts(self.max_attempts);
+        if self.delay {
+            j = j.delay(Duration::from_secs(3600));
+        }
+        if let Some(ms) = self.timeout_ms {
+            j = j.timeout(Duration::from_millis(ms as u64));
+        }
+        if let Some(k) = self.limit_key {
+            j = j.limit_key(k);
+        }
+        if let Some(k) = &self.unique_key {
+            j = j.unique_key(k);
+        }
+        j
+    }
+}
+
 /// The jobs of [`payloads_of_every_kind`]: long runs of jobs alike but for their payloads
-/// (objects, arrays), scalars of every JSON kind among them, runs just shorter and just longer
-/// than a statement of their own takes, a unique key inside a run, runs that differ only in
-/// their delay or priority.
+/// (objects, arrays, empty ones too), scalars of every JSON kind among them, runs just shorter
+/// and just longer than a statement of their own takes, unique keys first and inside runs (new
+/// and pending), runs that differ from the one before in one setting only.
 fn every_kind() -> Vec<Given> {
-    let given = |payload, queue, priority, delay| Given {
-        payload,
-        queue,
-        priority,
-        delay,
-        unique_key: None,
-    };
     let object = |i: usize| {
         json!({
             "i": i, "text": text(i), "tenth": 0.1 + i as f64, "sum": 0.1 + 0.2, "huge": 1.5e300,
             "u64": u64::MAX - i as u64, "none": null, "list": [i, "two", [3.25], {"four": false}],
         })
     };
-    let mut jobs = Vec::new();
+    // A job with a unique key before any other, and one later that meets it pending.
+    let mut jobs = vec![Given::keyed(json!({"first": true}), "first")];
     for i in 0..1_500 {
-        jobs.push(given(object(i), "a", 0, false));
+        jobs.push(Given::new(object(i), "a"));
         if i == 700 {
-            let mut keyed = given(json!({"keyed": i}), "a", 0, false);
-            keyed.unique_key = Some(format!("kind-{i}"));
-            jobs.push(keyed);
+            jobs.push(Given::keyed(json!({"keyed": i}), &format!("kind-{i}")));
+        }
+        if i == 900 {
+            jobs.push(Given::keyed(json!({"again": i}), "first"));
         }
     }
     let scalars = [
@@ -459,18 +501,38 @@ fn every_kind() -> Vec<Given> {
     ];
     for (i, v) in scalars.iter().cycle().take(40).enumerate() {
         // Scalars between objects alike, and runs of scalars alike.
-        jobs.push(given(v.clone(), "a", 0, false));
+        jobs.push(Given::new(v.clone(), "a"));
         if i % 3 == 0 {
-            jobs.push(given(object(i), "a", 0, false));
+            jobs.push(Given::new(object(i), "a"));
         }
     }
     for (len, queue) in [(15, "b"), (16, "c"), (17, "b"), (1, "c"), (40, "b")] {
         for i in 0..len {
-            jobs.push(given(json!([i, "array", {"len": len}]), queue, 0, false));
+            let payload = match i % 4 {
+                0 => json!({}),
+                1 => json!([]),
+                _ => json!([i, "array", {"len": len}]),
+            };
+            jobs.push(Given::new(payload, queue));
         }
     }
-    for i in 0..300 {
-        jobs.push(given(object(i), "d", (i / 100) as i32, (i / 50) % 2 == 1));
+    // Runs of 20, each with one setting more than the run before: neighbours differ in that
+    // setting only.
+    let settings: [fn(&mut Given); 7] = [
+        |_| {},
+        |g| g.kind = "k1",
+        |g| g.max_attempts = 3,
+        |g| g.timeout_ms = Some(9_000),
+        |g| g.limit_key = Some("L"),
+        |g| g.priority = 5,
+        |g| g.delay = true,
+    ];
+    for s in 0..settings.len() {
+        for i in 0..20 {
+            let mut g = Given::new(object(s * 20 + i), "d");
+            settings[..=s].iter().for_each(|set| set(&mut g));
+            jobs.push(g);
+        }
     }
     jobs
 }
@@ -486,26 +548,26 @@ async fn payloads_of_every_kind(t: Arc<TestDb>) {
         .await
         .expect("enqueue the jobs before");
     let given = every_kind();
-    let jobs: Vec<NewJob> = given
-        .iter()
-        .map(|g| {
-            let mut j = NewJob::new(g.payload.clone())
-                .queue(g.queue)
-                .priority(g.priority);
-            if g.delay {
-                j = j.delay(Duration::from_secs(3600));
-            }
-            if let Some(k) = &g.unique_key {
-                j = j.unique_key(k);
-            }
-            j
-        })
-        .collect();
+    let jobs: Vec<NewJob> = given.iter().map(Given::job).collect();
     let start = SystemTime::now();
     let got = q.enqueue_all(&jobs).await.expect("enqueue");
     assert_eq!(got.len(), given.len(), "one answer per job");
-    assert!(got.iter().all(|e| !e.existing));
     assert!(got[0].id > before[1].id, "{:?} after {before:?}", got[0]);
+    // The one job that met a pending key is the second keyed "first"; every other one is new.
+    let again = given
+        .iter()
+        .rposition(|g| g.unique_key.as_deref() == Some("first"))
+        .expect("the second job keyed \"first\"");
+    assert!(got[again].existing, "{:?}", got[again]);
+    assert_eq!(got[again].id, got[0].id);
+    let (given, got): (Vec<Given>, Vec<_>) = given
+        .into_iter()
+        .zip(got)
+        .enumerate()
+        .filter(|(i, _)| *i != again)
+        .map(|(_, pair)| pair)
+        .unzip();
+    assert!(got.iter().all(|e| !e.existing));
     assert!(
         got.windows(2).all(|w| w[0].id < w[1].id),
         "ids ascend in the order given"
@@ -517,7 +579,7 @@ async fn payloads_of_every_kind(t: Arc<TestDb>) {
     assert_eq!(
         records.len(),
         given.len() + 2,
-        "the jobs of the call and the two before"
+        "the new jobs of the call and the two before"
     );
     let by_id: HashMap<i64, _> = records.iter().map(|r| (r.id, r)).collect();
     for (i, (g, e)) in given.iter().zip(&got).enumerate() {
@@ -528,6 +590,10 @@ async fn payloads_of_every_kind(t: Arc<TestDb>) {
         assert_eq!(r.payload, g.payload, "{what}");
         assert_eq!(r.queue, g.queue, "{what}");
         assert_eq!(r.priority, i64::from(g.priority), "{what}");
+        assert_eq!(r.kind, g.kind, "{what}");
+        assert_eq!(r.max_attempts, i64::from(g.max_attempts), "{what}");
+        assert_eq!(r.timeout_ms, g.timeout_ms, "{what}");
+        assert_eq!(r.limit_key.as_deref(), g.limit_key, "{what}");
         assert_eq!(r.unique_key, g.unique_key, "{what}");
         let hours = if g.delay { 1 } else { 0 };
         let due = start + Duration::from_secs(3600 * hours);

@@ -89,13 +89,17 @@ pub(crate) async fn enqueue_one<R: Run<Sql = Sql>>(r: &R, job: &JobParts<'_>) ->
     insert_unless_pending(r, job, insert_one).await
 }
 
-/// Jobs in one piece of a chunk: a multi-row INSERT of 11 values each stays well under
+/// Jobs in one piece of a chunk: a multi-row INSERT of 10 values each stays well under
 /// SQLite's 32,766 bound values.
 const BULK_ROWS: usize = 1_000;
 
 /// Alike jobs (see [`alike`]) at least this many in a row go in one statement of their own,
 /// their payloads as one JSON array; fewer go with their neighbours, a row of values each.
 const MIN_RUN: usize = 16;
+
+/// A run's payloads in one statement come to at most this many bytes (SQLite refuses a value
+/// over 1 GB); a longer run goes in several statements, a payload this long in a row of values.
+const RUN_BYTES: usize = 16 << 20;
 
 /// The columns an enqueue writes.
 const COLUMNS: &str = "INSERT INTO rowclaim_jobs \
@@ -141,7 +145,8 @@ pub(crate) fn insert_one(job: &JobParts<'_>) -> Stmt<Sql> {
 /// table, read once per enqueue. The enqueue's transaction holds the write lock from its
 /// start, so no other connection inserts meanwhile, and SQLite itself gives a new row the
 /// largest id plus one: the ids are the ones it would give, known without a RETURNING row per
-/// job (about a third of a bulk insert's time).
+/// job (about a third of a bulk insert's time). A trigger of the user's that inserted jobs too
+/// would take ids given here: the insert then fails on the primary key, never silently.
 async fn insert_jobs<R: Run<Sql = Sql>>(
     r: &R,
     jobs: &[NewJob],
@@ -161,7 +166,7 @@ async fn insert_jobs<R: Run<Sql = Sql>>(
             Piece::Bulk(bulk) => {
                 let first = match *next {
                     Some(id) => id,
-                    None => r.count(next_id()).await?,
+                    None => after_ids(r.count(last_id()).await?, 1)?,
                 };
                 let after = insert_bulk(r, &bulk, first).await?;
                 out.extend((first..after).map(|id| Enqueued {
@@ -175,15 +180,29 @@ async fn insert_jobs<R: Run<Sql = Sql>>(
     Ok(())
 }
 
-/// The id SQLite would give the next new job.
-fn next_id() -> Stmt<Sql> {
+/// The largest id in the table (0 when it is empty): the next new job's is the one after.
+fn last_id() -> Stmt<Sql> {
     Stmt::new(
-        "SELECT COALESCE(MAX(id), 0) + 1 FROM rowclaim_jobs".into(),
+        "SELECT COALESCE(MAX(id), 0) FROM rowclaim_jobs".into(),
         B::new(),
     )
 }
 
-/// Whether `a` and `b` differ only in their payloads (and neither has a unique key).
+/// The id after `n` jobs from `first`; an error, before anything is written, if the ids would
+/// pass the largest integer (SQLite alone would then pick free ids at random).
+fn after_ids(first: i64, n: usize) -> Result<i64> {
+    i64::try_from(n)
+        .ok()
+        .and_then(|n| first.checked_add(n))
+        .ok_or_else(|| {
+            crate::error::Error::Internal(format!(
+                "the jobs' ids have reached the largest integer: {n} more from {first} do not fit"
+            ))
+        })
+}
+
+/// Whether `a` and `b` differ only in their payloads. Both are jobs of a bulk piece (without a
+/// unique key), so unique keys are not compared.
 fn alike(a: &JobParts<'_>, b: &JobParts<'_>) -> bool {
     (a.queue, a.kind, a.priority, a.delay_ms, a.run_at_ms)
         == (b.queue, b.kind, b.priority, b.delay_ms, b.run_at_ms)
@@ -206,9 +225,13 @@ async fn insert_bulk<R: Run<Sql = Sql>>(r: &R, bulk: &[JobParts<'_>], first: i64
     // bulk[rows..at] waits for a statement of rows; bulk[at..] is not looked at yet.
     let (mut rows, mut at) = (0, 0);
     while at < bulk.len() {
+        let mut bytes = 0;
         let run = bulk[at..]
             .iter()
-            .take_while(|j| composite(&j.payload) && alike(&bulk[at], j))
+            .take_while(|j| {
+                bytes += j.payload.len() + 1;
+                bytes <= RUN_BYTES && composite(&j.payload) && alike(&bulk[at], j)
+            })
             .count();
         if run < MIN_RUN {
             at += run.max(1);
@@ -227,8 +250,9 @@ async fn insert_rows<R: Run<Sql = Sql>>(r: &R, jobs: &[JobParts<'_>], first: i64
     if jobs.is_empty() {
         return Ok(first);
     }
+    let after = after_ids(first, jobs.len())?;
     let mut b = B::new();
-    let rows: Vec<String> = (first..)
+    let rows: Vec<String> = (first..after)
         .zip(jobs)
         .map(|(id, job)| {
             let id = b.bind(id);
@@ -245,14 +269,18 @@ async fn insert_rows<R: Run<Sql = Sql>>(r: &R, jobs: &[JobParts<'_>], first: i64
         })
         .collect();
     let sql = format!("{COLUMNS_WITH_ID}VALUES {}", rows.join(", "));
-    inserted(r, Stmt::new(sql, b), jobs.len(), first).await
+    inserted(r, Stmt::new(sql, b), jobs.len(), after).await
 }
 
 /// Inserts `run` (alike jobs with composite payloads) in one statement: their settings bound
 /// once, their payloads as one JSON array that `json_each` reads back element by element (a
-/// row of 11 bound values per job costs SQLite about twice the time); ids `first`, … in order.
+/// row of 10 bound values per job costs SQLite about twice the time); ids `first`, … in order.
 /// Returns the id after the last.
+///
+/// Wrapped in the array a payload is one level deeper: one at SQLite's JSON depth limit (1,000)
+/// would be refused here and not alone. serde_json reads no deeper than 128 levels.
 async fn insert_run<R: Run<Sql = Sql>>(r: &R, run: &[JobParts<'_>], first: i64) -> Result<i64> {
+    let after = after_ids(first, run.len())?;
     let job = &run[0];
     let mut payloads =
         String::with_capacity(run.iter().map(|j| j.payload.len() + 1).sum::<usize>() + 1);
@@ -277,24 +305,23 @@ async fn insert_run<R: Run<Sql = Sql>>(r: &R, run: &[JobParts<'_>], first: i64) 
         b.bind(job.limit_key.map(str::to_owned)),
         b.bind(payloads),
     );
-    inserted(r, Stmt::new(sql, b), run.len(), first).await
+    inserted(r, Stmt::new(sql, b), run.len(), after).await
 }
 
-/// Runs an insert of `n` jobs given the ids `first`, …; returns the id after the last.
+/// Runs an insert of `n` jobs whose ids end before `after`; returns `after`.
 async fn inserted<R: Run<Sql = Sql>>(
     r: &R,
     insert: Stmt<Sql>,
     n: usize,
-    first: i64,
+    after: i64,
 ) -> Result<i64> {
     let wrote = r.execute(insert).await?;
-    let after = i64::try_from(n).ok().and_then(|n| first.checked_add(n));
-    match after {
-        Some(after) if wrote == n as u64 => Ok(after),
-        _ => Err(crate::error::Error::Internal(format!(
-            "an insert of {n} jobs from id {first} wrote {wrote}"
-        ))),
+    if wrote != n as u64 {
+        return Err(crate::error::Error::Internal(format!(
+            "an insert of {n} jobs wrote {wrote}"
+        )));
     }
+    Ok(after)
 }
 
 /// How stats count here: ready jobs through the ready index, dead and cancelled through theirs
