@@ -89,7 +89,7 @@ pub(crate) async fn enqueue_one<R: Run<Sql = Sql>>(r: &R, job: &JobParts<'_>) ->
     insert_unless_pending(r, job, insert_one).await
 }
 
-/// Jobs in one piece of a chunk: a multi-row INSERT of 10 values each stays well under
+/// Jobs in one piece of a chunk: a multi-row INSERT of 11 values each stays well under
 /// SQLite's 32,766 bound values.
 const BULK_ROWS: usize = 1_000;
 
@@ -101,24 +101,18 @@ const MIN_RUN: usize = 16;
 /// over 1 GB); a longer run goes in several statements, a payload this long in a row of values.
 const RUN_BYTES: usize = 16 << 20;
 
-/// The columns an enqueue writes.
-const COLUMNS: &str = "INSERT INTO rowclaim_jobs \
-     (queue, kind, payload, priority, run_at, max_attempts, unique_key, timeout_ms, limit_key, \
-     created_at) VALUES ";
+/// The columns an enqueue writes, as [`job_values`] gives them.
+const COLUMNS: &str = "queue, kind, payload, priority, run_at, max_attempts, unique_key, \
+     timeout_ms, limit_key, created_at";
 
-/// The columns a bulk enqueue writes: each job's id given (see [`insert_jobs`]).
-const COLUMNS_WITH_ID: &str = "INSERT INTO rowclaim_jobs \
-     (id, queue, kind, payload, priority, run_at, max_attempts, timeout_ms, limit_key, \
-     created_at) ";
-
-/// One job's row of values in an enqueue's INSERT.
+/// One job's values in an enqueue's INSERT, in the order of [`COLUMNS`].
 fn job_values(b: &mut B, job: &JobParts<'_>) -> String {
     let (queue, kind) = (b.bind(job.queue.to_owned()), b.bind(job.kind.to_owned()));
     let (payload, priority) = (b.bind(job.payload.clone()), b.bind(job.priority));
     let (at, delay) = (b.bind(job.run_at_ms), b.bind(job.delay_ms));
     format!(
-        "({queue}, {kind}, json({payload}), {priority}, COALESCE({at}, {NOW} + {delay}), {}, {}, \
-         {}, {}, {NOW})",
+        "{queue}, {kind}, json({payload}), {priority}, COALESCE({at}, {NOW} + {delay}), {}, {}, \
+         {}, {}, {NOW}",
         b.bind(job.max_attempts),
         b.bind(job.unique_key.map(str::to_owned)),
         b.bind(job.timeout_ms),
@@ -131,7 +125,7 @@ pub(crate) fn insert_one(job: &JobParts<'_>) -> Stmt<Sql> {
     let mut b = B::new();
     let values = job_values(&mut b, job);
     let sql = format!(
-        "{COLUMNS}{values} \
+        "INSERT INTO rowclaim_jobs ({COLUMNS}) VALUES ({values}) \
          ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('ready', 'running') \
          DO NOTHING RETURNING id"
     );
@@ -162,6 +156,11 @@ async fn insert_jobs<R: Run<Sql = Sql>>(
                     *next = (*next).max(got.id.saturating_add(1));
                 }
                 out.push(got);
+            }
+            // One job before any id is known (an enqueue of one job): its id read back costs
+            // less than a look at the table's largest first.
+            Piece::Bulk(bulk) if bulk.len() == 1 && next.is_none() => {
+                out.push(enqueue_one(r, &bulk[0]).await?);
             }
             Piece::Bulk(bulk) => {
                 let first = match *next {
@@ -254,27 +253,18 @@ async fn insert_rows<R: Run<Sql = Sql>>(r: &R, jobs: &[JobParts<'_>], first: i64
     let mut b = B::new();
     let rows: Vec<String> = (first..after)
         .zip(jobs)
-        .map(|(id, job)| {
-            let id = b.bind(id);
-            let (queue, kind) = (b.bind(job.queue.to_owned()), b.bind(job.kind.to_owned()));
-            let (payload, priority) = (b.bind(job.payload.clone()), b.bind(job.priority));
-            let (at, delay) = (b.bind(job.run_at_ms), b.bind(job.delay_ms));
-            format!(
-                "({id}, {queue}, {kind}, json({payload}), {priority}, \
-                 COALESCE({at}, {NOW} + {delay}), {}, {}, {}, {NOW})",
-                b.bind(job.max_attempts),
-                b.bind(job.timeout_ms),
-                b.bind(job.limit_key.map(str::to_owned)),
-            )
-        })
+        .map(|(id, job)| format!("({}, {})", b.bind(id), job_values(&mut b, job)))
         .collect();
-    let sql = format!("{COLUMNS_WITH_ID}VALUES {}", rows.join(", "));
+    let sql = format!(
+        "INSERT INTO rowclaim_jobs (id, {COLUMNS}) VALUES {}",
+        rows.join(", ")
+    );
     inserted(r, Stmt::new(sql, b), jobs.len(), after).await
 }
 
 /// Inserts `run` (alike jobs with composite payloads) in one statement: their settings bound
 /// once, their payloads as one JSON array that `json_each` reads back element by element (a
-/// row of 10 bound values per job costs SQLite about twice the time); ids `first`, … in order.
+/// row of 11 bound values per job costs SQLite about twice the time); ids `first`, … in order.
 /// Returns the id after the last.
 ///
 /// Wrapped in the array a payload is one level deeper: one at SQLite's JSON depth limit (1,000)
@@ -298,8 +288,9 @@ async fn insert_run<R: Run<Sql = Sql>>(r: &R, run: &[JobParts<'_>], first: i64) 
         b.bind(job.delay_ms),
     );
     let sql = format!(
-        "{COLUMNS_WITH_ID}SELECT {id} + key, {queue}, {kind}, value, {priority}, \
-         COALESCE({at}, {NOW} + {delay}), {}, {}, {}, {NOW} FROM json_each({})",
+        "INSERT INTO rowclaim_jobs (id, {COLUMNS}) SELECT {id} + key, {queue}, {kind}, value, \
+         {priority}, COALESCE({at}, {NOW} + {delay}), {}, NULL, {}, {}, {NOW} \
+         FROM json_each({})",
         b.bind(job.max_attempts),
         b.bind(job.timeout_ms),
         b.bind(job.limit_key.map(str::to_owned)),
