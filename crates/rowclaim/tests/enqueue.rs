@@ -77,27 +77,75 @@ fn text(i: usize) -> String {
 }
 
 fn job(i: usize, e: &Expect) -> NewJob {
-    let mut j = NewJob::new(json!({ "i": i, "text": text(i) }))
-        .queue(&e.queue)
-        .kind(&e.kind)
-        .priority(e.priority)
-        .max_attempts(e.max_attempts);
-    if e.delay {
-        j = j.delay(Duration::from_secs(3600));
+    e.job(json!({ "i": i, "text": text(i) }))
+}
+
+impl Expect {
+    /// A job on `queue` with every option at its default.
+    fn plain(queue: &str) -> Expect {
+        Expect {
+            queue: queue.to_owned(),
+            kind: String::new(),
+            priority: 0,
+            max_attempts: 25,
+            delay: false,
+            run_at_ms: None,
+            timeout_ms: None,
+            limit_key: None,
+            unique_key: None,
+        }
     }
-    if let Some(ms) = e.run_at_ms {
-        j = j.run_at(at(ms));
+
+    /// The job with these options and `payload`.
+    fn job(&self, payload: serde_json::Value) -> NewJob {
+        let e = self;
+        let mut j = NewJob::new(payload)
+            .queue(&e.queue)
+            .kind(&e.kind)
+            .priority(e.priority)
+            .max_attempts(e.max_attempts);
+        if e.delay {
+            j = j.delay(Duration::from_secs(3600));
+        }
+        if let Some(ms) = e.run_at_ms {
+            j = j.run_at(at(ms));
+        }
+        if let Some(ms) = e.timeout_ms {
+            j = j.timeout(Duration::from_millis(ms as u64));
+        }
+        if let Some(k) = &e.limit_key {
+            j = j.limit_key(k);
+        }
+        if let Some(k) = &e.unique_key {
+            j = j.unique_key(k);
+        }
+        j
     }
-    if let Some(ms) = e.timeout_ms {
-        j = j.timeout(Duration::from_millis(ms as u64));
+
+    /// That `r`, enqueued between `before` and `after`, is a new job with these options.
+    fn check(&self, r: &rowclaim::JobRecord, before: SystemTime, after: SystemTime, what: &str) {
+        let e = self;
+        let slack = Duration::from_secs(30);
+        assert_eq!(r.queue, e.queue, "{what}");
+        assert_eq!(r.kind, e.kind, "{what}");
+        assert_eq!(r.status, "ready", "{what}");
+        assert_eq!(r.priority, i64::from(e.priority), "{what}");
+        assert_eq!(r.max_attempts, i64::from(e.max_attempts), "{what}");
+        assert_eq!(r.attempts, 0, "{what}");
+        assert_eq!(r.timeout_ms, e.timeout_ms, "{what}");
+        assert_eq!(r.limit_key, e.limit_key, "{what}");
+        assert_eq!(r.unique_key, e.unique_key, "{what}");
+        if let Some(ms) = e.run_at_ms {
+            assert_eq!(ms_of(r.run_at), ms, "{what}");
+        } else if e.delay {
+            let hour = Duration::from_secs(3600);
+            assert!(r.run_at >= before + hour - slack, "{what}");
+            assert!(r.run_at <= after + hour + slack, "{what}");
+        } else {
+            assert!(r.run_at >= before - slack, "{what}");
+            assert!(r.run_at <= after + slack, "{what}");
+        }
     }
-    if let Some(k) = &e.limit_key {
-        j = j.limit_key(k);
-    }
-    if let Some(k) = &e.unique_key {
-        j = j.unique_key(k);
-    }
-    j
 }
 
 /// How a test hands its jobs to the queue.
@@ -184,7 +232,6 @@ async fn every_job_once(t: Arc<TestDb>, call: Call) {
         "the jobs of the call and the one before"
     );
     let by_id: HashMap<i64, _> = records.iter().map(|r| (r.id, r)).collect();
-    let slack = Duration::from_secs(30);
     for (i, id) in new {
         let e = &expects[i];
         let r = by_id
@@ -193,25 +240,7 @@ async fn every_job_once(t: Arc<TestDb>, call: Call) {
         let what = format!("job {i}: {r:?}");
         assert_eq!(r.payload["i"], json!(i), "{what}");
         assert_eq!(r.payload["text"], json!(text(i)), "{what}");
-        assert_eq!(r.queue, e.queue, "{what}");
-        assert_eq!(r.kind, e.kind, "{what}");
-        assert_eq!(r.status, "ready", "{what}");
-        assert_eq!(r.priority, i64::from(e.priority), "{what}");
-        assert_eq!(r.max_attempts, i64::from(e.max_attempts), "{what}");
-        assert_eq!(r.attempts, 0, "{what}");
-        assert_eq!(r.timeout_ms, e.timeout_ms, "{what}");
-        assert_eq!(r.limit_key, e.limit_key, "{what}");
-        assert_eq!(r.unique_key, e.unique_key, "{what}");
-        if let Some(ms) = e.run_at_ms {
-            assert_eq!(ms_of(r.run_at), ms, "{what}");
-        } else if e.delay {
-            let hour = Duration::from_secs(3600);
-            assert!(r.run_at >= before + hour - slack, "{what}");
-            assert!(r.run_at <= after + hour + slack, "{what}");
-        } else {
-            assert!(r.run_at >= before - slack, "{what}");
-            assert!(r.run_at <= after + slack, "{what}");
-        }
+        e.check(r, before, after, &what);
     }
     // enqueue_many counts only the jobs it added (its path may leave the ids to the database).
     let again = [
@@ -407,60 +436,17 @@ async fn a_stream_is_all_or_nothing(t: Arc<TestDb>) {
     assert_eq!(links.waits_for[0].id, first.id, "{links:?}");
 }
 
-/// One job of [`payloads_of_every_kind`]: what it is given and what its record must show.
-struct Given {
-    payload: serde_json::Value,
-    queue: &'static str,
-    kind: &'static str,
-    priority: i32,
-    max_attempts: i32,
-    timeout_ms: Option<i64>,
-    limit_key: Option<&'static str>,
-    delay: bool,
-    unique_key: Option<String>,
+/// A job of [`payloads_of_every_kind`]: its payload, and its options.
+type Given = (serde_json::Value, Expect);
+
+fn given(payload: serde_json::Value, queue: &str) -> Given {
+    (payload, Expect::plain(queue))
 }
 
-impl Given {
-    fn new(payload: serde_json::Value, queue: &'static str) -> Given {
-        Given {
-            payload,
-            queue,
-            kind: "",
-            priority: 0,
-            max_attempts: 25,
-            timeout_ms: None,
-            limit_key: None,
-            delay: false,
-            unique_key: None,
-        }
-    }
-
-    fn keyed(payload: serde_json::Value, key: &str) -> Given {
-        let mut g = Given::new(payload, "a");
-        g.unique_key = Some(key.to_owned());
-        g
-    }
-
-    fn job(&self) -> NewJob {
-        let mut j = NewJob::new(self.payload.clone())
-            .queue(self.queue)
-            .kind(self.kind)
-            .priority(self.priority)
-            .max_attempts(self.max_attempts);
-        if self.delay {
-            j = j.delay(Duration::from_secs(3600));
-        }
-        if let Some(ms) = self.timeout_ms {
-            j = j.timeout(Duration::from_millis(ms as u64));
-        }
-        if let Some(k) = self.limit_key {
-            j = j.limit_key(k);
-        }
-        if let Some(k) = &self.unique_key {
-            j = j.unique_key(k);
-        }
-        j
-    }
+fn keyed(payload: serde_json::Value, key: &str) -> Given {
+    let mut e = Expect::plain("a");
+    e.unique_key = Some(key.to_owned());
+    (payload, e)
 }
 
 /// The jobs of [`payloads_of_every_kind`]: long runs of jobs alike but for their payloads
@@ -475,14 +461,14 @@ fn every_kind() -> Vec<Given> {
         })
     };
     // A job with a unique key before any other, and one later that meets it pending.
-    let mut jobs = vec![Given::keyed(json!({"first": true}), "first")];
+    let mut jobs = vec![keyed(json!({"first": true}), "first")];
     for i in 0..1_500 {
-        jobs.push(Given::new(object(i), "a"));
+        jobs.push(given(object(i), "a"));
         if i == 700 {
-            jobs.push(Given::keyed(json!({"keyed": i}), &format!("kind-{i}")));
+            jobs.push(keyed(json!({"keyed": i}), &format!("kind-{i}")));
         }
         if i == 900 {
-            jobs.push(Given::keyed(json!({"again": i}), "first"));
+            jobs.push(keyed(json!({"again": i}), "first"));
         }
     }
     let scalars = [
@@ -501,9 +487,9 @@ fn every_kind() -> Vec<Given> {
     ];
     for (i, v) in scalars.iter().cycle().take(40).enumerate() {
         // Scalars between objects alike, and runs of scalars alike.
-        jobs.push(Given::new(v.clone(), "a"));
+        jobs.push(given(v.clone(), "a"));
         if i % 3 == 0 {
-            jobs.push(Given::new(object(i), "a"));
+            jobs.push(given(object(i), "a"));
         }
     }
     for (len, queue) in [(15, "b"), (16, "c"), (17, "b"), (1, "c"), (40, "b")] {
@@ -513,24 +499,24 @@ fn every_kind() -> Vec<Given> {
                 1 => json!([]),
                 _ => json!([i, "array", {"len": len}]),
             };
-            jobs.push(Given::new(payload, queue));
+            jobs.push(given(payload, queue));
         }
     }
     // Runs of 20, each with one setting more than the run before: neighbours differ in that
     // setting only.
-    let settings: [fn(&mut Given); 7] = [
+    let settings: [fn(&mut Expect); 7] = [
         |_| {},
-        |g| g.kind = "k1",
-        |g| g.max_attempts = 3,
-        |g| g.timeout_ms = Some(9_000),
-        |g| g.limit_key = Some("L"),
-        |g| g.priority = 5,
-        |g| g.delay = true,
+        |e| e.kind = "k1".into(),
+        |e| e.max_attempts = 3,
+        |e| e.timeout_ms = Some(9_000),
+        |e| e.limit_key = Some("L".into()),
+        |e| e.priority = 5,
+        |e| e.delay = true,
     ];
     for s in 0..settings.len() {
         for i in 0..20 {
-            let mut g = Given::new(object(s * 20 + i), "d");
-            settings[..=s].iter().for_each(|set| set(&mut g));
+            let mut g = given(object(s * 20 + i), "d");
+            settings[..=s].iter().for_each(|set| set(&mut g.1));
             jobs.push(g);
         }
     }
@@ -548,15 +534,16 @@ async fn payloads_of_every_kind(t: Arc<TestDb>) {
         .await
         .expect("enqueue the jobs before");
     let given = every_kind();
-    let jobs: Vec<NewJob> = given.iter().map(Given::job).collect();
+    let jobs: Vec<NewJob> = given.iter().map(|(p, e)| e.job(p.clone())).collect();
     let start = SystemTime::now();
     let got = q.enqueue_all(&jobs).await.expect("enqueue");
+    let end = SystemTime::now();
     assert_eq!(got.len(), given.len(), "one answer per job");
     assert!(got[0].id > before[1].id, "{:?} after {before:?}", got[0]);
     // The one job that met a pending key is the second keyed "first"; every other one is new.
     let again = given
         .iter()
-        .rposition(|g| g.unique_key.as_deref() == Some("first"))
+        .rposition(|(_, e)| e.unique_key.as_deref() == Some("first"))
         .expect("the second job keyed \"first\"");
     assert!(got[again].existing, "{:?}", got[again]);
     assert_eq!(got[again].id, got[0].id);
@@ -587,18 +574,8 @@ async fn payloads_of_every_kind(t: Arc<TestDb>) {
             .get(&e.id)
             .unwrap_or_else(|| panic!("job {i} (id {}) is not in the table", e.id));
         let what = format!("job {i}: {r:?}");
-        assert_eq!(r.payload, g.payload, "{what}");
-        assert_eq!(r.queue, g.queue, "{what}");
-        assert_eq!(r.priority, i64::from(g.priority), "{what}");
-        assert_eq!(r.kind, g.kind, "{what}");
-        assert_eq!(r.max_attempts, i64::from(g.max_attempts), "{what}");
-        assert_eq!(r.timeout_ms, g.timeout_ms, "{what}");
-        assert_eq!(r.limit_key.as_deref(), g.limit_key, "{what}");
-        assert_eq!(r.unique_key, g.unique_key, "{what}");
-        let hours = if g.delay { 1 } else { 0 };
-        let due = start + Duration::from_secs(3600 * hours);
-        assert!(r.run_at >= due - Duration::from_secs(30), "{what}");
-        assert!(r.run_at <= due + Duration::from_secs(600), "{what}");
+        assert_eq!(r.payload, g.0, "{what}");
+        g.1.check(r, start, end, &what);
     }
 }
 
