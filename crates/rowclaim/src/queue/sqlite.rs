@@ -1,10 +1,11 @@
 //! The managed queue's SQL on SQLite (its schema: `migrate/sqlite.rs`): enqueue, admin, stats and
 //! records. Every statement goes through the driver's [`Run`]; times are epoch milliseconds here.
 
+use futures_util::future::join;
 use sqlx::Sqlite;
 
 use super::counts::Counting;
-use super::incoming::{pieces, Piece};
+use super::incoming::{pieces, Piece, Pieces};
 use super::migrate::{migrate, Component};
 use super::record::{records_sql, RecordRow};
 use super::store::{admin_stmt, insert_unless_pending};
@@ -132,8 +133,9 @@ pub(crate) fn insert_one(job: &JobParts<'_>) -> Stmt<Sql> {
     Stmt::new(sql, b)
 }
 
-/// Inserts `jobs` (one chunk of an enqueue) piece by piece ([`pieces`]; each statement is a
-/// round trip to the database's thread), their ids to `out` in order.
+/// Inserts `jobs` (one chunk of an enqueue) in order, their ids to `out` in order. Each
+/// statement is a round trip to the database's thread; the next bulk insert is built (its
+/// payloads serialised, its values bound) while that thread runs the one before.
 ///
 /// The jobs of a bulk piece are given their ids: `next` is the one after the largest in the
 /// table, read once per enqueue. The enqueue's transaction holds the write lock from its
@@ -148,34 +150,141 @@ async fn insert_jobs<R: Run<Sql = Sql>>(
     out: &mut Vec<Enqueued>,
 ) -> Result<()> {
     out.reserve(jobs.len());
-    for piece in pieces(jobs.iter().map(NewJob::parts), BULK_ROWS, usize::MAX) {
-        match piece {
-            Piece::Keyed(job) => {
+    let mut plan = Plan {
+        pieces: pieces(jobs.iter().map(NewJob::parts), BULK_ROWS, usize::MAX),
+        bulk: Vec::new(),
+        at: 0,
+        next: *next,
+    };
+    let mut built: Option<Insert> = None;
+    loop {
+        // `join` polls in order: the insert built before is handed to the database's thread
+        // first, and the next step is built while it runs.
+        let (ran, step) = join(run_insert(r, built.take(), out), async { plan.step() }).await;
+        ran?;
+        match step? {
+            None => break,
+            Some(Step::Insert(insert)) => built = Some(insert),
+            Some(Step::Ids) => plan.next = Some(after_ids(r.count(last_id()).await?, 1)?),
+            Some(Step::Alone(job)) => {
                 let got = enqueue_one(r, &job).await?;
-                if let (false, Some(next)) = (got.existing, next.as_mut()) {
+                if let (false, Some(next)) = (got.existing, plan.next.as_mut()) {
                     *next = (*next).max(got.id.saturating_add(1));
                 }
                 out.push(got);
             }
-            // One job before any id is known (an enqueue of one job): its id read back costs
-            // less than a look at the table's largest first.
-            Piece::Bulk(bulk) if bulk.len() == 1 && next.is_none() => {
-                out.push(enqueue_one(r, &bulk[0]).await?);
-            }
-            Piece::Bulk(bulk) => {
-                let first = match *next {
-                    Some(id) => id,
-                    None => after_ids(r.count(last_id()).await?, 1)?,
-                };
-                let after = insert_bulk(r, &bulk, first).await?;
-                out.extend((first..after).map(|id| Enqueued {
-                    id,
-                    existing: false,
-                }));
-                *next = Some(after);
-            }
         }
     }
+    *next = plan.next;
+    Ok(())
+}
+
+/// An insert of bulk jobs with the ids `first..after`, built ahead of its turn.
+struct Insert {
+    stmt: Stmt<Sql>,
+    first: i64,
+    after: i64,
+}
+
+/// What an enqueue does next, in the order of its jobs.
+enum Step<'a> {
+    /// A job with a unique key, or one job before any id is known (an enqueue of one job: its
+    /// id read back costs less than a look at the table's largest first): inserted alone.
+    Alone(JobParts<'a>),
+    /// Bulk jobs wait, and the next id is not known yet: read the table's largest.
+    Ids,
+    Insert(Insert),
+}
+
+/// A chunk's jobs turned into statements one at a time ([`Plan::step`]).
+struct Plan<'a, I: Iterator<Item = JobParts<'a>>> {
+    pieces: Pieces<I>,
+    /// The bulk piece being written: `bulk[at..]` has no statement yet.
+    bulk: Vec<JobParts<'a>>,
+    at: usize,
+    /// The next bulk job's id, once known.
+    next: Option<i64>,
+}
+
+impl<'a, I: Iterator<Item = JobParts<'a>>> Plan<'a, I> {
+    /// The next step; `None` after the last. A bulk piece goes in several inserts: runs of at
+    /// least [`MIN_RUN`] alike jobs with composite payloads one statement each
+    /// ([`insert_run`]), the jobs between them a row of values each ([`insert_rows`]).
+    fn step(&mut self) -> Result<Option<Step<'a>>> {
+        if self.at == self.bulk.len() {
+            (self.bulk, self.at) = (Vec::new(), 0);
+            self.bulk = match self.pieces.next() {
+                None => return Ok(None),
+                Some(Piece::Keyed(job)) => return Ok(Some(Step::Alone(job))),
+                Some(Piece::Bulk(mut bulk)) if bulk.len() == 1 && self.next.is_none() => {
+                    return Ok(bulk.pop().map(Step::Alone));
+                }
+                Some(Piece::Bulk(bulk)) => bulk,
+            };
+        }
+        let Some(first) = self.next else {
+            return Ok(Some(Step::Ids));
+        };
+        let from = self.at;
+        let (to, is_run) = self.segment();
+        let jobs = &self.bulk[from..to];
+        let insert = match is_run {
+            true => insert_run(jobs, first)?,
+            false => insert_rows(jobs, first)?,
+        };
+        (self.at, self.next) = (to, Some(insert.after));
+        Ok(Some(Step::Insert(insert)))
+    }
+
+    /// Where the statement for `bulk[at..]` ends, and whether it is a run.
+    fn segment(&self) -> (usize, bool) {
+        let mut at = self.at;
+        while at < self.bulk.len() {
+            let run = run_at(&self.bulk[at..]);
+            if run >= MIN_RUN {
+                return match at == self.at {
+                    true => (at + run, true),
+                    false => (at, false),
+                };
+            }
+            at += run.max(1);
+        }
+        (at, false)
+    }
+}
+
+/// How many jobs from the first of `jobs` make a run: alike ([`alike`]), with composite
+/// payloads, at most [`RUN_BYTES`] of them.
+fn run_at(jobs: &[JobParts<'_>]) -> usize {
+    let mut bytes = 0;
+    jobs.iter()
+        .take_while(|j| {
+            bytes += j.payload.len() + 1;
+            bytes <= RUN_BYTES && composite(&j.payload) && alike(&jobs[0], j)
+        })
+        .count()
+}
+
+/// Runs `insert` if there is one (checking it wrote every job), its ids to `out`.
+async fn run_insert<R: Run<Sql = Sql>>(
+    r: &R,
+    insert: Option<Insert>,
+    out: &mut Vec<Enqueued>,
+) -> Result<()> {
+    let Some(Insert { stmt, first, after }) = insert else {
+        return Ok(());
+    };
+    let wrote = r.execute(stmt).await?;
+    if i64::try_from(wrote).ok() != after.checked_sub(first) {
+        return Err(crate::error::Error::Internal(format!(
+            "an insert of {} jobs wrote {wrote}",
+            after - first
+        )));
+    }
+    out.extend((first..after).map(|id| Enqueued {
+        id,
+        existing: false,
+    }));
     Ok(())
 }
 
@@ -215,40 +324,9 @@ fn composite(payload: &str) -> bool {
     matches!(payload.as_bytes().first(), Some(b'{' | b'['))
 }
 
-/// Inserts `bulk` (jobs without a unique key) with the ids `first`, `first + 1`, … in order;
-/// returns the id after the last. Runs of at least [`MIN_RUN`] alike jobs with composite
-/// payloads go in one statement each ([`insert_run`]), the jobs between them a row of values
-/// each ([`insert_rows`]).
-async fn insert_bulk<R: Run<Sql = Sql>>(r: &R, bulk: &[JobParts<'_>], first: i64) -> Result<i64> {
-    let mut id = first;
-    // bulk[rows..at] waits for a statement of rows; bulk[at..] is not looked at yet.
-    let (mut rows, mut at) = (0, 0);
-    while at < bulk.len() {
-        let mut bytes = 0;
-        let run = bulk[at..]
-            .iter()
-            .take_while(|j| {
-                bytes += j.payload.len() + 1;
-                bytes <= RUN_BYTES && composite(&j.payload) && alike(&bulk[at], j)
-            })
-            .count();
-        if run < MIN_RUN {
-            at += run.max(1);
-            continue;
-        }
-        id = insert_rows(r, &bulk[rows..at], id).await?;
-        id = insert_run(r, &bulk[at..at + run], id).await?;
-        (rows, at) = (at + run, at + run);
-    }
-    insert_rows(r, &bulk[rows..], id).await
-}
-
-/// Inserts `jobs` in one statement, a row of values each, with the ids `first`, … in order;
-/// returns the id after the last.
-async fn insert_rows<R: Run<Sql = Sql>>(r: &R, jobs: &[JobParts<'_>], first: i64) -> Result<i64> {
-    if jobs.is_empty() {
-        return Ok(first);
-    }
+/// An insert of `jobs` in one statement, a row of values each, with the ids `first`, … in
+/// order.
+fn insert_rows(jobs: &[JobParts<'_>], first: i64) -> Result<Insert> {
     let after = after_ids(first, jobs.len())?;
     let mut b = B::new();
     let rows: Vec<String> = (first..after)
@@ -259,17 +337,21 @@ async fn insert_rows<R: Run<Sql = Sql>>(r: &R, jobs: &[JobParts<'_>], first: i64
         "INSERT INTO rowclaim_jobs (id, {COLUMNS}) VALUES {}",
         rows.join(", ")
     );
-    inserted(r, Stmt::new(sql, b), jobs.len(), after).await
+    Ok(Insert {
+        stmt: Stmt::new(sql, b),
+        first,
+        after,
+    })
 }
 
-/// Inserts `run` (alike jobs with composite payloads) in one statement: their settings bound
-/// once, their payloads as one JSON array that `json_each` reads back element by element (a
-/// row of 11 bound values per job costs SQLite about twice the time); ids `first`, … in order.
-/// Returns the id after the last.
+/// An insert of `run` (alike jobs with composite payloads) in one statement: their settings
+/// bound once, their payloads as one JSON array that `json_each` reads back element by element
+/// (a row of 11 bound values per job costs SQLite about twice the time); ids `first`, … in
+/// order.
 ///
 /// Wrapped in the array a payload is one level deeper: one at SQLite's JSON depth limit (1,000)
 /// would be refused here and not alone. serde_json reads no deeper than 128 levels.
-async fn insert_run<R: Run<Sql = Sql>>(r: &R, run: &[JobParts<'_>], first: i64) -> Result<i64> {
+fn insert_run(run: &[JobParts<'_>], first: i64) -> Result<Insert> {
     let after = after_ids(first, run.len())?;
     let job = &run[0];
     let mut payloads =
@@ -296,23 +378,11 @@ async fn insert_run<R: Run<Sql = Sql>>(r: &R, run: &[JobParts<'_>], first: i64) 
         b.bind(job.limit_key.map(str::to_owned)),
         b.bind(payloads),
     );
-    inserted(r, Stmt::new(sql, b), run.len(), after).await
-}
-
-/// Runs an insert of `n` jobs whose ids end before `after`; returns `after`.
-async fn inserted<R: Run<Sql = Sql>>(
-    r: &R,
-    insert: Stmt<Sql>,
-    n: usize,
-    after: i64,
-) -> Result<i64> {
-    let wrote = r.execute(insert).await?;
-    if wrote != n as u64 {
-        return Err(crate::error::Error::Internal(format!(
-            "an insert of {n} jobs wrote {wrote}"
-        )));
-    }
-    Ok(after)
+    Ok(Insert {
+        stmt: Stmt::new(sql, b),
+        first,
+        after,
+    })
 }
 
 /// How stats count here: ready jobs through the ready index, dead and cancelled through theirs
