@@ -3,6 +3,7 @@
 //! the two things only MySQL has: an insert's first id (`last_insert_id`, [`InsertId`]) and the
 //! named lock concurrent inits take turns on, which belongs to one connection (`My::init_once`).
 
+use futures_util::future::join;
 use sqlx::MySql;
 
 use super::counts::{Counting, Estimate};
@@ -290,6 +291,7 @@ async fn check_packet<R: Run<Sql = Sql>>(
 
 /// Inserts `jobs` (one chunk of an enqueue, after `before` others) piece by piece
 /// ([`pieces`]), their ids to `out` in order. `step`: the server's id increment, once asked.
+/// Each piece's statement is built while the server runs the one before.
 async fn insert_jobs<R: InsertId>(
     r: &R,
     jobs: &[NewJob],
@@ -303,13 +305,34 @@ async fn insert_jobs<R: InsertId>(
     }
     check_packet(r, &parts, before).await?;
     out.reserve(parts.len());
-    for piece in pieces(parts, BULK_ROWS, BULK_BYTES) {
-        match piece {
-            Piece::Keyed(job) => out.push(enqueue_one(r, &job).await?),
-            Piece::Bulk(bulk) => insert_bulk(r, &bulk, step, out).await?,
+    let mut pieces = pieces(parts, BULK_ROWS, BULK_BYTES);
+    let mut built = None;
+    loop {
+        // `join` polls in order: the insert built before goes to the server first, and the
+        // next piece is made ready while the server runs it.
+        let next = async {
+            pieces.next().map(|piece| -> Result<Ready<'_>> {
+                Ok(match piece {
+                    Piece::Bulk(bulk) => Ready::Bulk(insert_stmt(&bulk)?, bulk.len()),
+                    Piece::Keyed(job) => Ready::Keyed(job),
+                })
+            })
+        };
+        let (ran, next) = join(insert_bulk(r, built.take(), step, out), next).await;
+        ran?;
+        match next.transpose()? {
+            None => return Ok(()),
+            Some(Ready::Bulk(insert, n)) => built = Some((insert, n)),
+            Some(Ready::Keyed(job)) => out.push(enqueue_one(r, &job).await?),
         }
     }
-    Ok(())
+}
+
+/// A piece of an enqueue ready to go: a bulk insert of so many jobs, built ahead of its turn,
+/// or a job with a unique key.
+enum Ready<'a> {
+    Bulk(Stmt<Sql>, usize),
+    Keyed(JobParts<'a>),
 }
 
 /// `INSERT INTO rowclaim_jobs … VALUES (…), (…)` for these jobs. The run-at is absolute epoch
@@ -324,7 +347,7 @@ pub(crate) fn insert_stmt(jobs: &[JobParts<'_>]) -> Result<Stmt<Sql>> {
             .checked_mul(1000)
             .ok_or_else(|| Error::InvalidInput("delay is too long".into()))?;
         let (queue, kind) = (b.bind(j.queue.to_owned()), b.bind(j.kind.to_owned()));
-        let (payload, priority) = (b.bind(j.payload.clone()), b.bind(j.priority));
+        let (payload, priority) = (b.bind(j.payload.to_string()), b.bind(j.priority));
         let at = Sql::at_ms(&b.bind(j.run_at_ms));
         rows.push(format!(
             "({queue}, {kind}, {payload}, {priority}, COALESCE({at}, \
@@ -344,7 +367,8 @@ pub(crate) fn insert_stmt(jobs: &[JobParts<'_>]) -> Result<Stmt<Sql>> {
     Ok(Stmt::new(sql, b))
 }
 
-/// Inserts jobs without unique keys in one statement and adds their ids to `out`.
+/// Runs `insert`, if there is one: `n` jobs without unique keys in one statement; adds their
+/// ids to `out`.
 ///
 /// One multi-row `INSERT … VALUES` is a "simple insert" (its row count is known up front), for
 /// which InnoDB reserves all its auto-increment values at once, under
@@ -353,14 +377,17 @@ pub(crate) fn insert_stmt(jobs: &[JobParts<'_>]) -> Result<Stmt<Sql>> {
 /// Galera does (the cluster's size), so it is asked once per transaction; `step` caches it.
 async fn insert_bulk<R: InsertId>(
     r: &R,
-    run: &[JobParts<'_>],
+    insert: Option<(Stmt<Sql>, usize)>,
     step: &mut Option<i64>,
     out: &mut Vec<Enqueued>,
 ) -> Result<()> {
-    let first = r.insert_id(insert_stmt(run)?).await?;
+    let Some((insert, n)) = insert else {
+        return Ok(());
+    };
+    let first = r.insert_id(insert).await?;
     let step = match *step {
         Some(s) => s,
-        None if run.len() == 1 => 1,
+        None if n == 1 => 1,
         None => {
             let sql = "SELECT CAST(@@SESSION.auto_increment_increment AS SIGNED)";
             let s = r.count(Stmt::new(sql.to_owned(), B::new())).await?;
@@ -368,7 +395,7 @@ async fn insert_bulk<R: InsertId>(
             s
         }
     };
-    out.extend((0..run.len() as i64).map(|i| Enqueued {
+    out.extend((0..n as i64).map(|i| Enqueued {
         id: first + i * step,
         existing: false,
     }));
