@@ -981,6 +981,13 @@ async fn queue_enqueue_many_lines(t: Arc<TestDb>) {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("line 45001:"), "{err}");
     assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_jobs").await, 0);
+    // Lines are kept as their text, not parsed into values; an escaped lone surrogate, which
+    // serde_json's check of text lets through (and PostgreSQL and MySQL refuse), is a bad line.
+    let out = enqueue("{\"i\": 1}\n{\"i\": \"\\ud800\"}\n".to_owned()).await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("line 2:"), "{err}");
+    assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_jobs").await, 0);
 
     let good: String = (1..=65_000)
         .map(|i| {

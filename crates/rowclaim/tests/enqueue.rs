@@ -98,8 +98,13 @@ impl Expect {
 
     /// The job with these options and `payload`.
     fn job(&self, payload: serde_json::Value) -> NewJob {
+        self.with(NewJob::new(payload))
+    }
+
+    /// `j` (a job with its payload) with these options.
+    fn with(&self, j: NewJob) -> NewJob {
         let e = self;
-        let mut j = NewJob::new(payload)
+        let mut j = j
             .queue(&e.queue)
             .kind(&e.kind)
             .priority(e.priority)
@@ -534,7 +539,19 @@ async fn payloads_of_every_kind(t: Arc<TestDb>) {
         .await
         .expect("enqueue the jobs before");
     let given = every_kind();
-    let jobs: Vec<NewJob> = given.iter().map(|(p, e)| e.job(p.clone())).collect();
+    // Every third payload is given as JSON text (NewJob::from_json), pretty-printed: runs mix
+    // payloads given both ways, and text with newlines and indents inside.
+    let jobs: Vec<NewJob> = given
+        .iter()
+        .enumerate()
+        .map(|(i, (p, e))| match i % 3 {
+            1 => {
+                let text = serde_json::to_string_pretty(p).expect("serialise");
+                e.with(NewJob::from_json(format!("\t{text}\r\n")).expect("JSON"))
+            }
+            _ => e.job(p.clone()),
+        })
+        .collect();
     let start = SystemTime::now();
     let got = q.enqueue_all(&jobs).await.expect("enqueue");
     let end = SystemTime::now();

@@ -1,7 +1,9 @@
 //! Jobs of the managed queue: what is enqueued ([`NewJob`]), what a handler gets ([`Job`]), how
 //! a failure is retried, and what a queue reports.
 
+use super::payload::Payload;
 use super::*;
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 
 /// What becomes of a job that completed.
@@ -34,7 +36,7 @@ pub enum Retention {
 pub struct NewJob {
     queue: String,
     kind: String,
-    payload: serde_json::Value,
+    payload: Payload,
     priority: i32,
     delay: Duration,
     run_at_ms: Option<i64>,
@@ -62,6 +64,28 @@ impl NewJob {
     /// A job with this payload on queue `default`, kind `""`, priority 0, to run now, with
     /// [`DEFAULT_MAX_ATTEMPTS`] attempts.
     pub fn new(payload: serde_json::Value) -> NewJob {
+        NewJob::with(Payload::Value(payload))
+    }
+
+    /// A job whose payload is the JSON text `json`, kept as given instead of parsed into a
+    /// [`serde_json::Value`]: the quicker way to enqueue what is JSON text already (as
+    /// `rowclaim enqueue` does with its lines). Fails with the parser's error when `json` is
+    /// not one JSON value. Whitespace around it is dropped; the database keeps the payload in
+    /// its own form, as it does any other (a number is not rounded to a float first).
+    ///
+    /// ```
+    /// use rowclaim::NewJob;
+    ///
+    /// let job = NewJob::from_json(r#"{"to": "ada@example.com"}"#)?.queue("mail");
+    /// assert_eq!(job, NewJob::new(serde_json::json!({"to": "ada@example.com"})).queue("mail"));
+    /// assert!(NewJob::from_json("{\"to\":").is_err());
+    /// # Ok::<(), serde_json::Error>(())
+    /// ```
+    pub fn from_json(json: impl Into<String>) -> std::result::Result<NewJob, serde_json::Error> {
+        Ok(NewJob::with(Payload::from_json(json.into())?))
+    }
+
+    fn with(payload: Payload) -> NewJob {
         NewJob {
             queue: "default".into(),
             kind: String::new(),
@@ -248,7 +272,7 @@ impl NewJob {
         JobParts {
             queue: &self.queue,
             kind: &self.kind,
-            payload: self.payload.to_string(),
+            payload: self.payload.text(),
             priority: self.priority,
             delay_ms: crate::backend::sql::lease_ms(self.delay).min(i64::MAX / 1000)
                 * i64::from(!self.delay.is_zero()),
@@ -265,7 +289,8 @@ impl NewJob {
 pub(crate) struct JobParts<'a> {
     pub queue: &'a str,
     pub kind: &'a str,
-    pub payload: String,
+    /// The payload's JSON text.
+    pub payload: Cow<'a, str>,
     pub priority: i32,
     pub delay_ms: i64,
     pub run_at_ms: Option<i64>,

@@ -15,6 +15,7 @@ mod enqueue_sql;
 mod incoming;
 mod limits;
 mod migrate;
+mod payload;
 mod record;
 mod schedule;
 #[cfg(test)]

@@ -196,7 +196,7 @@ pub(crate) async fn enqueue_one<R: Run<Sql = Sql>>(r: &R, job: &JobParts<'_>) ->
 pub(crate) fn insert_one(job: &JobParts<'_>) -> Stmt<Sql> {
     let mut b = B::new();
     let (queue, kind) = (b.bind(job.queue.to_owned()), b.bind(job.kind.to_owned()));
-    let (payload, priority) = (b.bind(job.payload.clone()), b.bind(job.priority));
+    let (payload, priority) = (b.bind(job.payload.to_string()), b.bind(job.priority));
     let run_at = run_at(&b.bind(job.run_at_ms), &b.bind(job.delay_ms));
     let sql = format!(
         "INSERT INTO rowclaim_jobs \
@@ -376,8 +376,8 @@ fn bulk_stmt(jobs: Vec<JobParts<'_>>) -> Stmt<Sql> {
     let owned = |k: Option<&str>| k.map(str::to_owned);
     i.column(&jobs, "limit_key", "text", |j| j.limit_key, owned);
     i.run_at(&jobs);
-    // The payloads, moved (not copied) into their array.
-    let payloads: Vec<String> = jobs.into_iter().map(|j| j.payload).collect();
+    // The payloads into their array (a serialised value moved, not copied).
+    let payloads: Vec<String> = jobs.into_iter().map(|j| j.payload.into_owned()).collect();
     i.columns.push("payload");
     i.values.push("j.payload::jsonb".to_owned());
     let payloads = i.b.bind(payloads);

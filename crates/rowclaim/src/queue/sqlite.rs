@@ -109,7 +109,7 @@ const COLUMNS: &str = "queue, kind, payload, priority, run_at, max_attempts, uni
 /// One job's values in an enqueue's INSERT, in the order of [`COLUMNS`].
 fn job_values(b: &mut B, job: &JobParts<'_>) -> String {
     let (queue, kind) = (b.bind(job.queue.to_owned()), b.bind(job.kind.to_owned()));
-    let (payload, priority) = (b.bind(job.payload.clone()), b.bind(job.priority));
+    let (payload, priority) = (b.bind(job.payload.to_string()), b.bind(job.priority));
     let (at, delay) = (b.bind(job.run_at_ms), b.bind(job.delay_ms));
     format!(
         "{queue}, {kind}, json({payload}), {priority}, COALESCE({at}, {NOW} + {delay}), {}, {}, \
