@@ -981,12 +981,17 @@ async fn queue_enqueue_many_lines(t: Arc<TestDb>) {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("line 45001:"), "{err}");
     assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_jobs").await, 0);
-    // Lines are kept as their text, not parsed into values; an escaped lone surrogate, which
-    // serde_json's check of text lets through (and PostgreSQL and MySQL refuse), is a bad line.
+    // Lines are kept as their text, not parsed into values; a line a value could not be read
+    // from (an escaped lone surrogate, a number past a float's range) is still a bad line,
+    // though a look at the text alone lets it through (and SQLite would store it).
     let out = enqueue("{\"i\": 1}\n{\"i\": \"\\ud800\"}\n".to_owned()).await;
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("line 2:"), "{err}");
+    let out = enqueue("{\"i\": 1}\n\n{\"i\": 1e400}\n".to_owned()).await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("line 3:"), "{err}");
     assert_eq!(t.count("SELECT COUNT(*) FROM rowclaim_jobs").await, 0);
 
     let good: String = (1..=65_000)

@@ -70,8 +70,11 @@ impl NewJob {
     /// A job whose payload is the JSON text `json`, kept as given instead of parsed into a
     /// [`serde_json::Value`]: the quicker way to enqueue what is JSON text already (as
     /// `rowclaim enqueue` does with its lines). Fails with the parser's error when `json` is
-    /// not one JSON value. Whitespace around it is dropped; the database keeps the payload in
-    /// its own form, as it does any other (a number is not rounded to a float first).
+    /// not one JSON value that [`serde_json::Value`] reads (a number past a float's range,
+    /// nesting past 128 levels, an escaped lone surrogate). Whitespace around it is dropped.
+    /// The text is what the database is given: PostgreSQL keeps its `jsonb` form, SQLite the
+    /// text without its whitespace, MySQL/MariaDB the text as it is (a search of payloads by
+    /// their text, `JobFilter`, sees it so). Its numbers are not rounded through a float.
     ///
     /// ```
     /// use rowclaim::NewJob;

@@ -309,7 +309,8 @@ async fn insert_jobs<R: InsertId>(
     let mut built = None;
     loop {
         // `join` polls in order: the insert built before goes to the server first, and the
-        // next piece is made ready while the server runs it.
+        // next piece is made ready while the server runs it (or, for a statement of a row
+        // count not run before on this connection, while the server prepares it).
         let next = async {
             pieces.next().map(|piece| -> Result<Ready<'_>> {
                 Ok(match piece {

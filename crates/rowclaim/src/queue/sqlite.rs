@@ -240,7 +240,7 @@ impl<'a, I: Iterator<Item = JobParts<'a>>> Plan<'a, I> {
     fn segment(&self) -> (usize, bool) {
         let mut at = self.at;
         while at < self.bulk.len() {
-            let run = run_at(&self.bulk[at..]);
+            let run = run_len(&self.bulk[at..]);
             if run >= MIN_RUN {
                 return match at == self.at {
                     true => (at + run, true),
@@ -255,7 +255,7 @@ impl<'a, I: Iterator<Item = JobParts<'a>>> Plan<'a, I> {
 
 /// How many jobs from the first of `jobs` make a run: alike ([`alike`]), with composite
 /// payloads, at most [`RUN_BYTES`] of them.
-fn run_at(jobs: &[JobParts<'_>]) -> usize {
+fn run_len(jobs: &[JobParts<'_>]) -> usize {
     let mut bytes = 0;
     jobs.iter()
         .take_while(|j| {
