@@ -212,15 +212,16 @@ impl<'a, I: Iterator<Item = JobParts<'a>>> Plan<'a, I> {
     /// ([`insert_run`]), the jobs between them a row of values each ([`insert_rows`]).
     fn step(&mut self) -> Result<Option<Step<'a>>> {
         if self.at == self.bulk.len() {
+            // The piece before is written: a step that returns here leaves none behind.
             (self.bulk, self.at) = (Vec::new(), 0);
-            self.bulk = match self.pieces.next() {
+            match self.pieces.next() {
                 None => return Ok(None),
                 Some(Piece::Keyed(job)) => return Ok(Some(Step::Alone(job))),
                 Some(Piece::Bulk(mut bulk)) if bulk.len() == 1 && self.next.is_none() => {
                     return Ok(bulk.pop().map(Step::Alone));
                 }
-                Some(Piece::Bulk(bulk)) => bulk,
-            };
+                Some(Piece::Bulk(bulk)) => self.bulk = bulk,
+            }
         }
         let Some(first) = self.next else {
             return Ok(Some(Step::Ids));
