@@ -207,6 +207,45 @@ impl<'a, I: Iterator<Item = JobParts<'a>>> Iterator for Pieces<I> {
     }
 }
 
+/// Alike jobs ([`alike`]) at least this many in a row go in one statement of their own: their
+/// settings bound once, their payloads as one JSON array the database reads back element by
+/// element (SQLite's `json_each`, MySQL's `JSON_TABLE`). Fewer go with their neighbours, a row
+/// of values each.
+pub(crate) const MIN_RUN: usize = 16;
+
+/// Whether `a` and `b` differ only in their payloads. Both are jobs of a bulk piece (without a
+/// unique key), so unique keys are not compared.
+pub(crate) fn alike(a: &JobParts<'_>, b: &JobParts<'_>) -> bool {
+    (a.queue, a.kind, a.priority, a.delay_ms, a.run_at_ms)
+        == (b.queue, b.kind, b.priority, b.delay_ms, b.run_at_ms)
+        && (a.max_attempts, a.timeout_ms, a.limit_key)
+            == (b.max_attempts, b.timeout_ms, b.limit_key)
+}
+
+/// Where the statement for `bulk[at..]` (a bulk piece from `at`) ends, and whether it is a run:
+/// a run when at least [`MIN_RUN`] jobs from `at` make one, else the jobs up to the next run, at
+/// most `rows` of them, a row of values each. `run_len(jobs)`: how many jobs from the first of
+/// `jobs` the store takes as one run (0 when it takes none).
+pub(crate) fn segment(
+    bulk: &[JobParts<'_>],
+    at: usize,
+    rows: usize,
+    run_len: impl Fn(&[JobParts<'_>]) -> usize,
+) -> (usize, bool) {
+    let mut end = at;
+    while end < bulk.len() && end - at < rows {
+        let run = run_len(&bulk[end..]);
+        if run >= MIN_RUN {
+            return match end == at {
+                true => (at + run, true),
+                false => (end, false),
+            };
+        }
+        end += run.max(1);
+    }
+    (end.min(at.saturating_add(rows)), false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@ use futures_util::future::join;
 use sqlx::Sqlite;
 
 use super::counts::Counting;
-use super::incoming::{pieces, Piece, Pieces};
+use super::incoming::{alike, pieces, segment, Piece, Pieces};
 use super::migrate::{migrate, Component};
 use super::record::{records_sql, RecordRow};
 use super::store::{admin_stmt, insert_unless_pending};
@@ -93,10 +93,6 @@ pub(crate) async fn enqueue_one<R: Run<Sql = Sql>>(r: &R, job: &JobParts<'_>) ->
 /// Jobs in one piece of a chunk: a multi-row INSERT of 11 values each stays well under
 /// SQLite's 32,766 bound values.
 const BULK_ROWS: usize = 1_000;
-
-/// Alike jobs (see [`alike`]) at least this many in a row go in one statement of their own,
-/// their payloads as one JSON array; fewer go with their neighbours, a row of values each.
-const MIN_RUN: usize = 16;
 
 /// A run's payloads in one statement come to at most this many bytes (SQLite refuses a value
 /// over 1 GB); a longer run goes in several statements, a payload this long in a row of values.
@@ -208,7 +204,7 @@ struct Plan<'a, I: Iterator<Item = JobParts<'a>>> {
 
 impl<'a, I: Iterator<Item = JobParts<'a>>> Plan<'a, I> {
     /// The next step; `None` after the last. A bulk piece goes in several inserts: runs of at
-    /// least [`MIN_RUN`] alike jobs with composite payloads one statement each
+    /// least [`MIN_RUN`](super::incoming::MIN_RUN) alike jobs with composite payloads one statement each
     /// ([`insert_run`]), the jobs between them a row of values each ([`insert_rows`]).
     fn step(&mut self) -> Result<Option<Step<'a>>> {
         if self.at == self.bulk.len() {
@@ -227,7 +223,7 @@ impl<'a, I: Iterator<Item = JobParts<'a>>> Plan<'a, I> {
             return Ok(Some(Step::Ids));
         };
         let from = self.at;
-        let (to, is_run) = self.segment();
+        let (to, is_run) = segment(&self.bulk, from, usize::MAX, run_len);
         let jobs = &self.bulk[from..to];
         let insert = match is_run {
             true => insert_run(jobs, first)?,
@@ -236,25 +232,9 @@ impl<'a, I: Iterator<Item = JobParts<'a>>> Plan<'a, I> {
         (self.at, self.next) = (to, Some(insert.after));
         Ok(Some(Step::Insert(insert)))
     }
-
-    /// Where the statement for `bulk[at..]` ends, and whether it is a run.
-    fn segment(&self) -> (usize, bool) {
-        let mut at = self.at;
-        while at < self.bulk.len() {
-            let run = run_len(&self.bulk[at..]);
-            if run >= MIN_RUN {
-                return match at == self.at {
-                    true => (at + run, true),
-                    false => (at, false),
-                };
-            }
-            at += run.max(1);
-        }
-        (at, false)
-    }
 }
 
-/// How many jobs from the first of `jobs` make a run: alike ([`alike`]), with composite
+/// How many jobs from the first of `jobs` make a run: alike, with composite
 /// payloads, at most [`RUN_BYTES`] of them.
 fn run_len(jobs: &[JobParts<'_>]) -> usize {
     let mut bytes = 0;
@@ -308,15 +288,6 @@ fn after_ids(first: i64, n: usize) -> Result<i64> {
                 "the jobs' ids have reached the largest integer: {n} more from {first} do not fit"
             ))
         })
-}
-
-/// Whether `a` and `b` differ only in their payloads. Both are jobs of a bulk piece (without a
-/// unique key), so unique keys are not compared.
-fn alike(a: &JobParts<'_>, b: &JobParts<'_>) -> bool {
-    (a.queue, a.kind, a.priority, a.delay_ms, a.run_at_ms)
-        == (b.queue, b.kind, b.priority, b.delay_ms, b.run_at_ms)
-        && (a.max_attempts, a.timeout_ms, a.limit_key)
-            == (b.max_attempts, b.timeout_ms, b.limit_key)
 }
 
 /// Whether a payload is a JSON object or array: `json_each` hands such an element back as its
