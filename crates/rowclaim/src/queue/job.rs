@@ -73,9 +73,8 @@ impl NewJob {
     /// not one JSON value that [`serde_json::Value`] reads (a number past a float's range,
     /// nesting past 128 levels, an escaped lone surrogate). Whitespace around it is dropped.
     /// The text is what the database is given: PostgreSQL keeps its `jsonb` form, SQLite the
-    /// text without its whitespace, MariaDB the text as it is (a search of payloads by their
-    /// text, `JobFilter`, sees it so), MySQL 8 the same or, in a bulk enqueue, its JSON type's
-    /// form of it. Its numbers are not rounded through a float.
+    /// text without its whitespace, MySQL/MariaDB the text as it is (a search of payloads by
+    /// their text, `JobFilter`, sees it so). Its numbers are not rounded through a float.
     ///
     /// ```
     /// use rowclaim::NewJob;

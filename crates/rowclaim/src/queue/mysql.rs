@@ -14,11 +14,12 @@ use super::{Admin, Enqueued, Incoming, JobFilter, JobRecord, Listener, QueueStat
 use crate::backend::mysql::{error_number, lease_us, My, Sql, NOW};
 use crate::backend::run::{Finish, OnConn, Run, Transact};
 use crate::backend::sql::{Binder, Dialect, Stmt};
+use crate::backend::{Catalog, ServerKind};
 use crate::error::{Error, Result};
 
 mod enqueue;
 
-use enqueue::insert_jobs;
+use enqueue::{insert_jobs, Terms};
 
 type B = Binder<Sql>;
 
@@ -44,11 +45,15 @@ impl QueueStore for My {
     }
 
     async fn enqueue(&self, jobs: &mut Incoming<'_>, ids: bool) -> Result<Vec<Enqueued>> {
+        let terms = Terms {
+            ids,
+            runs: self.server().await?.kind == ServerKind::MariaDb,
+        };
         let tx = self.transaction(true).await?;
         let mut out = Vec::new();
         let mut autoinc = None;
         while let Some((before, chunk)) = jobs.next().await? {
-            insert_jobs(&tx, chunk, before, ids, &mut autoinc, &mut out).await?;
+            insert_jobs(&tx, chunk, before, terms, &mut autoinc, &mut out).await?;
         }
         super::after::hold(&tx, jobs.handed(), &out).await?;
         let n = jobs.count();

@@ -208,8 +208,9 @@ struct Plan<'a, I: Iterator<Item = JobParts<'a>>> {
 
 impl<'a, I: Iterator<Item = JobParts<'a>>> Plan<'a, I> {
     /// The next step; `None` after the last. A bulk piece goes in several inserts: runs of at
-    /// least [`MIN_RUN`](super::incoming::MIN_RUN) alike jobs with composite payloads one statement each
-    /// ([`insert_run`]), the jobs between them a row of values each ([`insert_rows`]).
+    /// least [`MIN_RUN`](super::incoming::MIN_RUN) alike jobs with composite payloads one
+    /// statement each ([`insert_run`]), the jobs between them a row of values each, at most
+    /// [`BULK_ROWS`] a statement ([`insert_rows`]).
     fn step(&mut self) -> Result<Option<Step<'a>>> {
         if self.at == self.bulk.len() {
             // The piece before is written: a step that returns here leaves none behind.

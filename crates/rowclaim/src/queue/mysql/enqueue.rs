@@ -1,5 +1,6 @@
 //! Enqueue on MySQL/MariaDB: jobs without a unique key in multi-row inserts built ahead of
-//! their turn (runs of alike jobs through `JSON_TABLE`, the rest a row of values each), a job
+//! their turn (on MariaDB runs of alike jobs through `JSON_TABLE`, the rest a row of values
+//! each), a job
 //! with one alone; the ids each insert gave, from its first (`last_insert_id`, [`InsertId`]).
 
 use futures_util::future::join;
@@ -143,15 +144,24 @@ async fn check_packet<R: Run<Sql = Sql>>(
     Ok(())
 }
 
+/// What an enqueue may do, on this server for this caller.
+#[derive(Clone, Copy)]
+pub(super) struct Terms {
+    /// Whether the caller wants the jobs' ids (else bulk jobs are answered 0s).
+    pub(super) ids: bool,
+    /// Whether runs of alike jobs go through `JSON_TABLE` ([`insert_run`]): on MariaDB only.
+    pub(super) runs: bool,
+}
+
 /// Inserts `jobs` (one chunk of an enqueue, after `before` others) piece by piece
-/// ([`pieces`]), their ids to `out` in order (without `ids`, 0s for bulk jobs).
+/// ([`pieces`]), their ids to `out` in order (0s for bulk jobs where the ids are not wanted).
 /// `autoinc`: the server's numbering, once asked. Each statement is
 /// built while the server runs the one before.
 pub(super) async fn insert_jobs<R: InsertId>(
     r: &R,
     jobs: &[NewJob],
     before: usize,
-    ids: bool,
+    terms: Terms,
     autoinc: &mut Option<Autoinc>,
     out: &mut Vec<Enqueued>,
 ) -> Result<()> {
@@ -166,7 +176,7 @@ pub(super) async fn insert_jobs<R: InsertId>(
         bulk: Vec::new(),
         at: 0,
         autoinc: *autoinc,
-        ids,
+        terms,
     };
     let mut built = None;
     loop {
@@ -260,13 +270,12 @@ struct Plan<'a, I: Iterator<Item = JobParts<'a>>> {
     bulk: Vec<JobParts<'a>>,
     at: usize,
     autoinc: Option<Autoinc>,
-    /// Whether the caller wants the jobs' ids.
-    ids: bool,
+    terms: Terms,
 }
 
 impl<'a, I: Iterator<Item = JobParts<'a>>> Plan<'a, I> {
     /// The next step; `None` after the last. A bulk piece goes in several inserts: runs of at
-    /// least [`MIN_RUN`](super::incoming::MIN_RUN) alike jobs one statement each
+    /// least [`MIN_RUN`](crate::queue::incoming::MIN_RUN) alike jobs one statement each
     /// ([`insert_run`]), where the ids allow, and the jobs between them at most [`BULK_ROWS`]
     /// rows of values per statement ([`insert_stmt`]).
     fn step(&mut self) -> Result<Option<Ready<'a>>> {
@@ -282,11 +291,11 @@ impl<'a, I: Iterator<Item = JobParts<'a>>> Plan<'a, I> {
         // The ids of more than one job need the server's numbering; one job's is its
         // insert's own, and a caller who only counts the jobs is answered 0s.
         let autoinc = match self.autoinc {
-            None if self.ids && self.bulk.len() > 1 => return Ok(Some(Ready::Ask)),
+            None if self.terms.ids && self.bulk.len() > 1 => return Ok(Some(Ready::Ask)),
             a => a,
         };
         let consecutive = autoinc.is_none_or(|a| a.consecutive);
-        let runs = consecutive || !self.ids;
+        let runs = self.terms.runs && (consecutive || !self.terms.ids);
         let from = self.at;
         let (to, is_run) = segment(&self.bulk, from, BULK_ROWS, |jobs| match runs {
             true => run_len(jobs),
@@ -301,7 +310,7 @@ impl<'a, I: Iterator<Item = JobParts<'a>>> Plan<'a, I> {
         Ok(Some(Ready::Insert(Insert {
             stmt,
             n: jobs.len(),
-            known: self.ids && (consecutive || !is_run),
+            known: self.terms.ids && (consecutive || !is_run),
         })))
     }
 }
@@ -392,9 +401,15 @@ pub(crate) fn insert_stmt(jobs: &[JobParts<'_>]) -> Result<Stmt<Sql>> {
 }
 
 /// An insert of `run` (alike jobs) in one statement: their settings bound once, their payloads
-/// as one JSON array that `JSON_TABLE` reads back element by element, each as its own text
-/// (MariaDB keeps it as given; MySQL 8 writes it out again, as its JSON type does). A row of
-/// ten bound values per job costs the server about half as much again.
+/// as one JSON array that `JSON_TABLE` reads back element by element (a row of ten bound
+/// values per job costs the server about half as much again). MariaDB hands each element back
+/// as its text, exactly as given. MySQL 8 would not: its `JSON` type parses each one (numbers
+/// past 64 bits rounded through a float, keys sorted) and, in recent 8.0 releases, makes a JSON
+/// `null` an SQL NULL; so runs are MariaDB's only ([`Terms::runs`]).
+///
+/// Under `innodb_autoinc_lock_mode` 1 the statement holds the table's AUTO-INC lock to its end
+/// (see [`Autoinc`]): other inserts into the jobs table wait for it (up to 5,000 rows, tens of
+/// milliseconds), where rows of values take it only for a moment.
 fn insert_run(run: &[JobParts<'_>]) -> Result<Stmt<Sql>> {
     let mut payloads =
         String::with_capacity(run.iter().map(|j| j.payload.len() + 1).sum::<usize>() + 1);
@@ -495,12 +510,16 @@ mod tests {
     /// The statements a plan makes of `jobs`: for each, whether it is a run and whether its
     /// ids are known; "ask" where it asks the server's numbering.
     fn plan(jobs: &[NewJob], autoinc: Option<Autoinc>, ids: bool) -> Vec<String> {
+        plan_on(jobs, autoinc, Terms { ids, runs: true })
+    }
+
+    fn plan_on(jobs: &[NewJob], autoinc: Option<Autoinc>, terms: Terms) -> Vec<String> {
         let mut plan = Plan {
             pieces: pieces(jobs.iter().map(NewJob::parts), RUN_ROWS, BULK_BYTES),
             bulk: Vec::new(),
             at: 0,
             autoinc,
-            ids,
+            terms,
         };
         let mut made = Vec::new();
         while let Some(ready) = plan.step().expect("step") {
@@ -547,6 +566,15 @@ mod tests {
         assert_eq!(plan(&jobs, Some(two), true), ["rows 40 known=true"]);
         assert_eq!(plan(&jobs, None, false), ["run 40 known=false"]);
         assert_eq!(plan(&jobs, Some(two), false), ["run 40 known=false"]);
+        // MySQL 8: no runs.
+        let mysql = Terms {
+            ids: false,
+            runs: false,
+        };
+        assert_eq!(
+            plan_on(&jobs, Some(one_one), mysql),
+            ["rows 40 known=false"]
+        );
         // One job needs no numbering, and is no run.
         assert_eq!(plan(&alike(1), None, true), ["rows 1 known=true"]);
     }
