@@ -222,11 +222,81 @@ pub(crate) fn alike(a: &JobParts<'_>, b: &JobParts<'_>) -> bool {
             == (b.max_attempts, b.timeout_ms, b.limit_key)
 }
 
+/// A chunk's pieces written statement by statement, as SQLite and MySQL write them: a bulk
+/// piece in runs ([`MIN_RUN`]) and rows of values, a keyed job alone.
+pub(crate) struct Walk<'a, I: Iterator<Item = JobParts<'a>>> {
+    pieces: Pieces<I>,
+    /// The bulk piece being written: `bulk[at..]` has no statement yet.
+    bulk: Vec<JobParts<'a>>,
+    at: usize,
+}
+
+/// Where a [`Walk`] stands.
+pub(crate) enum Next<'a> {
+    /// Every job has its statement.
+    Done,
+    /// A job with a unique key, which goes alone.
+    Keyed(JobParts<'a>),
+    /// Jobs of a bulk piece wait for theirs ([`Walk::take`]).
+    Bulk,
+}
+
+impl<'a, I: Iterator<Item = JobParts<'a>>> Walk<'a, I> {
+    pub(crate) fn new(pieces: Pieces<I>) -> Self {
+        Walk {
+            pieces,
+            bulk: Vec::new(),
+            at: 0,
+        }
+    }
+
+    /// Where the walk stands: once the bulk piece being written has its statements, the next
+    /// piece.
+    pub(crate) fn next(&mut self) -> Next<'a> {
+        if self.at == self.bulk.len() {
+            // The piece before is written: nothing of it is left behind.
+            (self.bulk, self.at) = (Vec::new(), 0);
+            match self.pieces.next() {
+                None => return Next::Done,
+                Some(Piece::Keyed(job)) => return Next::Keyed(job),
+                Some(Piece::Bulk(bulk)) => self.bulk = bulk,
+            }
+        }
+        Next::Bulk
+    }
+
+    /// How many jobs of the bulk piece have no statement yet.
+    pub(crate) fn waiting(&self) -> usize {
+        self.bulk.len() - self.at
+    }
+
+    /// The job of a bulk piece of one, taken to go alone.
+    pub(crate) fn take_one(&mut self) -> Option<JobParts<'a>> {
+        match self.bulk.len() == 1 && self.at == 0 {
+            true => self.bulk.pop(),
+            false => None,
+        }
+    }
+
+    /// The jobs of the next statement and whether they are a run ([`segment`]); the walk moves
+    /// past them.
+    pub(crate) fn take(
+        &mut self,
+        rows: usize,
+        run_len: impl Fn(&[JobParts<'_>]) -> usize,
+    ) -> (&[JobParts<'a>], bool) {
+        let from = self.at;
+        let (to, is_run) = segment(&self.bulk, from, rows, run_len);
+        self.at = to;
+        (&self.bulk[from..to], is_run)
+    }
+}
+
 /// Where the statement for `bulk[at..]` (a bulk piece from `at`) ends, and whether it is a run:
 /// a run when at least [`MIN_RUN`] jobs from `at` make one, else the jobs up to the next run, at
 /// most `rows` of them, a row of values each. `run_len(jobs)`: how many jobs from the first of
 /// `jobs` the store takes as one run (0 when it takes none).
-pub(crate) fn segment(
+fn segment(
     bulk: &[JobParts<'_>],
     at: usize,
     rows: usize,

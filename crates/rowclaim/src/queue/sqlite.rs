@@ -5,7 +5,7 @@ use futures_util::future::join;
 use sqlx::Sqlite;
 
 use super::counts::Counting;
-use super::incoming::{alike, pieces, segment, Piece, Pieces};
+use super::incoming::{alike, pieces, Next, Walk};
 use super::migrate::{migrate, Component};
 use super::record::{records_sql, RecordRow};
 use super::store::{admin_stmt, insert_unless_pending};
@@ -151,9 +151,7 @@ async fn insert_jobs<R: Run<Sql = Sql>>(
 ) -> Result<()> {
     out.reserve(jobs.len());
     let mut plan = Plan {
-        pieces: pieces(jobs.iter().map(NewJob::parts), RUN_ROWS, usize::MAX),
-        bulk: Vec::new(),
-        at: 0,
+        walk: Walk::new(pieces(jobs.iter().map(NewJob::parts), RUN_ROWS, usize::MAX)),
         next: *next,
     };
     let mut built: Option<Insert> = None;
@@ -198,10 +196,7 @@ enum Step<'a> {
 
 /// A chunk's jobs turned into statements one at a time ([`Plan::step`]).
 struct Plan<'a, I: Iterator<Item = JobParts<'a>>> {
-    pieces: Pieces<I>,
-    /// The bulk piece being written: `bulk[at..]` has no statement yet.
-    bulk: Vec<JobParts<'a>>,
-    at: usize,
+    walk: Walk<'a, I>,
     /// The next bulk job's id, once known.
     next: Option<i64>,
 }
@@ -212,29 +207,22 @@ impl<'a, I: Iterator<Item = JobParts<'a>>> Plan<'a, I> {
     /// statement each ([`insert_run`]), the jobs between them a row of values each, at most
     /// [`BULK_ROWS`] a statement ([`insert_rows`]).
     fn step(&mut self) -> Result<Option<Step<'a>>> {
-        if self.at == self.bulk.len() {
-            // The piece before is written: a step that returns here leaves none behind.
-            (self.bulk, self.at) = (Vec::new(), 0);
-            match self.pieces.next() {
-                None => return Ok(None),
-                Some(Piece::Keyed(job)) => return Ok(Some(Step::Alone(job))),
-                Some(Piece::Bulk(mut bulk)) if bulk.len() == 1 && self.next.is_none() => {
-                    return Ok(bulk.pop().map(Step::Alone));
-                }
-                Some(Piece::Bulk(bulk)) => self.bulk = bulk,
-            }
+        match self.walk.next() {
+            Next::Done => return Ok(None),
+            Next::Keyed(job) => return Ok(Some(Step::Alone(job))),
+            Next::Bulk => {}
         }
         let Some(first) = self.next else {
-            return Ok(Some(Step::Ids));
+            return Ok(self
+                .walk
+                .take_one()
+                .map_or(Some(Step::Ids), |j| Some(Step::Alone(j))));
         };
-        let from = self.at;
-        let (to, is_run) = segment(&self.bulk, from, BULK_ROWS, run_len);
-        let jobs = &self.bulk[from..to];
-        let insert = match is_run {
-            true => insert_run(jobs, first)?,
-            false => insert_rows(jobs, first)?,
+        let insert = match self.walk.take(BULK_ROWS, run_len) {
+            (jobs, true) => insert_run(jobs, first)?,
+            (jobs, false) => insert_rows(jobs, first)?,
         };
-        (self.at, self.next) = (to, Some(insert.after));
+        self.next = Some(insert.after);
         Ok(Some(Step::Insert(insert)))
     }
 }

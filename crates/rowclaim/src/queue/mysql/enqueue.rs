@@ -11,7 +11,7 @@ use crate::backend::mysql::{error_number, My, Sql, NOW};
 use crate::backend::run::{Col, InTx, OnConn, Run};
 use crate::backend::sql::{Binder, Dialect, Stmt};
 use crate::error::{Error, Result};
-use crate::queue::incoming::{alike, pieces, segment, Piece, Pieces};
+use crate::queue::incoming::{alike, pieces, Next, Walk};
 use crate::queue::store::{first_int, UNIQUE_TRIES};
 use crate::queue::{Enqueued, JobParts, NewJob};
 use crate::value::Value;
@@ -172,9 +172,7 @@ pub(super) async fn insert_jobs<R: InsertId>(
     check_packet(r, &parts, before).await?;
     out.reserve(parts.len());
     let mut plan = Plan {
-        pieces: pieces(parts, RUN_ROWS, BULK_BYTES),
-        bulk: Vec::new(),
-        at: 0,
+        walk: Walk::new(pieces(parts, RUN_ROWS, BULK_BYTES)),
         autoinc: *autoinc,
         terms,
     };
@@ -265,10 +263,7 @@ impl Autoinc {
 
 /// A chunk's jobs turned into statements one at a time ([`Plan::step`]).
 struct Plan<'a, I: Iterator<Item = JobParts<'a>>> {
-    pieces: Pieces<I>,
-    /// The bulk piece being written: `bulk[at..]` has no statement yet.
-    bulk: Vec<JobParts<'a>>,
-    at: usize,
+    walk: Walk<'a, I>,
     autoinc: Option<Autoinc>,
     terms: Terms,
 }
@@ -276,37 +271,30 @@ struct Plan<'a, I: Iterator<Item = JobParts<'a>>> {
 impl<'a, I: Iterator<Item = JobParts<'a>>> Plan<'a, I> {
     /// The next step; `None` after the last. A bulk piece goes in several inserts: runs of at
     /// least [`MIN_RUN`](crate::queue::incoming::MIN_RUN) alike jobs one statement each
-    /// ([`insert_run`]), where the ids allow, and the jobs between them at most [`BULK_ROWS`]
-    /// rows of values per statement ([`insert_stmt`]).
+    /// ([`insert_run`]), where the server and the ids allow, and the jobs between them at most
+    /// [`BULK_ROWS`] rows of values per statement ([`insert_stmt`]).
     fn step(&mut self) -> Result<Option<Ready<'a>>> {
-        if self.at == self.bulk.len() {
-            // The piece before is written: a step that returns here leaves none behind.
-            (self.bulk, self.at) = (Vec::new(), 0);
-            match self.pieces.next() {
-                None => return Ok(None),
-                Some(Piece::Keyed(job)) => return Ok(Some(Ready::Keyed(job))),
-                Some(Piece::Bulk(bulk)) => self.bulk = bulk,
-            }
+        match self.walk.next() {
+            Next::Done => return Ok(None),
+            Next::Keyed(job) => return Ok(Some(Ready::Keyed(job))),
+            Next::Bulk => {}
         }
         // The ids of more than one job need the server's numbering; one job's is its
         // insert's own, and a caller who only counts the jobs is answered 0s.
         let autoinc = match self.autoinc {
-            None if self.terms.ids && self.bulk.len() > 1 => return Ok(Some(Ready::Ask)),
+            None if self.terms.ids && self.walk.waiting() > 1 => return Ok(Some(Ready::Ask)),
             a => a,
         };
         let consecutive = autoinc.is_none_or(|a| a.consecutive);
         let runs = self.terms.runs && (consecutive || !self.terms.ids);
-        let from = self.at;
-        let (to, is_run) = segment(&self.bulk, from, BULK_ROWS, |jobs| match runs {
+        let (jobs, is_run) = self.walk.take(BULK_ROWS, |jobs| match runs {
             true => run_len(jobs),
             false => 0,
         });
-        let jobs = &self.bulk[from..to];
         let stmt = match is_run {
             true => insert_run(jobs)?,
             false => insert_stmt(jobs)?,
         };
-        self.at = to;
         Ok(Some(Ready::Insert(Insert {
             stmt,
             n: jobs.len(),
@@ -515,9 +503,7 @@ mod tests {
 
     fn plan_on(jobs: &[NewJob], autoinc: Option<Autoinc>, terms: Terms) -> Vec<String> {
         let mut plan = Plan {
-            pieces: pieces(jobs.iter().map(NewJob::parts), RUN_ROWS, BULK_BYTES),
-            bulk: Vec::new(),
-            at: 0,
+            walk: Walk::new(pieces(jobs.iter().map(NewJob::parts), RUN_ROWS, BULK_BYTES)),
             autoinc,
             terms,
         };
