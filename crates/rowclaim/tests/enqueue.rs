@@ -552,7 +552,34 @@ fn every_kind() -> Vec<Given> {
 /// Payloads of every JSON kind come back as given, whatever statement carries them; the ids
 /// are new, their own and ascend in the order given.
 async fn payloads_of_every_kind(t: Arc<TestDb>) {
-    let db = t.db().await;
+    payloads_of_every_kind_in(t.db().await).await
+}
+
+/// MySQL/MariaDB number an insert's rows `auto_increment_increment` apart from
+/// `auto_increment_offset` (Galera sets them to the cluster's size and the node's place): the
+/// ids answered are the rows' own, in rows of values and in runs alike.
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn mysql_ids_follow_the_servers_increment() {
+    with_db(Backend::MySql, |t: Arc<TestDb>| async move {
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(3)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    let set = "SET SESSION auto_increment_increment = 3, auto_increment_offset = 2";
+                    sqlx::Executor::execute(conn, set).await.map(drop)
+                })
+            })
+            .connect(&t.url)
+            .await
+            .expect("a pool whose sessions number rows 3 apart");
+        payloads_of_every_kind_in(rowclaim::Db::from(pool)).await
+    })
+    .await
+}
+
+/// [`payloads_of_every_kind`] through `db`.
+async fn payloads_of_every_kind_in(db: rowclaim::Db) {
     let q = db.queue();
     q.init().await.expect("init");
     let before = q
