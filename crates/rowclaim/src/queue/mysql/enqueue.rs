@@ -1,7 +1,7 @@
 //! Enqueue on MySQL/MariaDB: jobs without a unique key in multi-row inserts built ahead of
 //! their turn (on MariaDB runs of alike jobs through `JSON_TABLE`, the rest a row of values
-//! each), a job
-//! with one alone; the ids each insert gave, from its first (`last_insert_id`, [`InsertId`]).
+//! each), a job with one alone; the ids each insert gave, from its first (`last_insert_id`,
+//! [`InsertId`]).
 
 use futures_util::future::join;
 use sqlx::MySql;
@@ -155,8 +155,8 @@ pub(super) struct Terms {
 
 /// Inserts `jobs` (one chunk of an enqueue, after `before` others) piece by piece
 /// ([`pieces`]), their ids to `out` in order (0s for bulk jobs where the ids are not wanted).
-/// `autoinc`: the server's numbering, once asked. Each statement is
-/// built while the server runs the one before.
+/// `autoinc`: the server's numbering, once asked. Each statement is built while the server
+/// runs the one before.
 pub(super) async fn insert_jobs<R: InsertId>(
     r: &R,
     jobs: &[NewJob],
