@@ -400,6 +400,53 @@ mod tests {
             .collect()
     }
 
+    /// The statements [`segment`] makes of groups of jobs (`true`: jobs that make runs
+    /// together, priority 0; `false`: jobs that make none), at most `rows` rows of values each:
+    /// "r" runs, "v" rows of values, with their jobs' places.
+    fn segments(groups: &[(usize, bool)], rows: usize) -> Vec<String> {
+        let jobs: Vec<NewJob> = groups
+            .iter()
+            .flat_map(|&(n, run)| {
+                (0..n).map(move |_| NewJob::new(serde_json::json!(1)).priority(i32::from(!run)))
+            })
+            .collect();
+        let parts: Vec<JobParts<'_>> = jobs.iter().map(NewJob::parts).collect();
+        let run_len = |jobs: &[JobParts<'_>]| jobs.iter().take_while(|j| j.priority == 0).count();
+        let (mut at, mut made) = (0, Vec::new());
+        while at < parts.len() {
+            let (to, is_run) = segment(&parts, at, rows, run_len);
+            made.push(format!("{}{at}..{to}", if is_run { "r" } else { "v" }));
+            at = to;
+        }
+        made
+    }
+
+    #[test]
+    fn a_statement_of_rows_ends_at_its_limit_or_where_a_run_begins() {
+        assert_eq!(segments(&[(5, false), (20, true)], 10), ["v0..5", "r5..25"]);
+        assert_eq!(
+            segments(&[(25, false)], 10),
+            ["v0..10", "v10..20", "v20..25"]
+        );
+        // A run beginning on the last row a statement may take, and on the first it may not.
+        assert_eq!(segments(&[(9, false), (20, true)], 10), ["v0..9", "r9..29"]);
+        assert_eq!(
+            segments(&[(10, false), (20, true)], 10),
+            ["v0..10", "r10..30"]
+        );
+        // Too few alike jobs for a run, across the limit: rows, cut at it.
+        assert_eq!(
+            segments(&[(8, false), (5, true), (1, false)], 10),
+            ["v0..10", "v10..14"]
+        );
+        // A run is as long as it goes, past the rows' limit.
+        assert_eq!(
+            segments(&[(40, true), (2, false)], 10),
+            ["r0..40", "v40..42"]
+        );
+        assert_eq!(segments(&[(15, true)], 10), ["v0..10", "v10..15"]);
+    }
+
     #[test]
     fn keyed_jobs_go_alone_in_their_place() {
         let (k, n) = (Some("key"), None);
