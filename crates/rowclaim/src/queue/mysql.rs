@@ -14,7 +14,7 @@ use super::{Admin, Enqueued, Incoming, JobFilter, JobRecord, Listener, QueueStat
 use crate::backend::mysql::{error_number, lease_us, My, Sql, NOW};
 use crate::backend::run::{Finish, OnConn, Run, Transact};
 use crate::backend::sql::{Binder, Dialect, Stmt};
-use crate::backend::{Catalog, ServerKind};
+use crate::backend::ServerKind;
 use crate::error::{Error, Result};
 
 mod enqueue;
@@ -45,11 +45,11 @@ impl QueueStore for My {
     }
 
     async fn enqueue(&self, jobs: &mut Incoming<'_>, ids: bool) -> Result<Vec<Enqueued>> {
+        let tx = self.transaction(true).await?;
         let terms = Terms {
             ids,
-            runs: self.server().await?.kind == ServerKind::MariaDb,
+            runs: self.server_via(&tx).await?.kind == ServerKind::MariaDb,
         };
-        let tx = self.transaction(true).await?;
         let mut out = Vec::new();
         let mut autoinc = None;
         while let Some((before, chunk)) = jobs.next().await? {

@@ -2,6 +2,40 @@
 //! tables.
 
 use super::*;
+use crate::backend::run::Run;
+
+impl My {
+    /// The server, asked through `r` the first time and remembered by every clone of this
+    /// driver. A transaction asks through its own connection: through the pool, the connection
+    /// it had just used may not be back yet, and the pool would open a second session for a
+    /// one-shot command (`rowclaim enqueue`).
+    pub(crate) async fn server_via<R: Run<Sql = Sql>>(&self, r: &R) -> Result<ServerInfo> {
+        let info = self
+            .server
+            .get_or_try_init(|| async {
+                let stmt = |sql: &str| Stmt::new(sql.to_owned(), Binder::new());
+                let (v,): (String,) = r.fetch_one(stmt("SELECT CAST(VERSION() AS CHAR)")).await?;
+                // `10.11.6-MariaDB-0+deb12u1` or `8.0.36`.
+                let kind = if v.contains("MariaDB") {
+                    ServerKind::MariaDb
+                } else {
+                    ServerKind::MySql
+                };
+                let info = ServerInfo::new(kind, &v);
+                // Galera (MariaDB's multi-writer cluster) says so in `wsrep_on`; MySQL 8 has no
+                // such variable, and a MariaDB built with wsrep but not in a cluster says OFF.
+                let wsrep: Option<(String, String)> = r
+                    .fetch_optional(stmt("SHOW VARIABLES LIKE 'wsrep_on'"))
+                    .await?;
+                Ok::<_, Error>(match wsrep {
+                    Some((_, on)) if on.eq_ignore_ascii_case("ON") => info.galera_node(),
+                    _ => info,
+                })
+            })
+            .await?;
+        Ok(info.clone())
+    }
+}
 
 #[async_trait::async_trait]
 impl Catalog for My {
@@ -14,34 +48,7 @@ impl Catalog for My {
     }
 
     async fn server(&self) -> Result<ServerInfo> {
-        let info = self
-            .server
-            .get_or_try_init(|| async {
-                let v: String = sqlx::query_scalar("SELECT CAST(VERSION() AS CHAR)")
-                    .fetch_one(&self.pool)
-                    .await
-                    .map_err(error)?;
-                // `10.11.6-MariaDB-0+deb12u1` or `8.0.36`.
-                let kind = if v.contains("MariaDB") {
-                    ServerKind::MariaDb
-                } else {
-                    ServerKind::MySql
-                };
-                let info = ServerInfo::new(kind, &v);
-                // Galera (MariaDB's multi-writer cluster) says so in `wsrep_on`; MySQL 8 has no
-                // such variable, and a MariaDB built with wsrep but not in a cluster says OFF.
-                let wsrep: Option<(String, String)> =
-                    sqlx::query_as("SHOW VARIABLES LIKE 'wsrep_on'")
-                        .fetch_optional(&self.pool)
-                        .await
-                        .map_err(error)?;
-                Ok::<_, Error>(match wsrep {
-                    Some((_, on)) if on.eq_ignore_ascii_case("ON") => info.galera_node(),
-                    _ => info,
-                })
-            })
-            .await?;
-        Ok(info.clone())
+        self.server_via(self).await
     }
 
     async fn columns(&self, table: &TableName) -> Result<Vec<Column>> {
