@@ -584,6 +584,109 @@ async fn mysql_ids_follow_the_servers_increment() {
     .await
 }
 
+/// SQLite keeps a payload as its `json()` makes it, however the text was written, in a run of
+/// alike jobs (a bound value each) as in a row of values: without whitespace, escapes and
+/// digits as written. Fails if a run stored a payload with whitespace as given.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_keeps_payloads_as_json_makes_them() {
+    with_db(Backend::Sqlite, |t: Arc<TestDb>| async move {
+        let db = t.db().await;
+        let q = db.queue();
+        q.init().await.expect("init");
+        let texts = [
+            "{\"a\": 1}",
+            "[1, 2,\n 3]",
+            " { \"s\" : \"x  y\" } ",
+            "{\"tab\":\"a\\tb\",\"nl\":\"a\\nb\"}",
+            "{\"n\":1.50,\"e\":1E5,\"big\":123456789012345678901234567890}",
+            "{\"u\":\"\\u00e9\\/\"}",
+            "\"a string\"",
+            "5",
+            "true",
+            "null",
+            "{}",
+            "[]",
+        ];
+        // 40 alike jobs (runs), then every text alone between jobs of other queues (rows).
+        let mut jobs: Vec<NewJob> = (0..40)
+            .map(|i| {
+                NewJob::from_json(texts[i % texts.len()])
+                    .unwrap()
+                    .queue("run")
+            })
+            .collect();
+        for (i, text) in texts.iter().enumerate() {
+            jobs.push(NewJob::from_json(*text).unwrap().queue("rows"));
+            jobs.push(NewJob::new(json!(i)).queue(format!("other{i}")));
+        }
+        assert_eq!(q.enqueue_many(&jobs).await.unwrap(), jobs.len() as u64);
+        for queue in ["run", "rows"] {
+            let all = format!("FROM rowclaim_jobs WHERE queue = '{queue}'");
+            let as_json = t
+                .count(&format!(
+                    "SELECT COUNT(*) {all} AND payload = json(payload)"
+                ))
+                .await;
+            let n = t.count(&format!("SELECT COUNT(*) {all}")).await;
+            assert_eq!(
+                (as_json, n > 0),
+                (n, true),
+                "queue {queue}: stored as json() makes it"
+            );
+        }
+        // The same text stored by a run and by a row of values.
+        let differ = t
+            .count(
+                "SELECT COUNT(*) FROM rowclaim_jobs r WHERE queue = 'run' AND NOT EXISTS \
+                 (SELECT 1 FROM rowclaim_jobs o WHERE o.queue = 'rows' AND o.payload = r.payload)",
+            )
+            .await;
+        assert_eq!(
+            differ, 0,
+            "a run stores each payload as a row of values does"
+        );
+    })
+    .await
+}
+
+/// A trigger of the user's that inserts a job of its own while an enqueue writes takes an id
+/// the enqueue counted on: the enqueue fails whole instead of telling wrong ids, in a run
+/// (which SQLite numbers; its last id is checked) as in rows of values (primary key).
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_enqueue_fails_whole_when_a_trigger_takes_its_ids() {
+    with_db(Backend::Sqlite, |t: Arc<TestDb>| async move {
+        let db = t.db().await;
+        let q = db.queue();
+        q.init().await.expect("init");
+        q.enqueue(&NewJob::new(json!("before"))).await.unwrap();
+        t.exec(
+            "CREATE TRIGGER rowclaim_test_twin AFTER INSERT ON rowclaim_jobs \
+             WHEN NEW.payload = '{\"twin\":true}' BEGIN \
+             INSERT INTO rowclaim_jobs (queue, payload, run_at, created_at) \
+             VALUES ('twin', '{}', 0, 0); END",
+        )
+        .await;
+        // 40 alike jobs (a run), then 8 (rows of values).
+        for n in [40, 8] {
+            let jobs: Vec<NewJob> = (0..n)
+                .map(|i| match i == n / 2 {
+                    true => NewJob::new(json!({"twin": true})),
+                    false => NewJob::new(json!({ "i": i })),
+                })
+                .collect();
+            let err = q.enqueue_all(&jobs).await.unwrap_err();
+            assert_eq!(
+                t.count("SELECT COUNT(*) FROM rowclaim_jobs").await,
+                1,
+                "nothing of {n} jobs is left: {err}"
+            );
+        }
+    })
+    .await
+}
+
 /// [`payloads_of_every_kind`] through `db`.
 async fn payloads_of_every_kind_in(db: rowclaim::Db) {
     let q = db.queue();

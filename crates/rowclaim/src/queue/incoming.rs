@@ -208,9 +208,9 @@ impl<'a, I: Iterator<Item = JobParts<'a>>> Iterator for Pieces<I> {
 }
 
 /// Alike jobs ([`alike`]) at least this many in a row go in one statement of their own: their
-/// settings bound once, their payloads as one JSON array the database reads back element by
-/// element (SQLite's `json_each`, MySQL's `JSON_TABLE`). Fewer go with their neighbours, a row
-/// of values each.
+/// settings bound once, their payloads a value each (SQLite) or one JSON array the database
+/// reads back element by element (MariaDB's `JSON_TABLE`). Fewer go with their neighbours, a
+/// row of values each.
 pub(crate) const MIN_RUN: usize = 16;
 
 /// Whether `a` and `b` differ only in their payloads. Both are jobs of a bulk piece (without a
@@ -263,6 +263,12 @@ impl<'a, I: Iterator<Item = JobParts<'a>>> Walk<'a, I> {
             }
         }
         Next::Bulk
+    }
+
+    /// Whether every job has its statement (what [`Walk::next`] would say is [`Next::Done`],
+    /// without moving on).
+    pub(crate) fn finished(&mut self) -> bool {
+        self.at == self.bulk.len() && self.pieces.jobs.peek().is_none()
     }
 
     /// How many jobs of the bulk piece have no statement yet.
