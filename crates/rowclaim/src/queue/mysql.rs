@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 
 mod enqueue;
 
-use enqueue::{insert_jobs, Terms};
+use enqueue::{insert_jobs, Carry, Terms};
 
 type B = Binder<Sql>;
 
@@ -51,10 +51,11 @@ impl QueueStore for My {
             runs: self.server_via(&tx).await?.kind == ServerKind::MariaDb,
         };
         let mut out = Vec::new();
-        let mut autoinc = None;
+        let mut carry = Carry::default();
         while let Some((before, chunk)) = jobs.next().await? {
-            insert_jobs(&tx, chunk, before, terms, &mut autoinc, &mut out).await?;
+            insert_jobs(&tx, chunk, before, terms, &mut carry, &mut out).await?;
         }
+        carry.finish(&tx, &mut out).await?;
         super::after::hold(&tx, jobs.handed(), &out).await?;
         let n = jobs.count();
         tx.commit_as(|| super::job::enqueue_what(n)).await?;

@@ -155,16 +155,17 @@ pub(super) struct Terms {
 
 /// Inserts `jobs` (one chunk of an enqueue, after `before` others) piece by piece
 /// ([`pieces`]), their ids to `out` in order (0s for bulk jobs where the ids are not wanted).
-/// `autoinc`: the server's numbering, once asked. Each statement is built while the server
-/// runs the one before.
+/// Each statement is built while the server runs the one before; the chunk's last insert is
+/// left in `carry`, to run while the next chunk's first is built ([`Carry`]).
 pub(super) async fn insert_jobs<R: InsertId>(
     r: &R,
     jobs: &[NewJob],
     before: usize,
     terms: Terms,
-    autoinc: &mut Option<Autoinc>,
+    carry: &mut Carry,
     out: &mut Vec<Enqueued>,
 ) -> Result<()> {
+    let Carry { autoinc, built } = carry;
     let parts: Vec<JobParts<'_>> = jobs.iter().map(NewJob::parts).collect();
     for p in &parts {
         check_times(p)?;
@@ -176,8 +177,7 @@ pub(super) async fn insert_jobs<R: InsertId>(
         autoinc: *autoinc,
         terms,
     };
-    let mut built = None;
-    loop {
+    while !plan.walk.finished() {
         // `join` polls in order: the insert built before goes to the server first, and the
         // next step is made ready while the server runs it (or, for a statement of a row
         // count not run before on this connection, while the server prepares it).
@@ -188,13 +188,29 @@ pub(super) async fn insert_jobs<R: InsertId>(
         ran?;
         match next? {
             None => break,
-            Some(Ready::Insert(insert)) => built = Some(insert),
+            Some(Ready::Insert(insert)) => *built = Some(insert),
             Some(Ready::Ask) => plan.autoinc = Some(Autoinc::ask(r).await?),
             Some(Ready::Keyed(job)) => out.push(enqueue_one(r, &job).await?),
         }
     }
     *autoinc = plan.autoinc;
     Ok(())
+}
+
+/// What an enqueue carries from one chunk to the next: the server's numbering, once asked, and
+/// the insert built last and not run yet, which goes first. Without it the server waited for
+/// a build at every chunk's start (`rowclaim enqueue` sends chunks of 20,000).
+#[derive(Default)]
+pub(super) struct Carry {
+    autoinc: Option<Autoinc>,
+    built: Option<Insert>,
+}
+
+impl Carry {
+    /// Runs the insert left, the enqueue's last.
+    pub(super) async fn finish<R: InsertId>(self, r: &R, out: &mut Vec<Enqueued>) -> Result<()> {
+        insert_bulk(r, self.built, self.autoinc, out).await
+    }
 }
 
 /// What an enqueue does next, in the order of its jobs.
