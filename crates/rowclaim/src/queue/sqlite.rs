@@ -92,6 +92,26 @@ pub(crate) async fn enqueue_one<R: Run<Sql = Sql>>(r: &R, job: &JobParts<'_>) ->
     insert_unless_pending(r, job, insert_one).await
 }
 
+/// A runner on one connection that says which id an insert gave its last row (SQLite's
+/// `last_insert_rowid`, told with the statement's result), which [`Run::execute`] does not
+/// carry: an enqueue's check of its ids without a statement more.
+pub(crate) trait LastId: Run<Sql = Sql> {
+    /// Runs an `INSERT`; returns how many rows it wrote and the id of its last.
+    async fn insert_last(&self, s: Stmt<Sql>) -> Result<(u64, i64)>;
+}
+
+impl LastId for InTx<'_, Lite, Sqlite> {
+    async fn insert_last(&self, s: Stmt<Sql>) -> Result<(u64, i64)> {
+        let q = s.binder.query(s.sql)?;
+        let mut tx = self.tx.lock().await;
+        let done = q
+            .execute(&mut **tx)
+            .await
+            .map_err(crate::backend::sqlite::error)?;
+        Ok((done.rows_affected(), done.last_insert_rowid()))
+    }
+}
+
 /// Jobs per multi-row INSERT of rows of values: 1,000 of 11 values each stay well under
 /// SQLite's 32,766 bound values.
 const BULK_ROWS: usize = 1_000;
@@ -151,7 +171,7 @@ pub(crate) fn insert_one(job: &JobParts<'_>) -> Stmt<Sql> {
 /// values are given those ids; a run's rows are numbered by SQLite so, in the list's order.
 /// A trigger of the user's that inserted jobs too would take one of these ids: a row of values
 /// then fails on the primary key, a run on the check of its last id; never silently.
-async fn insert_jobs<R: Run<Sql = Sql>>(
+async fn insert_jobs<R: LastId>(
     r: &R,
     jobs: &[NewJob],
     next: &mut Option<i64>,
@@ -190,8 +210,6 @@ struct Insert {
     stmt: Stmt<Sql>,
     first: i64,
     after: i64,
-    /// Whether SQLite gives the ids (a run) rather than the statement.
-    numbered: bool,
 }
 
 /// What an enqueue does next, in the order of its jobs.
@@ -249,39 +267,29 @@ fn run_len(jobs: &[JobParts<'_>]) -> usize {
 }
 
 /// Runs `insert` if there is one (checking it wrote every job), its ids to `out`.
-async fn run_insert<R: Run<Sql = Sql>>(
+async fn run_insert<R: LastId>(
     r: &R,
     insert: Option<Insert>,
     out: &mut Vec<Enqueued>,
 ) -> Result<()> {
-    let Some(Insert {
-        stmt,
-        first,
-        after,
-        numbered,
-    }) = insert
-    else {
+    let Some(Insert { stmt, first, after }) = insert else {
         return Ok(());
     };
-    let wrote = r.execute(stmt).await?;
+    let (wrote, last) = r.insert_last(stmt).await?;
     if i64::try_from(wrote).ok() != after.checked_sub(first) {
         return Err(crate::error::Error::Internal(format!(
             "an insert of {} jobs wrote {wrote}",
             after - first
         )));
     }
-    // Rows SQLite numbered: the last is `after - 1` unless something else inserted jobs
-    // meanwhile (a trigger of the user's), which would make the ids told wrong.
-    if numbered {
-        let last = r.count(Stmt::new("SELECT last_insert_rowid()".into(), B::new()));
-        let last = last.await?;
-        if last != after - 1 {
-            return Err(crate::error::Error::Internal(format!(
-                "jobs {first} to {} were inserted as ids up to {last}: did a trigger insert \
-                 jobs too? Nothing was enqueued",
-                after - 1
-            )));
-        }
+    // A run's rows SQLite numbered: the last is `after - 1` unless something else inserted
+    // jobs meanwhile (a trigger of the user's), which would make the ids told wrong.
+    if last != after - 1 {
+        return Err(crate::error::Error::Internal(format!(
+            "jobs {first} to {} were inserted as ids up to {last}: did a trigger insert jobs \
+             too? Nothing was enqueued",
+            after - 1
+        )));
     }
     out.extend((first..after).map(|id| Enqueued {
         id,
@@ -338,7 +346,6 @@ fn insert_rows(jobs: &[JobParts<'_>], first: i64) -> Result<Insert> {
         stmt: Stmt::new(sql, b),
         first,
         after,
-        numbered: false,
     })
 }
 
@@ -383,7 +390,6 @@ fn insert_run(run: &[JobParts<'_>], first: i64) -> Result<Insert> {
         stmt: Stmt::new(sql, b),
         first,
         after,
-        numbered: true,
     })
 }
 
