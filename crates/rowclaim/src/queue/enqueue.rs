@@ -138,8 +138,9 @@ impl Queue {
             return Ok(Vec::new());
         }
         // A job that waits needs the ids of the jobs it waits for, and its own.
-        let ids = ids || jobs.iter().any(NewJob::waits);
-        self.enqueue_incoming(Incoming::slice(jobs), ids).await
+        let jobs = Incoming::slice(jobs);
+        let ids = ids || jobs.waits();
+        self.enqueue_incoming(jobs, ids).await
     }
 
     /// [`Queue::enqueue_jobs`] for jobs as they come (chunks of a stream): with their ids.
@@ -154,12 +155,15 @@ impl Queue {
             if !jobs.failed()
         )
         .map_err(not_initialised)?;
-        let waiting: Vec<i64> = jobs
-            .handed()
-            .zip(&got)
-            .filter(|(j, _)| j.waits())
-            .map(|(_, e)| e.id)
-            .collect();
+        let waiting: Vec<i64> = match jobs.waits() {
+            true => jobs
+                .handed()
+                .zip(&got)
+                .filter(|(j, _)| j.waits())
+                .map(|(_, e)| e.id)
+                .collect(),
+            false => Vec::new(),
+        };
         let kept = jobs.into_kept();
         if kept.len() > 1 {
             // A million jobs take about a fifth of a second to free: not the caller's wait.

@@ -26,6 +26,8 @@ pub(crate) struct Incoming<'a> {
     /// The stream gave an error (or a job that does not pass its checks): the call has failed
     /// for good, and is neither replayed nor taken further.
     failed: bool,
+    /// Whether a job of the call (a slice's, or a chunk's taken so far) waits for others.
+    waits: bool,
 }
 
 enum From<'a> {
@@ -41,7 +43,10 @@ enum From<'a> {
 impl<'a> Incoming<'a> {
     /// Jobs given whole, checked already: one chunk.
     pub(crate) fn slice(jobs: &'a [NewJob]) -> Self {
-        Self::new(From::Slice(jobs))
+        Incoming {
+            waits: jobs.iter().any(NewJob::waits),
+            ..Self::new(From::Slice(jobs))
+        }
     }
 
     /// Jobs as a caller's stream gives them; each chunk is checked as it comes.
@@ -58,6 +63,7 @@ impl<'a> Incoming<'a> {
             handed: 0,
             counted: 0,
             failed: false,
+            waits: false,
         }
     }
 
@@ -91,7 +97,7 @@ impl<'a> Incoming<'a> {
                     };
                     let checked = match stream.next().await {
                         Some(chunk) => chunk.and_then(|c| {
-                            super::job::check_jobs_from(&c, before)?;
+                            self.waits |= super::job::check_jobs_from(&c, before)?;
                             Ok(c)
                         }),
                         None => {
@@ -115,6 +121,18 @@ impl<'a> Incoming<'a> {
         self.handed += 1;
         self.counted += chunk.len();
         Ok(Some((before, chunk)))
+    }
+
+    /// Whether a job of the call waits for others (of a stream, among the chunks taken so far):
+    /// when none does, the look at what each waits for is passed over.
+    pub(crate) fn waits(&self) -> bool {
+        self.waits
+    }
+
+    /// The jobs handed out so far, as [`Incoming::handed`], when one of them waits for others;
+    /// none when none does (an enqueue's `after::hold` then has nothing to look at).
+    pub(crate) fn to_hold(&self) -> impl Iterator<Item = &NewJob> + Send + '_ {
+        self.handed().take(if self.waits { usize::MAX } else { 0 })
     }
 
     /// The jobs handed out so far, in order: after the last chunk, every job of the call.

@@ -558,14 +558,17 @@ pub(crate) fn enqueue_what(jobs: usize) -> String {
 
 /// Checks every job before any is sent, naming the first bad one by its place (from 1).
 pub(crate) fn check_jobs(jobs: &[NewJob]) -> Result<()> {
-    check_jobs_from(jobs, 0)
+    check_jobs_from(jobs, 0).map(drop)
 }
 
-/// [`check_jobs`] for jobs that come after `before` others in the same call.
-pub(crate) fn check_jobs_from(jobs: &[NewJob], before: usize) -> Result<()> {
+/// [`check_jobs`] for jobs that come after `before` others in the same call; says whether one
+/// of them waits for others (read in the same pass).
+pub(crate) fn check_jobs_from(jobs: &[NewJob], before: usize) -> Result<bool> {
+    let mut waits = false;
     for (i, job) in jobs.iter().enumerate() {
         job.check()
             .map_err(|e| Error::InvalidInput(format!("job {}: {e}", before + i + 1)))?;
+        waits |= job.waits();
     }
-    Ok(())
+    Ok(waits)
 }

@@ -56,7 +56,7 @@ impl QueueStore for My {
             insert_jobs(&tx, chunk, before, terms, &mut carry, &mut out).await?;
         }
         carry.finish(&tx, &mut out).await?;
-        super::after::hold(&tx, jobs.handed(), &out).await?;
+        super::after::hold(&tx, jobs.to_hold(), &out).await?;
         let n = jobs.count();
         tx.commit_as(|| super::job::enqueue_what(n)).await?;
         Ok(out)

@@ -86,7 +86,7 @@ impl QueueStore for Pg {
         for q in woken {
             tx.execute(notify(&q)).await?;
         }
-        super::after::hold(&tx, jobs.handed(), &out).await?;
+        super::after::hold(&tx, jobs.to_hold(), &out).await?;
         let n = jobs.count();
         tx.commit_as(|| super::job::enqueue_what(n)).await?;
         Ok(out)

@@ -50,7 +50,7 @@ impl QueueStore for Lite {
             insert_jobs(&tx, chunk, &mut next, &mut built, &mut out).await?;
         }
         run_insert(&tx, built, &mut out).await?;
-        super::after::hold(&tx, jobs.handed(), &out).await?;
+        super::after::hold(&tx, jobs.to_hold(), &out).await?;
         let n = jobs.count();
         tx.commit_as(|| super::job::enqueue_what(n)).await?;
         Ok(out)
