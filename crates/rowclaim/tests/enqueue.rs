@@ -608,7 +608,8 @@ async fn sqlite_keeps_payloads_as_json_makes_them() {
             "{}",
             "[]",
         ];
-        // 40 alike jobs (runs), then every text alone between jobs of other queues (rows).
+        // 40 alike jobs (a run, some with whitespace), 40 of the texts without any (a run
+        // bound as given), then every text alone between jobs of other queues (rows).
         let mut jobs: Vec<NewJob> = (0..40)
             .map(|i| {
                 NewJob::from_json(texts[i % texts.len()])
@@ -616,12 +617,21 @@ async fn sqlite_keeps_payloads_as_json_makes_them() {
                     .queue("run")
             })
             .collect();
+        let compact: Vec<&str> = texts
+            .iter()
+            .copied()
+            .filter(|t| !t.contains([' ', '\n']))
+            .collect();
+        jobs.extend((0..40).map(|i| {
+            let text = compact[i % compact.len()];
+            NewJob::from_json(text).unwrap().queue("compact")
+        }));
         for (i, text) in texts.iter().enumerate() {
             jobs.push(NewJob::from_json(*text).unwrap().queue("rows"));
             jobs.push(NewJob::new(json!(i)).queue(format!("other{i}")));
         }
         assert_eq!(q.enqueue_many(&jobs).await.unwrap(), jobs.len() as u64);
-        for queue in ["run", "rows"] {
+        for queue in ["run", "compact", "rows"] {
             let all = format!("FROM rowclaim_jobs WHERE queue = '{queue}'");
             let as_json = t
                 .count(&format!(
@@ -638,8 +648,9 @@ async fn sqlite_keeps_payloads_as_json_makes_them() {
         // The same text stored by a run and by a row of values.
         let differ = t
             .count(
-                "SELECT COUNT(*) FROM rowclaim_jobs r WHERE queue = 'run' AND NOT EXISTS \
-                 (SELECT 1 FROM rowclaim_jobs o WHERE o.queue = 'rows' AND o.payload = r.payload)",
+                "SELECT COUNT(*) FROM rowclaim_jobs r WHERE queue IN ('run', 'compact') AND NOT \
+                 EXISTS (SELECT 1 FROM rowclaim_jobs o WHERE o.queue = 'rows' \
+                 AND o.payload = r.payload)",
             )
             .await;
         assert_eq!(

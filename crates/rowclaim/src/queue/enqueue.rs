@@ -155,15 +155,12 @@ impl Queue {
             if !jobs.failed()
         )
         .map_err(not_initialised)?;
-        let waiting: Vec<i64> = match jobs.waits() {
-            true => jobs
-                .handed()
-                .zip(&got)
-                .filter(|(j, _)| j.waits())
-                .map(|(_, e)| e.id)
-                .collect(),
-            false => Vec::new(),
-        };
+        let waiting: Vec<i64> = jobs
+            .to_hold()
+            .zip(&got)
+            .filter(|(j, _)| j.waits())
+            .map(|(_, e)| e.id)
+            .collect();
         let kept = jobs.into_kept();
         if kept.len() > 1 {
             // A million jobs take about a fifth of a second to free: not the caller's wait.

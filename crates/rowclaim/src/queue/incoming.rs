@@ -130,7 +130,8 @@ impl<'a> Incoming<'a> {
     }
 
     /// The jobs handed out so far, as [`Incoming::handed`], when one of them waits for others;
-    /// none when none does (an enqueue's `after::hold` then has nothing to look at).
+    /// none when none does (an enqueue's `after::hold` and its list of waiting jobs then have
+    /// nothing to walk).
     pub(crate) fn to_hold(&self) -> impl Iterator<Item = &NewJob> + Send + '_ {
         self.handed().take(if self.waits { usize::MAX } else { 0 })
     }

@@ -44,12 +44,11 @@ impl QueueStore for Lite {
     async fn enqueue(&self, jobs: &mut Incoming<'_>, _ids: bool) -> Result<Vec<Enqueued>> {
         let tx = self.transaction(true).await?;
         let mut out = Vec::new();
-        let mut next = None;
-        let mut built = None;
+        let mut carry = Carry::default();
         while let Some((_, chunk)) = jobs.next().await? {
-            insert_jobs(&tx, chunk, &mut next, &mut built, &mut out).await?;
+            insert_jobs(&tx, chunk, &mut carry, &mut out).await?;
         }
-        run_insert(&tx, built, &mut out).await?;
+        run_insert(&tx, carry.built, &mut out).await?;
         super::after::hold(&tx, jobs.to_hold(), &out).await?;
         let n = jobs.count();
         tx.commit_as(|| super::job::enqueue_what(n)).await?;
@@ -158,15 +157,12 @@ pub(crate) fn insert_one(job: &JobParts<'_>) -> Stmt<Sql> {
 
 /// Inserts `jobs` (one chunk of an enqueue) in order, their ids to `out` in order. Each
 /// statement is a round trip to the database's thread; the next bulk insert is built (its
-/// payloads serialised, its values bound) while that thread runs the one before. `built`: an
-/// insert built and not run yet, which goes first; the chunk's last insert is left there, to
-/// run while the next chunk's first is built (the caller runs the enqueue's last). Without that
-/// the database's thread waited for a build at every chunk's start: `rowclaim enqueue`'s
-/// chunks of 20,000 left it idle a fifth of the time.
+/// payloads serialised, its values bound) while that thread runs the one before; the chunk's
+/// last insert is left in `carry`, to run while the next chunk's first is built ([`Carry`]).
 ///
 /// The ids of a bulk piece's jobs are known without a RETURNING row per job (about a third of
-/// a bulk insert's time): `next` is the one after the largest in the table, read once per
-/// enqueue. The enqueue's transaction holds the write lock from its start, so no other
+/// a bulk insert's time): the next one is the one after the largest in the table, read once
+/// per enqueue. The enqueue's transaction holds the write lock from its start, so no other
 /// connection inserts meanwhile, and SQLite gives a new row the largest id plus one. Rows of
 /// values are given those ids; a run's rows are numbered by SQLite so, in the list's order.
 /// A trigger of the user's that inserted jobs too would take one of these ids: a row of values
@@ -174,10 +170,10 @@ pub(crate) fn insert_one(job: &JobParts<'_>) -> Stmt<Sql> {
 async fn insert_jobs<R: LastId>(
     r: &R,
     jobs: &[NewJob],
-    next: &mut Option<i64>,
-    built: &mut Option<Insert>,
+    carry: &mut Carry,
     out: &mut Vec<Enqueued>,
 ) -> Result<()> {
+    let Carry { next, built } = carry;
     out.reserve(jobs.len());
     let mut plan = Plan {
         walk: Walk::new(pieces(jobs.iter().map(NewJob::parts), RUN_ROWS, usize::MAX)),
@@ -203,6 +199,16 @@ async fn insert_jobs<R: LastId>(
     }
     *next = plan.next;
     Ok(())
+}
+
+/// What an enqueue carries from one chunk to the next: the next bulk job's id, once known, and
+/// the insert built last and not run yet, which goes first. Without it the database's thread
+/// waited for a build at every chunk's start: `rowclaim enqueue`'s chunks of 20,000 left it
+/// idle a fifth of the time. The enqueue runs the last insert after its last chunk.
+#[derive(Default)]
+struct Carry {
+    next: Option<i64>,
+    built: Option<Insert>,
 }
 
 /// An insert of bulk jobs with the ids `first..after`, built ahead of its turn.
@@ -282,8 +288,9 @@ async fn run_insert<R: LastId>(
             after - first
         )));
     }
-    // A run's rows SQLite numbered: the last is `after - 1` unless something else inserted
-    // jobs meanwhile (a trigger of the user's), which would make the ids told wrong.
+    // The last row's id is `after - 1` unless something else inserted jobs meanwhile (a
+    // trigger of the user's): a run's rows, which SQLite numbered, would then have other ids
+    // than the ones told.
     if last != after - 1 {
         return Err(crate::error::Error::Unsupported(format!(
             "jobs {first} to {} were inserted as ids up to {last}: something else inserted jobs \
