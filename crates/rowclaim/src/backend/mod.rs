@@ -44,7 +44,9 @@ pub(crate) mod sqlite;
 compile_error!("rowclaim needs at least one of the features postgres, mysql, sqlite");
 
 pub(crate) use inspect::{Inspect, Lookup, Need, Reads};
-pub(crate) use request::{ClaimArgs, Claimed, Outcome, Resolved, RowQuery, StoredRow, Target};
+pub(crate) use request::{
+    ClaimArgs, Claimed, Committed, Outcome, Resolved, RowQuery, StoredRow, Target,
+};
 pub(crate) use retry::{commit, is_transient, pause, retry_transient, MAX_RETRIES};
 pub(crate) use server::ServerKind;
 pub use server::{Capability, ServerInfo};

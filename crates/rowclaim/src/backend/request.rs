@@ -7,6 +7,9 @@ use crate::mapping::{Fragment, Mapping};
 use crate::strategy::Strategy;
 use crate::value::IdList;
 
+/// Called once a claim's writes have committed, before its rows are read ([`ClaimArgs::committed`]).
+pub(crate) type Committed<'a> = &'a (dyn Fn() + Send + Sync);
+
 /// A claim's request to a driver.
 pub(crate) struct ClaimArgs<'a> {
     pub m: &'a Mapping,
@@ -20,6 +23,13 @@ pub(crate) struct ClaimArgs<'a> {
     /// arm), instead of all ready rows at once: a layer above resumes where its last claim
     /// ended. A driver that cannot walk arms looks at all ready rows, which is never wrong.
     pub arms: Option<&'a [Fragment]>,
+    /// Called right after the claim's rows are claimed and committed, before the driver reads
+    /// them into values, where it claims in a write transaction of its own (SQLite's token and
+    /// lease-table claims) and only when rows came: a caller that waited for its turn at
+    /// SQLite's one write lock lets the next writer go there, not after the reading (2–5 ms a
+    /// claim of 1,000 rows). Nothing else of this claim may write after it (the claim core
+    /// passes it only then).
+    pub committed: Option<Committed<'a>>,
 }
 
 /// What a driver's claim returns; `H` is the driver's open transaction.

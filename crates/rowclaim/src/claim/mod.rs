@@ -14,6 +14,8 @@ mod making;
 mod rows;
 #[cfg(test)]
 pub(crate) mod snapshots;
+#[cfg(test)]
+mod tests;
 mod token;
 mod words;
 
@@ -32,7 +34,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Mutex, Notify};
 
-use crate::backend::{retry_transient, ClaimArgs, Claimed, Held, Outcome, Resolved, ServerInfo};
+use crate::backend::{
+    retry_transient, ClaimArgs, Claimed, Committed, Held, Outcome, Resolved, ServerInfo,
+};
 use crate::db::Db;
 use crate::error::{DbKind, Error, Result};
 use crate::id::RowId;
@@ -95,13 +99,14 @@ const LOST_RACE_RETRIES: u32 = 50;
 #[async_trait::async_trait]
 pub(crate) trait Shape: Send + Sync + fmt::Debug {
     /// Claims up to `batch` rows for `lease` with `claimer`, through [`Claimer::claim_with`];
-    /// `own`: see [`Claimer::claim_behind`].
+    /// `own` and `committed`: see [`Claimer::claim_behind`].
     async fn claim(
         &self,
         claimer: &Claimer,
         batch: u32,
         lease: Duration,
         own: &[Token],
+        committed: Option<Committed<'_>>,
     ) -> Result<Claim>;
     /// The shape as itself, for the layer that made it to recognise it.
     fn as_any(&self) -> &dyn std::any::Any;
@@ -154,6 +159,9 @@ pub(crate) struct Claiming<'a> {
     pub skip: bool,
     /// Claims more rows under the same token while the batch has room.
     pub more: Option<&'a dyn More>,
+    /// Called once the claim has written all it writes ([`ClaimArgs::committed`]); passed to
+    /// the driver only where nothing is claimed after its statement (no `more`).
+    pub committed: Option<Committed<'a>>,
 }
 
 impl Claiming<'_> {
@@ -165,6 +173,7 @@ impl Claiming<'_> {
             arms: None,
             skip: false,
             more: None,
+            committed: None,
         }
     }
 }
@@ -315,7 +324,7 @@ impl Claimer {
     /// counts up). Transient database errors are retried here, as are rounds in which other
     /// claimers took every candidate first.
     pub async fn claim(&self, batch: u32, lease: Duration) -> Result<Claim> {
-        self.claim_behind(batch, lease, &[]).await
+        self.claim_behind(batch, lease, &[], None).await
     }
 
     /// [`Claimer::claim`] for a worker that runs its claims' lines ([`Line`]) and still runs
@@ -323,19 +332,30 @@ impl Claimer {
     /// finished for good (none went back, was lost or given up), and every row of a line's
     /// key it holds is in that line ([`Claim::lines_whole`]). The next rows of such a line
     /// may then be claimed while its rows run: they join it, to run behind them.
+    ///
+    /// `committed` is called once the claim has committed all it writes, where the driver can
+    /// tell, before its rows are read ([`ClaimArgs::committed`]); a claim that ends otherwise
+    /// (nothing claimed, an error) returns without calling it.
     pub(crate) async fn claim_behind(
         &self,
         batch: u32,
         lease: Duration,
         own: &[Token],
+        committed: Option<Committed<'_>>,
     ) -> Result<Claim> {
         if batch == 0 {
             return Err(Error::InvalidInput("batch must be at least 1".into()));
         }
         check_lease(lease)?;
         let claimed = match &self.inner.shape {
-            Some(shape) => shape.claim(self, batch, lease, own).await,
-            None => self.claim_with(Claiming::plain(batch, lease)).await,
+            Some(shape) => shape.claim(self, batch, lease, own, committed).await,
+            None => {
+                self.claim_with(Claiming {
+                    committed,
+                    ..Claiming::plain(batch, lease)
+                })
+                .await
+            }
         };
         match claimed {
             // A refusal for want of a privilege says which, and the GRANT.
@@ -386,6 +406,8 @@ impl Claimer {
                 token: &token_text,
                 expired,
                 arms: how.arms,
+                // Rows claimed by `more` after the driver's statement write too.
+                committed: how.committed.filter(|_| how.more.is_none()),
             };
             // The lease runs from no earlier than this, by the database's clock.
             let sent = Instant::now();

@@ -85,6 +85,7 @@ pub(crate) fn claim_args(m: &Mapping, strategy: Strategy) -> ClaimArgs<'_> {
         token: TOKEN,
         expired: true,
         arms: None,
+        committed: None,
     }
 }
 

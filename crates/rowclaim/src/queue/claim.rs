@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::backend::{retry_transient, ClaimArgs};
+use crate::backend::{retry_transient, ClaimArgs, Committed};
 use crate::claim::{Claim, Claimer, Claiming, Layer, Line, More, Shape, Token};
 use crate::db::Db;
 use crate::error::Result;
@@ -167,6 +167,7 @@ impl Shape for JobClaims {
         batch: u32,
         lease: Duration,
         own: &[Token],
+        committed: Option<Committed<'_>>,
     ) -> Result<Claim> {
         let limited = self.limited_queues(claimer.db()).await?;
         // A claimer whose queues are all limited has nothing for the ordinary claim, which
@@ -191,6 +192,7 @@ impl Shape for JobClaims {
             arms: arms.as_deref(),
             skip: only_limited,
             more: (!more.queues.is_empty()).then_some(&more as &dyn More),
+            committed,
         };
         let mut claim = claimer.claim_with(how).await?;
         let mut resumed = from.is_some();

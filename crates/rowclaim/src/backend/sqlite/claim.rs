@@ -20,6 +20,18 @@ impl Claims for Lite {
     }
 }
 
+/// The rows of a claim that committed, read into values once the write lock is let go: reading
+/// 1,000 rows took 2–5 ms, which other writers waited for when it came before the commit. The
+/// caller learns of the commit first ([`ClaimArgs::committed`]). Should a row not read (it
+/// cannot: SQLite wrote its JSON), the claim fails with its rows claimed; they are taken again
+/// once their lease runs out, as after a claim whose answer was lost.
+fn read_committed(a: &ClaimArgs<'_>, texts: Vec<String>) -> Result<Vec<serde_json::Value>> {
+    if let (Some(committed), false) = (a.committed, texts.is_empty()) {
+        committed();
+    }
+    parse_rows(texts)
+}
+
 impl Lite {
     /// The `token` strategy on SQLite: one statement ([`token_sql`]) under the write lock:
     /// nobody else can take the same rows.
@@ -29,14 +41,13 @@ impl Lite {
         let mut tx = self.write().await?;
         let locked_at = std::time::Instant::now();
         let Stmt { sql, binder } = token_sql(a);
-        let rows = parse_rows(
-            binder
-                .scalar(sql)?
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(error)?,
-        )?;
+        let texts = binder
+            .scalar(sql)?
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(error)?;
         tx.commit().await.map_err(error)?;
+        let rows = read_committed(a, texts)?;
         Ok(Claimed::rows(rows).locked_at(locked_at))
     }
 
@@ -85,14 +96,13 @@ impl Lite {
             .map_err(error)?;
         let won = IdList::new(m.id_kind, &m.parse_ids(&won)?)?;
         let Stmt { sql, binder } = lease_mark_sql(a, &won);
-        let rows = parse_rows(
-            binder
-                .scalar(sql)?
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(error)?,
-        )?;
+        let texts = binder
+            .scalar(sql)?
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(error)?;
         tx.commit().await.map_err(error)?;
+        let rows = read_committed(a, texts)?;
         Ok(Claimed::rows(rows).locked_at(locked_at))
     }
 

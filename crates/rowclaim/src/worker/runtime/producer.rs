@@ -306,20 +306,24 @@ async fn claim_rows(sh: Arc<Shared>, most: u32, own: Vec<Token>) -> Option<Resul
         token = tracing::field::Empty,
     );
     let started = Instant::now();
-    let claim = sh
-        .claimer
-        .claim_behind(most, sh.cfg.lease, &own)
-        .instrument(span.clone());
     // SQLite always answers (a lock wait ends at its busy timeout), and a claim cut short
     // there may still commit after its answer was given up on: its rows would be claimed by
     // nobody until their lease ends. So it is never cut short. A server's claim is: its
     // connection may be gone without a word.
     let got = if sh.one_writer() {
-        // In its turn at the write lock (see `turns`).
-        let _turn = sh.turns.take().await;
-        Some(claim.await)
+        // In its turn at the write lock (see `turns`), until the claim has committed: the
+        // reading of its rows lets the next flush go first.
+        let turn = std::sync::Mutex::new(sh.turns.take().await);
+        let let_go = || drop(turn.lock().unwrap_or_else(|p| p.into_inner()).take());
+        let claim = sh
+            .claimer
+            .claim_behind(most, sh.cfg.lease, &own, Some(&let_go));
+        Some(claim.instrument(span.clone()).await)
     } else {
-        tokio::time::timeout(sh.claim_timeout(), claim).await.ok()
+        let claim = sh.claimer.claim_behind(most, sh.cfg.lease, &own, None);
+        tokio::time::timeout(sh.claim_timeout(), claim.instrument(span.clone()))
+            .await
+            .ok()
     };
     let m = &sh.metrics;
     m.claim_seconds.record(secs(started.elapsed()));
