@@ -14,7 +14,7 @@ mod making;
 mod rows;
 #[cfg(test)]
 pub(crate) mod snapshots;
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite"))]
 mod tests;
 mod token;
 mod words;
@@ -334,8 +334,8 @@ impl Claimer {
     /// may then be claimed while its rows run: they join it, to run behind them.
     ///
     /// `committed` is called once the claim has committed all it writes, where the driver can
-    /// tell, before its rows are read ([`ClaimArgs::committed`]); a claim that ends otherwise
-    /// (nothing claimed, an error) returns without calling it.
+    /// tell, before its rows are read ([`ClaimArgs::committed`]); a claim that claims nothing,
+    /// or fails before its commit, returns without calling it.
     pub(crate) async fn claim_behind(
         &self,
         batch: u32,

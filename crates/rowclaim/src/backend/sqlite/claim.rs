@@ -22,9 +22,10 @@ impl Claims for Lite {
 
 /// The rows of a claim that committed, read into values once the write lock is let go: reading
 /// 1,000 rows took 2–5 ms, which other writers waited for when it came before the commit. The
-/// caller learns of the commit first ([`ClaimArgs::committed`]). Should a row not read (it
-/// cannot: SQLite wrote its JSON), the claim fails with its rows claimed; they are taken again
-/// once their lease runs out, as after a claim whose answer was lost.
+/// caller learns of the commit first ([`ClaimArgs::committed`]). Should a row not read (a REAL
+/// column of a table of yours holding an infinity, which `json_object` writes as no JSON
+/// number), the claim fails with its rows claimed; they are taken again once their lease runs
+/// out, as after a claim whose answer was lost (the MySQL driver reads after its commit too).
 fn read_committed(a: &ClaimArgs<'_>, texts: Vec<String>) -> Result<Vec<serde_json::Value>> {
     if let (Some(committed), false) = (a.committed, texts.is_empty()) {
         committed();

@@ -314,7 +314,10 @@ async fn claim_rows(sh: Arc<Shared>, most: u32, own: Vec<Token>) -> Option<Resul
         // In its turn at the write lock (see `turns`), until the claim has committed: the
         // reading of its rows lets the next flush go first.
         let turn = std::sync::Mutex::new(sh.turns.take().await);
-        let let_go = || drop(turn.lock().unwrap_or_else(|p| p.into_inner()).take());
+        let let_go = || {
+            let guard = turn.lock().unwrap_or_else(|p| p.into_inner()).take();
+            drop(guard);
+        };
         let claim = sh
             .claimer
             .claim_behind(most, sh.cfg.lease, &own, Some(&let_go));
