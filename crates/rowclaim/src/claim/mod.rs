@@ -14,8 +14,6 @@ mod making;
 mod rows;
 #[cfg(test)]
 pub(crate) mod snapshots;
-#[cfg(all(test, feature = "sqlite"))]
-mod tests;
 mod token;
 mod words;
 

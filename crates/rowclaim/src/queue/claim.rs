@@ -473,6 +473,9 @@ impl Position {
     }
 }
 
+#[cfg(all(test, feature = "sqlite"))]
+mod sqlite_tests;
+
 #[cfg(test)]
 mod tests {
     use super::*;
